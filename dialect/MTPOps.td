@@ -1,0 +1,187 @@
+//===- MTPOps.td - mtp spec-level operations ---------------*- tablegen -*-===//
+//
+// The spec level: what a `.mtp` file says, checked. Every count is a typed
+// attribute; verifiers catch what a hand-written .mlir file can get wrong and
+// the frontend's own checks would have caught in a .mtp file.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTP_OPS
+#define MTP_OPS
+
+include "dialect/MTPDialect.td"
+include "dialect/MTPAttrs.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/IR/OpAsmInterface.td"
+include "mlir/IR/CommonAttrConstraints.td"
+
+def MTP_PositiveI64Attr : ConfinedAttr<I64Attr, [IntPositive]>;
+def MTP_NonNegativeI64Attr : ConfinedAttr<I64Attr, [IntNonNegative]>;
+
+//===----------------------------------------------------------------------===//
+// ModelOp
+//===----------------------------------------------------------------------===//
+
+def MTP_ModelOp : MTP_Op<"model", [
+    IsolatedFromAbove, Symbol, SymbolTable, NoTerminator, SingleBlock,
+    NoRegionArguments]> {
+  let summary = "a multi-task model: backbone, tasks, correlations, budget";
+  let description = [{
+    The root of a spec. Its body holds exactly one `mtp.backbone`, one or
+    more `mtp.task`s (symbols, so correlations can name them), any number of
+    `mtp.correlate`s and at most one `mtp.budget`.
+
+    ```mlir
+    mtp.model @glue_mt {
+      mtp.backbone transformer(layers = 24, hidden = 1024, heads = 16,
+                               ffn = 4096, vocab = 32000, seq = 512)
+      mtp.task @pos : tag(labels = 17) from layer 8 loss cross_entropy weight 1.0
+      ...
+    }
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
+  let hasRegionVerifier = 1;
+  let skipDefaultBuilders = 1;
+  let builders = [OpBuilder<(ins "::llvm::StringRef":$name)>];
+  let extraClassDeclaration = [{
+    /// The model's backbone, or null if the body has none (a verifier error).
+    BackboneOp getBackbone();
+    /// The budget, or null when the spec has none.
+    BudgetOp getBudget();
+    /// Tasks in body order.
+    auto getTasks() { return getBody().getOps<TaskOp>(); }
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// BackboneOp
+//===----------------------------------------------------------------------===//
+
+def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
+  let summary = "the shared backbone's dimensions";
+  let description = [{
+    A pre-norm transformer of `layers` layers; `hidden` must split evenly
+    into `heads` attention heads. Layer 0 is the embedding output, layers
+    1..`layers` are the transformer layers' outputs.
+
+    ```mlir
+    mtp.backbone transformer(layers = 24, hidden = 1024, heads = 16,
+                             ffn = 4096, vocab = 32000, seq = 512)
+    ```
+  }];
+  let arguments = (ins MTP_BackboneKindAttr:$kind,
+                       MTP_PositiveI64Attr:$layers,
+                       MTP_PositiveI64Attr:$hidden,
+                       MTP_PositiveI64Attr:$heads,
+                       MTP_PositiveI64Attr:$ffn,
+                       MTP_PositiveI64Attr:$vocab,
+                       MTP_PositiveI64Attr:$seq);
+  let assemblyFormat = [{
+    custom<EnumKeyword>($kind) `(` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
+              `heads` `=` $heads `,` `ffn` `=` $ffn `,`
+              `vocab` `=` $vocab `,` `seq` `=` $seq `)` attr-dict
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    int64_t getHeadDim() { return getHidden() / getHeads(); }
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// TaskOp
+//===----------------------------------------------------------------------===//
+
+def MTP_TaskOp : MTP_Op<"task", [HasParent<"ModelOp">, Symbol]> {
+  let summary = "a task head reading one backbone layer, with its loss";
+  let description = [{
+    A head of kind `classify(classes = N)`, `tag(labels = N)`, `span()` or
+    `decoder(layers = N, vocab = V)` reading the output of backbone layer
+    `tap_layer` (0 = embeddings). `pooled` means the head reads the pooled
+    (first-token) vector of that layer rather than every token. The task's
+    loss is scaled by `weight`.
+
+    ```mlir
+    mtp.task @mnli : classify(classes = 3) from pooled layer 24 loss cross_entropy weight 1.0
+    mtp.task @squad : span() from layer 24 loss cross_entropy weight 0.5
+    mtp.task @mt : decoder(layers = 6, vocab = 32000) from layer 24 loss cross_entropy weight 1.0
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       MTP_HeadKindAttr:$head,
+                       OptionalAttr<MTP_PositiveI64Attr>:$classes,
+                       OptionalAttr<MTP_PositiveI64Attr>:$labels,
+                       OptionalAttr<MTP_PositiveI64Attr>:$layers,
+                       OptionalAttr<MTP_PositiveI64Attr>:$vocab,
+                       MTP_NonNegativeI64Attr:$tap_layer,
+                       UnitAttr:$pooled,
+                       MTP_LossKindAttr:$loss,
+                       F64Attr:$weight);
+  let hasCustomAssemblyFormat = 1;
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// CorrelateOp
+//===----------------------------------------------------------------------===//
+
+def MTP_CorrelateOp : MTP_Op<"correlate", [
+    HasParent<"ModelOp">, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "how related two tasks are, in [-1, 1]";
+  let description = [{
+    Planning groups highly correlated tasks (e.g. POS and chunking) into one
+    checkpoint interval and separates weakly correlated ones.
+
+    ```mlir
+    mtp.correlate @pos, @chunk = 0.8
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$lhs, FlatSymbolRefAttr:$rhs,
+                       F64Attr:$value);
+  let assemblyFormat = "$lhs `,` $rhs `=` $value attr-dict";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// BudgetOp
+//===----------------------------------------------------------------------===//
+
+def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
+  let summary = "the device, its memory, the batch and the precision";
+  let description = [{
+    `memory` is the per-device memory in bytes and `headroom` the part a plan
+    may not use; both print with a binary unit when exact. `global_batch`
+    must be a whole number of `micro_batch × gpus` micro-batches (gradient
+    accumulation covers the rest).
+
+    ```mlir
+    mtp.budget device "A100_32GB" memory 32 GiB headroom 2 GiB gpus 8
+               batch 64 micro 8 precision bf16
+    ```
+  }];
+  let arguments = (ins StrAttr:$device,
+                       MTP_PositiveI64Attr:$memory,
+                       MTP_NonNegativeI64Attr:$headroom,
+                       MTP_PositiveI64Attr:$gpus,
+                       MTP_PositiveI64Attr:$global_batch,
+                       MTP_PositiveI64Attr:$micro_batch,
+                       MTP_PrecisionAttr:$precision);
+  let assemblyFormat = [{
+    `device` $device `memory` custom<Bytes>($memory)
+    `headroom` custom<Bytes>($headroom) `gpus` $gpus
+    `batch` $global_batch `micro` $micro_batch `precision` custom<EnumKeyword>($precision) attr-dict
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// Bytes a plan may use on one device.
+    int64_t getUsableBytes() { return getMemory() - getHeadroom(); }
+    /// Micro-batches accumulated per optimizer step on each device.
+    int64_t getAccumulationSteps() {
+      return getGlobalBatch() / (getMicroBatch() * getGpus());
+    }
+  }];
+}
+
+#endif // MTP_OPS

@@ -1,0 +1,83 @@
+//===- NormalizeSpec.cpp - canonical order of a spec-level model ----------===//
+
+#include "passes/Passes.h"
+
+#include "llvm/ADT/STLExtras.h"
+
+namespace mtp {
+#define GEN_PASS_DEF_NORMALIZESPEC
+#include "passes/Passes.h.inc"
+} // namespace mtp
+
+using namespace mlir;
+using namespace mtp;
+
+namespace {
+struct NormalizeSpecPass
+    : public mtp::impl::NormalizeSpecBase<NormalizeSpecPass> {
+  void runOnOperation() override;
+};
+} // namespace
+
+/// Section of the canonical order; ops of other dialects stay at the end.
+static int section(Operation *op) {
+  if (isa<BackboneOp>(op))
+    return 0;
+  if (isa<TaskOp>(op))
+    return 1;
+  if (isa<CorrelateOp>(op))
+    return 2;
+  if (isa<BudgetOp>(op))
+    return 3;
+  return 4;
+}
+
+void NormalizeSpecPass::runOnOperation() {
+  ModelOp model = getOperation();
+  Block &body = model.getBody().front();
+
+  // Task order is the order heads run in forward: by tap layer, stable.
+  SmallVector<TaskOp> tasks(model.getTasks());
+  std::stable_sort(tasks.begin(), tasks.end(), [](TaskOp a, TaskOp b) {
+    return a.getTapLayer() < b.getTapLayer();
+  });
+  llvm::DenseMap<StringAttr, unsigned> taskRank;
+  for (TaskOp task : tasks)
+    taskRank[task.getSymNameAttr()] = taskRank.size();
+  auto rank = [&](FlatSymbolRefAttr ref) {
+    auto it = taskRank.find(ref.getAttr());
+    return it == taskRank.end() ? ~0u : it->second;
+  };
+
+  // Name each correlated pair in task order.
+  for (CorrelateOp corr : body.getOps<CorrelateOp>()) {
+    if (rank(corr.getLhsAttr()) <= rank(corr.getRhsAttr()))
+      continue;
+    FlatSymbolRefAttr lhs = corr.getLhsAttr();
+    corr.setLhsAttr(corr.getRhsAttr());
+    corr.setRhsAttr(lhs);
+    ++numFlipped;
+  }
+
+  // One total key per op; stable_sort keeps source order among equals.
+  using Key = std::tuple<int, unsigned, unsigned>;
+  auto key = [&](Operation *op) -> Key {
+    if (auto task = dyn_cast<TaskOp>(op))
+      return {section(op), taskRank.lookup(task.getSymNameAttr()), 0};
+    if (auto corr = dyn_cast<CorrelateOp>(op))
+      return {section(op), rank(corr.getLhsAttr()), rank(corr.getRhsAttr())};
+    return {section(op), 0, 0};
+  };
+  SmallVector<Operation *> ops;
+  for (Operation &op : body)
+    ops.push_back(&op);
+  SmallVector<Operation *> sorted(ops);
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [&](Operation *a, Operation *b) { return key(a) < key(b); });
+
+  for (auto [before, after] : llvm::zip(ops, sorted))
+    if (before != after)
+      ++numMoved;
+  for (Operation *op : sorted)
+    op->moveBefore(&body, body.end());
+}

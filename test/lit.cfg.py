@@ -1,0 +1,27 @@
+# -*- Python -*-
+# lit configuration for the mtpc compiler tests (dialect, frontend, passes,
+# codegen, e2e).
+import os
+
+import lit.formats
+from lit.llvm import llvm_config
+from lit.llvm.subst import ToolSubst
+
+config.name = "mtpc"
+config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
+config.suffixes = [".mlir", ".mtp", ".test"]
+config.excludes = ["Inputs", "CMakeLists.txt", "README.md", "lit.cfg.py",
+                   "lit.site.cfg.py"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.mtpc_obj_root, "test")
+
+config.substitutions.append(("%PATH%", config.environment["PATH"]))
+config.substitutions.append(("%examples", os.path.join(config.mtpc_src_root,
+                                                        "examples")))
+
+llvm_config.with_system_environment(["HOME", "INCLUDE", "LIB", "TMP", "TEMP"])
+llvm_config.use_default_substitutions()
+
+tool_dirs = [config.mtpc_tools_dir, config.llvm_tools_dir]
+tools = ["mtp-opt", "mtpc"]
+llvm_config.add_tool_substitutions(tools, tool_dirs)

@@ -1,0 +1,26 @@
+//===- mtp-opt.cpp - mtp optimizer driver ---------------------------------===//
+//
+// MlirOptMain with the mtp dialect and every mtp pass, plus the upstream
+// passes users combine them with (canonicalize, cse, symbol-dce, ...).
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialect/MTPDialect.h"
+#include "passes/Passes.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "mlir/Transforms/Passes.h"
+
+int main(int argc, char **argv) {
+  mlir::registerTransformsPasses();
+  mtp::registerMTPPasses();
+
+  mlir::DialectRegistry registry;
+  registry.insert<mtp::MTPDialect, mlir::func::FuncDialect,
+                  mlir::arith::ArithDialect>();
+  return mlir::asMainReturnCode(
+      mlir::MlirOptMain(argc, argv, "mtp optimizer driver\n", registry));
+}
