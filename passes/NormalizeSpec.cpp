@@ -56,7 +56,6 @@ void NormalizeSpecPass::runOnOperation() {
     FlatSymbolRefAttr lhs = corr.getLhsAttr();
     corr.setLhsAttr(corr.getRhsAttr());
     corr.setRhsAttr(lhs);
-    ++numFlipped;
   }
 
   // One total key per op; stable_sort keeps source order among equals.
@@ -75,9 +74,6 @@ void NormalizeSpecPass::runOnOperation() {
   std::stable_sort(sorted.begin(), sorted.end(),
                    [&](Operation *a, Operation *b) { return key(a) < key(b); });
 
-  for (auto [before, after] : llvm::zip(ops, sorted))
-    if (before != after)
-      ++numMoved;
   for (Operation *op : sorted)
     op->moveBefore(&body, body.end());
 }

@@ -19,11 +19,6 @@ def NormalizeSpec : Pass<"mtp-normalize-spec", "::mtp::ModelOp"> {
     correlations with each pair named in task order, then the budget. Two
     specs that differ only in how they were written normalize to the same IR.
   }];
-  let statistics = [
-    Statistic<"numMoved", "ops-moved", "Ops moved to their canonical place">,
-    Statistic<"numFlipped", "correlations-flipped",
-              "Correlations whose task pair was reordered">
-  ];
 }
 
 #endif // MTP_PASSES

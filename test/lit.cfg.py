@@ -25,3 +25,8 @@ llvm_config.use_default_substitutions()
 tool_dirs = [config.mtpc_tools_dir, config.llvm_tools_dir]
 tools = ["mtp-opt", "mtpc"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
+
+# `not`, `count` and `split-file` as commands in pipelines, and our tools
+# wherever a test spells them out.
+llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
+llvm_config.with_environment("PATH", config.mtpc_tools_dir, append_path=True)

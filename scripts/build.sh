@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds the compiler (build/) and the runtime (build/runtime/) after making
+# sure the toolchain is there (scripts/setup.sh, fast when it is).
+#   MTPC_BUILD_DIR   where to build (default: <repo>/build)
+#   MTPC_BUILD_TYPE  CMake build type (default: Release)
+#   MTPC_CUDA=OFF    skip the CUDA kernels even where nvcc exists
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$root/scripts/setup.sh"
+# shellcheck disable=SC1091
+source "${MTPC_CACHE:-$HOME/.cache/mtpc}/toolchain.env"
+
+build=${MTPC_BUILD_DIR:-$root/build}
+type=${MTPC_BUILD_TYPE:-Release}
+# ccache shares objects between clones in different folders (CI's fresh clone).
+export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
+
+# Configure quietly (Torch's config warns about kineto and architectures);
+# show the whole log only when configuring fails.
+configure() {
+  local log=$1; shift
+  mkdir -p "$(dirname "$log")"
+  cmake "$@" >"$log" 2>&1 || { cat "$log"; echo "[build] configure failed (log: $log)"; exit 1; }
+}
+
+echo "[build] compiler -> $build"
+configure "$build/configure.log" -G Ninja -S "$root" -B "$build" -Wno-dev \
+  -DCMAKE_BUILD_TYPE="$type" \
+  -DMLIR_DIR=/usr/lib/llvm-19/lib/cmake/mlir \
+  -DLLVM_EXTERNAL_LIT=/usr/lib/llvm-19/build/utils/lit/lit.py
+cmake --build "$build"
+
+echo "[build] runtime -> $build/runtime (LibTorch $MTPC_TORCH_VERSION from $MTPC_TORCH_SOURCE; LibTorch-CUDA parts $MTPC_TORCH_CUDA_MATCH)"
+configure "$build/runtime-configure.log" -G Ninja -S "$root/runtime" -B "$build/runtime" -Wno-dev \
+  -DCMAKE_BUILD_TYPE="$type" \
+  -DTorch_DIR="$MTPC_TORCH_DIR" \
+  -DMTPRT_TORCH_CUDA="$MTPC_TORCH_CUDA_MATCH" \
+  -DMTPRT_ENABLE_CUDA="${MTPC_CUDA:-ON}"
+cmake --build "$build/runtime"
