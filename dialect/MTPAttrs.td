@@ -50,4 +50,101 @@ def MTP_Precision : I32EnumAttr<"Precision", "training precision", [
 }
 def MTP_PrecisionAttr : EnumAttr<MTP_Dialect, MTP_Precision, "precision">;
 
+def MTP_CheckpointPolicy : I32EnumAttr<"CheckpointPolicy",
+    "activation checkpointing policy", [
+    // The planner decides, jointly with offload, under the budget.
+    I32EnumAttrCase<"automatic", 0, "auto">,
+    I32EnumAttrCase<"none", 1>,
+    // The classic baseline: a region every `every` layers.
+    I32EnumAttrCase<"uniform", 2>,
+    // Regions cut at task taps; correlated tasks share an interval.
+    I32EnumAttrCase<"task_granular", 3>
+  ]> {
+  let cppNamespace = "::mtp";
+  let genSpecializedAttr = 0;
+}
+def MTP_CheckpointPolicyAttr :
+    EnumAttr<MTP_Dialect, MTP_CheckpointPolicy, "checkpoint_policy">;
+
+def MTP_OffloadPolicy : I32EnumAttr<"OffloadPolicy", "activation offload", [
+    I32EnumAttrCase<"automatic", 0, "auto">,
+    I32EnumAttrCase<"none", 1>,
+    // Head inputs to pinned host memory, prefetched before their backward.
+    I32EnumAttrCase<"cpu_pinned", 2>
+  ]> {
+  let cppNamespace = "::mtp";
+  let genSpecializedAttr = 0;
+}
+def MTP_OffloadPolicyAttr :
+    EnumAttr<MTP_Dialect, MTP_OffloadPolicy, "offload_policy">;
+
+def MTP_GradientScope : I32EnumAttr<"GradientScope",
+    "where per-task gradients are taken", [
+    // Gradients w.r.t. each task's tap activation, fused before one
+    // backbone backward.
+    I32EnumAttrCase<"features", 0>,
+    // Per-task gradients of the top k shared layers' parameters.
+    I32EnumAttrCase<"params", 1>
+  ]> {
+  let cppNamespace = "::mtp";
+  let genSpecializedAttr = 0;
+}
+def MTP_GradientScopeAttr :
+    EnumAttr<MTP_Dialect, MTP_GradientScope, "gradient_scope">;
+
+def MTP_ClipPolicy : I32EnumAttr<"ClipPolicy", "gradient clipping", [
+    I32EnumAttrCase<"none", 0>,
+    I32EnumAttrCase<"per_task", 1>,
+    I32EnumAttrCase<"global", 2>
+  ]> {
+  let cppNamespace = "::mtp";
+  let genSpecializedAttr = 0;
+}
+def MTP_ClipPolicyAttr : EnumAttr<MTP_Dialect, MTP_ClipPolicy, "clip_policy">;
+
+def MTP_CollectivePolicy : I32EnumAttr<"CollectivePolicy",
+    "gradient collectives", [
+    // Compressed when more than one device takes part.
+    I32EnumAttrCase<"automatic", 0, "auto">,
+    // A plain all-reduce.
+    I32EnumAttrCase<"none", 1>,
+    I32EnumAttrCase<"compressed", 2>
+  ]> {
+  let cppNamespace = "::mtp";
+  let genSpecializedAttr = 0;
+}
+def MTP_CollectivePolicyAttr :
+    EnumAttr<MTP_Dialect, MTP_CollectivePolicy, "collective_policy">;
+
+def MTP_ScheduleKind : I32EnumAttr<"ScheduleKind", "learning-rate schedule", [
+    I32EnumAttrCase<"constant", 0>,
+    // Linear decay from the peak to 0 over the training steps.
+    I32EnumAttrCase<"linear", 1>,
+    // Cosine decay from the peak to 0 over the training steps.
+    I32EnumAttrCase<"cosine", 2>
+  ]> {
+  let cppNamespace = "::mtp";
+  let genSpecializedAttr = 0;
+}
+
+def MTP_LRScheduleAttr : AttrDef<MTP_Dialect, "LRSchedule"> {
+  let mnemonic = "lr";
+  let summary = "a learning-rate schedule: kind, peak rate, warm-up steps";
+  let description = [{
+    `#mtp.lr<cosine(3.0e-04, warmup = 500)>`: linear warm-up from 0 to the
+    peak over `warmup` steps, then the kind's decay to 0 at the last step.
+  }];
+  let parameters = (ins EnumParameter<MTP_ScheduleKind>:$kind,
+                        APFloatParameter<"peak learning rate">:$peak,
+                        "int64_t":$warmup);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// `kind(peak, warmup = N)`, as the op printers show it inline.
+    void printBare(::mlir::AsmPrinter &printer) const;
+    static ::mlir::FailureOr<LRScheduleAttr>
+    parseBare(::mlir::AsmParser &parser);
+  }];
+}
+
 #endif // MTP_ATTRS

@@ -55,6 +55,186 @@ static void printBytes(OpAsmPrinter &printer, Operation *, IntegerAttr bytes) {
 }
 
 //===----------------------------------------------------------------------===//
+// custom<Bandwidth>: bytes per second, with a decimal unit when exact
+//===----------------------------------------------------------------------===//
+
+namespace {
+// MLIR's lexer has no '/' token, so GB/s prints as GBps.
+constexpr ByteUnit kRateUnits[] = {{"TBps", 1000000000000},
+                                   {"GBps", 1000000000},
+                                   {"MBps", 1000000},
+                                   {"KBps", 1000},
+                                   {"Bps", 1}};
+} // namespace
+
+static ParseResult parseBandwidth(OpAsmParser &parser, IntegerAttr &rate) {
+  SMLoc loc = parser.getCurrentLocation();
+  int64_t count = 0;
+  StringRef unit;
+  if (parser.parseInteger(count) || parser.parseKeyword(&unit))
+    return failure();
+  int64_t scale = 0;
+  for (const ByteUnit &u : kRateUnits)
+    if (u.name == unit)
+      scale = u.scale;
+  if (!scale)
+    return parser.emitError(loc, "unknown bandwidth unit '")
+           << unit << "' (expected TBps, GBps, MBps, KBps or Bps)";
+  if (count < 0 || (count > 0 && scale > INT64_MAX / count))
+    return parser.emitError(loc, "bandwidth out of range");
+  rate = parser.getBuilder().getI64IntegerAttr(count * scale);
+  return success();
+}
+
+static void printBandwidth(OpAsmPrinter &printer, Operation *,
+                           IntegerAttr rate) {
+  int64_t value = rate.getInt();
+  for (const ByteUnit &u : kRateUnits) {
+    if (value != 0 && value % u.scale == 0) {
+      printer << value / u.scale << ' ' << u.name;
+      return;
+    }
+  }
+  printer << value << " Bps";
+}
+
+//===----------------------------------------------------------------------===//
+// custom<OptionalF64>, custom<OptionalI64>: a value, or `none`
+//===----------------------------------------------------------------------===//
+
+static ParseResult parseOptionalF64(OpAsmParser &parser, FloatAttr &attr) {
+  if (succeeded(parser.parseOptionalKeyword("none")))
+    return success();
+  double value;
+  if (parser.parseFloat(value))
+    return failure();
+  attr = parser.getBuilder().getF64FloatAttr(value);
+  return success();
+}
+
+static void printOptionalF64(OpAsmPrinter &printer, Operation *,
+                             FloatAttr attr) {
+  if (attr)
+    printer.printFloat(attr.getValue());
+  else
+    printer << "none";
+}
+
+static ParseResult parseOptionalI64(OpAsmParser &parser, IntegerAttr &attr) {
+  if (succeeded(parser.parseOptionalKeyword("none")))
+    return success();
+  int64_t value;
+  if (parser.parseInteger(value))
+    return failure();
+  attr = parser.getBuilder().getI64IntegerAttr(value);
+  return success();
+}
+
+static void printOptionalI64(OpAsmPrinter &printer, Operation *,
+                             IntegerAttr attr) {
+  if (attr)
+    printer << attr.getInt();
+  else
+    printer << "none";
+}
+
+//===----------------------------------------------------------------------===//
+// custom<DataSource>: `synthetic` or a path string
+//===----------------------------------------------------------------------===//
+
+static ParseResult parseDataSource(OpAsmParser &parser, StringAttr &path) {
+  if (succeeded(parser.parseOptionalKeyword("synthetic")))
+    return success();
+  std::string value;
+  if (parser.parseString(&value))
+    return failure();
+  path = parser.getBuilder().getStringAttr(value);
+  return success();
+}
+
+static void printDataSource(OpAsmPrinter &printer, Operation *,
+                            StringAttr path) {
+  if (path)
+    printer.printString(path.getValue());
+  else
+    printer << "synthetic";
+}
+
+//===----------------------------------------------------------------------===//
+// LRScheduleAttr and custom<Schedule>
+//===----------------------------------------------------------------------===//
+
+// kind(peak, warmup = N)
+FailureOr<LRScheduleAttr> LRScheduleAttr::parseBare(AsmParser &parser) {
+  SMLoc loc = parser.getCurrentLocation();
+  StringRef kindName;
+  double peak;
+  int64_t warmup = 0;
+  if (parser.parseKeyword(&kindName))
+    return failure();
+  std::optional<ScheduleKind> kind = symbolizeScheduleKind(kindName);
+  if (!kind)
+    return parser.emitError(loc, "unknown schedule '")
+           << kindName << "' (expected constant, linear or cosine)";
+  if (parser.parseLParen() || parser.parseFloat(peak))
+    return failure();
+  if (succeeded(parser.parseOptionalComma()) &&
+      (parser.parseKeyword("warmup") || parser.parseEqual() ||
+       parser.parseInteger(warmup)))
+    return failure();
+  if (parser.parseRParen())
+    return failure();
+  return getChecked([&] { return parser.emitError(loc); },
+                    parser.getContext(), *kind, APFloat(peak), warmup);
+}
+
+void LRScheduleAttr::printBare(AsmPrinter &printer) const {
+  printer << stringifyScheduleKind(getKind()) << '(';
+  printer.printFloat(getPeak());
+  printer << ", warmup = " << getWarmup() << ')';
+}
+
+Attribute LRScheduleAttr::parse(AsmParser &parser, Type) {
+  if (parser.parseLess())
+    return {};
+  FailureOr<LRScheduleAttr> attr = parseBare(parser);
+  if (failed(attr) || parser.parseGreater())
+    return {};
+  return *attr;
+}
+
+void LRScheduleAttr::print(AsmPrinter &printer) const {
+  printer << '<';
+  printBare(printer);
+  printer << '>';
+}
+
+LogicalResult
+LRScheduleAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                       ScheduleKind, APFloat peak, int64_t warmup) {
+  double value = peak.convertToDouble();
+  if (!(value > 0.0) || std::isinf(value))
+    return emitError() << "learning rate must be positive and finite, got "
+                       << value;
+  if (warmup < 0)
+    return emitError() << "warm-up steps must be non-negative, got " << warmup;
+  return success();
+}
+
+static ParseResult parseSchedule(OpAsmParser &parser, LRScheduleAttr &attr) {
+  FailureOr<LRScheduleAttr> parsed = LRScheduleAttr::parseBare(parser);
+  if (failed(parsed))
+    return failure();
+  attr = *parsed;
+  return success();
+}
+
+static void printSchedule(OpAsmPrinter &printer, Operation *,
+                          LRScheduleAttr attr) {
+  attr.printBare(printer);
+}
+
+//===----------------------------------------------------------------------===//
 // custom<EnumKeyword>: an enum attribute as its bare keyword
 //===----------------------------------------------------------------------===//
 
@@ -99,6 +279,28 @@ BudgetOp ModelOp::getBudget() {
   return range.empty() ? BudgetOp() : *range.begin();
 }
 
+StrategyOp ModelOp::getStrategy() {
+  auto range = getBody().getOps<StrategyOp>();
+  return range.empty() ? StrategyOp() : *range.begin();
+}
+
+TrainOp ModelOp::getTrain() {
+  auto range = getBody().getOps<TrainOp>();
+  return range.empty() ? TrainOp() : *range.begin();
+}
+
+/// At most one op of type OpT in the model's body.
+template <typename OpT>
+static LogicalResult verifyAtMostOne(ModelOp model, StringRef what) {
+  SmallVector<OpT> ops(model.getBody().getOps<OpT>());
+  if (ops.size() > 1)
+    return ops[1].emitOpError("duplicates the model's ")
+        .append(what)
+        .attachNote(ops[0].getLoc())
+        .append("first ", what, " here");
+  return success();
+}
+
 LogicalResult ModelOp::verifyRegions() {
   SmallVector<BackboneOp> backbones(getBody().getOps<BackboneOp>());
   if (backbones.empty())
@@ -108,11 +310,10 @@ LogicalResult ModelOp::verifyRegions() {
         .attachNote(backbones[0].getLoc())
         .append("first backbone here");
 
-  SmallVector<BudgetOp> budgets(getBody().getOps<BudgetOp>());
-  if (budgets.size() > 1)
-    return budgets[1].emitOpError("duplicates the model's budget")
-        .attachNote(budgets[0].getLoc())
-        .append("first budget here");
+  if (failed(verifyAtMostOne<BudgetOp>(*this, "budget")) ||
+      failed(verifyAtMostOne<StrategyOp>(*this, "strategy")) ||
+      failed(verifyAtMostOne<TrainOp>(*this, "training settings")))
+    return failure();
 
   if (getTasks().empty())
     return emitOpError("needs at least one 'mtp.task'");
@@ -144,6 +345,9 @@ LogicalResult BackboneOp::verify() {
     return emitOpError("hidden size ")
            << getHidden() << " does not split into " << getHeads()
            << " attention heads";
+  double dropout = getDropout().convertToDouble();
+  if (!(dropout >= 0.0 && dropout < 1.0))
+    return emitOpError("dropout must lie in [0, 1), got ") << dropout;
   return success();
 }
 
@@ -239,6 +443,12 @@ ParseResult TaskOp::parse(OpAsmParser &parser, OperationState &result) {
   if (parser.parseKeyword("weight") || parser.parseFloat(weight))
     return failure();
   result.addAttribute(getWeightAttrName(result.name), b.getF64FloatAttr(weight));
+  if (succeeded(parser.parseOptionalKeyword("lr"))) {
+    FailureOr<LRScheduleAttr> lr = LRScheduleAttr::parseBare(parser);
+    if (failed(lr))
+      return failure();
+    result.addAttribute(getLrAttrName(result.name), *lr);
+  }
   return parser.parseOptionalAttrDict(result.attributes);
 }
 
@@ -257,12 +467,16 @@ void TaskOp::print(OpAsmPrinter &p) {
     << getTapLayer() << " loss " << stringifyLossKind(getLoss())
     << " weight ";
   p.printFloat(getWeightAttr().getValue());
+  if (LRScheduleAttr lr = getLrAttr()) {
+    p << " lr ";
+    lr.printBare(p);
+  }
   p.printOptionalAttrDict(
       (*this)->getAttrs(),
       {getSymNameAttrName(), getHeadAttrName(), getClassesAttrName(),
        getLabelsAttrName(), getLayersAttrName(), getVocabAttrName(),
        getTapLayerAttrName(), getPooledAttrName(), getLossAttrName(),
-       getWeightAttrName()});
+       getWeightAttrName(), getLrAttrName()});
 }
 
 LogicalResult TaskOp::verify() {
@@ -344,6 +558,88 @@ LogicalResult BudgetOp::verify() {
   if (getPrecision() == Precision::fp16 && getDevice() == "cpu")
     return emitOpError("fp16 needs a GPU (loss scaling); use bf16 or fp32 on "
                        "'cpu'");
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// StrategyOp
+//===----------------------------------------------------------------------===//
+
+/// True when `value` lies in [lo, hi] (or (lo, hi] with openLo).
+static bool inRange(double value, double lo, double hi, bool openLo = false) {
+  return (openLo ? value > lo : value >= lo) && value <= hi;
+}
+
+LogicalResult StrategyOp::verify() {
+  double threshold = getGroupThreshold().convertToDouble();
+  if (!inRange(threshold, -1.0, 1.0))
+    return emitOpError("group threshold must lie in [-1, 1], got ")
+           << threshold;
+  double latency = getMaxOffloadLatency().convertToDouble();
+  if (!(latency > 0.0) || std::isinf(latency))
+    return emitOpError("offload latency bound must be positive, got ")
+           << latency << " s";
+  if (std::optional<APFloat> keep = getGfmKeep())
+    if (!inRange(keep->convertToDouble(), 0.0, 1.0, /*openLo=*/true))
+      return emitOpError("GFM keep fraction must lie in (0, 1], got ")
+             << keep->convertToDouble();
+  for (auto [name, value] :
+       {std::pair<StringRef, double>{"reuse threshold",
+                                     getReuseThreshold().convertToDouble()},
+        {"similarity std threshold", getSimStdThreshold().convertToDouble()},
+        {"residual decay", getResidualDecay().convertToDouble()}})
+    if (!inRange(value, 0.0, 1.0))
+      return emitOpError() << name << " must lie in [0, 1], got " << value;
+  double maxNorm = getClipMaxNorm().convertToDouble();
+  if (!(maxNorm > 0.0) || std::isinf(maxNorm))
+    return emitOpError("clip max_norm must be positive, got ") << maxNorm;
+  double topk = getTopk().convertToDouble();
+  if (!inRange(topk, 0.0, 1.0, /*openLo=*/true))
+    return emitOpError("top-k fraction must lie in (0, 1], got ") << topk;
+  int64_t bits = getQuantBits();
+  if (bits != 2 && bits != 4 && bits != 8 && bits != 16)
+    return emitOpError("quantization bits must be 2, 4, 8 or 16, got ")
+           << bits;
+  if (std::optional<uint64_t> hidden = getDgfgHidden()) {
+    auto model = (*this)->getParentOfType<ModelOp>();
+    int64_t tasks = llvm::range_size(model.getTasks());
+    int64_t params = dgfgParameterCount(tasks, *hidden);
+    if (params >= kDgfgMaxParameters)
+      return emitOpError("DGFG gate of width ")
+             << *hidden << " over " << tasks << " tasks has " << params
+             << " parameters; the gate must stay under "
+             << kDgfgMaxParameters;
+  }
+  if (auto model = (*this)->getParentOfType<ModelOp>())
+    if (BackboneOp backbone = model.getBackbone())
+      if (getGradientScope() == GradientScope::params &&
+          getScopeLayers() > backbone.getLayers())
+        return emitOpError("gradient scope covers ")
+               << getScopeLayers() << " layers but the backbone has "
+               << backbone.getLayers();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// TrainOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult TrainOp::verify() {
+  if (getLr().getWarmup() > getSteps())
+    return emitOpError("warm-up of ")
+           << getLr().getWarmup() << " steps exceeds the " << getSteps()
+           << " training steps";
+  double wd = getWeightDecay().convertToDouble();
+  if (!(wd >= 0.0) || std::isinf(wd))
+    return emitOpError("weight decay must be non-negative, got ") << wd;
+  for (auto [name, beta] :
+       {std::pair<StringRef, double>{"beta1", getBeta1().convertToDouble()},
+        {"beta2", getBeta2().convertToDouble()}})
+    if (!(beta >= 0.0 && beta < 1.0))
+      return emitOpError() << name << " must lie in [0, 1), got " << beta;
+  double eps = getEps().convertToDouble();
+  if (!(eps > 0.0))
+    return emitOpError("eps must be positive, got ") << eps;
   return success();
 }
 

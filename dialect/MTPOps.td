@@ -51,6 +51,9 @@ def MTP_ModelOp : MTP_Op<"model", [
     BackboneOp getBackbone();
     /// The budget, or null when the spec has none.
     BudgetOp getBudget();
+    /// The strategy / training settings, or null when absent.
+    StrategyOp getStrategy();
+    TrainOp getTrain();
     /// Tasks in body order.
     auto getTasks() { return getBody().getOps<TaskOp>(); }
   }];
@@ -69,7 +72,8 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
 
     ```mlir
     mtp.backbone transformer(layers = 24, hidden = 1024, heads = 16,
-                             ffn = 4096, vocab = 32000, seq = 512)
+                             ffn = 4096, vocab = 32000, seq = 512,
+                             dropout = 0.1)
     ```
   }];
   let arguments = (ins MTP_BackboneKindAttr:$kind,
@@ -78,11 +82,13 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
                        MTP_PositiveI64Attr:$heads,
                        MTP_PositiveI64Attr:$ffn,
                        MTP_PositiveI64Attr:$vocab,
-                       MTP_PositiveI64Attr:$seq);
+                       MTP_PositiveI64Attr:$seq,
+                       F64Attr:$dropout);
   let assemblyFormat = [{
     custom<EnumKeyword>($kind) `(` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
               `heads` `=` $heads `,` `ffn` `=` $ffn `,`
-              `vocab` `=` $vocab `,` `seq` `=` $seq `)` attr-dict
+              `vocab` `=` $vocab `,` `seq` `=` $seq `,` `dropout` `=` $dropout `)`
+              attr-dict
   }];
   let hasVerifier = 1;
   let extraClassDeclaration = [{
@@ -101,7 +107,9 @@ def MTP_TaskOp : MTP_Op<"task", [HasParent<"ModelOp">, Symbol]> {
     `decoder(layers = N, vocab = V)` reading the output of backbone layer
     `tap_layer` (0 = embeddings). `pooled` means the head reads the pooled
     (first-token) vector of that layer rather than every token. The task's
-    loss is scaled by `weight`.
+    loss is scaled by `weight`. `lr` is the schedule of the head's own
+    parameter group (TaskLRAdapter); without it the head follows the
+    backbone's schedule in `mtp.train`.
 
     ```mlir
     mtp.task @mnli : classify(classes = 3) from pooled layer 24 loss cross_entropy weight 1.0
@@ -118,7 +126,8 @@ def MTP_TaskOp : MTP_Op<"task", [HasParent<"ModelOp">, Symbol]> {
                        MTP_NonNegativeI64Attr:$tap_layer,
                        UnitAttr:$pooled,
                        MTP_LossKindAttr:$loss,
-                       F64Attr:$weight);
+                       F64Attr:$weight,
+                       OptionalAttr<MTP_LRScheduleAttr>:$lr);
   let hasCustomAssemblyFormat = 1;
   let hasVerifier = 1;
 }
@@ -152,25 +161,29 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
   let summary = "the device, its memory, the batch and the precision";
   let description = [{
     `memory` is the per-device memory in bytes and `headroom` the part a plan
-    may not use; both print with a binary unit when exact. `global_batch`
+    may not use; both print with a binary unit when exact. `link` is the
+    host link's bandwidth per direction in bytes per second (offload and
+    prefetch traffic). `global_batch`
     must be a whole number of `micro_batch × gpus` micro-batches (gradient
     accumulation covers the rest).
 
     ```mlir
-    mtp.budget device "A100_32GB" memory 32 GiB headroom 2 GiB gpus 8
-               batch 64 micro 8 precision bf16
+    mtp.budget device "A100_32GB" memory 32 GiB headroom 2 GiB
+               link 32 GBps gpus 8 batch 64 micro 8 precision bf16
     ```
   }];
   let arguments = (ins StrAttr:$device,
                        MTP_PositiveI64Attr:$memory,
                        MTP_NonNegativeI64Attr:$headroom,
+                       MTP_PositiveI64Attr:$link_bandwidth,
                        MTP_PositiveI64Attr:$gpus,
                        MTP_PositiveI64Attr:$global_batch,
                        MTP_PositiveI64Attr:$micro_batch,
                        MTP_PrecisionAttr:$precision);
   let assemblyFormat = [{
     `device` $device `memory` custom<Bytes>($memory)
-    `headroom` custom<Bytes>($headroom) `gpus` $gpus
+    `headroom` custom<Bytes>($headroom)
+    `link` custom<Bandwidth>($link_bandwidth) `gpus` $gpus
     `batch` $global_batch `micro` $micro_batch `precision` custom<EnumKeyword>($precision) attr-dict
   }];
   let hasVerifier = 1;
@@ -182,6 +195,102 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
       return getGlobalBatch() / (getMicroBatch() * getGpus());
     }
   }];
+}
+
+//===----------------------------------------------------------------------===//
+// StrategyOp
+//===----------------------------------------------------------------------===//
+
+def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
+  let summary = "every strategy knob, resolved to its value";
+  let description = [{
+    The knobs of SPEC.md §3 A1–A2, B5–B8 and C10, each explicit (the
+    frontend fills in documented defaults): activation checkpointing
+    (`auto` lets the planner choose; `uniform` every k layers;
+    `task_granular` groups tasks whose correlation reaches `threshold`),
+    offload with its latency bound in seconds, GFM's kept fraction (`none`
+    turns it off), the gradient scope (`params` with the top k layers), the
+    DGFG gate's hidden width (`none` = fixed loss weights) and its
+    recalibration thresholds, clipping, and gradient compression.
+
+    ```mlir
+    mtp.strategy checkpoint task_granular every 1 threshold 0.5
+      offload cpu_pinned max_latency 1.2e-3 gfm 0.3 scope features layers 1
+      dgfg 32 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0
+      collective compressed topk 0.15 block 256 bits 8 decay 0.8
+    ```
+  }];
+  let arguments = (ins MTP_CheckpointPolicyAttr:$checkpoint,
+                       MTP_PositiveI64Attr:$checkpoint_every,
+                       F64Attr:$group_threshold,
+                       MTP_OffloadPolicyAttr:$offload,
+                       F64Attr:$max_offload_latency,
+                       OptionalAttr<F64Attr>:$gfm_keep,
+                       MTP_GradientScopeAttr:$gradient_scope,
+                       MTP_PositiveI64Attr:$scope_layers,
+                       OptionalAttr<MTP_PositiveI64Attr>:$dgfg_hidden,
+                       F64Attr:$reuse_threshold,
+                       F64Attr:$sim_std_threshold,
+                       MTP_ClipPolicyAttr:$clip,
+                       F64Attr:$clip_max_norm,
+                       MTP_CollectivePolicyAttr:$collective,
+                       F64Attr:$topk,
+                       MTP_PositiveI64Attr:$quant_block,
+                       MTP_PositiveI64Attr:$quant_bits,
+                       F64Attr:$residual_decay);
+  let assemblyFormat = [{
+    `checkpoint` custom<EnumKeyword>($checkpoint) `every` $checkpoint_every
+        `threshold` $group_threshold
+    `offload` custom<EnumKeyword>($offload) `max_latency` $max_offload_latency
+    `gfm` custom<OptionalF64>($gfm_keep)
+    `scope` custom<EnumKeyword>($gradient_scope) `layers` $scope_layers
+    `dgfg` custom<OptionalI64>($dgfg_hidden) `recalibrate` `reuse` $reuse_threshold
+        `std` $sim_std_threshold
+    `clip` custom<EnumKeyword>($clip) `max_norm` $clip_max_norm
+    `collective` custom<EnumKeyword>($collective) `topk` $topk
+        `block` $quant_block `bits` $quant_bits `decay` $residual_decay
+    attr-dict
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// TrainOp
+//===----------------------------------------------------------------------===//
+
+def MTP_TrainOp : MTP_Op<"train", [HasParent<"ModelOp">]> {
+  let summary = "training settings: steps, seed, data, optimizer, schedule";
+  let description = [{
+    `data` is `synthetic` (the built-in multi-task generator) or a path to
+    a data directory. `lr` is the backbone's schedule and the default of
+    every head without its own. AdamW is the optimizer. Metrics are logged
+    every `log_every` steps; a training checkpoint is saved every
+    `save_every` steps (0 = only at the end).
+
+    ```mlir
+    mtp.train steps 1000 seed 7 data synthetic lr cosine(3.0e-04, warmup = 500)
+      adamw(weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1.0e-08)
+      log_every 10 save_every 0
+    ```
+  }];
+  let arguments = (ins MTP_PositiveI64Attr:$steps,
+                       MTP_NonNegativeI64Attr:$seed,
+                       OptionalAttr<StrAttr>:$data_path,
+                       MTP_LRScheduleAttr:$lr,
+                       F64Attr:$weight_decay,
+                       F64Attr:$beta1,
+                       F64Attr:$beta2,
+                       F64Attr:$eps,
+                       MTP_PositiveI64Attr:$log_every,
+                       MTP_NonNegativeI64Attr:$save_every);
+  let assemblyFormat = [{
+    `steps` $steps `seed` $seed `data` custom<DataSource>($data_path)
+    `lr` custom<Schedule>($lr)
+    `adamw` `(` `weight_decay` `=` $weight_decay `,` `beta1` `=` $beta1 `,`
+              `beta2` `=` $beta2 `,` `eps` `=` $eps `)`
+    `log_every` $log_every `save_every` $save_every attr-dict
+  }];
+  let hasVerifier = 1;
 }
 
 #endif // MTP_OPS

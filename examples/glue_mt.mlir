@@ -3,7 +3,7 @@
 // Until the .mtp frontend lands this is what `mtpc` takes; it is exactly what
 // `mtpc glue_mt.mtp --emit=mlir` will print.
 mtp.model @glue_mt {
-  mtp.backbone transformer(layers = 24, hidden = 1024, heads = 16, ffn = 4096, vocab = 32000, seq = 512)
+  mtp.backbone transformer(layers = 24, hidden = 1024, heads = 16, ffn = 4096, vocab = 32000, seq = 512, dropout = 0.1)
 
   mtp.task @mnli : classify(classes = 3) from pooled layer 24 loss cross_entropy weight 1.0
   mtp.task @ner : tag(labels = 9) from layer 24 loss cross_entropy weight 1.0
@@ -15,5 +15,5 @@ mtp.model @glue_mt {
   mtp.correlate @pos, @chunk = 0.8
   mtp.correlate @ner, @mt = 0.1
 
-  mtp.budget device "A100_32GB" memory 32 GiB headroom 2 GiB gpus 8 batch 64 micro 8 precision bf16
+  mtp.budget device "A100_32GB" memory 32 GiB headroom 2 GiB link 32 GBps gpus 8 batch 64 micro 8 precision bf16
 }

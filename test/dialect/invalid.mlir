@@ -9,35 +9,35 @@ mtp.model @no_backbone {
 
 // expected-error @+1 {{'mtp.model' op needs at least one 'mtp.task'}}
 mtp.model @no_tasks {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
 }
 
 // -----
 
 mtp.model @two_backbones {
   // expected-note @+1 {{first backbone here}}
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   // expected-error @+1 {{'mtp.backbone' op duplicates the model's backbone}}
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
 }
 
 // -----
 
 mtp.model @two_budgets {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
   // expected-note @+1 {{first budget here}}
-  mtp.budget device "cpu" memory 1 GiB headroom 0 B gpus 1 batch 8 micro 8 precision fp32
+  mtp.budget device "cpu" memory 1 GiB headroom 0 B link 32 GBps gpus 1 batch 8 micro 8 precision fp32
   // expected-error @+1 {{'mtp.budget' op duplicates the model's budget}}
-  mtp.budget device "cpu" memory 2 GiB headroom 0 B gpus 1 batch 8 micro 8 precision fp32
+  mtp.budget device "cpu" memory 2 GiB headroom 0 B link 32 GBps gpus 1 batch 8 micro 8 precision fp32
 }
 
 // -----
 
 mtp.model @bad_heads {
   // expected-error @+1 {{'mtp.backbone' op hidden size 100 does not split into 16 attention heads}}
-  mtp.backbone transformer(layers = 2, hidden = 100, heads = 16, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 100, heads = 16, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
 }
 
@@ -45,14 +45,14 @@ mtp.model @bad_heads {
 
 mtp.model @zero_layers {
   // expected-error @+1 {{'mtp.backbone' op attribute 'layers' failed to satisfy constraint: 64-bit signless integer attribute whose value is positive}}
-  mtp.backbone transformer(layers = 0, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 0, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 0 loss cross_entropy weight 1.0
 }
 
 // -----
 
 mtp.model @tap_out_of_range {
-  mtp.backbone transformer(layers = 12, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 12, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   // expected-error @+1 {{'mtp.task' op reads layer 13 but the backbone has 12 layers (0 = embeddings)}}
   mtp.task @a : tag(labels = 5) from layer 13 loss cross_entropy weight 1.0
 }
@@ -60,7 +60,7 @@ mtp.model @tap_out_of_range {
 // -----
 
 mtp.model @missing_param {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   // expected-error @+1 {{'mtp.task' op 'decoder' head needs 'vocab'}}
   "mtp.task"() <{sym_name = "mt", head = #mtp<head decoder>, layers = 2 : i64, tap_layer = 2 : i64, loss = #mtp<loss cross_entropy>, weight = 1.0 : f64}> : () -> ()
 }
@@ -68,7 +68,7 @@ mtp.model @missing_param {
 // -----
 
 mtp.model @extra_param {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   // expected-error @+1 {{'mtp.task' op 'span' head takes no 'labels'}}
   "mtp.task"() <{sym_name = "s", head = #mtp<head span>, labels = 3 : i64, tap_layer = 2 : i64, loss = #mtp<loss cross_entropy>, weight = 1.0 : f64}> : () -> ()
 }
@@ -76,7 +76,7 @@ mtp.model @extra_param {
 // -----
 
 mtp.model @param_in_custom_form {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   // expected-error @+1 {{'tag' head takes no parameter 'classes'}}
   mtp.task @a : tag(classes = 5) from layer 1 loss cross_entropy weight 1.0
 }
@@ -84,7 +84,7 @@ mtp.model @param_in_custom_form {
 // -----
 
 mtp.model @unknown_head {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   // expected-error @+1 {{unknown head kind 'regress' (expected classify, tag, span or decoder)}}
   mtp.task @a : regress(classes = 5) from layer 1 loss cross_entropy weight 1.0
 }
@@ -92,7 +92,7 @@ mtp.model @unknown_head {
 // -----
 
 mtp.model @negative_weight {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   // expected-error @+1 {{'mtp.task' op loss weight must be finite and non-negative, got -1.000000e+00}}
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight -1.0
 }
@@ -100,7 +100,7 @@ mtp.model @negative_weight {
 // -----
 
 mtp.model @mse_on_tags {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   // expected-error @+1 {{'mtp.task' op mse loss needs a 'classify' head (regression), not 'tag'}}
   mtp.task @a : tag(labels = 5) from layer 1 loss mse weight 1.0
 }
@@ -108,7 +108,7 @@ mtp.model @mse_on_tags {
 // -----
 
 mtp.model @pooled_tags {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   // expected-error @+1 {{'mtp.task' op only a 'classify' head reads a pooled tap; 'tag' reads every token}}
   mtp.task @a : tag(labels = 5) from pooled layer 1 loss cross_entropy weight 1.0
 }
@@ -116,7 +116,7 @@ mtp.model @pooled_tags {
 // -----
 
 mtp.model @self_correlation {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
   // expected-error @+1 {{'mtp.correlate' op correlates task 'a' with itself; name two distinct tasks}}
   mtp.correlate @a, @a = 0.5
@@ -125,7 +125,7 @@ mtp.model @self_correlation {
 // -----
 
 mtp.model @correlation_range {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
   mtp.task @b : tag(labels = 5) from layer 2 loss cross_entropy weight 1.0
   // expected-error @+1 {{'mtp.correlate' op correlation must lie in [-1, 1], got 1.500000e+00}}
@@ -135,7 +135,7 @@ mtp.model @correlation_range {
 // -----
 
 mtp.model @unknown_task {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
   // expected-error @+1 {{'mtp.correlate' op names unknown task @c}}
   mtp.correlate @a, @c = 0.5
@@ -144,7 +144,7 @@ mtp.model @unknown_task {
 // -----
 
 mtp.model @twice_correlated {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
   mtp.task @b : tag(labels = 5) from layer 2 loss cross_entropy weight 1.0
   // expected-note @+1 {{first given here}}
@@ -156,7 +156,7 @@ mtp.model @twice_correlated {
 // -----
 
 mtp.model @duplicate_task {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   // expected-note @+1 {{see existing symbol definition here}}
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
   // expected-error @+1 {{redefinition of symbol named 'a'}}
@@ -166,46 +166,46 @@ mtp.model @duplicate_task {
 // -----
 
 mtp.model @zero_memory {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
   // expected-error @+1 {{'mtp.budget' op attribute 'memory' failed to satisfy constraint: 64-bit signless integer attribute whose value is positive}}
-  mtp.budget device "cpu" memory 0 B headroom 0 B gpus 1 batch 8 micro 8 precision fp32
+  mtp.budget device "cpu" memory 0 B headroom 0 B link 32 GBps gpus 1 batch 8 micro 8 precision fp32
 }
 
 // -----
 
 mtp.model @headroom_too_big {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
   // expected-error @+1 {{'mtp.budget' op headroom (2147483648 bytes) leaves nothing of the device's 1073741824 bytes}}
-  mtp.budget device "A100_32GB" memory 1 GiB headroom 2 GiB gpus 1 batch 8 micro 8 precision bf16
+  mtp.budget device "A100_32GB" memory 1 GiB headroom 2 GiB link 32 GBps gpus 1 batch 8 micro 8 precision bf16
 }
 
 // -----
 
 mtp.model @uneven_batch {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
   // expected-error @+1 {{'mtp.budget' op global batch 64 is not a multiple of micro_batch x gpus = 24}}
-  mtp.budget device "A100_32GB" memory 32 GiB headroom 2 GiB gpus 3 batch 64 micro 8 precision bf16
+  mtp.budget device "A100_32GB" memory 32 GiB headroom 2 GiB link 32 GBps gpus 3 batch 64 micro 8 precision bf16
 }
 
 // -----
 
 mtp.model @fp16_on_cpu {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
   // expected-error @+1 {{'mtp.budget' op fp16 needs a GPU (loss scaling); use bf16 or fp32 on 'cpu'}}
-  mtp.budget device "cpu" memory 8 GiB headroom 0 B gpus 1 batch 8 micro 8 precision fp16
+  mtp.budget device "cpu" memory 8 GiB headroom 0 B link 32 GBps gpus 1 batch 8 micro 8 precision fp16
 }
 
 // -----
 
 mtp.model @bad_unit {
-  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16)
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
   // expected-error @+1 {{byte count out of range}}
-  mtp.budget device "cpu" memory 99999999999 TiB headroom 0 B gpus 1 batch 8 micro 8 precision fp32
+  mtp.budget device "cpu" memory 99999999999 TiB headroom 0 B link 32 GBps gpus 1 batch 8 micro 8 precision fp32
 }
 
 // -----

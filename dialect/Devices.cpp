@@ -1,0 +1,38 @@
+//===- Devices.cpp - device presets ---------------------------------------===//
+//
+// Figures from the vendors' data sheets (SXM parts; dense, no sparsity).
+// "A100_32GB" is the source documents' device: an A100 with 32 GiB usable.
+// PCIe 4.0 x16 carries 32 GB/s per direction, PCIe 5.0 x16 64 GB/s.
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialect/Devices.h"
+
+using namespace mtp;
+
+static constexpr int64_t GiB = int64_t(1) << 30;
+
+static const DevicePreset kPresets[] = {
+    // name         memory      headroom  HBM B/s   link B/s  fp32    bf16     fp16   gpu
+    {"A100_32GB", 32 * GiB, 2 * GiB, 1.555e12, 32000000000, 19.5e12, 312e12,
+     312e12, true},
+    {"A100_40GB", 40 * GiB, 2 * GiB, 1.555e12, 32000000000, 19.5e12, 312e12,
+     312e12, true},
+    {"A100_80GB", 80 * GiB, 2 * GiB, 2.039e12, 32000000000, 19.5e12, 312e12,
+     312e12, true},
+    {"H100_80GB", 80 * GiB, 2 * GiB, 3.35e12, 64000000000, 67e12, 989e12,
+     989e12, true},
+    {"H200_141GB", 141 * GiB, 2 * GiB, 4.8e12, 64000000000, 67e12, 989e12,
+     989e12, true},
+    // A CPU "device": offload copies stay in the same RAM (memcpy speed).
+    {"cpu", 16 * GiB, 0, 20e9, 10000000000, 1e12, 0.5e12, 0.5e12, false},
+};
+
+llvm::ArrayRef<DevicePreset> mtp::devicePresets() { return kPresets; }
+
+const DevicePreset *mtp::lookupDevicePreset(llvm::StringRef name) {
+  for (const DevicePreset &preset : kPresets)
+    if (preset.name == name)
+      return &preset;
+  return nullptr;
+}

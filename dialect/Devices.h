@@ -1,0 +1,42 @@
+//===- Devices.h - device presets -------------------------------*- C++ -*-===//
+//
+// What a `device = NAME` in a spec's budget means: memory, bandwidths and
+// peak throughput. The frontend resolves a preset into the budget op's
+// explicit fields; the cost model reads the rest. Every field can be
+// overridden in the spec.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPC_DIALECT_DEVICES_H
+#define MTPC_DIALECT_DEVICES_H
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/StringRef.h"
+
+#include <cstdint>
+
+namespace mtp {
+
+struct DevicePreset {
+  llvm::StringLiteral name;
+  /// Device memory in bytes.
+  int64_t memoryBytes;
+  /// Default headroom a plan leaves free (SPEC.md §5: 2 GiB on GPUs, 0 on cpu).
+  int64_t headroomBytes;
+  /// Device memory bandwidth, bytes/s.
+  double memoryBandwidth;
+  /// Host link bandwidth per direction, bytes/s (PCIe x16 theoretical).
+  int64_t linkBandwidth;
+  /// Peak dense FLOP/s for fp32 (no TF32), bf16 and fp16 matrix math.
+  double fp32Flops, bf16Flops, fp16Flops;
+  bool isGpu;
+};
+
+/// All presets, in the order the docs list them.
+llvm::ArrayRef<DevicePreset> devicePresets();
+/// The preset called `name`, or null.
+const DevicePreset *lookupDevicePreset(llvm::StringRef name);
+
+} // namespace mtp
+
+#endif // MTPC_DIALECT_DEVICES_H
