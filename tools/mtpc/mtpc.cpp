@@ -1,20 +1,25 @@
 //===- mtpc.cpp - the mtpc compiler driver --------------------------------===//
 //
-//   mtpc check FILE            verify a spec; print a summary or located errors
-//   mtpc FILE --emit=mlir      print the normalized spec-level IR
+//   mtpc check FILE [-v]          check a spec: errors, or a one-line summary
+//   mtpc FILE --emit=ast|mlir     print the AST or the spec-level IR
 //
-// Every MLIR flag users know (--mlir-print-ir-after-all, --mlir-timing,
-// --mlir-print-debuginfo, ...) works with every subcommand.
+// FILE is a .mtp spec or spec-level IR (.mlir). Every MLIR flag users know
+// (--mlir-print-ir-after-all, --mlir-timing, --mlir-print-debuginfo, ...)
+// works with every subcommand. Exit codes: 0 ok, 1 the spec has errors,
+// 2 the tool was used wrongly (missing file, bad flag).
 //
 //===----------------------------------------------------------------------===//
 
 #include "dialect/MTPOps.h"
+#include "frontend/MLIRGen.h"
+#include "frontend/Parser.h"
+#include "frontend/Sema.h"
+#include "passes/CostModel.h"
 #include "passes/Passes.h"
 
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
-#include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
@@ -22,6 +27,7 @@
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
@@ -33,7 +39,8 @@ namespace cl = llvm::cl;
 
 namespace {
 enum class Command { Compile, Check };
-enum class Emit { MLIR };
+enum class Emit { AST, MLIR };
+enum ExitCode { kOk = 0, kSpecError = 1, kUsageError = 2 };
 
 cl::opt<std::string> inputFilename(cl::Positional, cl::desc("<spec file>"),
                                    cl::Required);
@@ -42,15 +49,40 @@ cl::opt<std::string> outputFilename("o", cl::desc("Output file"),
                                     cl::init("-"));
 cl::opt<Emit> emitAction(
     "emit", cl::desc("What to emit"), cl::init(Emit::MLIR),
-    cl::values(clEnumValN(Emit::MLIR, "mlir", "the normalized spec-level IR")));
+    cl::values(clEnumValN(Emit::AST, "ast", "the parsed .mtp syntax tree"),
+               clEnumValN(Emit::MLIR, "mlir", "the spec-level IR")));
+cl::opt<bool> verbose("v", cl::desc("check: print every task, correlation "
+                                    "and the budget, not only the summary"));
+
+llvm::raw_ostream &usageError() {
+  return llvm::WithColor::error(llvm::errs(), "mtpc");
+}
+
+/// 335.2M, 12.4K, 17.
+std::string humanCount(int64_t n) {
+  if (n >= 1000000000)
+    return llvm::formatv("{0:f1}B", n / 1e9);
+  if (n >= 1000000)
+    return llvm::formatv("{0:f1}M", n / 1e6);
+  if (n >= 1000)
+    return llvm::formatv("{0:f1}K", n / 1e3);
+  return std::to_string(n);
+}
 } // namespace
 
-/// One line per fact a user checks first.
 static void printSummary(llvm::raw_ostream &os, StringRef file,
                          ModuleOp module) {
   for (auto model : module.getOps<mtp::ModelOp>()) {
     mtp::BackboneOp bb = model.getBackbone();
-    os << file << ": OK: model '" << model.getSymName() << "'\n";
+    mtp::ParameterCount params = mtp::CostModel(model).parameters();
+    int64_t tasks = llvm::range_size(model.getTasks());
+    os << file << ": OK: model '" << model.getSymName() << "': " << tasks
+       << (tasks == 1 ? " task, " : " tasks, ") << bb.getLayers()
+       << " layers, " << humanCount(params.total()) << " parameters (backbone "
+       << humanCount(params.backbone) << ", heads " << humanCount(params.heads)
+       << ", gate " << humanCount(params.gate) << ")\n";
+    if (!verbose)
+      continue;
     os << "  backbone  " << mtp::stringifyBackboneKind(bb.getKind()) << ": "
        << bb.getLayers() << " layers, hidden " << bb.getHidden() << ", "
        << bb.getHeads() << " heads, ffn " << bb.getFfn() << ", vocab "
@@ -73,8 +105,6 @@ static void printSummary(llvm::raw_ostream &os, StringRef file,
          << " x " << budget.getGpus() << " x "
          << budget.getAccumulationSteps() << " accumulation; "
          << mtp::stringifyPrecision(budget.getPrecision()) << "\n";
-    else
-      os << "  budget    none (planning needs one)\n";
   }
 }
 
@@ -100,26 +130,28 @@ int main(int argc, char **argv) {
   registerMLIRContextCLOptions();
   registerPassManagerCLOptions();
   registerDefaultTimingManagerCLOptions();
-  cl::ParseCommandLineOptions(
-      args.size(), args.data(),
-      "mtpc: multi-task training pipeline compiler\n\n"
-      "  mtpc check FILE          verify a spec and summarize it\n"
-      "  mtpc FILE --emit=mlir    print the normalized spec-level IR\n");
-
-  if (llvm::sys::path::extension(inputFilename) == ".mtp") {
-    llvm::WithColor::error(llvm::errs(), "mtpc")
-        << inputFilename
-        << ": the .mtp language frontend is not built yet; give the "
-           "spec-level IR as a .mlir file (see examples/)\n";
-    return 1;
-  }
+  if (!cl::ParseCommandLineOptions(
+          args.size(), args.data(),
+          "mtpc: multi-task training pipeline compiler\n\n"
+          "  mtpc check FILE [-v]       check a spec and summarize it\n"
+          "  mtpc FILE --emit=ast|mlir  print the syntax tree or the IR\n\n"
+          "FILE is a .mtp spec or spec-level IR (.mlir).\n"
+          "Exit codes: 0 ok, 1 the spec has errors, 2 wrong usage.\n",
+          &llvm::errs()))
+    return kUsageError;
 
   std::string errorMessage;
   std::unique_ptr<llvm::MemoryBuffer> input =
       openInputFile(inputFilename, &errorMessage);
   if (!input) {
-    llvm::WithColor::error(llvm::errs(), "mtpc") << errorMessage << "\n";
-    return 1;
+    usageError() << errorMessage << "\n";
+    return kUsageError;
+  }
+  bool isMlir = llvm::sys::path::extension(inputFilename) == ".mlir";
+  if (isMlir && emitAction == Emit::AST) {
+    usageError() << "--emit=ast needs a .mtp spec; " << inputFilename
+                 << " is IR\n";
+    return kUsageError;
   }
 
   DialectRegistry registry;
@@ -135,45 +167,64 @@ int main(int argc, char **argv) {
   applyDefaultTimingManagerCLOptions(tm);
   TimingScope timing = tm.getRootScope();
 
+  std::unique_ptr<llvm::ToolOutputFile> output =
+      openOutputFile(outputFilename, &errorMessage);
+  if (!output) {
+    usageError() << errorMessage << "\n";
+    return kUsageError;
+  }
+
   OwningOpRef<ModuleOp> module;
-  {
+  if (isMlir) {
     TimingScope parseTiming = timing.nest("Parse");
     module = parseSourceFile<ModuleOp>(sourceMgr, &context);
+  } else {
+    std::optional<mtp::ast::Model> ast;
+    {
+      TimingScope parseTiming = timing.nest("Parse");
+      ast = mtp::parseSpec(sourceMgr, &context);
+    }
+    if (!ast)
+      return kSpecError;
+    if (command == Command::Compile && emitAction == Emit::AST) {
+      mtp::ast::dump(*ast, output->os());
+      output->keep();
+      return kOk;
+    }
+    std::optional<mtp::CheckedSpec> spec;
+    {
+      TimingScope semaTiming = timing.nest("Sema");
+      spec = mtp::checkSpec(*ast, inputFilename, &context);
+    }
+    if (!spec)
+      return kSpecError;
+    TimingScope genTiming = timing.nest("MLIRGen");
+    module = mtp::mlirGen(*spec, inputFilename, &context);
   }
   if (!module)
-    return 1;
+    return kSpecError;
   if (module->getOps<mtp::ModelOp>().empty()) {
     emitError(module->getLoc()) << "no 'mtp.model' in " << inputFilename;
-    return 1;
+    return kSpecError;
   }
 
   PassManager pm(&context);
   if (failed(applyPassManagerCLOptions(pm)))
-    return 1;
+    return kUsageError;
   pm.enableTiming(timing);
   pm.addNestedPass<mtp::ModelOp>(mtp::createNormalizeSpec());
   if (failed(pm.run(*module)))
-    return 1;
+    return kSpecError;
 
-  std::unique_ptr<llvm::ToolOutputFile> output =
-      openOutputFile(outputFilename, &errorMessage);
-  if (!output) {
-    llvm::WithColor::error(llvm::errs(), "mtpc") << errorMessage << "\n";
-    return 1;
-  }
   switch (command) {
   case Command::Check:
     printSummary(output->os(), inputFilename, *module);
     break;
   case Command::Compile:
-    switch (emitAction) {
-    case Emit::MLIR:
-      module->print(output->os());
-      output->os() << "\n";
-      break;
-    }
+    module->print(output->os());
+    output->os() << "\n";
     break;
   }
   output->keep();
-  return 0;
+  return kOk;
 }

@@ -1,0 +1,115 @@
+//===- AST.cpp - dumping the .mtp AST -------------------------------------===//
+
+#include "frontend/AST.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace mtp::ast;
+
+llvm::StringRef Value::kindName() const {
+  switch (kind) {
+  case Kind::Number:
+    return "a number";
+  case Kind::String:
+    return "a string";
+  case Kind::Ident:
+    return hasBlock ? "a name with a block" : "a name";
+  case Kind::Call:
+    return "a call";
+  case Kind::Block:
+    return "a block";
+  }
+  return "a value";
+}
+
+namespace {
+struct Dumper {
+  llvm::raw_ostream &os;
+  unsigned indent = 0;
+
+  llvm::raw_ostream &line(Location loc) {
+    os.indent(indent * 2);
+    return os << llvm::formatv("@{0}:{1} ", loc.line, loc.col);
+  }
+
+  void value(const Value &v) {
+    switch (v.kind) {
+    case Value::Kind::Number:
+      os << "number " << v.spelling;
+      if (!v.unit.empty())
+        os << " unit " << v.unit;
+      break;
+    case Value::Kind::String:
+      os << "string \"";
+      os.write_escaped(v.name);
+      os << '"';
+      break;
+    case Value::Kind::Ident:
+      os << "name " << v.name;
+      break;
+    case Value::Kind::Call:
+      os << "call " << v.name << " (" << v.args.size() << " args)";
+      break;
+    case Value::Kind::Block:
+      os << "block";
+      break;
+    }
+    os << '\n';
+    ++indent;
+    for (const Arg &arg : v.args) {
+      line(arg.loc) << "arg " << (arg.key.empty() ? "<positional>" : arg.key)
+                    << " = ";
+      value(arg.value);
+    }
+    entries(v.entries);
+    --indent;
+  }
+
+  void entries(const std::vector<Entry> &list) {
+    for (const Entry &e : list) {
+      line(e.loc) << "entry " << e.key << " = ";
+      value(e.value);
+    }
+  }
+};
+} // namespace
+
+void mtp::ast::dump(const Model &model, llvm::raw_ostream &os) {
+  Dumper d{os};
+  d.line(model.loc) << "model " << model.name << '\n';
+  d.indent = 1;
+  for (const Backbone &bb : model.backbones) {
+    d.line(bb.loc) << "backbone " << bb.kind << '\n';
+    ++d.indent;
+    d.entries(bb.entries);
+    --d.indent;
+  }
+  for (const Task &task : model.tasks) {
+    d.line(task.loc) << "task " << task.name << " head ";
+    d.value(task.head);
+    ++d.indent;
+    for (const auto &[tap, loc] : task.taps) {
+      d.line(loc) << "from "
+                  << (tap.kind == Tap::Kind::Pooled       ? "pooled"
+                      : tap.kind == Tap::Kind::Embeddings ? "embeddings"
+                                                          : "layer");
+      if (tap.layer)
+        os << ' ' << tap.layer->spelling;
+      os << '\n';
+    }
+    for (const auto &[loss, loc] : task.losses)
+      d.line(loc) << "loss " << loss << '\n';
+    for (const auto &[weight, loc] : task.weights)
+      d.line(loc) << "weight " << weight.spelling << '\n';
+    --d.indent;
+  }
+  for (const Correlation &c : model.correlations)
+    d.line(c.loc) << "correlate " << c.a << " ~ " << c.b << " = "
+                  << c.value.spelling << '\n';
+  for (const Section &s : model.sections) {
+    d.line(s.loc) << "section " << s.name << '\n';
+    ++d.indent;
+    d.entries(s.entries);
+    --d.indent;
+  }
+}

@@ -1,0 +1,1237 @@
+//===- Sema.cpp - checking a .mtp AST -------------------------------------===//
+//
+// Each section has a table of keys; Fields checks a block against it
+// (repeats, unknown keys with a suggestion, keys that belong to another
+// section, knobs of deferred techniques), and typed readers check each value
+// (kind, unit, range). Sema keeps going after an error so one run reports
+// every independent problem, up to a cap.
+//
+//===----------------------------------------------------------------------===//
+
+#include "frontend/Sema.h"
+
+#include "dialect/Devices.h"
+
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/Location.h"
+#include "mlir/IR/MLIRContext.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallVector.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+using namespace mtp;
+using ast::Location;
+using llvm::ArrayRef;
+using llvm::SmallVector;
+using llvm::StringRef;
+
+namespace {
+
+/// Closest candidate by edit distance, if close enough to be a likely typo.
+std::optional<StringRef> closest(StringRef word, ArrayRef<StringRef> options) {
+  std::optional<StringRef> best;
+  unsigned bestDistance = ~0u;
+  for (StringRef option : options) {
+    unsigned distance = word.lower() == option.lower()
+                            ? 0
+                            : word.edit_distance(option, true, 4);
+    if (distance < bestDistance) {
+      bestDistance = distance;
+      best = option;
+    }
+  }
+  // Short names are too alike to guess between: only case differences.
+  unsigned allowed = word.size() < 3 ? 0 : std::max<size_t>(1, word.size() / 3);
+  if (best && bestDistance <= allowed)
+    return best;
+  return std::nullopt;
+}
+
+/// 0.5, 1e-08, 100: how people write range ends.
+std::string shortest(double value) {
+  char buffer[32];
+  snprintf(buffer, sizeof(buffer), "%g", value);
+  return buffer;
+}
+
+std::string joined(ArrayRef<StringRef> words) {
+  std::string out;
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (i)
+      out += i + 1 == words.size() ? " or " : ", ";
+    out += words[i];
+  }
+  return out;
+}
+
+struct TooManyErrors {};
+
+/// Knobs of the deferred techniques (SPEC.md §6): known, rejected.
+struct Deferred {
+  StringRef key, technique;
+};
+constexpr Deferred kDeferredStrategy[] = {
+    {"cuda_graphs", "CUDA Graph capture (SPEC.md §3 A3)"},
+    {"pipeline", "task-aware pipeline parallelism (SPEC.md §3 C9)"},
+    {"search", "the memory-constrained search (SPEC.md §3 C11)"},
+    {"saps", "SAPS sparse parameter updates (SPEC.md §3 D12)"},
+    {"adapters", "NPD gated adapters (SPEC.md §3 D13)"},
+    {"ewc", "EWC forgetting protection (SPEC.md §3 D14)"},
+    {"dynamic_batch", "the dynamic batch schedule (SPEC.md §3 D15)"},
+    {"zero", "ZeRO-3 parameter offload (SPEC.md §3 D16)"},
+};
+constexpr Deferred kDeferredBudget[] = {
+    {"zero", "ZeRO-3 parameter offload (SPEC.md §3 D16)"},
+    {"param_offload", "ZeRO-3 parameter offload (SPEC.md §3 D16)"},
+};
+
+// Keys per section, so a key written in the wrong section gets pointed home.
+constexpr StringRef kBackboneKeys[] = {"layers", "hidden", "heads", "ffn",
+                                       "vocab",  "seq",    "dropout"};
+constexpr StringRef kBudgetKeys[] = {
+    "device",       "memory",      "headroom",     "host_link", "gpus",
+    "global_batch", "micro_batch", "accumulation", "precision"};
+constexpr StringRef kStrategyKeys[] = {
+    "checkpoint", "offload", "gfm",  "gradient_scope",
+    "dgfg",       "clip",    "lr",   "collective"};
+constexpr StringRef kTrainKeys[] = {"steps",     "seed",      "data",
+                                    "optimizer", "log_every", "save_every"};
+constexpr StringRef kSections[] = {"budget", "strategy", "train"};
+
+class Sema {
+public:
+  Sema(StringRef filename, mlir::MLIRContext *context, unsigned maxErrors)
+      : context(context), maxErrors(maxErrors) {
+    file = mlir::StringAttr::get(context, filename);
+  }
+
+  std::optional<CheckedSpec> run(const ast::Model &model);
+
+  //===--------------------------------------------------------------------===//
+  // Diagnostics
+  //===--------------------------------------------------------------------===//
+
+  mlir::Location loc(Location l) {
+    return mlir::FileLineColLoc::get(file, l.line, l.col);
+  }
+
+  mlir::InFlightDiagnostic error(Location l) {
+    if (errors >= maxErrors) {
+      mlir::emitError(loc(l)) << "too many errors (" << maxErrors
+                              << "); stopping here";
+      throw TooManyErrors();
+    }
+    ++errors;
+    return mlir::emitError(loc(l));
+  }
+
+  void note(mlir::InFlightDiagnostic &diag, Location l, const llvm::Twine &msg) {
+    diag.attachNote(loc(l)) << msg;
+  }
+
+  void warning(Location l, const llvm::Twine &msg) {
+    mlir::emitWarning(loc(l)) << msg;
+  }
+
+  unsigned errors = 0;
+
+  //===--------------------------------------------------------------------===//
+  // Typed readers. Each reports and returns nullopt on a bad value.
+  //===--------------------------------------------------------------------===//
+
+  std::optional<int64_t> integer(const ast::Value &v, StringRef what,
+                                 int64_t lo, int64_t hi) {
+    if (v.kind != ast::Value::Kind::Number || !v.isInteger) {
+      error(v.loc) << "'" << what << "' expects a whole number, got "
+                   << describe(v);
+      return std::nullopt;
+    }
+    if (!v.unit.empty()) {
+      error(v.unitLoc) << "'" << what << "' takes no unit, got '" << v.unit
+                       << "'";
+      return std::nullopt;
+    }
+    if (v.integer < lo || v.integer > hi) {
+      auto diag = error(v.loc);
+      diag << "'" << what << "' must be ";
+      if (hi == INT64_MAX)
+        diag << "at least " << lo;
+      else
+        diag << "between " << lo << " and " << hi;
+      diag << ", got " << v.spelling;
+      return std::nullopt;
+    }
+    return v.integer;
+  }
+
+  /// A real in [lo, hi]; openLo/openHi exclude the ends.
+  std::optional<double> real(const ast::Value &v, StringRef what, double lo,
+                             double hi, bool openLo = false,
+                             bool openHi = false) {
+    if (v.kind != ast::Value::Kind::Number) {
+      error(v.loc) << "'" << what << "' expects a number, got " << describe(v);
+      return std::nullopt;
+    }
+    if (!v.unit.empty()) {
+      error(v.unitLoc) << "'" << what << "' takes no unit, got '" << v.unit
+                       << "'";
+      return std::nullopt;
+    }
+    bool ok = (openLo ? v.number > lo : v.number >= lo) &&
+              (openHi ? v.number < hi : v.number <= hi);
+    if (!ok) {
+      auto diag = error(v.loc);
+      diag << "'" << what << "' must lie in " << (openLo ? "(" : "[")
+           << shortest(lo) << ", ";
+      if (std::isinf(hi))
+        diag << "inf)";
+      else
+        diag << shortest(hi) << (openHi ? ")" : "]");
+      diag << ", got " << v.spelling;
+      return std::nullopt;
+    }
+    return v.number;
+  }
+
+  /// A number with a unit from `units` (name -> scale); the result is in
+  /// the base unit (bytes, seconds, bytes/s).
+  std::optional<double>
+  quantity(const ast::Value &v, StringRef what,
+           ArrayRef<std::pair<StringRef, double>> units, StringRef example) {
+    if (v.kind != ast::Value::Kind::Number) {
+      error(v.loc) << "'" << what << "' expects a quantity such as " << example
+                   << ", got " << describe(v);
+      return std::nullopt;
+    }
+    SmallVector<StringRef> names;
+    for (auto [name, scale] : units)
+      names.push_back(name);
+    if (v.unit.empty()) {
+      auto diag = error(v.loc);
+      diag << "'" << what << "' needs a unit, e.g. " << example;
+      note(diag, v.loc, "units: " + joined(names));
+      return std::nullopt;
+    }
+    for (auto [name, scale] : units)
+      if (name == v.unit) {
+        if (v.number < 0) {
+          error(v.loc) << "'" << what << "' must not be negative, got "
+                       << v.spelling << v.unit;
+          return std::nullopt;
+        }
+        return v.number * scale;
+      }
+    auto diag = error(v.unitLoc);
+    diag << "unknown unit '" << v.unit << "' for '" << what << "'";
+    if (std::optional<StringRef> guess = closest(v.unit, names))
+      diag << "; did you mean '" << *guess << "'?";
+    else
+      note(diag, v.unitLoc, "units: " + joined(names));
+    return std::nullopt;
+  }
+
+  std::optional<int64_t> bytes(const ast::Value &v, StringRef what) {
+    static const std::pair<StringRef, double> units[] = {
+        {"B", 1},          {"KiB", 0x1p10}, {"MiB", 0x1p20},
+        {"GiB", 0x1p30},   {"TiB", 0x1p40}, {"KB", 1e3},
+        {"MB", 1e6},       {"GB", 1e9},     {"TB", 1e12}};
+    std::optional<double> value = quantity(v, what, units, "32GiB");
+    if (!value)
+      return std::nullopt;
+    if (*value >= 0x1p62) {
+      error(v.loc) << "'" << what << "' is out of range";
+      return std::nullopt;
+    }
+    return static_cast<int64_t>(std::llround(*value));
+  }
+
+  std::optional<double> seconds(const ast::Value &v, StringRef what) {
+    static const std::pair<StringRef, double> units[] = {
+        {"s", 1}, {"ms", 1e-3}, {"us", 1e-6}};
+    return quantity(v, what, units, "1.2ms");
+  }
+
+  std::optional<int64_t> bandwidth(const ast::Value &v, StringRef what) {
+    static const std::pair<StringRef, double> units[] = {
+        {"B/s", 1},      {"KB/s", 1e3},      {"MB/s", 1e6},
+        {"GB/s", 1e9},   {"TB/s", 1e12},     {"MiB/s", 0x1p20},
+        {"GiB/s", 0x1p30}};
+    std::optional<double> value = quantity(v, what, units, "32GB/s");
+    if (!value)
+      return std::nullopt;
+    if (*value < 1 || *value >= 0x1p62) {
+      error(v.loc) << "'" << what << "' must be a positive bandwidth";
+      return std::nullopt;
+    }
+    return static_cast<int64_t>(std::llround(*value));
+  }
+
+  /// A bare name from `options`.
+  std::optional<StringRef> choice(const ast::Value &v, StringRef what,
+                                  ArrayRef<StringRef> options) {
+    if (v.kind != ast::Value::Kind::Ident || v.hasBlock) {
+      error(v.loc) << "'" << what << "' expects one of " << joined(options)
+                   << ", got " << describe(v);
+      return std::nullopt;
+    }
+    for (StringRef option : options)
+      if (option == v.name)
+        return option;
+    auto diag = error(v.loc);
+    diag << "unknown " << what << " '" << v.name << "'";
+    if (std::optional<StringRef> guess = closest(v.name, options))
+      diag << "; did you mean '" << *guess << "'?";
+    else
+      diag << "; expected " << joined(options);
+    return std::nullopt;
+  }
+
+  static std::string describe(const ast::Value &v) {
+    switch (v.kind) {
+    case ast::Value::Kind::Number:
+      return "'" + v.spelling + v.unit + "'";
+    case ast::Value::Kind::String:
+      return "a string";
+    case ast::Value::Kind::Ident:
+      return "'" + v.name + "'";
+    case ast::Value::Kind::Call:
+      return "'" + v.name + "(...)'";
+    case ast::Value::Kind::Block:
+      return "a block";
+    }
+    return "a value";
+  }
+
+private:
+  void checkBackbone(const ast::Model &model, CheckedSpec &spec);
+  void checkTasks(const ast::Model &model, CheckedSpec &spec);
+  void checkCorrelations(const ast::Model &model, CheckedSpec &spec);
+  void checkBudget(const ast::Section *section, CheckedSpec &spec,
+                   Location modelLoc);
+  void checkStrategy(const ast::Section *section, CheckedSpec &spec);
+  void checkTrain(const ast::Section *section, CheckedSpec &spec);
+  std::optional<Schedule> schedule(const ast::Value &v, StringRef what);
+  void checkLr(const ast::Value &v, CheckedSpec &spec);
+  void crossChecks(CheckedSpec &spec);
+
+  mlir::MLIRContext *context;
+  mlir::StringAttr file;
+  unsigned maxErrors;
+  /// Where each task was given an explicit lr (for warm-up checks).
+  llvm::StringMap<Location> taskLrLocs;
+  Location trainLrLoc;
+};
+
+/// The entries of one block, checked against the keys it may hold.
+class Fields {
+public:
+  Fields(Sema &sema, StringRef where, const std::vector<ast::Entry> &entries,
+         ArrayRef<StringRef> keys, ArrayRef<Deferred> deferred = {})
+      : sema(sema) {
+    for (const ast::Entry &entry : entries) {
+      if (const ast::Entry *first = byKey.lookup(entry.key)) {
+        auto diag = sema.error(entry.loc);
+        diag << "'" << entry.key << "' is given twice in " << where;
+        sema.note(diag, first->loc, "first given here");
+        continue;
+      }
+      if (llvm::is_contained(keys, entry.key)) {
+        byKey[entry.key] = &entry;
+        continue;
+      }
+      if (const Deferred *d = llvm::find_if(
+              deferred, [&](const Deferred &d) { return d.key == entry.key; });
+          d != deferred.end()) {
+        sema.error(entry.loc) << "'" << entry.key << "' is not yet supported: "
+                              << d->technique
+                              << " is deferred to a later release; remove it";
+        continue;
+      }
+      auto diag = sema.error(entry.loc);
+      diag << "unknown key '" << entry.key << "' in " << where;
+      if (StringRef home = homeOf(entry.key); !home.empty())
+        diag << "; '" << entry.key << "' belongs in " << home;
+      else if (std::optional<StringRef> guess = closest(entry.key, keys))
+        diag << "; did you mean '" << *guess << "'?";
+      else
+        sema.note(diag, entry.loc, "known keys: " + joined(keys));
+    }
+  }
+
+  const ast::Value *get(StringRef key) const {
+    const ast::Entry *entry = byKey.lookup(key);
+    return entry ? &entry->value : nullptr;
+  }
+  Location locOf(StringRef key) const { return byKey.lookup(key)->loc; }
+
+private:
+  static StringRef homeOf(StringRef key) {
+    if (llvm::is_contained(kBudgetKeys, key))
+      return "budget { }";
+    if (llvm::is_contained(kStrategyKeys, key))
+      return "strategy { }";
+    if (llvm::is_contained(kTrainKeys, key))
+      return "train { }";
+    if (llvm::is_contained(kBackboneKeys, key))
+      return "backbone transformer { }";
+    return "";
+  }
+
+  Sema &sema;
+  llvm::StringMap<const ast::Entry *> byKey;
+};
+
+/// The named arguments of a call, checked like Fields; `positional` names
+/// the parameter a single unnamed argument stands for (empty: none allowed).
+class Args {
+public:
+  Args(Sema &sema, const ast::Value &call, ArrayRef<StringRef> params,
+       StringRef positional = "")
+      : sema(sema) {
+    for (size_t i = 0; i < call.args.size(); ++i) {
+      const ast::Arg &arg = call.args[i];
+      StringRef key = arg.key;
+      if (key.empty()) {
+        if (positional.empty() || i != 0) {
+          auto diag = sema.error(arg.loc);
+          diag << "name the argument of '" << call.name << "(...)'";
+          if (!params.empty())
+            diag << ", e.g. " << call.name << "(" << params.front()
+                 << " = ...)";
+          continue;
+        }
+        key = positional;
+      }
+      if (const ast::Arg *first = byKey.lookup(key)) {
+        auto diag = sema.error(arg.loc);
+        diag << "'" << key << "' is given twice";
+        sema.note(diag, first->loc, "first given here");
+        continue;
+      }
+      if (!llvm::is_contained(params, key)) {
+        auto diag = sema.error(arg.loc);
+        if (params.empty()) {
+          diag << "'" << call.name << "' takes no arguments";
+          continue;
+        }
+        diag << "'" << call.name << "' has no parameter '" << key << "'";
+        if (std::optional<StringRef> guess = closest(key, params))
+          diag << "; did you mean '" << *guess << "'?";
+        else
+          diag << "; its parameters: " << joined(params);
+        continue;
+      }
+      byKey[key] = &arg;
+    }
+  }
+
+  const ast::Value *get(StringRef key) const {
+    const ast::Arg *arg = byKey.lookup(key);
+    return arg ? &arg->value : nullptr;
+  }
+
+private:
+  Sema &sema;
+  llvm::StringMap<const ast::Arg *> byKey;
+};
+
+//===----------------------------------------------------------------------===//
+// Backbone
+//===----------------------------------------------------------------------===//
+
+void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
+  if (model.backbones.empty()) {
+    auto diag = error(model.nameLoc);
+    diag << "model '" << model.name << "' has no backbone";
+    note(diag, model.nameLoc,
+         "add e.g. backbone transformer { layers = 12  hidden = 768  "
+         "heads = 12  vocab = 32000  seq = 512 }");
+    return;
+  }
+  for (size_t i = 1; i < model.backbones.size(); ++i) {
+    auto diag = error(model.backbones[i].loc);
+    diag << "a model has one backbone";
+    note(diag, model.backbones[0].loc, "first backbone here");
+  }
+  const ast::Backbone &bb = model.backbones.front();
+  auto &out = spec.backbone;
+  out.loc = bb.loc;
+  static const StringRef kinds[] = {"transformer"};
+  if (bb.kind != "transformer") {
+    auto diag = error(bb.kindLoc);
+    diag << "unknown backbone '" << bb.kind << "'";
+    if (auto guess = closest(bb.kind, kinds))
+      diag << "; did you mean '" << *guess << "'?";
+    else
+      diag << "; the backbone kinds: transformer";
+  }
+  Fields f(*this, "backbone transformer { }", bb.entries, kBackboneKeys);
+  auto required = [&](StringRef key, int64_t lo, int64_t hi) -> int64_t {
+    const ast::Value *v = f.get(key);
+    if (!v) {
+      error(bb.loc) << "backbone needs '" << key << "'";
+      return 0;
+    }
+    return integer(*v, key, lo, hi).value_or(0);
+  };
+  out.layers = required("layers", 1, 1024);
+  out.hidden = required("hidden", 1, 1 << 20);
+  out.heads = required("heads", 1, 1024);
+  out.vocab = required("vocab", 2, 1 << 24);
+  out.seq = required("seq", 1, 1 << 20);
+  out.ffn = 4 * out.hidden;
+  if (const ast::Value *v = f.get("ffn"))
+    out.ffn = integer(*v, "ffn", 1, 1 << 22).value_or(0);
+  out.dropout = 0.1;
+  if (const ast::Value *v = f.get("dropout"))
+    out.dropout = real(*v, "dropout", 0.0, 1.0, false, true).value_or(0.0);
+  if (out.hidden > 0 && out.heads > 0 && out.hidden % out.heads != 0) {
+    auto diag = error(f.locOf("heads"));
+    diag << "'heads' = " << out.heads << " does not divide 'hidden' = "
+         << out.hidden;
+    SmallVector<std::string> divisors;
+    for (int64_t d = std::max<int64_t>(1, out.heads / 2);
+         d <= out.heads * 2 && divisors.size() < 4; ++d)
+      if (out.hidden % d == 0)
+        divisors.push_back(std::to_string(d));
+    if (!divisors.empty())
+      note(diag, f.locOf("heads"),
+           "head counts that divide " + std::to_string(out.hidden) +
+               " nearby: " + llvm::join(divisors, ", "));
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Tasks
+//===----------------------------------------------------------------------===//
+
+void Sema::checkTasks(const ast::Model &model, CheckedSpec &spec) {
+  if (model.tasks.empty()) {
+    auto diag = error(model.nameLoc);
+    diag << "model '" << model.name << "' has no tasks";
+    note(diag, model.nameLoc,
+         "add e.g. task sst : classify(classes = 2) from pooled");
+  }
+  int64_t layers = spec.backbone.layers;
+  llvm::StringMap<Location> seen;
+  static const StringRef heads[] = {"classify", "tag", "span", "decoder"};
+  for (const ast::Task &t : model.tasks) {
+    if (auto [it, inserted] = seen.try_emplace(t.name, t.nameLoc); !inserted) {
+      auto diag = error(t.nameLoc);
+      diag << "task '" << t.name << "' is defined twice";
+      note(diag, it->second, "first defined here");
+      continue;
+    }
+    if (t.name == "default") {
+      error(t.nameLoc) << "'default' is reserved (it names the default "
+                          "schedule in lr = per_task { }); rename the task";
+      continue;
+    }
+    CheckedSpec::Task task;
+    task.name = t.name;
+    task.loc = t.loc;
+
+    // Head kind and its parameters.
+    const ast::Value &head = t.head;
+    std::optional<HeadKind> kind = symbolizeHeadKind(head.name);
+    if (!kind) {
+      auto diag = error(head.loc);
+      diag << "unknown head '" << head.name << "'";
+      if (auto guess = closest(head.name, heads))
+        diag << "; did you mean '" << *guess << "'?";
+      else
+        diag << "; the heads: " << joined(heads);
+      continue;
+    }
+    task.head = *kind;
+    switch (*kind) {
+    case HeadKind::classify: {
+      Args a(*this, head, {"classes"}, "classes");
+      if (const ast::Value *v = a.get("classes"))
+        task.classes = integer(*v, "classes", 1, 1 << 20);
+      else
+        error(head.loc) << "'classify' needs the number of classes, e.g. "
+                           "classify(classes = 3)";
+      break;
+    }
+    case HeadKind::tag: {
+      Args a(*this, head, {"labels"}, "labels");
+      if (const ast::Value *v = a.get("labels"))
+        task.labels = integer(*v, "labels", 2, 1 << 20);
+      else
+        error(head.loc)
+            << "'tag' needs the number of labels, e.g. tag(labels = 9)";
+      break;
+    }
+    case HeadKind::span: {
+      Args a(*this, head, {});
+      break;
+    }
+    case HeadKind::decoder: {
+      Args a(*this, head, {"layers", "vocab"});
+      if (const ast::Value *v = a.get("layers"))
+        task.layers = integer(*v, "layers", 1, 64);
+      else
+        error(head.loc) << "'decoder' needs its depth, e.g. decoder(layers = "
+                           "6, vocab = 32000)";
+      task.vocab = spec.backbone.vocab;
+      if (const ast::Value *v = a.get("vocab"))
+        task.vocab = integer(*v, "vocab", 2, 1 << 24);
+      break;
+    }
+    }
+
+    // Tap.
+    task.pooled = *kind == HeadKind::classify;
+    task.tapLayer = layers;
+    for (size_t i = 1; i < t.taps.size(); ++i) {
+      auto diag = error(t.taps[i].second);
+      diag << "task '" << t.name << "' reads one layer";
+      note(diag, t.taps[0].second, "first 'from' here");
+    }
+    if (!t.taps.empty()) {
+      const ast::Tap &tap = t.taps.front().first;
+      task.pooled = tap.kind == ast::Tap::Kind::Pooled;
+      if (tap.kind == ast::Tap::Kind::Embeddings)
+        task.tapLayer = 0;
+      if (tap.layer) {
+        const ast::Value &lv = *tap.layer;
+        if (lv.kind == ast::Value::Kind::Number && lv.isInteger &&
+            layers > 0 && (lv.integer < 0 || lv.integer > layers)) {
+          auto diag = error(lv.loc);
+          diag << "task '" << t.name << "' reads layer " << lv.spelling
+               << ", but the backbone has " << layers << " layers";
+          note(diag, spec.backbone.loc,
+               "layers are 0 (embeddings) to " + std::to_string(layers) +
+                   "; the backbone is declared here");
+        } else if (layers > 0) {
+          task.tapLayer =
+              integer(lv, "layer", 0, layers).value_or(task.tapLayer);
+        }
+      }
+      if (task.pooled && *kind != HeadKind::classify)
+        error(tap.loc) << "only a 'classify' head reads a pooled tap; '"
+                       << head.name << "' reads every token (use 'from layer "
+                       << task.tapLayer << "')";
+    }
+
+    // Loss and weight.
+    task.loss = *kind == HeadKind::classify && task.classes == 1
+                    ? LossKind::mse
+                    : LossKind::cross_entropy;
+    for (size_t i = 1; i < t.losses.size(); ++i) {
+      auto diag = error(t.losses[i].second);
+      diag << "task '" << t.name << "' has one loss";
+      note(diag, t.losses[0].second, "first 'loss' here");
+    }
+    if (!t.losses.empty()) {
+      static const StringRef losses[] = {"cross_entropy", "mse"};
+      ast::Value lossName;
+      lossName.kind = ast::Value::Kind::Ident;
+      lossName.name = t.losses[0].first;
+      lossName.loc = t.losses[0].second;
+      if (std::optional<StringRef> l = choice(lossName, "loss", losses)) {
+        task.loss = *symbolizeLossKind(*l);
+        if (task.loss == LossKind::mse && *kind != HeadKind::classify)
+          error(lossName.loc) << "'mse' needs a 'classify' head (regression); '"
+                              << head.name << "' predicts classes per token";
+      }
+    }
+    task.weight = 1.0;
+    for (size_t i = 1; i < t.weights.size(); ++i) {
+      auto diag = error(t.weights[i].second);
+      diag << "task '" << t.name << "' has one weight";
+      note(diag, t.weights[0].second, "first 'weight' here");
+    }
+    if (!t.weights.empty())
+      task.weight =
+          real(t.weights[0].first, "weight", 0.0, 1e6).value_or(1.0);
+    spec.tasks.push_back(std::move(task));
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Correlations
+//===----------------------------------------------------------------------===//
+
+void Sema::checkCorrelations(const ast::Model &model, CheckedSpec &spec) {
+  SmallVector<StringRef> names;
+  for (const ast::Task &t : model.tasks)
+    if (!llvm::is_contained(names, t.name))
+      names.push_back(t.name);
+  std::map<std::pair<std::string, std::string>, Location> seen;
+  for (const ast::Correlation &c : model.correlations) {
+    bool ok = true;
+    for (auto [name, l] : {std::pair{StringRef(c.a), c.aLoc}, {StringRef(c.b), c.bLoc}}) {
+      if (llvm::is_contained(names, name))
+        continue;
+      ok = false;
+      auto diag = error(l);
+      diag << "unknown task '" << name << "'";
+      if (auto guess = closest(name, names))
+        diag << "; did you mean '" << *guess << "'?";
+      note(diag, l,
+           names.empty() ? std::string("no tasks are defined")
+                         : "defined tasks: " + llvm::join(names, ", "));
+    }
+    if (ok && c.a == c.b) {
+      error(c.bLoc) << "task '" << c.a
+                    << "' is correlated with itself; name two distinct tasks";
+      ok = false;
+    }
+    std::optional<double> value =
+        real(c.value, "correlation", -1.0, 1.0);
+    if (!ok || !value)
+      continue;
+    auto key = c.a < c.b ? std::make_pair(c.a, c.b) : std::make_pair(c.b, c.a);
+    if (auto [it, inserted] = seen.try_emplace(key, c.loc); !inserted) {
+      auto diag = error(c.loc);
+      diag << "'" << c.a << "' and '" << c.b << "' are correlated twice";
+      note(diag, it->second, "first given here");
+      continue;
+    }
+    spec.correlations.push_back({c.a, c.b, *value, c.loc});
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Budget
+//===----------------------------------------------------------------------===//
+
+void Sema::checkBudget(const ast::Section *section, CheckedSpec &spec,
+                       Location modelLoc) {
+  auto &out = spec.budget;
+  if (!section) {
+    auto diag = error(modelLoc);
+    diag << "model '" << spec.name << "' has no budget";
+    note(diag, modelLoc,
+         "add e.g. budget { device = A100_40GB  micro_batch = 8  precision = "
+         "bf16 } (or device = cpu)");
+    return;
+  }
+  out.loc = section->loc;
+  Fields f(*this, "budget { }", section->entries, kBudgetKeys,
+           kDeferredBudget);
+
+  SmallVector<StringRef> presetNames;
+  for (const DevicePreset &p : devicePresets())
+    presetNames.push_back(p.name);
+  const DevicePreset *preset = nullptr;
+  if (const ast::Value *v = f.get("device")) {
+    if (std::optional<StringRef> name = choice(*v, "device", presetNames)) {
+      preset = lookupDevicePreset(*name);
+      out.device = name->str();
+    }
+  } else if (f.get("memory")) {
+    out.device = "custom";
+  } else {
+    error(section->loc) << "budget needs a 'device' (" << joined(presetNames)
+                        << ") or an explicit 'memory'";
+  }
+  out.memory = preset ? preset->memoryBytes : 0;
+  out.headroom = preset ? preset->headroomBytes : 0;
+  out.link = preset ? preset->linkBandwidth : 32000000000;
+  bool gpu = !preset || preset->isGpu;
+  if (!preset && f.get("memory"))
+    out.headroom = int64_t(2) << 30;
+  if (const ast::Value *v = f.get("memory"))
+    if (std::optional<int64_t> b = bytes(*v, "memory")) {
+      if (*b <= 0)
+        error(v->loc) << "'memory' must be positive";
+      out.memory = *b;
+    }
+  if (const ast::Value *v = f.get("headroom"))
+    out.headroom = bytes(*v, "headroom").value_or(out.headroom);
+  if (const ast::Value *v = f.get("host_link"))
+    out.link = bandwidth(*v, "host_link").value_or(out.link);
+  if (out.memory > 0 && out.headroom >= out.memory) {
+    Location l = f.get("headroom") ? f.locOf("headroom") : section->loc;
+    error(l) << "headroom of " << out.headroom
+             << " bytes leaves nothing of the device's " << out.memory
+             << " bytes";
+  }
+
+  out.gpus = 1;
+  if (const ast::Value *v = f.get("gpus"))
+    out.gpus = integer(*v, "gpus", 1, 4096).value_or(1);
+  if (!gpu && out.gpus > 1)
+    error(f.locOf("gpus")) << "device 'cpu' runs as one process per device; "
+                              "use gpus = 1";
+
+  std::optional<int64_t> micro, global, accumulation;
+  if (const ast::Value *v = f.get("micro_batch"))
+    micro = integer(*v, "micro_batch", 1, 1 << 20);
+  if (const ast::Value *v = f.get("global_batch"))
+    global = integer(*v, "global_batch", 1, 1 << 24);
+  if (const ast::Value *v = f.get("accumulation"))
+    accumulation = integer(*v, "accumulation", 1, 1 << 16);
+  int64_t perStep = micro.value_or(0) * out.gpus;
+  if (!micro && !global) {
+    micro = 8;
+    perStep = 8 * out.gpus;
+  } else if (!micro && global) {
+    int64_t acc = accumulation.value_or(1);
+    if (*global % (out.gpus * acc) != 0)
+      error(f.locOf("global_batch"))
+          << "'global_batch' = " << *global
+          << " does not split evenly over gpus x accumulation = "
+          << out.gpus * acc;
+    micro = std::max<int64_t>(1, *global / (out.gpus * acc));
+    perStep = *micro * out.gpus;
+  }
+  out.microBatch = *micro;
+  out.globalBatch = global.value_or(perStep * accumulation.value_or(1));
+  if (global && micro && perStep > 0 && *global % perStep != 0) {
+    auto diag = error(f.locOf("global_batch"));
+    diag << "'global_batch' = " << *global
+         << " is not a multiple of micro_batch x gpus = " << perStep;
+    note(diag, f.locOf("global_batch"),
+         "use a global batch of " + std::to_string((*global / perStep + 1) * perStep) +
+             " or a micro batch that divides it");
+  }
+  if (accumulation && global && micro && perStep > 0 &&
+      *global != perStep * *accumulation) {
+    auto diag = error(f.locOf("accumulation"));
+    diag << "'accumulation' = " << *accumulation
+         << " contradicts global_batch / (micro_batch x gpus) = " << *global
+         << " / " << perStep;
+    note(diag, f.locOf("accumulation"),
+         "give two of global_batch, micro_batch and accumulation");
+  }
+
+  out.precision = Precision::fp32;
+  if (const ast::Value *v = f.get("precision")) {
+    static const StringRef precisions[] = {"fp32", "bf16", "fp16"};
+    if (std::optional<StringRef> p = choice(*v, "precision", precisions))
+      out.precision = *symbolizePrecision(*p);
+    if (!gpu && out.precision == Precision::fp16)
+      error(v->loc) << "fp16 needs a GPU (loss scaling); use bf16 or fp32 on "
+                       "device 'cpu'";
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Strategy
+//===----------------------------------------------------------------------===//
+
+std::optional<Schedule> Sema::schedule(const ast::Value &v, StringRef what) {
+  static const StringRef kinds[] = {"constant", "linear", "cosine"};
+  if (v.kind != ast::Value::Kind::Call) {
+    error(v.loc) << "'" << what
+                 << "' expects a schedule such as cosine(3e-4, warmup = 500), "
+                    "got "
+                 << describe(v);
+    return std::nullopt;
+  }
+  std::optional<ScheduleKind> kind = symbolizeScheduleKind(v.name);
+  if (!kind) {
+    auto diag = error(v.loc);
+    diag << "unknown schedule '" << v.name << "'";
+    if (auto guess = closest(v.name, kinds))
+      diag << "; did you mean '" << *guess << "'?";
+    else
+      diag << "; the schedules: " << joined(kinds);
+    return std::nullopt;
+  }
+  Args a(*this, v, {"peak", "warmup"}, "peak");
+  Schedule s;
+  s.kind = *kind;
+  if (const ast::Value *p = a.get("peak")) {
+    std::optional<double> peak = real(*p, "peak", 0.0, 10.0, true);
+    if (!peak)
+      return std::nullopt;
+    s.peak = *peak;
+  } else {
+    error(v.loc) << "'" << v.name << "' needs its peak learning rate, e.g. "
+                 << v.name << "(3e-4)";
+    return std::nullopt;
+  }
+  if (const ast::Value *w = a.get("warmup")) {
+    std::optional<int64_t> warmup = integer(*w, "warmup", 0, 1 << 30);
+    if (!warmup)
+      return std::nullopt;
+    s.warmup = *warmup;
+  }
+  return s;
+}
+
+void Sema::checkLr(const ast::Value &v, CheckedSpec &spec) {
+  // lr = cosine(...)  or  lr = per_task { default = ...  mt = ... }
+  if (v.kind == ast::Value::Kind::Ident && v.name == "per_task" &&
+      v.hasBlock) {
+    SmallVector<StringRef> keys{"default"};
+    for (const CheckedSpec::Task &t : spec.tasks)
+      keys.push_back(t.name);
+    llvm::StringMap<Location> seen;
+    for (const ast::Entry &e : v.entries) {
+      if (auto [it, inserted] = seen.try_emplace(e.key, e.loc); !inserted) {
+        auto diag = error(e.loc);
+        diag << "'" << e.key << "' is given twice in lr = per_task { }";
+        note(diag, it->second, "first given here");
+        continue;
+      }
+      if (!llvm::is_contained(keys, e.key)) {
+        auto diag = error(e.loc);
+        diag << "unknown task '" << e.key << "' in lr = per_task { }";
+        if (auto guess = closest(e.key, keys))
+          diag << "; did you mean '" << *guess << "'?";
+        note(diag, e.loc, "keys: default or a task: " +
+                              joined(ArrayRef(keys).drop_front()));
+        continue;
+      }
+      std::optional<Schedule> s = schedule(e.value, "lr");
+      if (!s)
+        continue;
+      if (e.key == "default") {
+        spec.train.lr = *s;
+        trainLrLoc = e.loc;
+        continue;
+      }
+      for (CheckedSpec::Task &t : spec.tasks)
+        if (t.name == e.key) {
+          t.lr = *s;
+          taskLrLocs[t.name] = e.loc;
+        }
+    }
+    return;
+  }
+  if (v.kind == ast::Value::Kind::Ident && v.name == "per_task") {
+    error(v.loc) << "'per_task' needs a block: lr = per_task { default = "
+                    "cosine(3e-4)  <task> = linear(1e-4) }";
+    return;
+  }
+  if (std::optional<Schedule> s = schedule(v, "lr")) {
+    spec.train.lr = *s;
+    trainLrLoc = v.loc;
+  }
+}
+
+void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
+  auto &out = spec.strategy;
+  if (!section)
+    return;
+  out.loc = section->loc;
+  Fields f(*this, "strategy { }", section->entries, kStrategyKeys,
+           kDeferredStrategy);
+
+  // checkpoint = auto | none | uniform(every = k) | task_granular(threshold = t)
+  if (const ast::Value *v = f.get("checkpoint")) {
+    static const StringRef policies[] = {"auto", "none", "uniform",
+                                         "task_granular"};
+    ast::Value name = *v;
+    if (v->kind == ast::Value::Kind::Call)
+      name.kind = ast::Value::Kind::Ident;
+    if (std::optional<StringRef> p = choice(name, "checkpoint policy", policies)) {
+      out.checkpoint = *symbolizeCheckpointPolicy(*p);
+      if (v->kind == ast::Value::Kind::Call) {
+        if (out.checkpoint == CheckpointPolicy::uniform) {
+          Args a(*this, *v, {"every"}, "every");
+          if (const ast::Value *e = a.get("every"))
+            out.checkpointEvery =
+                integer(*e, "every", 1, std::max<int64_t>(1, spec.backbone.layers))
+                    .value_or(1);
+        } else if (out.checkpoint == CheckpointPolicy::task_granular) {
+          Args a(*this, *v, {"threshold"}, "threshold");
+          if (const ast::Value *t = a.get("threshold"))
+            out.groupThreshold =
+                real(*t, "threshold", -1.0, 1.0).value_or(0.5);
+        } else {
+          Args a(*this, *v, {});
+        }
+      }
+    }
+  }
+
+  // offload = auto | none | cpu_pinned(max_latency = 1.2ms)
+  if (const ast::Value *v = f.get("offload")) {
+    static const StringRef policies[] = {"auto", "none", "cpu_pinned"};
+    ast::Value name = *v;
+    if (v->kind == ast::Value::Kind::Call)
+      name.kind = ast::Value::Kind::Ident;
+    if (std::optional<StringRef> p = choice(name, "offload policy", policies)) {
+      out.offload = *symbolizeOffloadPolicy(*p);
+      if (v->kind == ast::Value::Kind::Call) {
+        Args a(*this, *v,
+               out.offload == OffloadPolicy::none
+                   ? ArrayRef<StringRef>()
+                   : ArrayRef<StringRef>({"max_latency"}));
+        if (const ast::Value *l = a.get("max_latency"))
+          if (std::optional<double> s = seconds(*l, "max_latency")) {
+            if (*s <= 0)
+              error(l->loc) << "'max_latency' must be positive";
+            else
+              out.maxOffloadLatency = *s;
+          }
+      }
+    }
+  }
+
+  // gfm = none | { keep = 0.3 }
+  if (const ast::Value *v = f.get("gfm")) {
+    if (v->kind == ast::Value::Kind::Ident && !v->hasBlock && v->name == "none") {
+      out.gfmKeep.reset();
+    } else if (v->kind == ast::Value::Kind::Block) {
+      Fields g(*this, "gfm = { }", v->entries, {"keep"});
+      if (const ast::Value *k = g.get("keep"))
+        out.gfmKeep = real(*k, "keep", 0.0, 1.0, true).value_or(0.3);
+    } else {
+      error(v->loc) << "'gfm' expects none or { keep = 0.3 }, got "
+                    << describe(*v);
+    }
+  }
+
+  // gradient_scope = features | params(layers = k)
+  if (const ast::Value *v = f.get("gradient_scope")) {
+    static const StringRef scopes[] = {"features", "params"};
+    ast::Value name = *v;
+    if (v->kind == ast::Value::Kind::Call)
+      name.kind = ast::Value::Kind::Ident;
+    if (std::optional<StringRef> s = choice(name, "gradient scope", scopes)) {
+      out.scope = *symbolizeGradientScope(*s);
+      if (v->kind == ast::Value::Kind::Call) {
+        Args a(*this, *v,
+               out.scope == GradientScope::params
+                   ? ArrayRef<StringRef>({"layers"})
+                   : ArrayRef<StringRef>(),
+               "layers");
+        if (const ast::Value *l = a.get("layers"))
+          out.scopeLayers =
+              integer(*l, "layers", 1,
+                      std::max<int64_t>(1, spec.backbone.layers))
+                  .value_or(1);
+      }
+    }
+  }
+
+  // dgfg = none | { hidden = 32  reuse_threshold = 0.15  std_threshold = 0.4 }
+  if (const ast::Value *v = f.get("dgfg")) {
+    if (v->kind == ast::Value::Kind::Ident && !v->hasBlock && v->name == "none") {
+      out.dgfgHidden.reset();
+    } else if (v->kind == ast::Value::Kind::Block) {
+      Fields g(*this, "dgfg = { }", v->entries,
+               {"hidden", "reuse_threshold", "std_threshold"});
+      if (const ast::Value *h = g.get("hidden"))
+        out.dgfgHidden = integer(*h, "hidden", 1, 4096).value_or(32);
+      if (const ast::Value *r = g.get("reuse_threshold"))
+        out.reuseThreshold =
+            real(*r, "reuse_threshold", 0.0, 1.0).value_or(0.15);
+      if (const ast::Value *s = g.get("std_threshold"))
+        out.simStdThreshold =
+            real(*s, "std_threshold", 0.0, 1.0).value_or(0.4);
+    } else {
+      error(v->loc) << "'dgfg' expects none or { hidden = 32 }, got "
+                    << describe(*v);
+    }
+  }
+
+  // clip = none | per_task(max_norm = 1.0) | global(max_norm = 1.0)
+  if (const ast::Value *v = f.get("clip")) {
+    static const StringRef policies[] = {"none", "per_task", "global"};
+    ast::Value name = *v;
+    if (v->kind == ast::Value::Kind::Call)
+      name.kind = ast::Value::Kind::Ident;
+    if (std::optional<StringRef> p = choice(name, "clip policy", policies)) {
+      out.clip = *symbolizeClipPolicy(*p);
+      if (v->kind == ast::Value::Kind::Call) {
+        Args a(*this, *v,
+               out.clip == ClipPolicy::none ? ArrayRef<StringRef>()
+                                            : ArrayRef<StringRef>({"max_norm"}),
+               "max_norm");
+        if (const ast::Value *m = a.get("max_norm"))
+          out.clipMaxNorm =
+              real(*m, "max_norm", 0.0, 1e9, true).value_or(1.0);
+      }
+    }
+  }
+
+  if (const ast::Value *v = f.get("lr"))
+    checkLr(*v, spec);
+
+  // collective = auto | none | compressed(topk = 0.15, block = 256, bits = 8,
+  //                                       residual = 0.8)
+  if (const ast::Value *v = f.get("collective")) {
+    static const StringRef policies[] = {"auto", "none", "compressed"};
+    ast::Value name = *v;
+    if (v->kind == ast::Value::Kind::Call)
+      name.kind = ast::Value::Kind::Ident;
+    if (std::optional<StringRef> p = choice(name, "collective", policies)) {
+      out.collective = *symbolizeCollectivePolicy(*p);
+      if (v->kind == ast::Value::Kind::Call) {
+        Args a(*this, *v,
+               out.collective == CollectivePolicy::none
+                   ? ArrayRef<StringRef>()
+                   : ArrayRef<StringRef>({"topk", "block", "bits", "residual"}));
+        if (const ast::Value *t = a.get("topk"))
+          out.topk = real(*t, "topk", 0.0, 1.0, true).value_or(0.15);
+        if (const ast::Value *b = a.get("block"))
+          out.quantBlock = integer(*b, "block", 1, 1 << 20).value_or(256);
+        if (const ast::Value *b = a.get("bits")) {
+          std::optional<int64_t> bits = integer(*b, "bits", 1, 64);
+          if (bits && *bits != 2 && *bits != 4 && *bits != 8 && *bits != 16)
+            error(b->loc) << "'bits' must be 2, 4, 8 or 16, got "
+                          << b->spelling;
+          else if (bits)
+            out.quantBits = *bits;
+        }
+        if (const ast::Value *r = a.get("residual"))
+          out.residualDecay = real(*r, "residual", 0.0, 1.0).value_or(0.8);
+      }
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Train
+//===----------------------------------------------------------------------===//
+
+void Sema::checkTrain(const ast::Section *section, CheckedSpec &spec) {
+  auto &out = spec.train;
+  if (!section)
+    return;
+  out.loc = section->loc;
+  Fields f(*this, "train { }", section->entries, kTrainKeys);
+  if (const ast::Value *v = f.get("steps"))
+    out.steps = integer(*v, "steps", 1, int64_t(1) << 40).value_or(1000);
+  if (const ast::Value *v = f.get("seed"))
+    out.seed = integer(*v, "seed", 0, INT64_MAX).value_or(0);
+  if (const ast::Value *v = f.get("data")) {
+    if (v->kind == ast::Value::Kind::String) {
+      if (v->name.empty())
+        error(v->loc) << "'data' path is empty";
+      else
+        out.dataPath = v->name;
+    } else if (v->kind != ast::Value::Kind::Ident || v->hasBlock ||
+               v->name != "synthetic") {
+      error(v->loc) << "'data' expects synthetic or a path in quotes, e.g. "
+                       "data = \"data/glue\"; got "
+                    << describe(*v);
+    }
+  }
+  if (const ast::Value *v = f.get("optimizer")) {
+    if ((v->kind == ast::Value::Kind::Ident || v->kind == ast::Value::Kind::Call) &&
+        v->name == "adamw") {
+      if (v->kind == ast::Value::Kind::Call) {
+        Args a(*this, *v, {"weight_decay", "beta1", "beta2", "eps"});
+        if (const ast::Value *x = a.get("weight_decay"))
+          out.weightDecay = real(*x, "weight_decay", 0.0, 10.0).value_or(0.01);
+        if (const ast::Value *x = a.get("beta1"))
+          out.beta1 = real(*x, "beta1", 0.0, 1.0, false, true).value_or(0.9);
+        if (const ast::Value *x = a.get("beta2"))
+          out.beta2 = real(*x, "beta2", 0.0, 1.0, false, true).value_or(0.999);
+        if (const ast::Value *x = a.get("eps"))
+          out.eps = real(*x, "eps", 0.0, 1.0, true).value_or(1e-8);
+      }
+    } else {
+      auto diag = error(v->loc);
+      diag << "unknown optimizer " << describe(*v);
+      static const StringRef optimizers[] = {"adamw"};
+      if (auto guess = closest(v->name, optimizers))
+        diag << "; did you mean '" << *guess << "'?";
+      else
+        diag << "; the optimizer is adamw(weight_decay = 0.01)";
+    }
+  }
+  if (const ast::Value *v = f.get("log_every"))
+    out.logEvery = integer(*v, "log_every", 1, INT64_MAX).value_or(10);
+  if (const ast::Value *v = f.get("save_every"))
+    out.saveEvery = integer(*v, "save_every", 0, INT64_MAX).value_or(0);
+}
+
+//===----------------------------------------------------------------------===//
+// Knobs that contradict each other
+//===----------------------------------------------------------------------===//
+
+void Sema::crossChecks(CheckedSpec &spec) {
+  const auto &train = spec.train;
+  auto warmupCheck = [&](const Schedule &s, Location l, StringRef who) {
+    if (s.warmup > train.steps)
+      error(l) << "the warm-up of " << s.warmup << " steps for " << who
+               << " exceeds the " << train.steps << " training steps";
+  };
+  warmupCheck(train.lr, trainLrLoc.line ? trainLrLoc : spec.strategy.loc,
+              "the backbone");
+  for (const CheckedSpec::Task &t : spec.tasks)
+    if (auto it = taskLrLocs.find(t.name); it != taskLrLocs.end())
+      warmupCheck(t.lr, it->second, "task '" + t.name + "'");
+
+  const auto &s = spec.strategy;
+  if (s.dgfgHidden && !spec.tasks.empty()) {
+    int64_t tasks = spec.tasks.size();
+    int64_t params = dgfgParameterCount(tasks, *s.dgfgHidden);
+    if (params >= kDgfgMaxParameters)
+      error(s.loc) << "the DGFG gate (hidden = " << *s.dgfgHidden << ", "
+                   << tasks << " tasks) would have " << params
+                   << " parameters; it must stay under " << kDgfgMaxParameters
+                   << " (lower dgfg = { hidden = ... })";
+  }
+  if (s.collective == CollectivePolicy::compressed && spec.budget.gpus == 1)
+    warning(s.loc, "collective = compressed has no effect with gpus = 1: "
+                   "there is nothing to exchange");
+  if (s.dgfgHidden && spec.tasks.size() == 1)
+    warning(s.loc, "dgfg has nothing to weigh with a single task");
+}
+
+std::optional<CheckedSpec> Sema::run(const ast::Model &model) {
+  CheckedSpec spec;
+  spec.name = model.name;
+  spec.loc = model.loc;
+  spec.train.lr = Schedule();
+  try {
+    const ast::Section *budget = nullptr, *strategy = nullptr,
+                       *train = nullptr;
+    for (const ast::Section &section : model.sections) {
+      const ast::Section **slot = section.name == "budget"     ? &budget
+                                  : section.name == "strategy" ? &strategy
+                                  : section.name == "train"    ? &train
+                                                               : nullptr;
+      if (!slot) {
+        auto diag = error(section.loc);
+        diag << "unknown section '" << section.name << "'";
+        if (auto guess = closest(section.name, kSections))
+          diag << "; did you mean '" << *guess << "'?";
+        else
+          diag << "; sections: budget, strategy, train";
+        continue;
+      }
+      if (*slot) {
+        auto diag = error(section.loc);
+        diag << "'" << section.name << "' is given twice";
+        note(diag, (*slot)->loc, "first given here");
+        continue;
+      }
+      *slot = &section;
+    }
+    checkBackbone(model, spec);
+    checkTasks(model, spec);
+    // Heads follow the backbone's schedule unless lr says otherwise.
+    checkTrain(train, spec);
+    checkStrategy(strategy, spec);
+    for (CheckedSpec::Task &t : spec.tasks)
+      if (!taskLrLocs.count(t.name))
+        t.lr = spec.train.lr;
+    checkCorrelations(model, spec);
+    checkBudget(budget, spec, model.nameLoc);
+    if (errors == 0)
+      crossChecks(spec);
+  } catch (const TooManyErrors &) {
+    return std::nullopt;
+  }
+  if (errors > 0)
+    return std::nullopt;
+  return spec;
+}
+
+} // namespace
+
+std::optional<CheckedSpec> mtp::checkSpec(const ast::Model &model,
+                                          StringRef filename,
+                                          mlir::MLIRContext *context,
+                                          unsigned maxErrors) {
+  return Sema(filename, context, maxErrors).run(model);
+}

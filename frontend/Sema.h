@@ -1,0 +1,106 @@
+//===- Sema.h - checking a .mtp AST -----------------------------*- C++ -*-===//
+//
+// Sema gives every key its meaning: types, units, ranges, defaults, names
+// that must exist, and knobs that contradict each other. The result is a
+// fully resolved spec — every default filled in — that MLIRGen turns into the
+// spec-level mtp dialect. Every error is located and, where it helps, hinted.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPC_FRONTEND_SEMA_H
+#define MTPC_FRONTEND_SEMA_H
+
+#include "dialect/MTPOps.h"
+#include "frontend/AST.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mtp {
+
+struct Schedule {
+  ScheduleKind kind = ScheduleKind::cosine;
+  double peak = 3e-4;
+  int64_t warmup = 0;
+};
+
+/// A spec with every value checked and every default resolved.
+struct CheckedSpec {
+  std::string name;
+  ast::Location loc;
+
+  struct Backbone {
+    int64_t layers, hidden, heads, ffn, vocab, seq;
+    double dropout;
+    ast::Location loc;
+  } backbone;
+
+  struct Task {
+    std::string name;
+    HeadKind head;
+    std::optional<int64_t> classes, labels, layers, vocab;
+    int64_t tapLayer;
+    bool pooled;
+    LossKind loss;
+    double weight;
+    Schedule lr;
+    ast::Location loc;
+  };
+  std::vector<Task> tasks;
+
+  struct Correlation {
+    std::string a, b;
+    double value;
+    ast::Location loc;
+  };
+  std::vector<Correlation> correlations;
+
+  struct Budget {
+    std::string device;
+    int64_t memory, headroom, link, gpus, globalBatch, microBatch;
+    Precision precision;
+    ast::Location loc;
+  } budget;
+
+  struct Strategy {
+    CheckpointPolicy checkpoint = CheckpointPolicy::automatic;
+    int64_t checkpointEvery = 1;
+    double groupThreshold = 0.5;
+    OffloadPolicy offload = OffloadPolicy::automatic;
+    double maxOffloadLatency = 1.2e-3;
+    std::optional<double> gfmKeep = 0.30;
+    GradientScope scope = GradientScope::features;
+    int64_t scopeLayers = 1;
+    std::optional<int64_t> dgfgHidden = 32;
+    double reuseThreshold = 0.15, simStdThreshold = 0.4;
+    ClipPolicy clip = ClipPolicy::per_task;
+    double clipMaxNorm = 1.0;
+    CollectivePolicy collective = CollectivePolicy::automatic;
+    double topk = 0.15;
+    int64_t quantBlock = 256, quantBits = 8;
+    double residualDecay = 0.8;
+    ast::Location loc;
+  } strategy;
+
+  struct Train {
+    int64_t steps = 1000, seed = 0;
+    std::optional<std::string> dataPath; // none = synthetic
+    Schedule lr;
+    double weightDecay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+    int64_t logEvery = 10, saveEvery = 0;
+    ast::Location loc;
+  } train;
+};
+
+/// Checks `model` from the file `filename`, reporting every problem through
+/// `context`'s diagnostic engine (up to `maxErrors`). Returns the resolved
+/// spec only when there was no error (warnings do not count).
+std::optional<CheckedSpec> checkSpec(const ast::Model &model,
+                                     llvm::StringRef filename,
+                                     mlir::MLIRContext *context,
+                                     unsigned maxErrors = 20);
+
+} // namespace mtp
+
+#endif // MTPC_FRONTEND_SEMA_H
