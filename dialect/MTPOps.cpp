@@ -19,9 +19,14 @@ struct ByteUnit {
   llvm::StringLiteral name;
   int64_t scale;
 };
+// Largest first; binary and decimal units interleaved so 24 GB prints as
+// "24 GB" and 32 GiB as "32 GiB".
 constexpr ByteUnit kByteUnits[] = {
-    {"TiB", int64_t(1) << 40}, {"GiB", int64_t(1) << 30},
-    {"MiB", int64_t(1) << 20}, {"KiB", int64_t(1) << 10}, {"B", 1}};
+    {"TiB", int64_t(1) << 40}, {"TB", 1000000000000},
+    {"GiB", int64_t(1) << 30}, {"GB", 1000000000},
+    {"MiB", int64_t(1) << 20}, {"MB", 1000000},
+    {"KiB", int64_t(1) << 10}, {"KB", 1000},
+    {"B", 1}};
 } // namespace
 
 static ParseResult parseBytes(OpAsmParser &parser, IntegerAttr &bytes) {
@@ -32,7 +37,7 @@ static ParseResult parseBytes(OpAsmParser &parser, IntegerAttr &bytes) {
   int64_t scale = 1;
   StringRef unit;
   if (succeeded(parser.parseOptionalKeyword(
-          &unit, {"TiB", "GiB", "MiB", "KiB", "B"}))) {
+          &unit, {"TiB", "TB", "GiB", "GB", "MiB", "MB", "KiB", "KB", "B"}))) {
     for (const ByteUnit &u : kByteUnits)
       if (u.name == unit)
         scale = u.scale;

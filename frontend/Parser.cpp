@@ -111,7 +111,8 @@ private:
 bool checkBytes(Reporter &reporter, const ParseLimits &limits) {
   StringRef text = reporter.getText();
   if (text.size() > limits.maxBytes) {
-    reporter.error({1, 1}) << "file is " << text.size()
+    // Line 0: no source line echoed (it may be megabytes long).
+    reporter.error({0, 0}) << "file is " << text.size()
                            << " bytes; a spec may be at most "
                            << limits.maxBytes << " bytes";
     return false;
@@ -123,6 +124,10 @@ bool checkBytes(Reporter &reporter, const ParseLimits &limits) {
     reporter.error(reporter.fromOffset(offset))
         << "invalid UTF-8 byte 0x" << llvm::utohexstr(text[offset] & 0xFF)
         << "; save the spec as UTF-8 text";
+    return false;
+  }
+  if (text.find_first_not_of(" \t\r\n") == StringRef::npos) {
+    reporter.error({1, 1}) << "the spec is empty: expected 'model NAME { ... }'";
     return false;
   }
   // Bracket depth, skipping strings and comments as the lexer does.
@@ -158,6 +163,8 @@ bool checkBytes(Reporter &reporter, const ParseLimits &limits) {
 
 /// Readable names for ANTLR's token names in messages.
 std::string humanize(std::string message) {
+  for (size_t pos; (pos = message.find("'<EOF>'")) != std::string::npos;)
+    message.replace(pos, 7, "end of file");
   static const std::pair<const char *, const char *> names[] = {
       {"<EOF>", "end of file"},     {"ID", "a name"},
       {"NUMBER", "a number"},       {"STRING", "a string"},
