@@ -357,10 +357,12 @@ public:
       diag << "unknown key '" << entry.key << "' in " << where;
       if (StringRef home = homeOf(entry.key); !home.empty())
         diag << "; '" << entry.key << "' belongs in " << home;
-      else if (std::optional<StringRef> guess = closest(entry.key, keys))
+      else if (std::optional<StringRef> guess = closest(entry.key, keys)) {
         diag << "; did you mean '" << *guess << "'?";
-      else
+        guessed.insert(*guess);
+      } else {
         sema.note(diag, entry.loc, "known keys: " + joined(keys));
+      }
     }
   }
 
@@ -369,6 +371,9 @@ public:
     return entry ? &entry->value : nullptr;
   }
   Location locOf(StringRef key) const { return byKey.lookup(key)->loc; }
+  /// True when a misspelt key was already reported as probably `key`: a
+  /// "missing key" error would only repeat it.
+  bool wasGuessed(StringRef key) const { return guessed.contains(key); }
 
 private:
   static StringRef homeOf(StringRef key) {
@@ -385,6 +390,7 @@ private:
 
   Sema &sema;
   llvm::StringMap<const ast::Entry *> byKey;
+  llvm::StringSet<> guessed;
 };
 
 /// The named arguments of a call, checked like Fields; `positional` names
@@ -397,6 +403,10 @@ public:
     for (size_t i = 0; i < call.args.size(); ++i) {
       const ast::Arg &arg = call.args[i];
       StringRef key = arg.key;
+      if (params.empty()) {
+        sema.error(arg.loc) << "'" << call.name << "' takes no arguments";
+        continue;
+      }
       if (key.empty()) {
         if (positional.empty() || i != 0) {
           auto diag = sema.error(arg.loc);
@@ -416,15 +426,13 @@ public:
       }
       if (!llvm::is_contained(params, key)) {
         auto diag = sema.error(arg.loc);
-        if (params.empty()) {
-          diag << "'" << call.name << "' takes no arguments";
-          continue;
-        }
         diag << "'" << call.name << "' has no parameter '" << key << "'";
-        if (std::optional<StringRef> guess = closest(key, params))
+        if (std::optional<StringRef> guess = closest(key, params)) {
           diag << "; did you mean '" << *guess << "'?";
-        else
+          guessed.insert(*guess);
+        } else {
           diag << "; its parameters: " << joined(params);
+        }
         continue;
       }
       byKey[key] = &arg;
@@ -435,10 +443,12 @@ public:
     const ast::Arg *arg = byKey.lookup(key);
     return arg ? &arg->value : nullptr;
   }
+  bool wasGuessed(StringRef key) const { return guessed.contains(key); }
 
 private:
   Sema &sema;
   llvm::StringMap<const ast::Arg *> byKey;
+  llvm::StringSet<> guessed;
 };
 
 //===----------------------------------------------------------------------===//
@@ -475,7 +485,8 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
   auto required = [&](StringRef key, int64_t lo, int64_t hi) -> int64_t {
     const ast::Value *v = f.get(key);
     if (!v) {
-      error(bb.loc) << "backbone needs '" << key << "'";
+      if (!f.wasGuessed(key))
+        error(bb.loc) << "backbone needs '" << key << "'";
       return 0;
     }
     return integer(*v, key, lo, hi).value_or(0);
@@ -555,7 +566,7 @@ void Sema::checkTasks(const ast::Model &model, CheckedSpec &spec) {
       Args a(*this, head, {"classes"}, "classes");
       if (const ast::Value *v = a.get("classes"))
         task.classes = integer(*v, "classes", 1, 1 << 20);
-      else
+      else if (!a.wasGuessed("classes"))
         error(head.loc) << "'classify' needs the number of classes, e.g. "
                            "classify(classes = 3)";
       break;
@@ -564,7 +575,7 @@ void Sema::checkTasks(const ast::Model &model, CheckedSpec &spec) {
       Args a(*this, head, {"labels"}, "labels");
       if (const ast::Value *v = a.get("labels"))
         task.labels = integer(*v, "labels", 2, 1 << 20);
-      else
+      else if (!a.wasGuessed("labels"))
         error(head.loc)
             << "'tag' needs the number of labels, e.g. tag(labels = 9)";
       break;
@@ -577,7 +588,7 @@ void Sema::checkTasks(const ast::Model &model, CheckedSpec &spec) {
       Args a(*this, head, {"layers", "vocab"});
       if (const ast::Value *v = a.get("layers"))
         task.layers = integer(*v, "layers", 1, 64);
-      else
+      else if (!a.wasGuessed("layers"))
         error(head.loc) << "'decoder' needs its depth, e.g. decoder(layers = "
                            "6, vocab = 32000)";
       task.vocab = spec.backbone.vocab;
@@ -1017,7 +1028,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
       Fields g(*this, "dgfg = { }", v->entries,
                {"hidden", "reuse_threshold", "std_threshold"});
       if (const ast::Value *h = g.get("hidden"))
-        out.dgfgHidden = integer(*h, "hidden", 1, 4096).value_or(32);
+        out.dgfgHidden = integer(*h, "hidden", 1, 1 << 16).value_or(32);
       if (const ast::Value *r = g.get("reuse_threshold"))
         out.reuseThreshold =
             real(*r, "reuse_threshold", 0.0, 1.0).value_or(0.15);
@@ -1233,5 +1244,29 @@ std::optional<CheckedSpec> mtp::checkSpec(const ast::Model &model,
                                           StringRef filename,
                                           mlir::MLIRContext *context,
                                           unsigned maxErrors) {
-  return Sema(filename, context, maxErrors).run(model);
+  // Sema checks section by section; users read a file top to bottom. Hold
+  // the diagnostics back and emit them in source order (the cap last).
+  std::vector<mlir::Diagnostic> held;
+  std::optional<CheckedSpec> result;
+  {
+    mlir::ScopedDiagnosticHandler hold(context, [&](mlir::Diagnostic &diag) {
+      held.push_back(std::move(diag));
+      return mlir::success();
+    });
+    result = Sema(filename, context, maxErrors).run(model);
+  }
+  auto key = [](const mlir::Diagnostic &diag) {
+    if (StringRef(diag.str()).starts_with("too many errors"))
+      return std::make_pair(~0u, ~0u);
+    auto loc = llvm::dyn_cast<mlir::FileLineColLoc>(diag.getLocation());
+    return loc ? std::make_pair(loc.getLine(), loc.getColumn())
+               : std::make_pair(0u, 0u);
+  };
+  std::stable_sort(held.begin(), held.end(),
+                   [&](const mlir::Diagnostic &a, const mlir::Diagnostic &b) {
+                     return key(a) < key(b);
+                   });
+  for (mlir::Diagnostic &diag : held)
+    context->getDiagEngine().emit(std::move(diag));
+  return result;
 }
