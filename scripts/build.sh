@@ -30,6 +30,18 @@ configure "$build/configure.log" -G Ninja -S "$root" -B "$build" -Wno-dev \
   -DLLVM_EXTERNAL_LIT=/usr/lib/llvm-19/build/utils/lit/lit.py
 cmake --build "$build"
 
+# The frontend fuzzer needs clang (libFuzzer); MTPC_FUZZ=OFF skips it.
+if [ "${MTPC_FUZZ:-ON}" = ON ] && command -v clang++-19 >/dev/null; then
+  echo "[build] frontend fuzzer -> $build/fuzz (clang-19, -fsanitize=fuzzer,address)"
+  configure "$build/fuzz-configure.log" -G Ninja -S "$root/frontend/fuzz" -B "$build/fuzz" -Wno-dev \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_C_COMPILER=clang-19 -DCMAKE_CXX_COMPILER=clang++-19 \
+    -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+    -DMLIR_DIR=/usr/lib/llvm-19/lib/cmake/mlir \
+    -DMTPC_BUILD_DIR="$build"
+  cmake --build "$build/fuzz"
+fi
+
 echo "[build] runtime -> $build/runtime (LibTorch $MTPC_TORCH_VERSION from $MTPC_TORCH_SOURCE; LibTorch-CUDA parts $MTPC_TORCH_CUDA_MATCH)"
 configure "$build/runtime-configure.log" -G Ninja -S "$root/runtime" -B "$build/runtime" -Wno-dev \
   -DCMAKE_BUILD_TYPE="$type" \

@@ -27,7 +27,8 @@ PKGS=(libmlir-19-dev mlir-19-tools llvm-19-dev llvm-19-tools
       libgtest-dev googletest
       ccache ninja-build cmake default-jre-headless
       zlib1g-dev libzstd-dev libedit-dev libxml2-dev libcurl4-openssl-dev libffi-dev
-      python3-venv)
+      python3-venv
+      clang-19 libclang-rt-19-dev)   # libFuzzer + ASan for the frontend fuzzer
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -30,3 +30,9 @@ llvm_config.add_tool_substitutions(tools, tool_dirs)
 # wherever a test spells them out.
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 llvm_config.with_environment("PATH", config.mtpc_tools_dir, append_path=True)
+
+# The frontend fuzzer, when scripts/build.sh built it (clang-19 present).
+fuzzer = os.path.join(config.mtpc_obj_root, "fuzz", "mtp-fuzz-frontend")
+if os.path.exists(fuzzer):
+    config.available_features.add("fuzzer")
+    config.substitutions.append(("%mtp-fuzz-frontend", fuzzer))
