@@ -292,6 +292,15 @@ public:
     return std::nullopt;
   }
 
+  /// A knob written as a bare name or a call of one: `none`, `uniform(...)`.
+  std::optional<StringRef> policy(const ast::Value &v, StringRef what,
+                                  ArrayRef<StringRef> options) {
+    ast::Value name = v;
+    if (v.kind == ast::Value::Kind::Call)
+      name.kind = ast::Value::Kind::Ident;
+    return choice(name, what, options);
+  }
+
   static std::string describe(const ast::Value &v) {
     switch (v.kind) {
     case ast::Value::Kind::Number:
@@ -935,10 +944,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
   if (const ast::Value *v = f.get("checkpoint")) {
     static const StringRef policies[] = {"auto", "none", "uniform",
                                          "task_granular"};
-    ast::Value name = *v;
-    if (v->kind == ast::Value::Kind::Call)
-      name.kind = ast::Value::Kind::Ident;
-    if (std::optional<StringRef> p = choice(name, "checkpoint policy", policies)) {
+    if (std::optional<StringRef> p = policy(*v, "checkpoint policy", policies)) {
       out.checkpoint = *symbolizeCheckpointPolicy(*p);
       if (v->kind == ast::Value::Kind::Call) {
         if (out.checkpoint == CheckpointPolicy::uniform) {
@@ -962,10 +968,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
   // offload = auto | none | cpu_pinned(max_latency = 1.2ms)
   if (const ast::Value *v = f.get("offload")) {
     static const StringRef policies[] = {"auto", "none", "cpu_pinned"};
-    ast::Value name = *v;
-    if (v->kind == ast::Value::Kind::Call)
-      name.kind = ast::Value::Kind::Ident;
-    if (std::optional<StringRef> p = choice(name, "offload policy", policies)) {
+    if (std::optional<StringRef> p = policy(*v, "offload policy", policies)) {
       out.offload = *symbolizeOffloadPolicy(*p);
       if (v->kind == ast::Value::Kind::Call) {
         Args a(*this, *v,
@@ -1000,10 +1003,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
   // gradient_scope = features | params(layers = k)
   if (const ast::Value *v = f.get("gradient_scope")) {
     static const StringRef scopes[] = {"features", "params"};
-    ast::Value name = *v;
-    if (v->kind == ast::Value::Kind::Call)
-      name.kind = ast::Value::Kind::Ident;
-    if (std::optional<StringRef> s = choice(name, "gradient scope", scopes)) {
+    if (std::optional<StringRef> s = policy(*v, "gradient scope", scopes)) {
       out.scope = *symbolizeGradientScope(*s);
       if (v->kind == ast::Value::Kind::Call) {
         Args a(*this, *v,
@@ -1044,10 +1044,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
   // clip = none | per_task(max_norm = 1.0) | global(max_norm = 1.0)
   if (const ast::Value *v = f.get("clip")) {
     static const StringRef policies[] = {"none", "per_task", "global"};
-    ast::Value name = *v;
-    if (v->kind == ast::Value::Kind::Call)
-      name.kind = ast::Value::Kind::Ident;
-    if (std::optional<StringRef> p = choice(name, "clip policy", policies)) {
+    if (std::optional<StringRef> p = policy(*v, "clip policy", policies)) {
       out.clip = *symbolizeClipPolicy(*p);
       if (v->kind == ast::Value::Kind::Call) {
         Args a(*this, *v,
@@ -1068,10 +1065,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
   //                                       residual = 0.8)
   if (const ast::Value *v = f.get("collective")) {
     static const StringRef policies[] = {"auto", "none", "compressed"};
-    ast::Value name = *v;
-    if (v->kind == ast::Value::Kind::Call)
-      name.kind = ast::Value::Kind::Ident;
-    if (std::optional<StringRef> p = choice(name, "collective", policies)) {
+    if (std::optional<StringRef> p = policy(*v, "collective", policies)) {
       out.collective = *symbolizeCollectivePolicy(*p);
       if (v->kind == ast::Value::Kind::Call) {
         Args a(*this, *v,
