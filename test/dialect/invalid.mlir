@@ -212,3 +212,93 @@ mtp.model @bad_unit {
 
 // expected-error @+1 {{'mtp.task' op expects parent op 'mtp.model'}}
 mtp.task @orphan : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+
+// -----
+
+mtp.model @bad_dropout {
+  // expected-error @+1 {{'mtp.backbone' op dropout must lie in [0, 1), got 1.000000e+00}}
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 1.0)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+}
+
+// -----
+
+mtp.model @bad_lr {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  // expected-error @+1 {{learning rate must be positive and finite, got 0.000000e+00}}
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0 lr cosine(0.0)
+}
+
+// -----
+
+mtp.model @bad_link_unit {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{unknown bandwidth unit 'GB' (expected TBps, GBps, MBps, KBps or Bps)}}
+  mtp.budget device "cpu" memory 1 GiB headroom 0 B link 32 GB gpus 1 batch 8 micro 8 precision fp32
+}
+
+// -----
+
+mtp.model @two_strategies {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-note @+1 {{first strategy here}}
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.3 scope features layers 1 dgfg 32 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
+  // expected-error @+1 {{'mtp.strategy' op duplicates the model's strategy}}
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.3 scope features layers 1 dgfg 32 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
+}
+
+// -----
+
+mtp.model @strategy_ranges {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{'mtp.strategy' op GFM keep fraction must lie in (0, 1], got 1.500000e+00}}
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 1.5 scope features layers 1 dgfg 32 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
+}
+
+// -----
+
+mtp.model @strategy_bits {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{'mtp.strategy' op quantization bits must be 2, 4, 8 or 16, got 3}}
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.3 scope features layers 1 dgfg 32 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 3 decay 0.8
+}
+
+// -----
+
+mtp.model @strategy_gate {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{'mtp.strategy' op DGFG gate of width 50000 over 1 tasks has 200001 parameters; the gate must stay under 100000}}
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.3 scope features layers 1 dgfg 50000 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
+}
+
+// -----
+
+mtp.model @strategy_scope {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{'mtp.strategy' op gradient scope covers 3 layers but the backbone has 2}}
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.3 scope params layers 3 dgfg 32 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
+}
+
+// -----
+
+mtp.model @train_warmup {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{'mtp.train' op warm-up of 50 steps exceeds the 10 training steps}}
+  mtp.train steps 10 seed 0 data synthetic lr cosine(1.0e-3, warmup = 50) adamw(weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95, eps = 1.0e-8) log_every 1 save_every 0
+}
+
+// -----
+
+mtp.model @train_beta {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{'mtp.train' op beta2 must lie in [0, 1), got 1.000000e+00}}
+  mtp.train steps 10 seed 0 data synthetic lr cosine(1.0e-3) adamw(weight_decay = 0.0, beta1 = 0.9, beta2 = 1.0, eps = 1.0e-8) log_every 1 save_every 0
+}
