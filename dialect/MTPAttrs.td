@@ -147,4 +147,25 @@ def MTP_LRScheduleAttr : AttrDef<MTP_Dialect, "LRSchedule"> {
   }];
 }
 
+def MTP_UnitKind : I32EnumAttr<"UnitKind", "a unit of the training step", [
+    // SPEC.md §5 granularity; the runtime runs each as one call.
+    I32EnumAttrCase<"embed", 0>,          // token + position embeddings, dropout
+    I32EnumAttrCase<"attn_norm", 1>,      // LayerNorm before attention
+    I32EnumAttrCase<"qkv", 2>,            // fused QKV projection
+    I32EnumAttrCase<"attn_core", 3>,      // scores, softmax, dropout, x V
+    I32EnumAttrCase<"attn_out", 4>,       // output projection
+    I32EnumAttrCase<"attn_residual", 5>,  // dropout + residual add
+    I32EnumAttrCase<"mlp_norm", 6>,       // LayerNorm before the MLP
+    I32EnumAttrCase<"mlp_up", 7>,         // up-projection
+    I32EnumAttrCase<"mlp_act", 8>,        // GELU
+    I32EnumAttrCase<"mlp_down", 9>,       // down-projection
+    I32EnumAttrCase<"mlp_residual", 10>,  // dropout + residual add
+    I32EnumAttrCase<"head", 11>,          // a task head on its tap
+    I32EnumAttrCase<"loss", 12>           // the task's loss
+  ]> {
+  let cppNamespace = "::mtp";
+  let genSpecializedAttr = 0;
+}
+def MTP_UnitKindAttr : EnumAttr<MTP_Dialect, MTP_UnitKind, "unit">;
+
 #endif // MTP_ATTRS

@@ -306,6 +306,11 @@ static LogicalResult verifyAtMostOne(ModelOp model, StringRef what) {
   return success();
 }
 
+StepOp ModelOp::getStep() {
+  auto range = getBody().getOps<StepOp>();
+  return range.empty() ? StepOp() : *range.begin();
+}
+
 LogicalResult ModelOp::verifyRegions() {
   SmallVector<BackboneOp> backbones(getBody().getOps<BackboneOp>());
   if (backbones.empty())
@@ -365,7 +370,7 @@ namespace {
 ArrayRef<StringLiteral> headParams(HeadKind kind) {
   static constexpr StringLiteral classify[] = {"classes"};
   static constexpr StringLiteral tag[] = {"labels"};
-  static constexpr StringLiteral decoder[] = {"layers", "vocab"};
+  static constexpr StringLiteral decoder[] = {"layers", "vocab", "target_seq"};
   switch (kind) {
   case HeadKind::classify:
     return classify;
@@ -480,6 +485,7 @@ void TaskOp::print(OpAsmPrinter &p) {
       (*this)->getAttrs(),
       {getSymNameAttrName(), getHeadAttrName(), getClassesAttrName(),
        getLabelsAttrName(), getLayersAttrName(), getVocabAttrName(),
+       getTargetSeqAttrName(),
        getTapLayerAttrName(), getPooledAttrName(), getLossAttrName(),
        getWeightAttrName(), getLrAttrName()});
 }
@@ -488,7 +494,7 @@ LogicalResult TaskOp::verify() {
   // Each kind takes exactly its own parameters.
   ArrayRef<StringLiteral> wanted = headParams(getHead());
   StringRef kind = stringifyHeadKind(getHead());
-  for (StringRef key : {"classes", "labels", "layers", "vocab"}) {
+  for (StringRef key : {"classes", "labels", "layers", "vocab", "target_seq"}) {
     bool present = (*this)->getAttr(key) != nullptr;
     bool expected = llvm::is_contained(wanted, key);
     if (expected && !present)
@@ -515,6 +521,11 @@ LogicalResult TaskOp::verify() {
       return emitOpError("reads layer ")
                  << getTapLayer() << " but the backbone has "
                  << backbone.getLayers() << " layers (0 = embeddings)";
+    if (std::optional<uint64_t> target = getTargetSeq();
+        target && int64_t(*target) > backbone.getSeq())
+      return emitOpError("decodes ")
+             << *target << " target tokens, more than the backbone's seq "
+             << backbone.getSeq();
   }
   return success();
 }
@@ -645,6 +656,25 @@ LogicalResult TrainOp::verify() {
   double eps = getEps().convertToDouble();
   if (!(eps > 0.0))
     return emitOpError("eps must be positive, got ") << eps;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Step IR
+//===----------------------------------------------------------------------===//
+
+void StepOp::build(OpBuilder &builder, OperationState &state) {
+  Region *body = state.addRegion();
+  body->push_back(new Block());
+}
+
+LogicalResult FwdOp::verify() {
+  if (getOutputs().empty())
+    return emitOpError("produces no output");
+  bool perTask = getUnit() == UnitKind::head || getUnit() == UnitKind::loss;
+  if (perTask != static_cast<bool>(getTaskAttr()))
+    return emitOpError(perTask ? "needs the task it belongs to"
+                               : "belongs to the backbone and names no task");
   return success();
 }
 

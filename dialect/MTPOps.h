@@ -33,6 +33,7 @@ inline int64_t dgfgParameterCount(int64_t tasks, int64_t hidden) {
 class BackboneOp;
 class BudgetOp;
 class StrategyOp;
+class StepOp;
 class TrainOp;
 class TaskOp;
 } // namespace mtp

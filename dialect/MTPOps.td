@@ -14,6 +14,7 @@ include "dialect/MTPAttrs.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/IR/OpAsmInterface.td"
 include "mlir/IR/CommonAttrConstraints.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
 
 def MTP_PositiveI64Attr : ConfinedAttr<I64Attr, [IntPositive]>;
 def MTP_NonNegativeI64Attr : ConfinedAttr<I64Attr, [IntNonNegative]>;
@@ -54,6 +55,8 @@ def MTP_ModelOp : MTP_Op<"model", [
     /// The strategy / training settings, or null when absent.
     StrategyOp getStrategy();
     TrainOp getTrain();
+    /// The expanded training step, or null before --mtp-expand-training-step.
+    StepOp getStep();
     /// Tasks in body order.
     auto getTasks() { return getBody().getOps<TaskOp>(); }
   }];
@@ -104,7 +107,8 @@ def MTP_TaskOp : MTP_Op<"task", [HasParent<"ModelOp">, Symbol]> {
   let summary = "a task head reading one backbone layer, with its loss";
   let description = [{
     A head of kind `classify(classes = N)`, `tag(labels = N)`, `span()` or
-    `decoder(layers = N, vocab = V)` reading the output of backbone layer
+    `decoder(layers = N, vocab = V, target_seq = T)` (T target tokens,
+    teacher-forced) reading the output of backbone layer
     `tap_layer` (0 = embeddings). `pooled` means the head reads the pooled
     (first-token) vector of that layer rather than every token. The task's
     loss is scaled by `weight`. `lr` is the schedule of the head's own
@@ -114,7 +118,7 @@ def MTP_TaskOp : MTP_Op<"task", [HasParent<"ModelOp">, Symbol]> {
     ```mlir
     mtp.task @mnli : classify(classes = 3) from pooled layer 24 loss cross_entropy weight 1.0
     mtp.task @squad : span() from layer 24 loss cross_entropy weight 0.5
-    mtp.task @mt : decoder(layers = 6, vocab = 32000) from layer 24 loss cross_entropy weight 1.0
+    mtp.task @mt : decoder(layers = 6, vocab = 32000, target_seq = 128) from layer 24 loss cross_entropy weight 1.0
     ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name,
@@ -123,6 +127,7 @@ def MTP_TaskOp : MTP_Op<"task", [HasParent<"ModelOp">, Symbol]> {
                        OptionalAttr<MTP_PositiveI64Attr>:$labels,
                        OptionalAttr<MTP_PositiveI64Attr>:$layers,
                        OptionalAttr<MTP_PositiveI64Attr>:$vocab,
+                       OptionalAttr<MTP_PositiveI64Attr>:$target_seq,
                        MTP_NonNegativeI64Attr:$tap_layer,
                        UnitAttr:$pooled,
                        MTP_LossKindAttr:$loss,
@@ -292,5 +297,7 @@ def MTP_TrainOp : MTP_Op<"train", [HasParent<"ModelOp">]> {
   }];
   let hasVerifier = 1;
 }
+
+include "dialect/MTPStepOps.td"
 
 #endif // MTP_OPS

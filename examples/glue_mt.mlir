@@ -10,7 +10,7 @@ mtp.model @glue_mt {
   mtp.task @pos : tag(labels = 17) from layer 8 loss cross_entropy weight 1.0
   mtp.task @chunk : tag(labels = 23) from layer 8 loss cross_entropy weight 1.0
   mtp.task @squad : span() from layer 24 loss cross_entropy weight 1.0
-  mtp.task @mt : decoder(layers = 6, vocab = 32000) from layer 24 loss cross_entropy weight 1.0
+  mtp.task @mt : decoder(layers = 6, vocab = 32000, target_seq = 128) from layer 24 loss cross_entropy weight 1.0
 
   mtp.correlate @pos, @chunk = 0.8
   mtp.correlate @ner, @mt = 0.1

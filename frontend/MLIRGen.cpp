@@ -30,7 +30,8 @@ public:
       auto task = builder.create<TaskOp>(
           loc(t.loc), builder.getStringAttr(t.name),
           HeadKindAttr::get(ctx(), t.head), optI64(t.classes),
-          optI64(t.labels), optI64(t.layers), optI64(t.vocab), i64(t.tapLayer),
+          optI64(t.labels), optI64(t.layers), optI64(t.vocab), optI64(t.targetSeq),
+          i64(t.tapLayer),
           t.pooled ? builder.getUnitAttr() : UnitAttr(),
           LossKindAttr::get(ctx(), t.loss), f64(t.weight), schedule(t.lr));
       (void)task;

@@ -594,7 +594,7 @@ void Sema::checkTasks(const ast::Model &model, CheckedSpec &spec) {
       break;
     }
     case HeadKind::decoder: {
-      Args a(*this, head, {"layers", "vocab"});
+      Args a(*this, head, {"layers", "vocab", "target_seq"});
       if (const ast::Value *v = a.get("layers"))
         task.layers = integer(*v, "layers", 1, 64);
       else if (!a.wasGuessed("layers"))
@@ -603,6 +603,11 @@ void Sema::checkTasks(const ast::Model &model, CheckedSpec &spec) {
       task.vocab = spec.backbone.vocab;
       if (const ast::Value *v = a.get("vocab"))
         task.vocab = integer(*v, "vocab", 2, 1 << 24);
+      // Target tokens per sequence, teacher-forced; at most the backbone's.
+      task.targetSeq = spec.backbone.seq;
+      if (const ast::Value *v = a.get("target_seq"))
+        task.targetSeq = integer(*v, "target_seq", 1,
+                                 std::max<int64_t>(1, spec.backbone.seq));
       break;
     }
     }

@@ -39,7 +39,7 @@ struct CheckedSpec {
   struct Task {
     std::string name;
     HeadKind head;
-    std::optional<int64_t> classes, labels, layers, vocab;
+    std::optional<int64_t> classes, labels, layers, vocab, targetSeq;
     int64_t tapLayer;
     bool pooled;
     LossKind loss;

@@ -62,7 +62,7 @@ mtp.model @tap_out_of_range {
 mtp.model @missing_param {
   mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   // expected-error @+1 {{'mtp.task' op 'decoder' head needs 'vocab'}}
-  "mtp.task"() <{sym_name = "mt", head = #mtp<head decoder>, layers = 2 : i64, tap_layer = 2 : i64, loss = #mtp<loss cross_entropy>, weight = 1.0 : f64}> : () -> ()
+  "mtp.task"() <{sym_name = "mt", head = #mtp<head decoder>, layers = 2 : i64, target_seq = 4 : i64, tap_layer = 2 : i64, loss = #mtp<loss cross_entropy>, weight = 1.0 : f64}> : () -> ()
 }
 
 // -----
@@ -301,4 +301,12 @@ mtp.model @train_beta {
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
   // expected-error @+1 {{'mtp.train' op beta2 must lie in [0, 1), got 1.000000e+00}}
   mtp.train steps 10 seed 0 data synthetic lr cosine(1.0e-3) adamw(weight_decay = 0.0, beta1 = 0.9, beta2 = 1.0, eps = 1.0e-8) log_every 1 save_every 0
+}
+
+// -----
+
+mtp.model @long_target {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  // expected-error @+1 {{'mtp.task' op decodes 32 target tokens, more than the backbone's seq 16}}
+  mtp.task @mt : decoder(layers = 1, vocab = 100, target_seq = 32) from layer 2 loss cross_entropy weight 1.0
 }

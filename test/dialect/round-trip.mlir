@@ -14,8 +14,8 @@ mtp.model @glue_mt {
   mtp.task @pos : tag(labels = 17) from layer 8 loss cross_entropy weight 1.0
   // CHECK: mtp.task @squad : span() from layer 24 loss cross_entropy weight 2.000000e+00
   mtp.task @squad : span() from layer 24 loss cross_entropy weight 2.0
-  // CHECK: mtp.task @mt : decoder(layers = 6, vocab = 32000) from layer 24 loss cross_entropy weight 1.000000e+00 lr linear(1.000000e-04, warmup = 0)
-  mtp.task @mt : decoder(vocab = 32000, layers = 6) from layer 24 loss cross_entropy weight 1.0 lr linear(1.0e-4)
+  // CHECK: mtp.task @mt : decoder(layers = 6, vocab = 32000, target_seq = 64) from layer 24 loss cross_entropy weight 1.000000e+00 lr linear(1.000000e-04, warmup = 0)
+  mtp.task @mt : decoder(vocab = 32000, target_seq = 64, layers = 6) from layer 24 loss cross_entropy weight 1.0 lr linear(1.0e-4)
   // Layer 0 is the embedding output.
   // CHECK: mtp.task @lang : tag(labels = 12) from layer 0 loss cross_entropy weight 0.000000e+00 {note = "kept"}
   mtp.task @lang : tag(labels = 12) from layer 0 loss cross_entropy weight 0.0 {note = "kept"}

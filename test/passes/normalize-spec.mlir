@@ -23,7 +23,7 @@ mtp.model @scrambled {
   mtp.task @ner : tag(labels = 9) from layer 24 loss cross_entropy weight 1.0
   mtp.correlate @ner, @pos = 0.2
   mtp.task @pos : tag(labels = 17) from layer 8 loss cross_entropy weight 1.0
-  mtp.task @mt : decoder(layers = 2, vocab = 1000) from layer 24 loss cross_entropy weight 1.0
+  mtp.task @mt : decoder(layers = 2, vocab = 1000, target_seq = 16) from layer 24 loss cross_entropy weight 1.0
   mtp.backbone transformer(layers = 24, hidden = 64, heads = 4, ffn = 256, vocab = 1000, seq = 16, dropout = 0.1)
   mtp.task @chunk : tag(labels = 23) from layer 8 loss cross_entropy weight 1.0
   mtp.correlate @chunk, @pos = 0.8

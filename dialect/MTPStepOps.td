@@ -1,0 +1,101 @@
+//===- MTPStepOps.td - the training-step IR ----------------*- tablegen -*-===//
+//
+// One training step made explicit (--mtp-expand-training-step): forward units
+// in execution order, each task's head and loss at its tap, backward units in
+// reverse consuming exactly the tensors their forward saved, gradient sums
+// where the DAG joins, and the optimizer update. Values are ranked tensors,
+// so every value has a shape, an element type and a size; every unit carries
+// its FLOPs. The memory analysis reads liveness straight off the SSA uses.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTP_STEP_OPS
+#define MTP_STEP_OPS
+
+def MTP_StepOp : MTP_Op<"step", [
+    HasParent<"ModelOp">, SingleBlock, NoTerminator, NoRegionArguments]> {
+  let summary = "one training step (one micro-batch), explicit";
+  let description = [{
+    The body runs in order: inputs, forward units, heads and losses,
+    backward units, gradient sums, then `mtp.optimizer_step`. `mtp.weights`
+    ops declare the parameter groups (resident for the whole step, with
+    their gradients and optimizer state).
+  }];
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "attr-dict-with-keyword $body";
+  let skipDefaultBuilders = 1;
+  let builders = [OpBuilder<(ins)>];
+}
+
+def MTP_InputOp : MTP_Op<"input", [HasParent<"StepOp">]> {
+  let summary = "a batch tensor: the tokens, or a task's labels";
+  let arguments = (ins StrAttr:$name, OptionalAttr<FlatSymbolRefAttr>:$task);
+  let results = (outs AnyRankedTensor:$value);
+  let assemblyFormat = "$name ($task^)? attr-dict `:` type($value)";
+}
+
+def MTP_WeightsOp : MTP_Op<"weights", [HasParent<"StepOp">]> {
+  let summary = "a parameter group with its gradients and optimizer state";
+  let description = [{
+    `params` elements of `dtype` (fp32 master weights), their gradients
+    (allocated by the group's first backward unit, kept until the optimizer
+    step) and AdamW's two fp32 moments (created at the first step, then
+    resident).
+  }];
+  let arguments = (ins StrAttr:$group, MTP_NonNegativeI64Attr:$params,
+                       OptionalAttr<FlatSymbolRefAttr>:$task);
+  let assemblyFormat = "$group ($task^)? `params` $params attr-dict";
+}
+
+def MTP_FwdOp : MTP_Op<"fwd", [HasParent<"StepOp">]> {
+  let summary = "a forward unit: its output first, then what it saves";
+  let description = [{
+    `outputs[0]` is the unit's result; further results are tensors the unit
+    allocates only to keep them for its backward (norm statistics, dropout
+    masks, softmax outputs, contiguous copies). Saved tensors that are also
+    inputs or outputs are not repeated: the backward unit takes them as
+    operands, which is what keeps them alive. `layer` is 1-based for backbone
+    units (0 for the embeddings and for heads and losses).
+  }];
+  let arguments = (ins MTP_UnitKindAttr:$unit, MTP_NonNegativeI64Attr:$layer,
+                       OptionalAttr<FlatSymbolRefAttr>:$task,
+                       Variadic<AnyRankedTensor>:$inputs,
+                       MTP_NonNegativeI64Attr:$flops);
+  let results = (outs Variadic<AnyRankedTensor>:$outputs);
+  let assemblyFormat = [{
+    custom<EnumKeyword>($unit) `[` $layer `]` ($task^)? `(` $inputs `)`
+    `flops` $flops attr-dict `:` functional-type($inputs, $outputs)
+  }];
+  let hasVerifier = 1;
+}
+
+def MTP_BwdOp : MTP_Op<"bwd", [HasParent<"StepOp">, AttrSizedOperandSegments]> {
+  let summary = "a backward unit: gradients in, saved tensors, gradients out";
+  let arguments = (ins MTP_UnitKindAttr:$unit, MTP_NonNegativeI64Attr:$layer,
+                       OptionalAttr<FlatSymbolRefAttr>:$task,
+                       Variadic<AnyRankedTensor>:$grads,
+                       Variadic<AnyRankedTensor>:$saved,
+                       MTP_NonNegativeI64Attr:$flops);
+  let results = (outs Variadic<AnyRankedTensor>:$input_grads);
+  let assemblyFormat = [{
+    custom<EnumKeyword>($unit) `[` $layer `]` ($task^)? `grads` `(` $grads `)`
+    `saved` `(` $saved `)` `flops` $flops attr-dict `:`
+    `(` type($grads) `)` `,` `(` type($saved) `)` `->` type($input_grads)
+  }];
+}
+
+def MTP_AddGradsOp : MTP_Op<"add_grads", [HasParent<"StepOp">,
+    SameOperandsAndResultType]> {
+  let summary = "where the DAG joins: the sum of gradient contributions";
+  let arguments = (ins Variadic<AnyRankedTensor>:$grads);
+  let results = (outs AnyRankedTensor:$sum);
+  let assemblyFormat = "$grads attr-dict `:` type($sum)";
+}
+
+def MTP_OptimizerStepOp : MTP_Op<"optimizer_step", [HasParent<"StepOp">]> {
+  let summary = "AdamW over every parameter group";
+  let arguments = (ins MTP_NonNegativeI64Attr:$flops);
+  let assemblyFormat = "`flops` $flops attr-dict";
+}
+
+#endif // MTP_STEP_OPS
