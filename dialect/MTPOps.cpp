@@ -668,7 +668,42 @@ void StepOp::build(OpBuilder &builder, OperationState &state) {
   body->push_back(new Block());
 }
 
+std::string FwdOp::getUnitName() {
+  std::string name = stringifyUnitKind(getUnit()).str();
+  if (FlatSymbolRefAttr task = getTaskAttr())
+    return name + "_" + task.getValue().str();
+  if (getUnit() != UnitKind::embed)
+    name += std::to_string(getLayer());
+  return name;
+}
+
+void FwdOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  std::string stem = getUnitName();
+  setName(getOutput(), stem);
+  ArrayAttr names = getSavedNamesAttr();
+  for (auto [i, value] : llvm::enumerate(getSaved())) {
+    if (names && i < names.size())
+      setName(value, stem + "_" + cast<StringAttr>(names[i]).getValue().str());
+    else
+      setName(value, stem + "_saved");
+  }
+}
+
+void BwdOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
+  std::string stem = "d_" + stringifyUnitKind(getUnit()).str();
+  if (FlatSymbolRefAttr task = getTaskAttr())
+    stem += "_" + task.getValue().str();
+  else if (getUnit() != UnitKind::embed)
+    stem += std::to_string(getLayer());
+  for (Value value : getInputGrads())
+    setName(value, stem);
+}
+
 LogicalResult FwdOp::verify() {
+  if (ArrayAttr names = getSavedNamesAttr())
+    if (names.size() != getOutputs().size() - 1)
+      return emitOpError("names ") << names.size() << " saved tensors but has "
+                                   << getOutputs().size() - 1;
   if (getOutputs().empty())
     return emitOpError("produces no output");
   bool perTask = getUnit() == UnitKind::head || getUnit() == UnitKind::loss;

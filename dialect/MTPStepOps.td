@@ -47,7 +47,8 @@ def MTP_WeightsOp : MTP_Op<"weights", [HasParent<"StepOp">]> {
   let assemblyFormat = "$group ($task^)? `params` $params attr-dict";
 }
 
-def MTP_FwdOp : MTP_Op<"fwd", [HasParent<"StepOp">]> {
+def MTP_FwdOp : MTP_Op<"fwd", [HasParent<"StepOp">,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
   let summary = "a forward unit: its output first, then what it saves";
   let description = [{
     `outputs[0]` is the unit's result; further results are tensors the unit
@@ -60,27 +61,39 @@ def MTP_FwdOp : MTP_Op<"fwd", [HasParent<"StepOp">]> {
   let arguments = (ins MTP_UnitKindAttr:$unit, MTP_NonNegativeI64Attr:$layer,
                        OptionalAttr<FlatSymbolRefAttr>:$task,
                        Variadic<AnyRankedTensor>:$inputs,
-                       MTP_NonNegativeI64Attr:$flops);
+                       MTP_NonNegativeI64Attr:$flops,
+                       DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$workspace,
+                       OptionalAttr<StrArrayAttr>:$saved_names);
   let results = (outs Variadic<AnyRankedTensor>:$outputs);
   let assemblyFormat = [{
     custom<EnumKeyword>($unit) `[` $layer `]` ($task^)? `(` $inputs `)`
-    `flops` $flops attr-dict `:` functional-type($inputs, $outputs)
+    `flops` $flops (`workspace` $workspace^)? (`saves` $saved_names^)? attr-dict
+    `:` functional-type($inputs, $outputs)
+  }];
+  let extraClassDeclaration = [{
+    /// The unit's result (the rest are saved tensors).
+    ::mlir::Value getOutput() { return getOutputs().front(); }
+    ::mlir::ResultRange getSaved() { return getOutputs().drop_front(); }
+    /// `attn_core3`, `head_pos`: the stem of the unit's value names.
+    std::string getUnitName();
   }];
   let hasVerifier = 1;
 }
 
-def MTP_BwdOp : MTP_Op<"bwd", [HasParent<"StepOp">, AttrSizedOperandSegments]> {
+def MTP_BwdOp : MTP_Op<"bwd", [HasParent<"StepOp">, AttrSizedOperandSegments,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
   let summary = "a backward unit: gradients in, saved tensors, gradients out";
   let arguments = (ins MTP_UnitKindAttr:$unit, MTP_NonNegativeI64Attr:$layer,
                        OptionalAttr<FlatSymbolRefAttr>:$task,
                        Variadic<AnyRankedTensor>:$grads,
                        Variadic<AnyRankedTensor>:$saved,
-                       MTP_NonNegativeI64Attr:$flops);
+                       MTP_NonNegativeI64Attr:$flops,
+                       DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$workspace);
   let results = (outs Variadic<AnyRankedTensor>:$input_grads);
   let assemblyFormat = [{
     custom<EnumKeyword>($unit) `[` $layer `]` ($task^)? `grads` `(` $grads `)`
-    `saved` `(` $saved `)` `flops` $flops attr-dict `:`
-    `(` type($grads) `)` `,` `(` type($saved) `)` `->` type($input_grads)
+    `saved` `(` $saved `)` `flops` $flops (`workspace` $workspace^)? attr-dict `:`
+    `(` type($grads) `)` `,` `(` type($saved) `)` `->` `(` type($input_grads) `)`
   }];
 }
 

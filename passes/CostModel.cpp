@@ -1,36 +1,402 @@
 //===- CostModel.cpp - the one source of bytes, FLOPs and time ------------===//
+//
+// Notation: B micro batch, S sequence, H hidden, a attention heads, d = H/a,
+// F MLP width, e bytes per activation element. Saved tensors follow the
+// runtime's ATen calls (docs/cost-model.md walks through each unit):
+//   layer_norm      saves its input, mean and rstd ([.., 1] fp32 each)
+//   linear          saves its input
+//   gelu            saves its input
+//   softmax         saves its output
+//   native_dropout  saves a one-byte mask
+//   matmul (4-D)    saves the [B*a, ., .] operands of its bmm; a strided view
+//                   of the fused QKV output cannot be reshaped in place, so
+//                   that operand is a contiguous copy
+// FLOPs count multiply-adds as two; element-wise ops are small terms.
+//
+//===----------------------------------------------------------------------===//
 
 #include "passes/CostModel.h"
 
+#include "mlir/IR/Builders.h"
+
+using namespace mlir;
 using namespace mtp;
 
-int64_t CostModel::layerParameters(int64_t h, int64_t f) {
-  int64_t norms = 2 * (2 * h);            // two LayerNorms, weight + bias
-  int64_t attention = 3 * h * h + 3 * h   // fused QKV projection
-                      + h * h + h;        // output projection
-  int64_t mlp = h * f + f + f * h + h;    // up- and down-projection
+CostModel::CostModel(ModelOp model)
+    : model(model), backbone(model.getBackbone()), budget(model.getBudget()) {
+  preset = lookupDevicePreset(budget ? budget.getDevice() : "cpu");
+  if (!preset)
+    preset = lookupDevicePreset("cpu");
+  if (budget) {
+    batch = budget.getMicroBatch();
+    precision = budget.getPrecision();
+  }
+  dropout = backbone.getDropout().convertToDouble() > 0.0;
+}
+
+//===----------------------------------------------------------------------===//
+// Shapes and bytes
+//===----------------------------------------------------------------------===//
+
+int64_t CostModel::bytes(Type type) {
+  auto tensorType = cast<RankedTensorType>(type);
+  Type element = tensorType.getElementType();
+  int64_t elementBytes = element.isInteger(1)
+                             ? 1
+                             : (element.getIntOrFloatBitWidth() + 7) / 8;
+  return tensorType.getNumElements() * elementBytes;
+}
+
+Type CostModel::activationElementType() const {
+  Builder b(model.getContext());
+  switch (precision) {
+  case Precision::fp32:
+    return b.getF32Type();
+  case Precision::bf16:
+    return b.getBF16Type();
+  case Precision::fp16:
+    return b.getF16Type();
+  }
+  llvm_unreachable("unknown precision");
+}
+
+RankedTensorType CostModel::tensor(ArrayRef<int64_t> shape,
+                                   Type element) const {
+  return RankedTensorType::get(shape, element);
+}
+
+RankedTensorType CostModel::hiddenType() const {
+  return tensor({batch, backbone.getSeq(), backbone.getHidden()},
+                activationElementType());
+}
+
+RankedTensorType CostModel::tokensType() const {
+  return tensor({batch, backbone.getSeq()},
+                IntegerType::get(model.getContext(), 64));
+}
+
+RankedTensorType CostModel::labelsType(TaskOp task) const {
+  Builder b(model.getContext());
+  int64_t s = backbone.getSeq();
+  switch (task.getHead()) {
+  case HeadKind::classify:
+    if (task.getLoss() == LossKind::mse)
+      return tensor({batch, int64_t(*task.getClasses())}, b.getF32Type());
+    return tensor({batch}, b.getI64Type());
+  case HeadKind::tag:
+    return tensor({batch, s}, b.getI64Type());
+  case HeadKind::span:
+    return tensor({batch, 2}, b.getI64Type());
+  case HeadKind::decoder:
+    return tensor({batch, int64_t(*task.getTargetSeq())}, b.getI64Type());
+  }
+  llvm_unreachable("unknown head kind");
+}
+
+RankedTensorType CostModel::lossType() const {
+  return tensor({}, Builder(model.getContext()).getF32Type());
+}
+
+//===----------------------------------------------------------------------===//
+// Units
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// Saved tensors of a pre-norm attention sub-block family, for queries of
+/// length `t` attending to keys of length `s` (t = s for self-attention).
+struct Dims {
+  int64_t b, s, h, a, d, f;
+};
+} // namespace
+
+UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
+  Builder builder(model.getContext());
+  Type act = activationElementType();
+  Type f32 = builder.getF32Type();
+  Type mask = builder.getI1Type();
+  const int64_t b = batch, s = backbone.getSeq(), h = backbone.getHidden(),
+                a = backbone.getHeads(), d = backbone.getHeadDim(),
+                f = backbone.getFfn();
+  const int64_t e = bytes(tensor({1}, act));
+  const int64_t bsh = b * s * h, bass = b * a * s * s;
+  auto bshTensor = [&] { return tensor({b, s, h}, act); };
+
+  UnitCost cost;
+  switch (kind) {
+  case UnitKind::embed:
+    cost.output = bshTensor();
+    if (dropout)
+      cost.saved.push_back({"mask", tensor({b, s, h}, mask)});
+    cost.backwardNeedsInput = true; // the token indices
+    cost.fwdFlops = 2 * bsh;
+    cost.bwdFlops = 2 * bsh;
+    // The gathered embeddings live beside their sum until the add returns.
+    cost.fwdWorkspace = e * bsh;
+    return cost;
+  case UnitKind::attn_norm:
+  case UnitKind::mlp_norm:
+    cost.output = bshTensor();
+    cost.saved.push_back({"mean", tensor({b, s, 1}, f32)});
+    cost.saved.push_back({"rstd", tensor({b, s, 1}, f32)});
+    cost.backwardNeedsInput = true;
+    cost.fwdFlops = 8 * bsh;
+    cost.bwdFlops = 12 * bsh;
+    return cost;
+  case UnitKind::qkv:
+    cost.output = tensor({b, s, 3 * h}, act);
+    cost.backwardNeedsInput = true;
+    cost.fwdFlops = 2 * bsh * 3 * h;
+    cost.bwdFlops = 2 * cost.fwdFlops;
+    return cost;
+  case UnitKind::attn_core:
+    cost.output = bshTensor();
+    // q·scale, k^T and v as contiguous [B*a, ., .] bmm operands.
+    cost.saved.push_back({"q", tensor({b, a, s, d}, act)});
+    cost.saved.push_back({"k_t", tensor({b, a, d, s}, act)});
+    cost.saved.push_back({"probs", tensor({b, a, s, s}, act)});
+    if (dropout) {
+      cost.saved.push_back({"probs_mask", tensor({b, a, s, s}, mask)});
+      cost.saved.push_back({"probs_dropped", tensor({b, a, s, s}, act)});
+    }
+    cost.saved.push_back({"v", tensor({b, a, s, d}, act)});
+    cost.fwdFlops = 4 * b * s * s * h + 5 * bass + bsh;
+    cost.bwdFlops = 8 * b * s * s * h + 5 * bass;
+    // The scores are held until the core returns; the head-layout context
+    // lives until it is merged into [B, S, H].
+    cost.fwdWorkspace = e * (bass + bsh);
+    cost.bwdWorkspace = e * (2 * bass + 3 * bsh);
+    return cost;
+  case UnitKind::attn_out:
+    cost.output = bshTensor();
+    cost.backwardNeedsInput = true;
+    cost.fwdFlops = 2 * bsh * h;
+    cost.bwdFlops = 4 * bsh * h;
+    return cost;
+  case UnitKind::attn_residual:
+  case UnitKind::mlp_residual:
+    cost.output = bshTensor();
+    if (dropout) {
+      cost.saved.push_back({"mask", tensor({b, s, h}, mask)});
+      cost.fwdWorkspace = e * bsh; // the dropped branch before the add
+    }
+    cost.fwdFlops = 3 * bsh;
+    cost.bwdFlops = 2 * bsh;
+    return cost;
+  case UnitKind::mlp_up:
+    cost.output = tensor({b, s, f}, act);
+    cost.backwardNeedsInput = true;
+    cost.fwdFlops = 2 * bsh * f;
+    cost.bwdFlops = 4 * bsh * f;
+    return cost;
+  case UnitKind::mlp_act:
+    cost.output = tensor({b, s, f}, act);
+    cost.backwardNeedsInput = true;
+    cost.fwdFlops = 8 * b * s * f;
+    cost.bwdFlops = 12 * b * s * f;
+    return cost;
+  case UnitKind::mlp_down:
+    cost.output = bshTensor();
+    cost.backwardNeedsInput = true;
+    cost.fwdFlops = 2 * bsh * f;
+    cost.bwdFlops = 4 * bsh * f;
+    return cost;
+  case UnitKind::head:
+    return headCost(task);
+  case UnitKind::loss:
+    return lossCost(task);
+  }
+  llvm_unreachable("unknown unit kind");
+}
+
+UnitCost CostModel::headCost(TaskOp task) const {
+  Builder builder(model.getContext());
+  Type act = activationElementType();
+  Type f32 = builder.getF32Type();
+  Type mask = builder.getI1Type();
+  const int64_t b = batch, s = backbone.getSeq(), h = backbone.getHidden(),
+                a = backbone.getHeads(), d = backbone.getHeadDim(),
+                f = backbone.getFfn();
+  const int64_t e = bytes(tensor({1}, act));
+
+  UnitCost cost;
+  // The head's LayerNorm keeps its input: the tap (or, for classify, a view
+  // of it — which keeps the whole tap alive just the same).
+  cost.backwardNeedsInput = true;
+  switch (task.getHead()) {
+  case HeadKind::classify: {
+    int64_t c = *task.getClasses();
+    cost.output = tensor({b, c}, act);
+    cost.saved = {{"mean", tensor({b, 1}, f32)},
+                  {"rstd", tensor({b, 1}, f32)},
+                  {"normed", tensor({b, h}, act)},
+                  {"pooled", tensor({b, h}, act)}};
+    cost.fwdFlops = 2 * b * h * h + 2 * b * h * c + 12 * b * h;
+    cost.bwdFlops = 2 * cost.fwdFlops;
+    cost.fwdWorkspace = e * b * h; // the pooler's pre-tanh output
+    return cost;
+  }
+  case HeadKind::tag:
+  case HeadKind::span: {
+    int64_t c = task.getHead() == HeadKind::tag ? int64_t(*task.getLabels()) : 2;
+    cost.output = tensor({b, s, c}, act);
+    cost.saved = {{"mean", tensor({b, s, 1}, f32)},
+                  {"rstd", tensor({b, s, 1}, f32)},
+                  {"normed", tensor({b, s, h}, act)}};
+    cost.fwdFlops = 2 * b * s * h * c + 8 * b * s * h;
+    cost.bwdFlops = 2 * cost.fwdFlops;
+    return cost;
+  }
+  case HeadKind::decoder: {
+    // A pre-norm decoder on T teacher-forced tokens: per layer a causal
+    // self-attention block, cross-attention to the tap and an MLP block.
+    const int64_t t = *task.getTargetSeq(), v = *task.getVocab(),
+                  layers = *task.getLayers();
+    cost.output = tensor({b, t, v}, act);
+    auto add = [&](std::string name, RankedTensorType type) {
+      cost.saved.push_back({std::move(name), type});
+    };
+    add("inputs", tensor({b, t}, builder.getI64Type()));
+    add("embedded", tensor({b, t, h}, act));
+    if (dropout)
+      add("embed_mask", tensor({b, t, h}, mask));
+    add("causal", tensor({t, t}, mask));
+    int64_t flops = 2 * b * t * h;
+    for (int64_t l = 1; l <= layers; ++l) {
+      std::string p = "l" + std::to_string(l) + ".";
+      // Self-attention (the residual input is the previous block's output).
+      add(p + "self.mean", tensor({b, t, 1}, f32));
+      add(p + "self.rstd", tensor({b, t, 1}, f32));
+      add(p + "self.normed", tensor({b, t, h}, act));
+      add(p + "self.q", tensor({b, a, t, d}, act));
+      add(p + "self.k_t", tensor({b, a, d, t}, act));
+      add(p + "self.probs", tensor({b, a, t, t}, act));
+      if (dropout) {
+        add(p + "self.probs_mask", tensor({b, a, t, t}, mask));
+        add(p + "self.probs_dropped", tensor({b, a, t, t}, act));
+      }
+      add(p + "self.v", tensor({b, a, t, d}, act));
+      add(p + "self.context", tensor({b, t, h}, act));
+      if (dropout)
+        add(p + "self.mask", tensor({b, t, h}, mask));
+      add(p + "self.out", tensor({b, t, h}, act));
+      // Cross-attention: keys and values from the normed tap.
+      add(p + "cross.mem_mean", tensor({b, s, 1}, f32));
+      add(p + "cross.mem_rstd", tensor({b, s, 1}, f32));
+      add(p + "cross.memory", tensor({b, s, h}, act));
+      add(p + "cross.mean", tensor({b, t, 1}, f32));
+      add(p + "cross.rstd", tensor({b, t, 1}, f32));
+      add(p + "cross.normed", tensor({b, t, h}, act));
+      add(p + "cross.q", tensor({b, a, t, d}, act));
+      add(p + "cross.k_t", tensor({b, a, d, s}, act));
+      add(p + "cross.probs", tensor({b, a, t, s}, act));
+      if (dropout) {
+        add(p + "cross.probs_mask", tensor({b, a, t, s}, mask));
+        add(p + "cross.probs_dropped", tensor({b, a, t, s}, act));
+      }
+      add(p + "cross.v", tensor({b, a, s, d}, act));
+      add(p + "cross.context", tensor({b, t, h}, act));
+      if (dropout)
+        add(p + "cross.mask", tensor({b, t, h}, mask));
+      add(p + "cross.out", tensor({b, t, h}, act));
+      // MLP.
+      add(p + "mlp.mean", tensor({b, t, 1}, f32));
+      add(p + "mlp.rstd", tensor({b, t, 1}, f32));
+      add(p + "mlp.normed", tensor({b, t, h}, act));
+      add(p + "mlp.up", tensor({b, t, f}, act));
+      add(p + "mlp.act", tensor({b, t, f}, act));
+      if (dropout)
+        add(p + "mlp.mask", tensor({b, t, h}, mask));
+      add(p + "mlp.out", tensor({b, t, h}, act));
+      flops += 2 * b * t * h * 3 * h + 4 * b * t * t * h + 2 * b * t * h * h // self
+               + 2 * b * s * h * 2 * h + 2 * b * t * h * h +
+               4 * b * t * s * h + 2 * b * t * h * h // cross
+               + 4 * b * t * h * f;                 // mlp
+    }
+    add("final.mean", tensor({b, t, 1}, f32));
+    add("final.rstd", tensor({b, t, 1}, f32));
+    add("final.normed", tensor({b, t, h}, act));
+    cost.fwdFlops = flops + 2 * b * t * h * v;
+    cost.bwdFlops = 2 * cost.fwdFlops;
+    // The widest transient: cross-attention scores beside the fused K/V.
+    cost.fwdWorkspace = e * (b * a * t * std::max(s, t) + 2 * b * s * h);
+    cost.bwdWorkspace = e * (2 * b * a * t * std::max(s, t));
+    return cost;
+  }
+  }
+  llvm_unreachable("unknown head kind");
+}
+
+UnitCost CostModel::lossCost(TaskOp task) const {
+  Builder builder(model.getContext());
+  Type f32 = builder.getF32Type();
+  const int64_t b = batch, s = backbone.getSeq();
+  UnitCost cost;
+  cost.output = lossType();
+  if (task.getLoss() == LossKind::mse) {
+    cost.backwardNeedsInput = true;
+    int64_t c = *task.getClasses();
+    cost.fwdFlops = 3 * b * c;
+    cost.bwdFlops = 2 * b * c;
+    return cost;
+  }
+  // cross_entropy = log_softmax (saves its fp32 output) + nll_loss.
+  int64_t rows = 0, classes = 0;
+  switch (task.getHead()) {
+  case HeadKind::classify:
+    rows = b, classes = *task.getClasses();
+    break;
+  case HeadKind::tag:
+    rows = b * s, classes = *task.getLabels();
+    break;
+  case HeadKind::span:
+    rows = 2 * b, classes = s; // start and end, each over the sequence
+    break;
+  case HeadKind::decoder:
+    rows = b * int64_t(*task.getTargetSeq()), classes = *task.getVocab();
+    break;
+  }
+  if (task.getHead() == HeadKind::span) {
+    cost.saved.push_back({"start_log_probs", tensor({b, s}, f32)});
+    cost.saved.push_back({"end_log_probs", tensor({b, s}, f32)});
+  } else {
+    cost.saved.push_back({"log_probs", tensor({rows, classes}, f32)});
+  }
+  cost.fwdFlops = 5 * rows * classes;
+  cost.bwdFlops = 3 * rows * classes;
+  return cost;
+}
+
+//===----------------------------------------------------------------------===//
+// Parameters
+//===----------------------------------------------------------------------===//
+
+int64_t CostModel::embeddingParameters() const {
+  return (backbone.getVocab() + backbone.getSeq()) * backbone.getHidden();
+}
+
+int64_t CostModel::layerParameters() const {
+  int64_t h = backbone.getHidden(), f = backbone.getFfn();
+  int64_t norms = 2 * (2 * h);          // two LayerNorms, weight + bias
+  int64_t attention = 3 * h * h + 3 * h // fused QKV projection
+                      + h * h + h;      // output projection
+  int64_t mlp = h * f + f + f * h + h;  // up- and down-projection
   return norms + attention + mlp;
 }
 
-int64_t CostModel::headParameters(TaskOp task, BackboneOp backbone) {
-  int64_t h = backbone.getHidden();
+int64_t CostModel::headParameters(TaskOp task) const {
+  int64_t h = backbone.getHidden(), norm = 2 * h;
   switch (task.getHead()) {
-  case HeadKind::classify:
-    return h * *task.getClasses() + *task.getClasses();
+  case HeadKind::classify: // norm, tanh pooler, classifier
+    return norm + h * h + h + h * *task.getClasses() + *task.getClasses();
   case HeadKind::tag:
-    return h * *task.getLabels() + *task.getLabels();
+    return norm + h * *task.getLabels() + *task.getLabels();
   case HeadKind::span:
-    return h * 2 + 2;
+    return norm + h * 2 + 2;
   case HeadKind::decoder: {
-    // Its own token and position embeddings, decoder layers (self-attention,
-    // cross-attention to the tap, MLP; three norms), a final norm and an
-    // output projection.
-    int64_t vocab = *task.getVocab(), f = backbone.getFfn();
-    int64_t selfAttn = 4 * h * h + 4 * h, crossAttn = 4 * h * h + 4 * h;
-    int64_t mlp = h * f + f + f * h + h, norms = 3 * 2 * h;
-    int64_t layer = selfAttn + crossAttn + mlp + norms;
-    return vocab * h + backbone.getSeq() * h + *task.getLayers() * layer +
-           2 * h + h * vocab + vocab;
+    int64_t v = *task.getVocab(), t = *task.getTargetSeq();
+    int64_t cross = 2 * norm + (h * h + h) + (2 * h * h + 2 * h) + (h * h + h);
+    int64_t layer = layerParameters() + cross;
+    return v * h + t * h + *task.getLayers() * layer + norm + h * v + v;
   }
   }
   llvm_unreachable("unknown head kind");
@@ -38,18 +404,36 @@ int64_t CostModel::headParameters(TaskOp task, BackboneOp backbone) {
 
 ParameterCount CostModel::parameters() const {
   ParameterCount count;
-  BackboneOp bb = model.getBackbone();
-  int64_t h = bb.getHidden();
-  count.embeddings = bb.getVocab() * h + bb.getSeq() * h;
-  count.perLayer = layerParameters(h, bb.getFfn());
-  count.backbone = count.embeddings + bb.getLayers() * count.perLayer + 2 * h;
+  count.embeddings = embeddingParameters();
+  count.perLayer = layerParameters();
+  count.backbone = count.embeddings + backbone.getLayers() * count.perLayer;
   int64_t tasks = 0;
   for (TaskOp task : model.getTasks()) {
-    count.heads += headParameters(task, bb);
+    count.heads += headParameters(task);
     ++tasks;
   }
   if (StrategyOp strategy = model.getStrategy())
     if (std::optional<uint64_t> hidden = strategy.getDgfgHidden())
       count.gate = dgfgParameterCount(tasks, *hidden);
   return count;
+}
+
+//===----------------------------------------------------------------------===//
+// Time and budget
+//===----------------------------------------------------------------------===//
+
+double CostModel::computeSeconds(int64_t flops) const {
+  double peak = precision == Precision::fp32   ? preset->fp32Flops
+                : precision == Precision::bf16 ? preset->bf16Flops
+                                               : preset->fp16Flops;
+  return double(flops) / peak;
+}
+
+double CostModel::transferSeconds(int64_t bytes) const {
+  int64_t link = budget ? budget.getLinkBandwidth() : preset->linkBandwidth;
+  return double(bytes) / double(link);
+}
+
+int64_t CostModel::usableBytes() const {
+  return budget ? budget.getUsableBytes() : INT64_MAX;
 }

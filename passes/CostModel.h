@@ -1,16 +1,25 @@
 //===- CostModel.h - the one source of bytes, FLOPs and time ----*- C++ -*-===//
 //
 // Every pass, the plan report and the driver ask this model; no pass keeps
-// its own arithmetic. Its figures describe the runtime's model exactly
-// (docs/runtime.md): the same layers, the same parameters, the same saved
-// tensors.
+// its own arithmetic. Its figures describe the runtime's model (runtime/
+// src/Model.cpp, docs/runtime.md): the same parameters, and for every unit
+// the tensors LibTorch's kernels really keep for backward — norm statistics,
+// dropout masks, softmax outputs, the contiguous copies batched matmuls make
+// of strided views — because predictions are checked against the runtime's
+// tracking allocator, without fitted constants (docs/cost-model.md).
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef MTPC_PASSES_COSTMODEL_H
 #define MTPC_PASSES_COSTMODEL_H
 
+#include "dialect/Devices.h"
 #include "dialect/MTPOps.h"
+
+#include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/SmallVector.h"
+
+#include <string>
 
 namespace mtp {
 
@@ -18,26 +27,101 @@ namespace mtp {
 struct ParameterCount {
   int64_t embeddings = 0; ///< token + position embeddings
   int64_t perLayer = 0;   ///< one transformer layer
-  int64_t backbone = 0;   ///< embeddings + layers + final norm
+  int64_t backbone = 0;   ///< embeddings + layers
   int64_t heads = 0;      ///< every task head
   int64_t gate = 0;       ///< the DGFG gate (0 when off)
   int64_t total() const { return backbone + heads + gate; }
 };
 
+/// A tensor a unit allocates to keep for its backward.
+struct SavedTensor {
+  std::string name;
+  mlir::RankedTensorType type;
+};
+
+/// What one forward unit costs.
+struct UnitCost {
+  /// The unit's result.
+  mlir::RankedTensorType output;
+  /// Tensors allocated only to be kept for backward (beyond its inputs and
+  /// output, which the backward takes as operands when it needs them).
+  llvm::SmallVector<SavedTensor> saved;
+  /// Whether the backward needs the unit's input / output tensors.
+  bool backwardNeedsInput = false, backwardNeedsOutput = false;
+  /// Floating-point operations of the forward and of the backward.
+  int64_t fwdFlops = 0, bwdFlops = 0;
+  /// Transient bytes alive at the unit's internal peak beyond its inputs,
+  /// output and saved tensors (temporaries held until the call returns).
+  int64_t fwdWorkspace = 0, bwdWorkspace = 0;
+};
+
+/// Memory categories of the breakdown.
+enum class MemoryKind { Parameters, Gradients, OptimizerState, Activations,
+                        Workspace };
+
 class CostModel {
 public:
-  explicit CostModel(ModelOp model) : model(model) {}
+  /// Reads the backbone, the budget (micro batch, precision, device) and the
+  /// device preset of `model`. Without a budget: micro batch 1, fp32, cpu.
+  explicit CostModel(ModelOp model);
 
-  /// Parameters of one transformer layer of width `hidden` with an MLP of
-  /// width `ffn` (pre-norm: two LayerNorms, QKV, output projection, MLP).
-  static int64_t layerParameters(int64_t hidden, int64_t ffn);
-  /// Parameters of one task head given the backbone it reads.
-  static int64_t headParameters(TaskOp task, BackboneOp backbone);
+  //===--- Shapes and bytes ------------------------------------------------===//
 
+  /// Bytes of a ranked tensor (an i1 element is one byte, as in LibTorch).
+  static int64_t bytes(mlir::Type type);
+  int64_t microBatch() const { return batch; }
+  mlir::Type activationElementType() const;
+  /// [micro batch, seq, hidden] in the activation element type.
+  mlir::RankedTensorType hiddenType() const;
+  mlir::RankedTensorType tokensType() const;
+  /// The labels a task's loss consumes.
+  mlir::RankedTensorType labelsType(TaskOp task) const;
+  mlir::RankedTensorType lossType() const;
+
+  //===--- Units -----------------------------------------------------------===//
+
+  /// A backbone unit (embed, the attention and MLP sub-blocks), or a task's
+  /// head or loss.
+  UnitCost unit(UnitKind kind, TaskOp task = {}) const;
+
+  //===--- Parameters ------------------------------------------------------===//
+
+  int64_t embeddingParameters() const;
+  /// One transformer layer (pre-norm: two LayerNorms, QKV, output
+  /// projection, MLP).
+  int64_t layerParameters() const;
+  int64_t headParameters(TaskOp task) const;
   ParameterCount parameters() const;
+  /// Persistent bytes per fp32 parameter: the weight, its gradient and
+  /// AdamW's two moments.
+  static constexpr int64_t kWeightBytes = 4, kGradientBytes = 4,
+                           kOptimizerBytes = 8;
+
+  //===--- Time ------------------------------------------------------------===//
+
+  const DevicePreset &device() const { return *preset; }
+  /// Seconds for `flops` at the device's peak for the training precision.
+  double computeSeconds(int64_t flops) const;
+  /// Seconds to move `bytes` one way over the host link.
+  double transferSeconds(int64_t bytes) const;
+  /// The budget a plan may use (memory minus headroom); INT64_MAX without a
+  /// budget.
+  int64_t usableBytes() const;
 
 private:
+  mlir::RankedTensorType tensor(llvm::ArrayRef<int64_t> shape,
+                                mlir::Type element) const;
+  UnitCost headCost(TaskOp task) const;
+  UnitCost lossCost(TaskOp task) const;
+
+  // Op handles are cheap copies whose accessors are not const-qualified.
   mutable ModelOp model;
+  mutable BackboneOp backbone;
+  mutable BudgetOp budget;
+  const DevicePreset *preset;
+  int64_t batch = 1;
+  Precision precision = Precision::fp32;
+  bool dropout = false;
 };
 
 } // namespace mtp

@@ -21,4 +21,36 @@ def NormalizeSpec : Pass<"mtp-normalize-spec", "::mtp::ModelOp"> {
   }];
 }
 
+def ExpandTrainingStep : Pass<"mtp-expand-training-step", "::mtp::ModelOp"> {
+  let summary = "Lower a spec-level model into one explicit training step";
+  let description = [{
+    Builds an `mtp.step` in the model: the batch inputs, the parameter
+    groups, the forward units in execution order with each task's head and
+    loss at its tap, every task's loss and head backward (the gradient at its
+    tap, as the per-task gradient pipeline needs it), the backbone backward
+    from the top with the tap gradients summed in where the heads read, and
+    the optimizer step. Each unit's output, saved tensors, FLOPs and
+    workspace come from the cost model; a backward unit takes exactly the
+    tensors its forward saved, so the DAG of heads on different layers — and
+    what it keeps alive — is visible in the SSA uses.
+  }];
+}
+
+def MemoryAnalysis : Pass<"mtp-memory-analysis", "::mtp::ModelOp"> {
+  let summary = "Peak memory of the training step, by liveness";
+  let description = [{
+    Walks the expanded step in order: parameters, gradients (from their
+    group's first backward unit) and optimizer state are resident; every
+    activation lives from the unit that makes it to its last use; each unit
+    adds its workspace while it runs. Attaches to the step the peak, the op
+    where it occurs, a breakdown by kind, the bytes each task alone keeps
+    alive, and `activation_reuse_ratio` (docs/cost-model.md); with
+    `print` it also writes a report to stdout.
+  }];
+  let options = [
+    Option<"print", "print", "bool", /*default=*/"false",
+           "Print the analysis as a table">
+  ];
+}
+
 #endif // MTP_PASSES

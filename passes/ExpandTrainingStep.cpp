@@ -1,0 +1,226 @@
+//===- ExpandTrainingStep.cpp - the spec as one explicit step -------------===//
+
+#include "passes/CostModel.h"
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/MapVector.h"
+
+namespace mtp {
+#define GEN_PASS_DEF_EXPANDTRAININGSTEP
+#include "passes/Passes.h.inc"
+} // namespace mtp
+
+using namespace mlir;
+using namespace mtp;
+
+namespace {
+
+struct ExpandTrainingStepPass
+    : public mtp::impl::ExpandTrainingStepBase<ExpandTrainingStepPass> {
+  void runOnOperation() override;
+};
+
+/// A forward unit as built, remembered for its backward.
+struct Emitted {
+  FwdOp op;
+  UnitCost cost;
+};
+
+class StepBuilder {
+public:
+  StepBuilder(ModelOp model, OpBuilder &builder)
+      : model(model), cost(model), b(builder), loc(model.getLoc()) {}
+
+  void build();
+
+private:
+  Emitted forward(UnitKind kind, int64_t layer, TaskOp task,
+                  ValueRange inputs, Location at) {
+    UnitCost c = cost.unit(kind, task);
+    SmallVector<Type> types{c.output};
+    SmallVector<Attribute> names;
+    for (const SavedTensor &saved : c.saved) {
+      types.push_back(saved.type);
+      names.push_back(b.getStringAttr(saved.name));
+    }
+    auto op = b.create<FwdOp>(
+        at, types, UnitKindAttr::get(b.getContext(), kind),
+        b.getI64IntegerAttr(layer),
+        task ? FlatSymbolRefAttr::get(task.getSymNameAttr()) : nullptr,
+        inputs, b.getI64IntegerAttr(c.fwdFlops),
+        b.getI64IntegerAttr(c.fwdWorkspace),
+        names.empty() ? nullptr : b.getArrayAttr(names));
+    return {op, std::move(c)};
+  }
+
+  /// The backward of `unit`, given the gradient(s) of its output. Returns
+  /// the gradients of its floating-point inputs, in input order.
+  SmallVector<Value> backward(const Emitted &unit, ValueRange grads) {
+    FwdOp fwd = unit.op;
+    SmallVector<Value> saved;
+    if (unit.cost.backwardNeedsInput)
+      saved.push_back(fwd.getInputs().front());
+    if (unit.cost.backwardNeedsOutput)
+      saved.push_back(fwd.getOutput());
+    llvm::append_range(saved, fwd.getSaved());
+    SmallVector<Type> gradTypes;
+    for (Value input : fwd.getInputs())
+      if (isa<FloatType>(cast<RankedTensorType>(input.getType())
+                             .getElementType()) &&
+          !isa<InputOp>(input.getDefiningOp()))
+        gradTypes.push_back(input.getType());
+    auto op = b.create<BwdOp>(fwd.getLoc(), gradTypes, fwd.getUnitAttr(),
+                              fwd.getLayerAttr(), fwd.getTaskAttr(), grads,
+                              saved, b.getI64IntegerAttr(unit.cost.bwdFlops),
+                              b.getI64IntegerAttr(unit.cost.bwdWorkspace));
+    return SmallVector<Value>(op.getInputGrads());
+  }
+
+  Value sum(ArrayRef<Value> grads, Location at) {
+    if (grads.size() == 1)
+      return grads.front();
+    return b.create<AddGradsOp>(at, grads.front().getType(), grads);
+  }
+
+  ModelOp model;
+  CostModel cost;
+  OpBuilder &b;
+  Location loc;
+};
+
+void StepBuilder::build() {
+  BackboneOp backbone = model.getBackbone();
+  Location bbLoc = backbone.getLoc();
+  SmallVector<TaskOp> tasks(model.getTasks());
+  const int64_t layers = backbone.getLayers();
+
+  auto step = b.create<StepOp>(loc);
+  b.setInsertionPointToEnd(&step.getBody().front());
+
+  // Inputs and parameter groups.
+  Value tokens =
+      b.create<InputOp>(bbLoc, cost.tokensType(), b.getStringAttr("tokens"),
+                        nullptr);
+  llvm::DenseMap<Operation *, Value> labels;
+  for (TaskOp task : tasks)
+    labels[task] = b.create<InputOp>(task.getLoc(), cost.labelsType(task),
+                                     b.getStringAttr("labels"),
+                                     FlatSymbolRefAttr::get(task.getSymNameAttr()));
+  b.create<WeightsOp>(bbLoc, b.getStringAttr("embed"),
+                      b.getI64IntegerAttr(cost.embeddingParameters()), nullptr);
+  for (int64_t l = 1; l <= layers; ++l)
+    b.create<WeightsOp>(bbLoc, b.getStringAttr("layer" + std::to_string(l)),
+                        b.getI64IntegerAttr(cost.layerParameters()), nullptr);
+  for (TaskOp task : tasks)
+    b.create<WeightsOp>(task.getLoc(), b.getStringAttr("head"),
+                        b.getI64IntegerAttr(cost.headParameters(task)),
+                        FlatSymbolRefAttr::get(task.getSymNameAttr()));
+  if (int64_t gate = cost.parameters().gate)
+    b.create<WeightsOp>(model.getStrategy().getLoc(), b.getStringAttr("gate"),
+                        b.getI64IntegerAttr(gate), nullptr);
+
+  // Forward: embeddings, then per layer the attention and MLP sub-blocks;
+  // each task's head and loss right after the layer it reads.
+  SmallVector<Emitted> chain;            // backbone units in order
+  llvm::MapVector<Operation *, std::pair<Emitted, Emitted>> heads;
+  auto runHeads = [&](int64_t layer, Value tap) {
+    for (TaskOp task : tasks) {
+      if (int64_t(task.getTapLayer()) != layer)
+        continue;
+      SmallVector<Value> inputs{tap};
+      if (task.getHead() == HeadKind::decoder)
+        inputs.push_back(labels[task]); // teacher forcing
+      Emitted head = forward(UnitKind::head, 0, task, inputs, task.getLoc());
+      Emitted loss = forward(UnitKind::loss, 0, task,
+                             {head.op.getOutput(), labels[task]},
+                             task.getLoc());
+      heads[task] = {head, loss};
+    }
+  };
+
+  chain.push_back(forward(UnitKind::embed, 0, {}, {tokens}, bbLoc));
+  Value x = chain.back().op.getOutput();
+  runHeads(0, x);
+  for (int64_t l = 1; l <= layers; ++l) {
+    auto unit = [&](UnitKind kind, ValueRange in) {
+      chain.push_back(forward(kind, l, {}, in, bbLoc));
+      return chain.back().op.getOutput();
+    };
+    Value n = unit(UnitKind::attn_norm, {x});
+    Value qkv = unit(UnitKind::qkv, {n});
+    Value ctx = unit(UnitKind::attn_core, {qkv});
+    Value o = unit(UnitKind::attn_out, {ctx});
+    Value y = unit(UnitKind::attn_residual, {x, o});
+    Value m = unit(UnitKind::mlp_norm, {y});
+    Value up = unit(UnitKind::mlp_up, {m});
+    Value act = unit(UnitKind::mlp_act, {up});
+    Value down = unit(UnitKind::mlp_down, {act});
+    x = unit(UnitKind::mlp_residual, {y, down});
+    runHeads(l, x);
+  }
+
+  // Every task's loss and head backward first: the per-task gradient at
+  // each tap (latest head first, as autograd would order them).
+  llvm::DenseMap<int64_t, SmallVector<Value>> tapGrads;
+  for (auto &[op, pair] : llvm::reverse(heads)) {
+    auto &[head, loss] = pair;
+    TaskOp task = cast<TaskOp>(op);
+    SmallVector<Value> dOut = backward(loss, {});
+    SmallVector<Value> dTap = backward(head, dOut);
+    tapGrads[task.getTapLayer()].push_back(dTap.front());
+  }
+
+  // The backbone backward from the top; where a head reads, its tap
+  // gradient joins the stream.
+  SmallVector<Value> pending = tapGrads.lookup(layers);
+  Value grad = pending.empty() ? Value() : sum(pending, bbLoc);
+  // Units of layer l, in chain order: 1 + 10 * (l - 1) .. 10 * l.
+  for (int64_t l = layers; l >= 1; --l) {
+    const Emitted *u = &chain[1 + 10 * (l - 1)];
+    const Emitted &attnNorm = u[0], &qkv = u[1], &core = u[2], &out = u[3],
+                  &attnRes = u[4], &mlpNorm = u[5], &up = u[6], &act = u[7],
+                  &down = u[8], &mlpRes = u[9];
+    if (!grad) // no task reads this high: nothing flows back yet
+      continue;
+    SmallVector<Value> dRes = backward(mlpRes, {grad});
+    Value dDown = backward(down, {dRes[1]}).front();
+    Value dAct = backward(act, {dDown}).front();
+    Value dUp = backward(up, {dAct}).front();
+    Value dNorm = backward(mlpNorm, {dUp}).front();
+    Value dy = sum({dRes[0], dNorm}, bbLoc);
+    SmallVector<Value> dAttnRes = backward(attnRes, {dy});
+    Value dCtx = backward(out, {dAttnRes[1]}).front();
+    Value dQkv = backward(core, {dCtx}).front();
+    Value dN = backward(qkv, {dQkv}).front();
+    Value dx = backward(attnNorm, {dN}).front();
+    grad = sum({dAttnRes[0], dx}, bbLoc);
+    SmallVector<Value> joining{grad};
+    llvm::append_range(joining, tapGrads.lookup(l - 1));
+    grad = sum(joining, bbLoc);
+  }
+  if (!grad) {
+    SmallVector<Value> joining = tapGrads.lookup(0);
+    grad = joining.empty() ? Value() : sum(joining, bbLoc);
+  }
+  if (grad)
+    backward(chain.front(), {grad});
+
+  // AdamW: about a dozen FLOPs per parameter.
+  b.create<OptimizerStepOp>(loc,
+                            b.getI64IntegerAttr(12 * cost.parameters().total()));
+}
+
+} // namespace
+
+void ExpandTrainingStepPass::runOnOperation() {
+  ModelOp model = getOperation();
+  if (model.getStep()) {
+    model.emitError("model '") << model.getSymName()
+                               << "' is already expanded into a step";
+    return signalPassFailure();
+  }
+  OpBuilder builder(model.getContext());
+  builder.setInsertionPointToEnd(&model.getBody().front());
+  StepBuilder(model, builder).build();
+}

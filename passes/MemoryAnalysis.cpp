@@ -1,0 +1,279 @@
+//===- MemoryAnalysis.cpp - peak memory of a step, by liveness ------------===//
+//
+// The step is straight-line SSA, so liveness is exact: a value is allocated
+// by its defining op and freed after its last user. Parameters and optimizer
+// state are resident; a group's gradients appear at its first backward unit
+// and stay until the optimizer step. While a unit runs, its workspace comes
+// on top. Tasks: a backbone unit of layer l serves every task reading layer
+// l or above (their gradients flow through it); a head or loss serves its
+// task.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/MemoryAnalysis.h"
+#include "passes/CostModel.h"
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+
+namespace mtp {
+#define GEN_PASS_DEF_MEMORYANALYSIS
+#include "passes/Passes.h.inc"
+} // namespace mtp
+
+using namespace mlir;
+using namespace mtp;
+
+std::string mtp::formatBytes(int64_t bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = double(bytes);
+  int unit = 0;
+  while (std::abs(value) >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  if (unit == 0)
+    return std::to_string(bytes) + " B";
+  return llvm::formatv("{0:f2} {1}", value, units[unit]).str();
+}
+
+std::string MemoryReport::describe(Operation *op) {
+  if (!op)
+    return "-";
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  auto unit = [&](StringRef dir, UnitKind kind, uint64_t layer,
+                  FlatSymbolRefAttr task) {
+    os << dir << ' ' << stringifyUnitKind(kind);
+    if (task)
+      os << " @" << task.getValue();
+    else
+      os << '[' << layer << ']';
+  };
+  if (auto fwd = dyn_cast<FwdOp>(op))
+    unit("fwd", fwd.getUnit(), fwd.getLayer(), fwd.getTaskAttr());
+  else if (auto bwd = dyn_cast<BwdOp>(op))
+    unit("bwd", bwd.getUnit(), bwd.getLayer(), bwd.getTaskAttr());
+  else
+    os << op->getName().getStringRef();
+  return text;
+}
+
+namespace {
+/// The parameter group a backward unit writes gradients into.
+std::string gradientGroup(BwdOp op) {
+  switch (op.getUnit()) {
+  case UnitKind::embed:
+    return "embed";
+  case UnitKind::head:
+    return ("head." + op.getTaskAttr().getValue()).str();
+  case UnitKind::loss:
+    return "";
+  default:
+    return "layer" + std::to_string(op.getLayer());
+  }
+}
+} // namespace
+
+MemoryReport mtp::analyzeMemory(ModelOp model) {
+  StepOp step = model.getStep();
+  CostModel cost(model);
+  MemoryReport report;
+  report.usableBytes = cost.usableBytes();
+  Block &body = step.getBody().front();
+
+  // Which tasks each backbone layer serves.
+  SmallVector<TaskOp> tasks(model.getTasks());
+  auto servedBy = [&](Operation *op) {
+    SmallVector<StringRef> served;
+    UnitKind kind;
+    uint64_t layer;
+    FlatSymbolRefAttr task;
+    if (auto fwd = dyn_cast<FwdOp>(op))
+      kind = fwd.getUnit(), layer = fwd.getLayer(), task = fwd.getTaskAttr();
+    else if (auto bwd = dyn_cast<BwdOp>(op))
+      kind = bwd.getUnit(), layer = bwd.getLayer(), task = bwd.getTaskAttr();
+    else
+      return served;
+    if (task) {
+      served.push_back(task.getValue());
+      return served;
+    }
+    for (TaskOp t : tasks)
+      if (kind == UnitKind::embed || t.getTapLayer() >= layer)
+        served.push_back(t.getSymName());
+    return served;
+  };
+
+  // Resident state.
+  llvm::StringMap<int64_t> groupParams;
+  int64_t params = 0;
+  for (WeightsOp w : body.getOps<WeightsOp>()) {
+    std::string group = w.getGroup().str();
+    if (FlatSymbolRefAttr task = w.getTaskAttr())
+      group += "." + task.getValue().str();
+    groupParams[group] += w.getParams();
+    params += w.getParams();
+  }
+  MemoryBreakdown now;
+  now.parameters = CostModel::kWeightBytes * params;
+  now.optimizer = CostModel::kOptimizerBytes * params;
+
+  // Last use of every value, by position.
+  llvm::DenseMap<Operation *, unsigned> position;
+  unsigned index = 0;
+  for (Operation &op : body)
+    position[&op] = index++;
+  llvm::DenseMap<Operation *, SmallVector<Value>> freedAfter;
+  for (Operation &op : body)
+    for (Value result : op.getResults()) {
+      Operation *last = &op;
+      for (Operation *user : result.getUsers())
+        if (position[user] > position[last])
+          last = user;
+      freedAfter[last].push_back(result);
+    }
+
+  auto isForwardValue = [](Value v) {
+    return isa_and_nonnull<FwdOp, InputOp>(v.getDefiningOp());
+  };
+  llvm::StringSet<> gradAllocated;
+  for (Operation &op : body) {
+    for (Value result : op.getResults()) {
+      int64_t bytes = CostModel::bytes(result.getType());
+      (isForwardValue(result) ? now.activations : now.activationGrads) +=
+          bytes;
+    }
+    if (auto bwd = dyn_cast<BwdOp>(&op)) {
+      std::string group = gradientGroup(bwd);
+      if (!group.empty() && gradAllocated.insert(group).second)
+        now.gradients += CostModel::kGradientBytes * groupParams.lookup(group);
+    }
+    int64_t workspace = 0;
+    if (auto fwd = dyn_cast<FwdOp>(&op))
+      workspace = fwd.getWorkspace();
+    else if (auto bwd = dyn_cast<BwdOp>(&op))
+      workspace = bwd.getWorkspace();
+    now.workspace = workspace;
+    if (now.total() > report.peakBytes) {
+      report.peakBytes = now.total();
+      report.peakOp = &op;
+      report.atPeak = now;
+    }
+    now.workspace = 0;
+    for (Value dead : freedAfter.lookup(&op)) {
+      int64_t bytes = CostModel::bytes(dead.getType());
+      (isForwardValue(dead) ? now.activations : now.activationGrads) -= bytes;
+    }
+  }
+  if (auto opt = step.getBody().front().getOps<OptimizerStepOp>();
+      !opt.empty() && now.total() > report.peakBytes) {
+    report.peakBytes = now.total();
+    report.peakOp = *opt.begin();
+    report.atPeak = now;
+  }
+
+  // Saved activations and the tasks that need them.
+  for (TaskOp t : tasks)
+    report.taskOnlyBytes[t.getSymName()] = 0;
+  int64_t shared = 0;
+  llvm::DenseMap<Operation *, UnitMemory *> unitOf;
+  for (FwdOp fwd : body.getOps<FwdOp>()) {
+    UnitMemory unit;
+    unit.op = fwd;
+    unit.tasks = servedBy(fwd);
+    report.units.push_back(unit);
+  }
+  for (UnitMemory &unit : report.units)
+    unitOf[unit.op] = &unit;
+  for (Operation &op : body) {
+    for (Value result : op.getResults()) {
+      if (!isForwardValue(result))
+        continue;
+      llvm::SetVector<StringRef> needing;
+      for (Operation *user : result.getUsers())
+        if (isa<BwdOp>(user))
+          for (StringRef t : servedBy(user))
+            needing.insert(t);
+      if (needing.empty())
+        continue;
+      int64_t bytes = CostModel::bytes(result.getType());
+      report.savedBytes += bytes;
+      if (needing.size() >= 2)
+        shared += bytes;
+      else
+        report.taskOnlyBytes[needing.front()] += bytes;
+      if (UnitMemory *unit = unitOf.lookup(&op))
+        unit->savedBytes += bytes;
+    }
+  }
+  report.activationReuseRatio =
+      report.savedBytes ? double(shared) / double(report.savedBytes) : 0.0;
+  return report;
+}
+
+void mtp::attachMemoryReport(StepOp step, const MemoryReport &report) {
+  Builder b(step.getContext());
+  auto i64 = [&](int64_t v) { return b.getI64IntegerAttr(v); };
+  const MemoryBreakdown &m = report.atPeak;
+  step->setAttr("mtp.peak_bytes", i64(report.peakBytes));
+  step->setAttr("mtp.peak_at",
+                b.getStringAttr(MemoryReport::describe(report.peakOp)));
+  step->setAttr("mtp.breakdown",
+                b.getDictionaryAttr({
+                    b.getNamedAttr("parameters", i64(m.parameters)),
+                    b.getNamedAttr("gradients", i64(m.gradients)),
+                    b.getNamedAttr("optimizer", i64(m.optimizer)),
+                    b.getNamedAttr("activations", i64(m.activations)),
+                    b.getNamedAttr("activation_grads", i64(m.activationGrads)),
+                    b.getNamedAttr("workspace", i64(m.workspace)),
+                }));
+  step->setAttr("mtp.saved_bytes", i64(report.savedBytes));
+  SmallVector<NamedAttribute> perTask;
+  for (auto &[task, bytes] : report.taskOnlyBytes)
+    perTask.push_back(b.getNamedAttr(task, i64(bytes)));
+  step->setAttr("mtp.task_only_bytes", b.getDictionaryAttr(perTask));
+  step->setAttr("mtp.activation_reuse_ratio",
+                b.getF64FloatAttr(report.activationReuseRatio));
+}
+
+namespace {
+struct MemoryAnalysisPass
+    : public mtp::impl::MemoryAnalysisBase<MemoryAnalysisPass> {
+  using MemoryAnalysisBase::MemoryAnalysisBase;
+  void runOnOperation() override {
+    ModelOp model = getOperation();
+    StepOp step = model.getStep();
+    if (!step) {
+      model.emitError("model '")
+          << model.getSymName()
+          << "' has no training step; run --mtp-expand-training-step first";
+      return signalPassFailure();
+    }
+    MemoryReport report = analyzeMemory(model);
+    attachMemoryReport(step, report);
+    if (!print)
+      return;
+    llvm::raw_ostream &os = llvm::outs();
+    const MemoryBreakdown &m = report.atPeak;
+    os << "memory analysis of '" << model.getSymName() << "'\n";
+    os << "  peak              " << formatBytes(report.peakBytes) << " at "
+       << MemoryReport::describe(report.peakOp) << "\n";
+    os << "    parameters      " << formatBytes(m.parameters) << "\n";
+    os << "    gradients       " << formatBytes(m.gradients) << "\n";
+    os << "    optimizer       " << formatBytes(m.optimizer) << "\n";
+    os << "    activations     " << formatBytes(m.activations) << "\n";
+    os << "    activation grads " << formatBytes(m.activationGrads) << "\n";
+    os << "    workspace       " << formatBytes(m.workspace) << "\n";
+    os << "  saved activations " << formatBytes(report.savedBytes) << "\n";
+    for (auto &[task, bytes] : report.taskOnlyBytes)
+      os << "    only for " << task << ": " << formatBytes(bytes) << "\n";
+    os << "  activation_reuse_ratio "
+       << llvm::format("%.4f", report.activationReuseRatio) << "\n";
+  }
+};
+} // namespace

@@ -1,0 +1,68 @@
+//===- MemoryAnalysis.h - peak memory of a step, by liveness ----*- C++ -*-===//
+
+#ifndef MTPC_PASSES_MEMORYANALYSIS_H
+#define MTPC_PASSES_MEMORYANALYSIS_H
+
+#include "dialect/MTPOps.h"
+
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/SmallVector.h"
+
+#include <string>
+
+namespace mtp {
+
+/// Bytes by kind at one point of the step.
+struct MemoryBreakdown {
+  int64_t parameters = 0;     ///< fp32 weights
+  int64_t gradients = 0;      ///< parameter gradients allocated so far
+  int64_t optimizer = 0;      ///< AdamW moments (resident after step 1)
+  int64_t activations = 0;    ///< forward values alive (saved or in use)
+  int64_t activationGrads = 0;///< backward values alive
+  int64_t workspace = 0;      ///< the running unit's temporaries
+  int64_t total() const {
+    return parameters + gradients + optimizer + activations +
+           activationGrads + workspace;
+  }
+};
+
+/// One backbone sub-block, head or loss: what it saves and who needs it.
+struct UnitMemory {
+  FwdOp op;
+  /// Bytes of the tensors this unit produced that some backward unit takes.
+  int64_t savedBytes = 0;
+  /// The tasks whose gradient flows through this unit's backward.
+  llvm::SmallVector<llvm::StringRef> tasks;
+};
+
+struct MemoryReport {
+  int64_t peakBytes = 0;
+  /// The op at which the peak occurs, and the breakdown there.
+  mlir::Operation *peakOp = nullptr;
+  MemoryBreakdown atPeak;
+  /// Saved activations: produced by a forward unit, taken by a backward one.
+  int64_t savedBytes = 0;
+  /// Per task: saved bytes needed by that task's backward alone.
+  llvm::MapVector<llvm::StringRef, int64_t> taskOnlyBytes;
+  /// Saved bytes needed by two or more tasks' backward / all saved bytes.
+  double activationReuseRatio = 0.0;
+  /// Every forward unit in order.
+  llvm::SmallVector<UnitMemory> units;
+  int64_t usableBytes = 0;
+
+  /// "bwd attn_core[3]", "fwd head @pos".
+  static std::string describe(mlir::Operation *op);
+};
+
+/// Analyzes the expanded step of `model` (which must have one).
+MemoryReport analyzeMemory(ModelOp model);
+
+/// The report as attributes on the step (mtp.peak_bytes, ...).
+void attachMemoryReport(StepOp step, const MemoryReport &report);
+
+/// 1.50 GiB, 12.0 MiB, 640 B.
+std::string formatBytes(int64_t bytes);
+
+} // namespace mtp
+
+#endif // MTPC_PASSES_MEMORYANALYSIS_H
