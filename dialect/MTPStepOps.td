@@ -93,7 +93,7 @@ def MTP_BwdOp : MTP_Op<"bwd", [HasParent<"StepOp">, AttrSizedOperandSegments,
   let assemblyFormat = [{
     custom<EnumKeyword>($unit) `[` $layer `]` ($task^)? `grads` `(` $grads `)`
     `saved` `(` $saved `)` `flops` $flops (`workspace` $workspace^)? attr-dict `:`
-    `(` type($grads) `)` `,` `(` type($saved) `)` `->` `(` type($input_grads) `)`
+    functional-type(operands, results)
   }];
 }
 

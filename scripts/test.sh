@@ -8,4 +8,4 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${MTPC_BUILD_DIR:-$root/build}
 echo "[test] lit + gtest"
 exec python3 /usr/lib/llvm-19/build/utils/lit/lit.py -sv \
-  "$build/test" "$build/runtime/unittests"
+  "$build/test" "$build/unittests/compiler" "$build/runtime/unittests"

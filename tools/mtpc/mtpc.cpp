@@ -1,7 +1,9 @@
 //===- mtpc.cpp - the mtpc compiler driver --------------------------------===//
 //
 //   mtpc check FILE [-v]          check a spec: errors, or a one-line summary
-//   mtpc FILE --emit=ast|mlir     print the AST or the spec-level IR
+//   mtpc plan FILE [--format=json] the memory plan against the budget
+//   mtpc FILE --emit=ast|mlir|step print the AST, the spec-level IR, or the
+//                                 expanded training step
 //
 // FILE is a .mtp spec or spec-level IR (.mlir). Every MLIR flag users know
 // (--mlir-print-ir-after-all, --mlir-timing, --mlir-print-debuginfo, ...)
@@ -15,6 +17,8 @@
 #include "frontend/Parser.h"
 #include "frontend/Sema.h"
 #include "passes/CostModel.h"
+#include "passes/MemoryAnalysis.h"
+#include "passes/PlanReport.h"
 #include "passes/Passes.h"
 
 #include "mlir/IR/AsmState.h"
@@ -38,8 +42,9 @@ using namespace mlir;
 namespace cl = llvm::cl;
 
 namespace {
-enum class Command { Compile, Check };
-enum class Emit { AST, MLIR };
+enum class Command { Compile, Check, Plan };
+enum class Emit { AST, MLIR, Step };
+enum class Format { Text, Json };
 enum ExitCode { kOk = 0, kSpecError = 1, kUsageError = 2 };
 
 cl::opt<std::string> inputFilename(cl::Positional, cl::desc("<spec file>"),
@@ -50,7 +55,14 @@ cl::opt<std::string> outputFilename("o", cl::desc("Output file"),
 cl::opt<Emit> emitAction(
     "emit", cl::desc("What to emit"), cl::init(Emit::MLIR),
     cl::values(clEnumValN(Emit::AST, "ast", "the parsed .mtp syntax tree"),
-               clEnumValN(Emit::MLIR, "mlir", "the spec-level IR")));
+               clEnumValN(Emit::MLIR, "mlir", "the spec-level IR"),
+               clEnumValN(Emit::Step, "step",
+                          "the training step with its memory analysis")));
+cl::opt<Format> format(
+    "format", cl::desc("plan: output format"), cl::init(Format::Text),
+    cl::values(clEnumValN(Format::Text, "text", "a table for the terminal"),
+               clEnumValN(Format::Json, "json",
+                          "JSON, schema mtpc.plan/1 (docs/plan-format.md)")));
 cl::opt<bool> verbose("v", cl::desc("check: print every task, correlation "
                                     "and the budget, not only the summary"));
 
@@ -119,6 +131,7 @@ int main(int argc, char **argv) {
     std::optional<Command> sub =
         llvm::StringSwitch<std::optional<Command>>(args[1])
             .Case("check", Command::Check)
+            .Case("plan", Command::Plan)
             .Default(std::nullopt);
     if (sub) {
       command = *sub;
@@ -133,8 +146,9 @@ int main(int argc, char **argv) {
   if (!cl::ParseCommandLineOptions(
           args.size(), args.data(),
           "mtpc: multi-task training pipeline compiler\n\n"
-          "  mtpc check FILE [-v]       check a spec and summarize it\n"
-          "  mtpc FILE --emit=ast|mlir  print the syntax tree or the IR\n\n"
+          "  mtpc check FILE [-v]            check a spec and summarize it\n"
+          "  mtpc plan FILE [--format=json]  the memory plan against the budget\n"
+          "  mtpc FILE --emit=ast|mlir|step  print the syntax tree or the IR\n\n"
           "FILE is a .mtp spec or spec-level IR (.mlir).\n"
           "Exit codes: 0 ok, 1 the spec has errors, 2 wrong usage.\n",
           &llvm::errs()))
@@ -213,12 +227,28 @@ int main(int argc, char **argv) {
     return kUsageError;
   pm.enableTiming(timing);
   pm.addNestedPass<mtp::ModelOp>(mtp::createNormalizeSpec());
+  bool wantStep = command == Command::Plan ||
+                  (command == Command::Compile && emitAction == Emit::Step);
+  if (wantStep) {
+    pm.addNestedPass<mtp::ModelOp>(mtp::createExpandTrainingStep());
+    pm.addNestedPass<mtp::ModelOp>(mtp::createMemoryAnalysis());
+  }
   if (failed(pm.run(*module)))
     return kSpecError;
 
   switch (command) {
   case Command::Check:
     printSummary(output->os(), inputFilename, *module);
+    break;
+  case Command::Plan:
+    for (auto model : module->getOps<mtp::ModelOp>()) {
+      mtp::MemoryReport report = mtp::analyzeMemory(model);
+      if (format == Format::Json)
+        output->os() << llvm::formatv("{0:2}", mtp::planToJson(model, report))
+                     << "\n";
+      else
+        mtp::printPlan(model, report, output->os());
+    }
     break;
   case Command::Compile:
     module->print(output->os());

@@ -1,0 +1,195 @@
+//===- PlanReport.cpp - the plan a person reads ---------------------------===//
+
+#include "passes/PlanReport.h"
+#include "passes/CostModel.h"
+
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace mlir;
+using namespace mtp;
+
+namespace {
+/// A row of the table: the embeddings, one block of a layer, or a head.
+struct Row {
+  std::string name;
+  int64_t saved = 0, fwdFlops = 0;
+  llvm::SmallVector<StringRef> tasks;
+  /// Tasks whose head reads the output of this row (a tap point).
+  llvm::SmallVector<StringRef> taps;
+  std::string decision = "keep";
+};
+
+StringRef blockOf(UnitKind kind) {
+  switch (kind) {
+  case UnitKind::attn_norm:
+  case UnitKind::qkv:
+  case UnitKind::attn_core:
+  case UnitKind::attn_out:
+  case UnitKind::attn_residual:
+    return "attention";
+  case UnitKind::mlp_norm:
+  case UnitKind::mlp_up:
+  case UnitKind::mlp_act:
+  case UnitKind::mlp_down:
+  case UnitKind::mlp_residual:
+    return "mlp";
+  default:
+    return "";
+  }
+}
+
+std::string taskList(ArrayRef<StringRef> tasks, size_t all) {
+  if (tasks.empty())
+    return "-";
+  if (tasks.size() == all && all > 2)
+    return "all " + std::to_string(all);
+  std::string out;
+  for (StringRef t : tasks)
+    out += (out.empty() ? "" : " ") + t.str();
+  return out;
+}
+
+SmallVector<Row> rowsOf(ModelOp model, const MemoryReport &report) {
+  SmallVector<Row> rows;
+  llvm::StringMap<size_t> index;
+  for (const UnitMemory &unit : report.units) {
+    FwdOp op = unit.op;
+    std::string name;
+    if (op.getUnit() == UnitKind::embed)
+      name = "embed";
+    else if (FlatSymbolRefAttr task = op.getTaskAttr())
+      name = (stringifyUnitKind(op.getUnit()) + " " + task.getValue()).str();
+    else
+      name = "layer " + std::to_string(op.getLayer()) + " " +
+             blockOf(op.getUnit()).str();
+    auto [it, inserted] = index.try_emplace(name, rows.size());
+    if (inserted) {
+      rows.emplace_back();
+      rows.back().name = name;
+      rows.back().tasks = unit.tasks;
+    }
+    Row &row = rows[it->second];
+    row.saved += unit.savedBytes;
+    row.fwdFlops += op.getFlops();
+  }
+  for (TaskOp task : model.getTasks()) {
+    std::string at = task.getTapLayer() == 0
+                         ? "embed"
+                         : "layer " + std::to_string(task.getTapLayer()) +
+                               " mlp";
+    if (auto it = index.find(at); it != index.end())
+      rows[it->second].taps.push_back(task.getSymName());
+  }
+  return rows;
+}
+} // namespace
+
+void mtp::printPlan(ModelOp model, const MemoryReport &report,
+                    llvm::raw_ostream &os) {
+  CostModel cost(model);
+  BudgetOp budget = model.getBudget();
+  size_t numTasks = llvm::range_size(model.getTasks());
+  os << "plan for '" << model.getSymName() << "'";
+  if (budget)
+    os << " on " << budget.getDevice() << " (" << formatBytes(budget.getMemory())
+       << ", " << formatBytes(budget.getUsableBytes()) << " usable), micro batch "
+       << budget.getMicroBatch() << ", "
+       << stringifyPrecision(budget.getPrecision());
+  os << "\n\n";
+  os << llvm::formatv("  {0,-22} {1,12} {2,12}  {3,-10} {4}\n", "unit",
+                      "saved", "fwd GFLOP", "decision", "tasks needing it");
+  for (const Row &row : rowsOf(model, report)) {
+    os << llvm::formatv("  {0,-22} {1,12} {2,12:f3}  {3,-10} {4}", row.name,
+                        formatBytes(row.saved), row.fwdFlops / 1e9,
+                        row.decision, taskList(row.tasks, numTasks));
+    if (!row.taps.empty()) {
+      os << "   <- tap:";
+      for (StringRef t : row.taps)
+        os << ' ' << t;
+    }
+    os << "\n";
+  }
+  const MemoryBreakdown &m = report.atPeak;
+  os << "\n  parameters           " << formatBytes(m.parameters) << "\n"
+     << "  gradients            " << formatBytes(m.gradients) << " (at the peak)\n"
+     << "  optimizer state      " << formatBytes(m.optimizer) << "\n"
+     << "  saved activations    " << formatBytes(report.savedBytes) << "\n"
+     << "  peak                 " << formatBytes(report.peakBytes) << " at "
+     << MemoryReport::describe(report.peakOp) << "\n"
+     << "    of which activations " << formatBytes(m.activations)
+     << ", activation grads " << formatBytes(m.activationGrads)
+     << ", workspace " << formatBytes(m.workspace) << "\n"
+     << "  activation_reuse_ratio "
+     << llvm::format("%.3f", report.activationReuseRatio)
+     << " (saved bytes needed by two or more tasks)\n";
+  for (auto &[task, bytes] : report.taskOnlyBytes)
+    os << "  only for " << task << ": " << formatBytes(bytes) << "\n";
+  if (!budget) {
+    os << "\n  no budget: nothing to compare with\n";
+    return;
+  }
+  int64_t margin = budget.getUsableBytes() - report.peakBytes;
+  os << "\n  verdict: ";
+  if (margin >= 0)
+    os << "fits, " << formatBytes(margin) << " to spare of "
+       << formatBytes(budget.getUsableBytes()) << "\n";
+  else
+    os << "DOES NOT FIT: over by " << formatBytes(-margin) << " ("
+       << formatBytes(report.peakBytes) << " needed, "
+       << formatBytes(budget.getUsableBytes()) << " usable)\n";
+}
+
+llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
+  using llvm::json::Array;
+  using llvm::json::Object;
+  BudgetOp budget = model.getBudget();
+  Array units;
+  for (const UnitMemory &unit : report.units) {
+    FwdOp op = unit.op;
+    Object u{{"unit", stringifyUnitKind(op.getUnit())},
+             {"name", op.getUnitName()},
+             {"layer", int64_t(op.getLayer())},
+             {"saved_bytes", unit.savedBytes},
+             {"fwd_flops", int64_t(op.getFlops())},
+             {"decision", "keep"}};
+    if (FlatSymbolRefAttr task = op.getTaskAttr())
+      u["task"] = task.getValue();
+    Array tasks;
+    for (StringRef t : unit.tasks)
+      tasks.push_back(t);
+    u["tasks"] = std::move(tasks);
+    units.push_back(std::move(u));
+  }
+  Object taskOnly;
+  for (auto &[task, bytes] : report.taskOnlyBytes)
+    taskOnly[task] = bytes;
+  const MemoryBreakdown &m = report.atPeak;
+  Object out{
+      {"schema", "mtpc.plan/1"},
+      {"model", model.getSymName()},
+      {"units", std::move(units)},
+      {"peak",
+       Object{{"bytes", report.peakBytes},
+              {"at", MemoryReport::describe(report.peakOp)},
+              {"parameters", m.parameters},
+              {"gradients", m.gradients},
+              {"optimizer", m.optimizer},
+              {"activations", m.activations},
+              {"activation_grads", m.activationGrads},
+              {"workspace", m.workspace}}},
+      {"saved_bytes", report.savedBytes},
+      {"task_only_bytes", std::move(taskOnly)},
+      {"activation_reuse_ratio", report.activationReuseRatio}};
+  if (budget) {
+    int64_t usable = budget.getUsableBytes();
+    out["budget"] = Object{{"device", budget.getDevice()},
+                           {"memory_bytes", int64_t(budget.getMemory())},
+                           {"usable_bytes", usable},
+                           {"micro_batch", int64_t(budget.getMicroBatch())},
+                           {"precision", stringifyPrecision(budget.getPrecision())},
+                           {"fits", report.peakBytes <= usable},
+                           {"margin_bytes", usable - report.peakBytes}};
+  }
+  return out;
+}

@@ -1,0 +1,30 @@
+// RUN: mtp-opt %s --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-memory-analysis{print=true}))' | FileCheck %s
+// RUN: mtp-opt %s --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-memory-analysis))' | FileCheck %s --check-prefix=ATTRS
+// RUN: not mtp-opt %s --pass-pipeline='builtin.module(mtp.model(mtp-memory-analysis))' 2>&1 | FileCheck %s --check-prefix=NOSTEP
+
+// The 2-layer, 2-task step of expand-training-step.mlir. Worked by hand
+// (unittests/compiler/CostModelTest.cpp): parameters 1461 fp32 = 5844 B,
+// AdamW state 11688 B; each layer saves 3904 B.
+mtp.model @two {
+  mtp.backbone transformer(layers = 2, hidden = 8, heads = 2, ffn = 16, vocab = 10, seq = 4, dropout = 0.1)
+  mtp.task @lo : tag(labels = 3) from layer 1 loss cross_entropy weight 1.0
+  mtp.task @hi : classify(classes = 2) from pooled layer 2 loss cross_entropy weight 1.0
+  mtp.budget device "cpu" memory 1 GiB headroom 0 B link 10 GBps gpus 1 batch 2 micro 2 precision fp32
+}
+
+// CHECK: memory analysis of 'two'
+// CHECK-NEXT: peak {{.*}} at bwd mlp_down[2]
+// CHECK-NEXT: parameters      5.71 KiB
+// CHECK-NEXT: gradients
+// CHECK-NEXT: optimizer       11.41 KiB
+// CHECK-NEXT: activations
+// CHECK-NEXT: activation grads
+// CHECK-NEXT: workspace       0 B
+// CHECK-NEXT: saved activations
+// CHECK-NEXT: only for lo: 416 B
+// CHECK-NEXT: only for hi:
+// CHECK-NEXT: activation_reuse_ratio 0.{{[0-9]+}}
+
+// ATTRS: mtp.step attributes {mtp.activation_reuse_ratio = {{.*}} : f64, mtp.breakdown = {activation_grads = {{[0-9]+}} : i64, activations = {{[0-9]+}} : i64, gradients = {{[0-9]+}} : i64, optimizer = 11688 : i64, parameters = 5844 : i64, workspace = 0 : i64}, mtp.peak_at = "bwd mlp_down[2]", mtp.peak_bytes = {{[0-9]+}} : i64, mtp.saved_bytes = {{[0-9]+}} : i64, mtp.task_only_bytes = {hi = {{[0-9]+}} : i64, lo = 416 : i64}}
+
+// NOSTEP: error: model 'two' has no training step; run --mtp-expand-training-step first
