@@ -21,13 +21,14 @@
 namespace mtp {
 /// The DGFG gate's bound (SPEC.md §3 B6: fewer than 0.1M parameters).
 constexpr int64_t kDgfgMaxParameters = 100000;
-/// Parameters of the DGFG gate: an MLP from 2T + T(T-1)/2 signals (each
-/// task's loss and gradient norm, every pairwise cosine) through one hidden
-/// layer of width `hidden` to T logits, biases included. The runtime's gate
-/// has exactly this shape (docs/runtime.md).
-inline int64_t dgfgParameterCount(int64_t tasks, int64_t hidden) {
-  int64_t inputs = 2 * tasks + tasks * (tasks - 1) / 2;
-  return (inputs + 1) * hidden + (hidden + 1) * tasks;
+/// Parameters of the DGFG gate: one MLP shared by every task, from four
+/// per-task signals (loss, gradient norm, mean and minimum cosine with the
+/// others) through a tanh layer of width `hidden` to the task's logit,
+/// biases included — so the count does not grow with the number of tasks.
+/// The runtime's gate has exactly this shape (docs/runtime.md).
+inline int64_t dgfgParameterCount(int64_t /*tasks*/, int64_t hidden) {
+  constexpr int64_t kSignals = 4;
+  return (kSignals + 1) * hidden + (hidden + 1);
 }
 
 class BackboneOp;

@@ -8,6 +8,7 @@
 //   gelu            saves its input
 //   softmax         saves its output
 //   native_dropout  saves a one-byte mask
+//   cross_entropy   log_softmax saves its output, nll_loss a scalar weight
 //   matmul (4-D)    saves the [B*a, ., .] operands of its bmm; a strided view
 //                   of the fused QKV output cannot be reshaped in place, so
 //                   that operand is a contiguous copy
@@ -355,11 +356,15 @@ UnitCost CostModel::lossCost(TaskOp task) const {
     rows = b * int64_t(*task.getTargetSeq()), classes = *task.getVocab();
     break;
   }
+  // nll_loss also keeps its total weight, an fp32 scalar.
   if (task.getHead() == HeadKind::span) {
     cost.saved.push_back({"start_log_probs", tensor({b, s}, f32)});
+    cost.saved.push_back({"start_weight", tensor({}, f32)});
     cost.saved.push_back({"end_log_probs", tensor({b, s}, f32)});
+    cost.saved.push_back({"end_weight", tensor({}, f32)});
   } else {
     cost.saved.push_back({"log_probs", tensor({rows, classes}, f32)});
+    cost.saved.push_back({"total_weight", tensor({}, f32)});
   }
   cost.fwdFlops = 5 * rows * classes;
   cost.bwdFlops = 3 * rows * classes;

@@ -272,7 +272,7 @@ mtp.model @strategy_bits {
 mtp.model @strategy_gate {
   mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
-  // expected-error @+1 {{'mtp.strategy' op DGFG gate of width 50000 over 1 tasks has 200001 parameters; the gate must stay under 100000}}
+  // expected-error @+1 {{'mtp.strategy' op DGFG gate of width 50000 over 1 tasks has 300001 parameters; the gate must stay under 100000}}
   mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.3 scope features layers 1 dgfg 50000 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
 }
 

@@ -37,7 +37,7 @@ mtp.model @two {
 
 // @lo's head and loss right at its tap, reading layer 1's output.
 // CHECK-NEXT: %[[HLO:head_lo]], {{.*}} = mtp.fwd head[0] @lo(%[[X1]]) {{.*}} saves ["mean", "rstd", "normed"]
-// CHECK-NEXT: %loss_lo, %[[LPLO:loss_lo_log_probs]] = mtp.fwd loss[0] @lo(%[[HLO]], %[[LLO]]) {{.*}} -> (tensor<f32>, tensor<8x3xf32>)
+// CHECK-NEXT: %loss_lo, %[[LPLO:loss_lo_log_probs]], %[[LWLO:loss_lo_total_weight]] = mtp.fwd loss[0] @lo(%[[HLO]], %[[LLO]]) {{.*}} -> (tensor<f32>, tensor<8x3xf32>, tensor<f32>)
 
 // Layer 2 reads the same value.
 // CHECK-NEXT: mtp.fwd attn_norm[2](%[[X1]])
@@ -46,9 +46,9 @@ mtp.model @two {
 // CHECK-NEXT: mtp.fwd loss[0] @hi(%[[HHI]], %[[LHI]])
 
 // Each task's loss and head backward, latest first: gradients at the taps.
-// CHECK-NEXT: %[[DLHI:d_loss_hi]] = mtp.bwd loss[0] @hi grads() saved(%loss_hi_log_probs)
+// CHECK-NEXT: %[[DLHI:d_loss_hi]] = mtp.bwd loss[0] @hi grads() saved(%loss_hi_log_probs, %loss_hi_total_weight)
 // CHECK-NEXT: %[[GHI:d_head_hi]] = mtp.bwd head[0] @hi grads(%[[DLHI]]) saved(%mlp_residual2, %head_hi_mean, %head_hi_rstd, %head_hi_normed, %head_hi_pooled)
-// CHECK-NEXT: %[[DLLO:d_loss_lo]] = mtp.bwd loss[0] @lo grads() saved(%[[LPLO]])
+// CHECK-NEXT: %[[DLLO:d_loss_lo]] = mtp.bwd loss[0] @lo grads() saved(%[[LPLO]], %[[LWLO]])
 // CHECK-NEXT: %[[GLO:d_head_lo]] = mtp.bwd head[0] @lo grads(%[[DLLO]]) saved(%[[X1]], %head_lo_mean, %head_lo_rstd, %head_lo_normed)
 
 // The backbone backward from the top, each unit taking what it saved.

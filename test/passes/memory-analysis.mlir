@@ -21,10 +21,10 @@ mtp.model @two {
 // CHECK-NEXT: activation grads
 // CHECK-NEXT: workspace       0 B
 // CHECK-NEXT: saved activations
-// CHECK-NEXT: only for lo: 416 B
+// CHECK-NEXT: only for lo: 420 B
 // CHECK-NEXT: only for hi:
 // CHECK-NEXT: activation_reuse_ratio 0.{{[0-9]+}}
 
-// ATTRS: mtp.step attributes {mtp.activation_reuse_ratio = {{.*}} : f64, mtp.breakdown = {activation_grads = {{[0-9]+}} : i64, activations = {{[0-9]+}} : i64, gradients = {{[0-9]+}} : i64, optimizer = 11688 : i64, parameters = 5844 : i64, workspace = 0 : i64}, mtp.peak_at = "bwd mlp_down[2]", mtp.peak_bytes = {{[0-9]+}} : i64, mtp.saved_bytes = {{[0-9]+}} : i64, mtp.task_only_bytes = {hi = {{[0-9]+}} : i64, lo = 416 : i64}}
+// ATTRS: mtp.step attributes {mtp.activation_reuse_ratio = {{.*}} : f64, mtp.breakdown = {activation_grads = {{[0-9]+}} : i64, activations = {{[0-9]+}} : i64, gradients = {{[0-9]+}} : i64, optimizer = 11688 : i64, parameters = 5844 : i64, workspace = 0 : i64}, mtp.peak_at = "bwd mlp_down[2]", mtp.peak_bytes = {{[0-9]+}} : i64, mtp.saved_bytes = {{[0-9]+}} : i64, mtp.task_only_bytes = {hi = {{[0-9]+}} : i64, lo = 420 : i64}}
 
 // NOSTEP: error: model 'two' has no training step; run --mtp-expand-training-step first

@@ -101,8 +101,10 @@ TEST_F(CostModelTest, UnitsOfATinyTransformer) {
 
   SmallVector<TaskOp> tasks(model.getTasks());
   UnitCost loss = cost.unit(UnitKind::loss, tasks[0]);
-  ASSERT_EQ(loss.saved.size(), 1u); // log-probabilities [B*S, labels]
+  // log-probabilities [B*S, labels] and nll_loss's scalar total weight.
+  ASSERT_EQ(loss.saved.size(), 2u);
   EXPECT_EQ(CostModel::bytes(loss.saved[0].type), 8 * 3 * 4);
+  EXPECT_EQ(CostModel::bytes(loss.saved[1].type), 4);
 }
 
 TEST_F(CostModelTest, MemoryOfATinyStep) {
