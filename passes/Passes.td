@@ -53,4 +53,20 @@ def MemoryAnalysis : Pass<"mtp-memory-analysis", "::mtp::ModelOp"> {
   ];
 }
 
+def PlanMemory : Pass<"mtp-plan-memory", "::mtp::ModelOp"> {
+  let summary = "Decide jointly what to keep, recompute and offload";
+  let description = [{
+    The one deciding pass: for every candidate — a backbone block (or, with
+    checkpoint = task_granular, a task group's interval of blocks) and every
+    head — keep its saved tensors, recompute them in a checkpoint region, or
+    offload them to the host and prefetch them, so the simulated peak fits
+    budget − headroom at the least added time (recompute FLOPs plus exposed
+    transfer time; an offload whose exposed prefetch latency exceeds the
+    strategy's max_latency is not allowed). Regions end at every task tap.
+    Writes `mtp.decision` (and `mtp.region`) on each forward unit and the
+    planned peak and added time on the step. A budget no plan meets is an
+    error naming the smallest reachable peak and what would fit.
+  }];
+}
+
 #endif // MTP_PASSES

@@ -1,0 +1,841 @@
+//===- PlanMemory.cpp - the joint keep / recompute / offload plan ---------===//
+//
+// The simulator is the memory analysis with decisions: a recomputed tensor
+// lives from its forward to its last forward use, then again from the start
+// of its region's backward (where the region is re-run) to its last use; an
+// offloaded tensor leaves the device after its last forward use and comes
+// back when its prefetch is issued, one unit group ahead of its backward.
+// Added time: the recomputed units' forward FLOPs, and the transfer time not
+// hidden behind compute, with the host link shared by every copy (copies out
+// behind the rest of the forward, prefetches behind the backward between
+// their issue and their use).
+//
+// The search is greedy on the simulated peak per added second, then prunes
+// decisions the budget does not need and swaps recompute for offload where
+// that is cheaper; small instances are checked against solveExactly().
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/PlanMemory.h"
+#include "passes/CostModel.h"
+#include "passes/MemoryAnalysis.h"
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/EquivalenceClasses.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace mtp {
+#define GEN_PASS_DEF_PLANMEMORY
+#include "passes/Passes.h.inc"
+} // namespace mtp
+
+using namespace mlir;
+using namespace mtp;
+
+llvm::StringRef mtp::stringifyDecision(Decision d) {
+  switch (d) {
+  case Decision::Keep:
+    return "keep";
+  case Decision::Recompute:
+    return "recompute";
+  case Decision::Offload:
+    return "offload";
+  }
+  return "keep";
+}
+
+std::vector<SmallVector<StringRef>> mtp::taskGroups(ModelOp model,
+                                                   double threshold) {
+  SmallVector<TaskOp> tasks(model.getTasks());
+  llvm::EquivalenceClasses<StringRef> classes;
+  for (TaskOp t : tasks)
+    classes.insert(t.getSymName());
+  for (auto corr : model.getBody().getOps<CorrelateOp>())
+    if (corr.getValue().convertToDouble() >= threshold)
+      classes.unionSets(corr.getLhs(), corr.getRhs());
+  std::vector<SmallVector<StringRef>> groups;
+  llvm::StringMap<size_t> index;
+  // Tasks are in forward order (NormalizeSpec), so groups come out ordered by
+  // their lowest tap.
+  for (TaskOp t : tasks) {
+    StringRef leader = classes.getLeaderValue(t.getSymName());
+    auto [it, inserted] = index.try_emplace(leader, groups.size());
+    if (inserted)
+      groups.emplace_back();
+    groups[it->second].push_back(t.getSymName());
+  }
+  return groups;
+}
+
+namespace {
+/// Block number of a backbone unit: 2l-1 attention, 2l MLP, 0 embeddings;
+/// -1 for heads and losses.
+int64_t blockOf(UnitKind kind, uint64_t layer) {
+  switch (kind) {
+  case UnitKind::embed:
+    return 0;
+  case UnitKind::head:
+  case UnitKind::loss:
+    return -1;
+  case UnitKind::attn_norm:
+  case UnitKind::qkv:
+  case UnitKind::attn_core:
+  case UnitKind::attn_out:
+  case UnitKind::attn_residual:
+    return 2 * int64_t(layer) - 1;
+  default:
+    return 2 * int64_t(layer);
+  }
+}
+} // namespace
+
+struct MemoryPlanner::Impl {
+  struct ValueInfo {
+    int64_t bytes = 0;
+    int def = 0, lastFwd = 0, last = 0;
+    /// The candidate that decides about it (-1: always kept), its block.
+    int owner = -1;
+    int64_t block = -1;
+    /// Blocks of its backward users (-1 for heads); empty: not saved.
+    SmallVector<int64_t> bwdBlocks;
+  };
+
+  ModelOp model;
+  CostModel cost;
+  int numOps = 0;
+  int64_t resident = 0;
+  /// (position, bytes) of parameter gradients appearing.
+  SmallVector<std::pair<int, int64_t>> gradientArrivals;
+  std::vector<int64_t> workspace;   // per position
+  std::vector<ValueInfo> values;
+  std::vector<Candidate> candidates;
+  /// Per block: the candidate owning it; its forward FLOPs; its output's
+  /// bytes; the first position of its backward; its largest forward workspace.
+  llvm::DenseMap<int64_t, int> blockOwner;
+  llvm::DenseMap<int64_t, int64_t> blockFlops, blockOutputBytes, blockWorkspace;
+  llvm::DenseMap<int64_t, int> blockBwdStart, blockBwdEnd;
+  /// Per candidate: first backward position, prefetch position, last forward
+  /// position, offloadable bytes.
+  std::vector<int> candBwdStart, candPrefetch, candLastFwd;
+  std::vector<int64_t> candOffloadBytes;
+  /// Prefix sums of forward / backward compute seconds by position.
+  std::vector<double> fwdSecondsBefore, bwdSecondsBefore;
+  int64_t numBlocks = 0;
+  llvm::DenseSet<int64_t> cutAfter; // a region must end at these blocks
+  int64_t uniformSpan = 0;          // uniform(every = k): 2k blocks
+  bool fixedRecompute = false;
+  double maxLatency = 1.2e-3;
+  int64_t usable = INT64_MAX;
+
+  explicit Impl(ModelOp model) : model(model), cost(model) {}
+
+  void build();
+  std::vector<std::pair<int64_t, int64_t>>
+  regions(ArrayRef<Decision> decisions) const;
+  int64_t simulate(ArrayRef<Decision> decisions) const;
+  double added(ArrayRef<Decision> decisions) const;
+  std::pair<double, std::vector<double>>
+  transfers(ArrayRef<Decision> decisions) const;
+  bool latencyOk(ArrayRef<Decision> decisions) const;
+};
+
+void MemoryPlanner::Impl::build() {
+  StepOp step = model.getStep();
+  Block &body = step.getBody().front();
+  BackboneOp backbone = model.getBackbone();
+  StrategyOp strategy = model.getStrategy();
+  usable = cost.usableBytes();
+  numBlocks = 2 * backbone.getLayers();
+
+  CheckpointPolicy checkpoint =
+      strategy ? strategy.getCheckpoint() : CheckpointPolicy::automatic;
+  OffloadPolicy offload =
+      strategy ? strategy.getOffload() : OffloadPolicy::automatic;
+  if (strategy)
+    maxLatency = strategy.getMaxOffloadLatency().convertToDouble();
+  bool canOffload = offload != OffloadPolicy::none;
+
+  // Regions end at every tap: the runtime hands heads the region's output.
+  int64_t topTap = 0;
+  for (TaskOp t : model.getTasks()) {
+    cutAfter.insert(2 * int64_t(t.getTapLayer()));
+    topTap = std::max<int64_t>(topTap, t.getTapLayer());
+  }
+
+  // Candidates.
+  auto addBlocks = [&](std::string name, SmallVector<int64_t> blocks) {
+    Candidate c;
+    c.name = std::move(name);
+    c.blocks = std::move(blocks);
+    c.canRecompute = checkpoint != CheckpointPolicy::none;
+    c.canOffload = canOffload;
+    for (int64_t b : c.blocks)
+      blockOwner[b] = candidates.size();
+    candidates.push_back(std::move(c));
+  };
+  auto blockName = [](int64_t b) {
+    return "layer " + std::to_string((b + 1) / 2) +
+           (b % 2 ? " attention" : " mlp");
+  };
+  if (checkpoint == CheckpointPolicy::task_granular) {
+    // One interval per task group: the blocks from above the previous
+    // group's highest tap up to this group's highest tap, recomputed (or
+    // not) as one. Correlated tasks share an interval; uncorrelated ones get
+    // their own.
+    double threshold = strategy.getGroupThreshold().convertToDouble();
+    auto groups = taskGroups(model, threshold);
+    llvm::StringMap<int64_t> tap;
+    for (TaskOp t : model.getTasks())
+      tap[t.getSymName()] = t.getTapLayer();
+    std::vector<std::pair<int64_t, std::string>> ends;
+    for (auto &group : groups) {
+      int64_t high = 0;
+      std::string names;
+      for (StringRef t : group) {
+        high = std::max(high, tap.lookup(t));
+        names += (names.empty() ? "" : " ") + t.str();
+      }
+      ends.push_back({high, names});
+    }
+    llvm::sort(ends);
+    int64_t from = 1;
+    for (auto &[high, names] : ends) {
+      SmallVector<int64_t> blocks;
+      for (int64_t b = from; b <= 2 * high; ++b)
+        blocks.push_back(b);
+      if (blocks.empty())
+        continue;
+      addBlocks("layers " + std::to_string((from + 1) / 2) + "-" +
+                    std::to_string(high) + " (" + names + ")",
+                blocks);
+      from = 2 * high + 1;
+    }
+  } else {
+    for (int64_t b = 1; b <= 2 * topTap; ++b)
+      addBlocks(blockName(b), {b});
+    if (checkpoint == CheckpointPolicy::uniform) {
+      fixedRecompute = true;
+      uniformSpan = 2 * strategy.getCheckpointEvery();
+    }
+  }
+  llvm::StringMap<int> headOwner;
+  for (TaskOp t : model.getTasks()) {
+    Candidate c;
+    c.name = ("head " + t.getSymName()).str();
+    c.task = t.getSymName().str();
+    c.canOffload = canOffload;
+    headOwner[c.task] = candidates.size();
+    candidates.push_back(std::move(c));
+  }
+
+  // Positions, resident state, gradient arrivals, workspace.
+  llvm::DenseMap<Operation *, int> position;
+  for (Operation &op : body)
+    position[&op] = numOps++;
+  workspace.assign(numOps + 1, 0);
+  int64_t params = 0;
+  llvm::StringMap<int64_t> groupParams;
+  for (WeightsOp w : body.getOps<WeightsOp>()) {
+    std::string g = w.getGroup().str();
+    if (FlatSymbolRefAttr t = w.getTaskAttr())
+      g += "." + t.getValue().str();
+    groupParams[g] += w.getParams();
+    params += w.getParams();
+  }
+  resident = (CostModel::kWeightBytes + CostModel::kOptimizerBytes) * params;
+  llvm::StringSet<> seenGroups;
+  fwdSecondsBefore.assign(numOps + 1, 0.0);
+  bwdSecondsBefore.assign(numOps + 1, 0.0);
+  candBwdStart.assign(candidates.size(), numOps);
+  candLastFwd.assign(candidates.size(), 0);
+  candOffloadBytes.assign(candidates.size(), 0);
+  auto ownerOf = [&](int64_t block, FlatSymbolRefAttr task) -> int {
+    if (task)
+      return headOwner.lookup(task.getValue());
+    auto it = blockOwner.find(block);
+    return it == blockOwner.end() ? -1 : it->second;
+  };
+  // Order of backward unit groups, for prefetch positions.
+  SmallVector<std::pair<int, int>> bwdGroups; // (start position, candidate)
+  for (Operation &op : body) {
+    int pos = position[&op];
+    double fwdS = 0, bwdS = 0;
+    if (auto fwd = dyn_cast<FwdOp>(&op)) {
+      workspace[pos] = fwd.getWorkspace();
+      fwdS = cost.computeSeconds(fwd.getFlops());
+      int64_t b = blockOf(fwd.getUnit(), fwd.getLayer());
+      if (b > 0) {
+        blockFlops[b] += fwd.getFlops();
+        blockWorkspace[b] = std::max<int64_t>(blockWorkspace[b], fwd.getWorkspace());
+        if (fwd.getUnit() == UnitKind::attn_residual ||
+            fwd.getUnit() == UnitKind::mlp_residual)
+          blockOutputBytes[b] = CostModel::bytes(fwd.getOutput().getType());
+      }
+    } else if (auto bwd = dyn_cast<BwdOp>(&op)) {
+      workspace[pos] = bwd.getWorkspace();
+      bwdS = cost.computeSeconds(bwd.getFlops());
+      int64_t b = blockOf(bwd.getUnit(), bwd.getLayer());
+      if (b > 0) {
+        if (!blockBwdStart.count(b))
+          blockBwdStart[b] = pos;
+        blockBwdEnd[b] = pos;
+      }
+      int owner = ownerOf(b, bwd.getTaskAttr());
+      if (owner >= 0) {
+        candBwdStart[owner] = std::min(candBwdStart[owner], pos);
+        if (bwdGroups.empty() || bwdGroups.back().second != owner)
+          bwdGroups.push_back({pos, owner});
+      }
+      std::string group;
+      if (bwd.getUnit() == UnitKind::embed)
+        group = "embed";
+      else if (bwd.getUnit() == UnitKind::head)
+        group = ("head." + bwd.getTaskAttr().getValue()).str();
+      else if (b > 0)
+        group = "layer" + std::to_string(bwd.getLayer());
+      if (!group.empty() && seenGroups.insert(group).second)
+        gradientArrivals.push_back(
+            {pos, CostModel::kGradientBytes * groupParams.lookup(group)});
+    }
+    fwdSecondsBefore[pos + 1] = fwdSecondsBefore[pos] + fwdS;
+    bwdSecondsBefore[pos + 1] = bwdSecondsBefore[pos] + bwdS;
+  }
+  // Prefetch one unit group ahead of the first use.
+  candPrefetch.assign(candidates.size(), numOps);
+  for (size_t i = 0; i < bwdGroups.size(); ++i) {
+    int c = bwdGroups[i].second;
+    if (candPrefetch[c] != numOps)
+      continue;
+    candPrefetch[c] = i > 0 ? bwdGroups[i - 1].first : bwdGroups[i].first;
+  }
+
+  // Values.
+  for (Operation &op : body) {
+    for (Value v : op.getResults()) {
+      ValueInfo info;
+      info.bytes = CostModel::bytes(v.getType());
+      info.def = info.lastFwd = info.last = position[&op];
+      for (Operation *user : v.getUsers()) {
+        int p = position[user];
+        info.last = std::max(info.last, p);
+        if (isa<FwdOp>(user))
+          info.lastFwd = std::max(info.lastFwd, p);
+        if (auto bwd = dyn_cast<BwdOp>(user))
+          info.bwdBlocks.push_back(bwd.getTaskAttr()
+                                       ? -1
+                                       : blockOf(bwd.getUnit(), bwd.getLayer()));
+      }
+      if (auto fwd = dyn_cast<FwdOp>(&op)) {
+        info.block = blockOf(fwd.getUnit(), fwd.getLayer());
+        info.owner = ownerOf(info.block, fwd.getTaskAttr());
+        if (info.owner >= 0 && !info.bwdBlocks.empty()) {
+          candLastFwd[info.owner] =
+              std::max(candLastFwd[info.owner], info.lastFwd);
+          // The block's output is kept by the next block's norm; only what
+          // the owner's own backward reads is offloaded with it.
+          bool own = llvm::all_of(info.bwdBlocks, [&](int64_t b) {
+            return fwd.getTaskAttr() ? b == -1 : ownerOf(b, {}) == info.owner;
+          });
+          if (own)
+            candOffloadBytes[info.owner] += info.bytes;
+        }
+      }
+      values.push_back(std::move(info));
+    }
+  }
+}
+
+std::vector<std::pair<int64_t, int64_t>>
+MemoryPlanner::Impl::regions(ArrayRef<Decision> decisions) const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t start = -1;
+  for (int64_t b = 1; b <= numBlocks + 1; ++b) {
+    auto it = blockOwner.find(b);
+    bool rec = b <= numBlocks && it != blockOwner.end() &&
+               decisions[it->second] == Decision::Recompute;
+    if (rec && start < 0)
+      start = b;
+    bool endHere = start >= 0 &&
+                   (!rec || cutAfter.count(b - 1) ||
+                    (uniformSpan && (b - 1) % uniformSpan == 0));
+    if (start >= 0 && b > start && endHere && !(rec && b == start)) {
+      out.push_back({start, b - 1});
+      start = rec ? b : -1;
+    }
+  }
+  return out;
+}
+
+int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions) const {
+  std::vector<int64_t> delta(numOps + 2, 0);
+  std::vector<int64_t> extra = workspace;
+  auto live = [&](int from, int to, int64_t bytes) {
+    if (from > to)
+      return;
+    delta[from] += bytes;
+    delta[to + 1] -= bytes;
+  };
+  // Which region each block is in.
+  llvm::DenseMap<int64_t, std::pair<int64_t, int64_t>> regionOf;
+  for (auto [first, last] : regions(decisions)) {
+    for (int64_t b = first; b <= last; ++b)
+      regionOf[b] = {first, last};
+    // The region re-runs at the start of its backward: its widest
+    // temporary and its re-created output come on top.
+    int start = blockBwdStart.lookup(last), end = blockBwdEnd.lookup(first);
+    int64_t ws = 0;
+    for (int64_t b = first; b <= last; ++b)
+      ws = std::max(ws, blockWorkspace.lookup(b));
+    extra[start] += ws;
+    live(start, end, blockOutputBytes.lookup(last));
+  }
+  for (const ValueInfo &v : values) {
+    Decision d = v.owner >= 0 ? decisions[v.owner] : Decision::Keep;
+    if (d == Decision::Keep || v.bwdBlocks.empty()) {
+      live(v.def, v.last, v.bytes);
+      continue;
+    }
+    if (d == Decision::Recompute) {
+      auto it = regionOf.find(v.block);
+      bool inside = it != regionOf.end() &&
+                    llvm::all_of(v.bwdBlocks, [&](int64_t b) {
+                      return b >= it->second.first && b <= it->second.second;
+                    });
+      if (!inside) {
+        live(v.def, v.last, v.bytes);
+        continue;
+      }
+      live(v.def, v.lastFwd, v.bytes);
+      live(blockBwdStart.lookup(it->second.second), v.last, v.bytes);
+      continue;
+    }
+    // Offload: what only the owner's backward reads leaves the device.
+    bool own = llvm::all_of(v.bwdBlocks, [&](int64_t b) {
+      if (v.block == -1)
+        return b == -1;
+      auto it = blockOwner.find(b);
+      return it != blockOwner.end() && it->second == v.owner;
+    });
+    if (!own) {
+      live(v.def, v.last, v.bytes);
+      continue;
+    }
+    live(v.def, v.lastFwd, v.bytes);
+    live(std::min(candPrefetch[v.owner], v.last), v.last, v.bytes);
+  }
+  for (auto [pos, bytes] : gradientArrivals)
+    live(pos, numOps - 1, bytes);
+  int64_t peak = 0, running = resident;
+  for (int p = 0; p < numOps; ++p) {
+    running += delta[p];
+    peak = std::max(peak, running + extra[p]);
+  }
+  return peak;
+}
+
+/// The host link as one stream each way, first come first served: copies
+/// out queue behind each other after each candidate's last forward use and
+/// must drain before the backward starts; prefetches are issued one unit
+/// group ahead, queue the same way, and the backward stalls for any copy not
+/// back by its use. Returns the total stall and each prefetch's exposed wait.
+std::pair<double, std::vector<double>>
+MemoryPlanner::Impl::transfers(ArrayRef<Decision> decisions) const {
+  std::vector<int> offloaded;
+  for (size_t c = 0; c < candidates.size(); ++c)
+    if (decisions[c] == Decision::Offload && candOffloadBytes[c] > 0)
+      offloaded.push_back(c);
+  std::vector<double> exposed(candidates.size(), 0.0);
+  double stall = 0;
+  // Out: behind the rest of the forward.
+  llvm::sort(offloaded, [&](int a, int b) { return candLastFwd[a] < candLastFwd[b]; });
+  double end = 0;
+  for (int c : offloaded) {
+    double ready = fwdSecondsBefore[candLastFwd[c] + 1];
+    end = std::max(end, ready) + cost.transferSeconds(candOffloadBytes[c]);
+  }
+  stall += std::max(0.0, end - fwdSecondsBefore[numOps]);
+  // In: in backward order.
+  llvm::sort(offloaded, [&](int a, int b) { return candBwdStart[a] < candBwdStart[b]; });
+  end = 0;
+  double backStall = 0;
+  for (int c : offloaded) {
+    double issue = bwdSecondsBefore[std::min(candPrefetch[c], candBwdStart[c])] + backStall;
+    double use = bwdSecondsBefore[candBwdStart[c]] + backStall;
+    end = std::max(end, issue) + cost.transferSeconds(candOffloadBytes[c]);
+    if (end > use) {
+      exposed[c] = end - use;
+      backStall += end - use;
+    }
+  }
+  return {stall + backStall, exposed};
+}
+
+double MemoryPlanner::Impl::added(ArrayRef<Decision> decisions) const {
+  double seconds = transfers(decisions).first;
+  for (size_t c = 0; c < candidates.size(); ++c)
+    if (decisions[c] == Decision::Recompute)
+      for (int64_t b : candidates[c].blocks)
+        seconds += cost.computeSeconds(blockFlops.lookup(b));
+  return seconds;
+}
+
+bool MemoryPlanner::Impl::latencyOk(ArrayRef<Decision> decisions) const {
+  for (double wait : transfers(decisions).second)
+    if (wait > maxLatency)
+      return false;
+  return true;
+}
+
+MemoryPlanner::MemoryPlanner(ModelOp model) : impl(new Impl(model)) {
+  impl->build();
+}
+MemoryPlanner::~MemoryPlanner() = default;
+
+int64_t MemoryPlanner::simulatePeak(ArrayRef<Decision> d) const {
+  return impl->simulate(d);
+}
+double MemoryPlanner::addedSeconds(ArrayRef<Decision> d) const {
+  return impl->added(d);
+}
+bool MemoryPlanner::latencyOk(ArrayRef<Decision> d) const {
+  return impl->latencyOk(d);
+}
+const std::vector<Candidate> &MemoryPlanner::getCandidates() const {
+  return impl->candidates;
+}
+int64_t MemoryPlanner::budget() const { return impl->usable; }
+
+namespace {
+/// Fills in the figures of a result from its decisions.
+void finish(const MemoryPlanner &planner, PlanResult &r,
+            const std::function<std::vector<std::pair<int64_t, int64_t>>(
+                ArrayRef<Decision>)> &regions) {
+  r.peakBytes = planner.simulatePeak(r.decisions);
+  r.addedSeconds = planner.addedSeconds(r.decisions);
+  r.fits = r.peakBytes <= planner.budget();
+  r.regions = regions(r.decisions);
+}
+} // namespace
+
+PlanResult MemoryPlanner::solve() {
+  const auto &cands = impl->candidates;
+  const size_t n = cands.size();
+  auto regionsOf = [&](ArrayRef<Decision> d) { return impl->regions(d); };
+  PlanResult result;
+  result.candidates = cands;
+
+  std::vector<Decision> keep(n, Decision::Keep);
+  result.keepPeak = impl->simulate(keep);
+  std::vector<Decision> uniform(n, Decision::Keep);
+  for (size_t c = 0; c < n; ++c)
+    if (!cands[c].blocks.empty())
+      uniform[c] = Decision::Recompute;
+  result.uniformPeak = impl->simulate(uniform);
+  result.uniformSeconds = impl->added(uniform);
+
+  // The smallest reachable peak: every candidate at its most frugal choice.
+  std::vector<Decision> frugal(n, Decision::Keep);
+  for (size_t c = 0; c < n; ++c) {
+    int64_t best = INT64_MAX;
+    for (Decision d : {Decision::Keep, Decision::Recompute, Decision::Offload}) {
+      if ((d == Decision::Recompute && !cands[c].canRecompute) ||
+          (d == Decision::Offload && !cands[c].canOffload))
+        continue;
+      if (impl->fixedRecompute && !cands[c].blocks.empty() &&
+          d != Decision::Recompute)
+        continue;
+      std::vector<Decision> trial = frugal;
+      trial[c] = d;
+      if (d == Decision::Offload && !impl->latencyOk(trial))
+        continue;
+      int64_t p = impl->simulate(trial);
+      if (p < best) {
+        best = p;
+        frugal[c] = d;
+      }
+    }
+  }
+  result.minimalPeak = impl->simulate(frugal);
+
+  std::vector<Decision> current(n, Decision::Keep);
+  if (impl->fixedRecompute)
+    for (size_t c = 0; c < n; ++c)
+      if (!cands[c].blocks.empty())
+        current[c] = Decision::Recompute;
+  int64_t peak = impl->simulate(current);
+  const int64_t budget = impl->usable;
+
+  // Greedy: the move that lowers the simulated peak most per added second.
+  // Large instances rank moves by the bytes they free rather than by a full
+  // simulation each.
+  const bool exhaustiveMoves = n * size_t(impl->numOps) < 4000000;
+  std::vector<std::vector<bool>> tried(n, std::vector<bool>(3, false));
+  while (peak > budget) {
+    int bestC = -1;
+    Decision bestD = Decision::Keep;
+    double bestScore = -1;
+    int64_t bestPeak = peak;
+    double now = impl->added(current);
+    for (size_t c = 0; c < n; ++c) {
+      if (current[c] != Decision::Keep)
+        continue;
+      for (Decision d : {Decision::Recompute, Decision::Offload}) {
+        if ((d == Decision::Recompute && !cands[c].canRecompute) ||
+            (d == Decision::Offload && !cands[c].canOffload) ||
+            tried[c][int(d)])
+          continue;
+        std::vector<Decision> trial = current;
+        trial[c] = d;
+        if (d == Decision::Offload && !impl->latencyOk(trial))
+          continue;
+        double dt = std::max(impl->added(trial) - now, 1e-12);
+        int64_t gain;
+        int64_t p = 0;
+        if (exhaustiveMoves) {
+          p = impl->simulate(trial);
+          gain = peak - p;
+        } else {
+          // The bytes the move takes off the device until their backward.
+          gain = impl->candOffloadBytes[c];
+        }
+        if (gain <= 0)
+          continue;
+        double score = double(gain) / dt;
+        if (score > bestScore) {
+          bestScore = score, bestC = c, bestD = d, bestPeak = p;
+        }
+      }
+    }
+    if (bestC < 0)
+      break;
+    current[bestC] = bestD;
+    int64_t p = exhaustiveMoves ? bestPeak : impl->simulate(current);
+    if (p >= peak) { // no progress (a re-run raised the peak elsewhere)
+      current[bestC] = Decision::Keep;
+      tried[bestC][int(bestD)] = true;
+      continue;
+    }
+    peak = p;
+  }
+
+  // Prune what the budget does not need, costliest first; then swap a
+  // recompute for an offload (or back) where that is cheaper and still fits.
+  if (peak <= budget) {
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    auto costOf = [&](size_t c) {
+      std::vector<Decision> alone(n, Decision::Keep);
+      alone[c] = current[c];
+      return impl->added(alone);
+    };
+    llvm::sort(order, [&](size_t a, size_t b) { return costOf(a) > costOf(b); });
+    for (size_t c : order) {
+      if (current[c] == Decision::Keep ||
+          (impl->fixedRecompute && !cands[c].blocks.empty()))
+        continue;
+      Decision was = current[c];
+      current[c] = Decision::Keep;
+      if (impl->simulate(current) > budget)
+        current[c] = was;
+    }
+    for (size_t c : order) {
+      if (current[c] == Decision::Keep)
+        continue;
+      Decision other = current[c] == Decision::Recompute ? Decision::Offload
+                                                         : Decision::Recompute;
+      if ((other == Decision::Recompute && !cands[c].canRecompute) ||
+          (other == Decision::Offload && !cands[c].canOffload) ||
+          (impl->fixedRecompute && !cands[c].blocks.empty()))
+        continue;
+      std::vector<Decision> trial = current;
+      trial[c] = other;
+      if (impl->latencyOk(trial) && impl->simulate(trial) <= budget &&
+          impl->added(trial) < impl->added(current))
+        current = trial;
+    }
+  }
+  // Local search: any single change, then (on small instances) any pair of
+  // changes, that still fits and costs less.
+  if (peak <= budget || impl->simulate(current) <= budget) {
+    auto allowed = [&](size_t c, Decision d) {
+      if (impl->fixedRecompute && !cands[c].blocks.empty())
+        return d == Decision::Recompute;
+      return d == Decision::Keep ||
+             (d == Decision::Recompute && cands[c].canRecompute) ||
+             (d == Decision::Offload && cands[c].canOffload);
+    };
+    auto acceptable = [&](ArrayRef<Decision> trial) {
+      return impl->latencyOk(trial) && impl->simulate(trial) <= budget;
+    };
+    const Decision all[] = {Decision::Keep, Decision::Recompute,
+                            Decision::Offload};
+    bool improved = true;
+    for (int round = 0; improved && round < 8; ++round) {
+      improved = false;
+      double now = impl->added(current);
+      for (size_t c = 0; c < n && exhaustiveMoves; ++c)
+        for (Decision d : all) {
+          if (d == current[c] || !allowed(c, d))
+            continue;
+          std::vector<Decision> trial = current;
+          trial[c] = d;
+          double t = impl->added(trial);
+          if (t < now && acceptable(trial))
+            current = trial, now = t, improved = true;
+        }
+      if (n > 24 || !exhaustiveMoves)
+        continue;
+      for (size_t a = 0; a < n; ++a)
+        for (size_t c = a + 1; c < n; ++c)
+          for (Decision da : all)
+            for (Decision dc : all) {
+              if ((da == current[a] && dc == current[c]) || !allowed(a, da) ||
+                  !allowed(c, dc))
+                continue;
+              std::vector<Decision> trial = current;
+              trial[a] = da, trial[c] = dc;
+              double t = impl->added(trial);
+              if (t < now && acceptable(trial))
+                current = trial, now = t, improved = true;
+            }
+    }
+  }
+  result.decisions = current;
+  finish(*this, result, regionsOf);
+  return result;
+}
+
+PlanResult MemoryPlanner::solveExactly() {
+  const auto &cands = impl->candidates;
+  const size_t n = cands.size();
+  PlanResult best;
+  best.candidates = cands;
+  std::vector<Decision> d(n, Decision::Keep);
+  double bestTime = INFINITY;
+  int64_t bestPeak = INT64_MAX;
+  std::function<void(size_t)> search = [&](size_t i) {
+    if (i == n) {
+      if (!impl->latencyOk(d))
+        return;
+      int64_t p = impl->simulate(d);
+      double t = impl->added(d);
+      bool fits = p <= impl->usable;
+      bool better = fits ? (bestPeak > impl->usable || t < bestTime ||
+                            (t == bestTime && p < bestPeak))
+                         : (bestPeak > impl->usable && p < bestPeak);
+      if (better) {
+        bestTime = t, bestPeak = p;
+        best.decisions = d;
+      }
+      return;
+    }
+    for (Decision x : {Decision::Keep, Decision::Recompute, Decision::Offload}) {
+      if ((x == Decision::Recompute && !cands[i].canRecompute) ||
+          (x == Decision::Offload && !cands[i].canOffload))
+        continue;
+      d[i] = x;
+      search(i + 1);
+    }
+    d[i] = Decision::Keep;
+  };
+  search(0);
+  finish(*this, best, [&](ArrayRef<Decision> x) { return impl->regions(x); });
+  return best;
+}
+
+void mtp::attachPlan(ModelOp model, const PlanResult &result) {
+  StepOp step = model.getStep();
+  Builder b(model.getContext());
+  llvm::DenseMap<int64_t, std::pair<StringRef, int64_t>> blockDecision;
+  llvm::StringMap<StringRef> headDecision;
+  for (size_t c = 0; c < result.candidates.size(); ++c) {
+    const Candidate &cand = result.candidates[c];
+    StringRef d = stringifyDecision(result.decisions[c]);
+    for (int64_t blk : cand.blocks)
+      blockDecision[blk] = {d, -1};
+    if (!cand.task.empty())
+      headDecision[cand.task] = d;
+  }
+  for (auto [i, region] : llvm::enumerate(result.regions))
+    for (int64_t blk = region.first; blk <= region.second; ++blk)
+      blockDecision[blk].second = i;
+  for (FwdOp fwd : step.getBody().front().getOps<FwdOp>()) {
+    StringRef d = "keep";
+    int64_t region = -1;
+    if (FlatSymbolRefAttr task = fwd.getTaskAttr()) {
+      d = headDecision.lookup(task.getValue());
+    } else if (auto it = blockDecision.find(blockOf(fwd.getUnit(), fwd.getLayer()));
+               it != blockDecision.end()) {
+      d = it->second.first;
+      region = it->second.second;
+    }
+    if (d.empty())
+      d = "keep";
+    fwd->setAttr("mtp.decision", b.getStringAttr(d));
+    if (region >= 0)
+      fwd->setAttr("mtp.region", b.getI64IntegerAttr(region));
+  }
+  step->setAttr("mtp.planned_peak_bytes", b.getI64IntegerAttr(result.peakBytes));
+  step->setAttr("mtp.added_seconds", b.getF64FloatAttr(result.addedSeconds));
+}
+
+namespace {
+struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
+  void runOnOperation() override {
+    ModelOp model = getOperation();
+    if (!model.getStep()) {
+      model.emitError("model '")
+          << model.getSymName()
+          << "' has no training step; run --mtp-expand-training-step first";
+      return signalPassFailure();
+    }
+    MemoryPlanner planner(model);
+    PlanResult result = planner.solve();
+    if (!result.fits) {
+      BudgetOp budget = model.getBudget();
+      auto diag = (budget ? budget.emitError() : model.emitError())
+                  << "no plan fits the budget: the smallest peak any plan "
+                     "reaches is "
+                  << formatBytes(result.minimalPeak) << ", over the usable "
+                  << formatBytes(planner.budget());
+      // What would fit, estimated from how activations scale.
+      if (budget) {
+        int64_t micro = budget.getMicroBatch();
+        MemoryReport report = analyzeMemory(model);
+        int64_t state = report.atPeak.parameters + report.atPeak.optimizer +
+                        report.atPeak.gradients;
+        int64_t perSample = std::max<int64_t>(
+            1, (result.minimalPeak - state) / std::max<int64_t>(1, micro));
+        int64_t fitMicro = (planner.budget() - state) / perSample;
+        if (fitMicro >= 1 && fitMicro < micro)
+          diag.attachNote(budget.getLoc())
+              << "micro_batch = " << fitMicro
+              << " would fit (estimated: activations scale with the micro "
+                 "batch)";
+        else if (fitMicro < 1)
+          diag.attachNote(budget.getLoc())
+              << "even one sequence per micro batch needs about "
+              << formatBytes(state + perSample)
+              << ": parameters, gradients and optimizer state alone take "
+              << formatBytes(state);
+        StrategyOp strategy = model.getStrategy();
+        if (strategy && strategy.getOffload() == OffloadPolicy::none)
+          diag.attachNote(strategy.getLoc()) << "offload = auto lets the plan "
+                                                "move saved tensors to the host";
+        if (budget.getPrecision() == Precision::fp32)
+          diag.attachNote(budget.getLoc())
+              << "precision = bf16 roughly halves the activations";
+        diag.attachNote(budget.getLoc())
+            << "more GPUs keep the global batch with a smaller micro batch";
+      }
+      return signalPassFailure();
+    }
+    attachPlan(model, result);
+  }
+};
+} // namespace

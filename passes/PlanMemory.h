@@ -1,0 +1,91 @@
+//===- PlanMemory.h - the joint keep / recompute / offload plan -*- C++ -*-===//
+//
+// One deciding component: for every candidate (a backbone block, or a group
+// of blocks under task-granular checkpointing, and every head) keep its saved
+// tensors, recompute them in a checkpoint region, or offload them to host
+// memory and prefetch them — so the simulated peak fits the budget at the
+// least added time. `--mtp-plan-memory` writes the decision into the IR;
+// later passes only materialize it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPC_PASSES_PLANMEMORY_H
+#define MTPC_PASSES_PLANMEMORY_H
+
+#include "dialect/MTPOps.h"
+
+#include "llvm/ADT/SmallVector.h"
+
+#include <string>
+#include <vector>
+
+namespace mtp {
+
+enum class Decision : uint8_t { Keep, Recompute, Offload };
+llvm::StringRef stringifyDecision(Decision d);
+
+/// Something the planner decides about.
+struct Candidate {
+  std::string name; ///< "layer 3 attention", "layers 1-8 (pos chunk)", "head ner"
+  /// Backbone blocks (1-based: 2l-1 attention, 2l MLP of layer l); empty for
+  /// a head.
+  llvm::SmallVector<int64_t> blocks;
+  /// The task whose head this is (heads only).
+  std::string task;
+  bool canRecompute = false, canOffload = false;
+};
+
+/// Task groups: tasks joined when their correlation reaches the threshold
+/// (union of pairs), in forward order of their lowest tap.
+std::vector<llvm::SmallVector<llvm::StringRef>> taskGroups(ModelOp model,
+                                                          double threshold);
+
+struct PlanResult {
+  std::vector<Candidate> candidates;
+  std::vector<Decision> decisions;
+  int64_t peakBytes = 0;
+  /// Added step time: recompute FLOPs plus exposed transfer time.
+  double addedSeconds = 0.0;
+  bool fits = false;
+  /// The no-strategy and uniform-checkpointing (every layer) baselines.
+  int64_t keepPeak = 0, uniformPeak = 0;
+  double uniformSeconds = 0.0;
+  /// The smallest peak any plan reaches (everything recomputed/offloaded
+  /// that the strategy allows).
+  int64_t minimalPeak = 0;
+  /// Checkpoint regions in runtime block numbers, inclusive.
+  std::vector<std::pair<int64_t, int64_t>> regions;
+};
+
+class MemoryPlanner {
+public:
+  /// `model` must be expanded into a step.
+  explicit MemoryPlanner(ModelOp model);
+  ~MemoryPlanner();
+
+  /// The joint decision under the model's strategy and budget.
+  PlanResult solve();
+  /// Exhaustive search over every combination (tests only; 3^n).
+  PlanResult solveExactly();
+
+  /// The simulated peak and added time of a given assignment.
+  int64_t simulatePeak(llvm::ArrayRef<Decision> decisions) const;
+  double addedSeconds(llvm::ArrayRef<Decision> decisions) const;
+  /// Whether every offload in `decisions` keeps its exposed prefetch
+  /// latency under the strategy's bound.
+  bool latencyOk(llvm::ArrayRef<Decision> decisions) const;
+  const std::vector<Candidate> &getCandidates() const;
+  int64_t budget() const;
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
+
+/// Writes `result` into the step: `mtp.decision` and `mtp.region` on every
+/// forward unit, the summary on the step.
+void attachPlan(ModelOp model, const PlanResult &result);
+
+} // namespace mtp
+
+#endif // MTPC_PASSES_PLANMEMORY_H
