@@ -782,6 +782,15 @@ void mtp::attachPlan(ModelOp model, const PlanResult &result) {
   }
   step->setAttr("mtp.planned_peak_bytes", b.getI64IntegerAttr(result.peakBytes));
   step->setAttr("mtp.added_seconds", b.getF64FloatAttr(result.addedSeconds));
+  step->setAttr("mtp.keep_peak_bytes", b.getI64IntegerAttr(result.keepPeak));
+  step->setAttr("mtp.uniform_peak_bytes", b.getI64IntegerAttr(result.uniformPeak));
+  step->setAttr("mtp.uniform_added_seconds",
+                b.getF64FloatAttr(result.uniformSeconds));
+  step->setAttr("mtp.minimal_peak_bytes", b.getI64IntegerAttr(result.minimalPeak));
+  SmallVector<Attribute> regions;
+  for (auto [first, last] : result.regions)
+    regions.push_back(b.getDenseI64ArrayAttr({first, last}));
+  step->setAttr("mtp.regions", b.getArrayAttr(regions));
 }
 
 namespace {

@@ -2,6 +2,7 @@
 
 #include "passes/PlanReport.h"
 #include "passes/CostModel.h"
+#include "passes/PlanMemory.h"
 
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -19,6 +20,27 @@ struct Row {
   llvm::SmallVector<StringRef> taps;
   std::string decision = "keep";
 };
+
+/// The planner's decision on a unit (keep before planning).
+StringRef decisionOf(FwdOp op) {
+  if (auto d = op->getAttrOfType<StringAttr>("mtp.decision"))
+    return d.getValue();
+  return "keep";
+}
+
+int64_t stepInt(StepOp step, StringRef name) {
+  auto attr = step->getAttrOfType<IntegerAttr>(name);
+  return attr ? attr.getInt() : -1;
+}
+
+double stepFloat(StepOp step, StringRef name) {
+  auto attr = step->getAttrOfType<FloatAttr>(name);
+  return attr ? attr.getValueAsDouble() : 0.0;
+}
+
+std::string microseconds(double seconds) {
+  return llvm::formatv("{0:f1} us", seconds * 1e6).str();
+}
 
 StringRef blockOf(UnitKind kind) {
   switch (kind) {
@@ -72,6 +94,7 @@ SmallVector<Row> rowsOf(ModelOp model, const MemoryReport &report) {
     Row &row = rows[it->second];
     row.saved += unit.savedBytes;
     row.fwdFlops += op.getFlops();
+    row.decision = decisionOf(op).str();
   }
   for (TaskOp task : model.getTasks()) {
     std::string at = task.getTapLayer() == 0
@@ -115,7 +138,10 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
      << "  gradients            " << formatBytes(m.gradients) << " (at the peak)\n"
      << "  optimizer state      " << formatBytes(m.optimizer) << "\n"
      << "  saved activations    " << formatBytes(report.savedBytes) << "\n"
-     << "  peak                 " << formatBytes(report.peakBytes) << " at "
+     << (model.getStep()->hasAttr("mtp.planned_peak_bytes")
+             ? "  peak, nothing planned "
+             : "  peak                 ")
+     << formatBytes(report.peakBytes) << " at "
      << MemoryReport::describe(report.peakOp) << "\n"
      << "    of which activations " << formatBytes(m.activations)
      << ", activation grads " << formatBytes(m.activationGrads)
@@ -129,14 +155,60 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
     os << "\n  no budget: nothing to compare with\n";
     return;
   }
-  int64_t margin = budget.getUsableBytes() - report.peakBytes;
+  StepOp step = model.getStep();
+  int64_t planned = stepInt(step, "mtp.planned_peak_bytes");
+  int64_t peak = planned >= 0 ? planned : report.peakBytes;
+  if (planned >= 0) {
+    if (StrategyOp strategy = model.getStrategy()) {
+      os << "\n  strategy: checkpoint "
+         << stringifyCheckpointPolicy(strategy.getCheckpoint()) << ", offload "
+         << stringifyOffloadPolicy(strategy.getOffload());
+      if (strategy.getCheckpoint() == CheckpointPolicy::task_granular) {
+        os << "; task groups (correlation >= "
+           << llvm::format("%g", strategy.getGroupThreshold().convertToDouble())
+           << "):";
+        for (auto &group : taskGroups(
+                 model, strategy.getGroupThreshold().convertToDouble())) {
+          os << " {";
+          llvm::interleave(group, os, " ");
+          os << "}";
+        }
+      }
+      os << "\n";
+    }
+    auto regions = step->getAttrOfType<ArrayAttr>("mtp.regions");
+    os << "  checkpoint regions:";
+    if (!regions || regions.empty())
+      os << " none";
+    for (Attribute r : regions ? regions : ArrayAttr()) {
+      auto range = cast<DenseI64ArrayAttr>(r).asArrayRef();
+      auto block = [](int64_t b) {
+        return std::to_string((b + 1) / 2) + (b % 2 ? ".attn" : ".mlp");
+      };
+      os << " [" << block(range[0]) << " .. " << block(range[1]) << "]";
+    }
+    os << "\n";
+    os << llvm::formatv("\n  {0,-26} {1,12} {2,14}\n", "plan", "peak",
+                        "added time");
+    os << llvm::formatv("  {0,-26} {1,12} {2,14}\n", "keep everything",
+                        formatBytes(stepInt(step, "mtp.keep_peak_bytes")),
+                        microseconds(0));
+    os << llvm::formatv("  {0,-26} {1,12} {2,14}\n",
+                        "uniform (every block)",
+                        formatBytes(stepInt(step, "mtp.uniform_peak_bytes")),
+                        microseconds(stepFloat(step, "mtp.uniform_added_seconds")));
+    os << llvm::formatv("  {0,-26} {1,12} {2,14}\n", "this plan",
+                        formatBytes(planned),
+                        microseconds(stepFloat(step, "mtp.added_seconds")));
+  }
+  int64_t margin = budget.getUsableBytes() - peak;
   os << "\n  verdict: ";
   if (margin >= 0)
     os << "fits, " << formatBytes(margin) << " to spare of "
        << formatBytes(budget.getUsableBytes()) << "\n";
   else
     os << "DOES NOT FIT: over by " << formatBytes(-margin) << " ("
-       << formatBytes(report.peakBytes) << " needed, "
+       << formatBytes(peak) << " needed, "
        << formatBytes(budget.getUsableBytes()) << " usable)\n";
 }
 
@@ -152,7 +224,7 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
              {"layer", int64_t(op.getLayer())},
              {"saved_bytes", unit.savedBytes},
              {"fwd_flops", int64_t(op.getFlops())},
-             {"decision", "keep"}};
+             {"decision", decisionOf(op)}};
     if (FlatSymbolRefAttr task = op.getTaskAttr())
       u["task"] = task.getValue();
     Array tasks;
@@ -181,15 +253,34 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
       {"saved_bytes", report.savedBytes},
       {"task_only_bytes", std::move(taskOnly)},
       {"activation_reuse_ratio", report.activationReuseRatio}};
+  StepOp step = model.getStep();
+  int64_t planned = stepInt(step, "mtp.planned_peak_bytes");
+  if (planned >= 0) {
+    Array regions;
+    if (auto attr = step->getAttrOfType<ArrayAttr>("mtp.regions"))
+      for (Attribute r : attr) {
+        auto range = cast<DenseI64ArrayAttr>(r).asArrayRef();
+        regions.push_back(Array{range[0], range[1]});
+      }
+    out["plan"] = Object{
+        {"planned_peak_bytes", planned},
+        {"added_seconds", stepFloat(step, "mtp.added_seconds")},
+        {"keep_peak_bytes", stepInt(step, "mtp.keep_peak_bytes")},
+        {"uniform_peak_bytes", stepInt(step, "mtp.uniform_peak_bytes")},
+        {"uniform_added_seconds", stepFloat(step, "mtp.uniform_added_seconds")},
+        {"minimal_peak_bytes", stepInt(step, "mtp.minimal_peak_bytes")},
+        {"regions", std::move(regions)}};
+  }
   if (budget) {
     int64_t usable = budget.getUsableBytes();
+    int64_t peak = planned >= 0 ? planned : report.peakBytes;
     out["budget"] = Object{{"device", budget.getDevice()},
                            {"memory_bytes", int64_t(budget.getMemory())},
                            {"usable_bytes", usable},
                            {"micro_batch", int64_t(budget.getMicroBatch())},
                            {"precision", stringifyPrecision(budget.getPrecision())},
-                           {"fits", report.peakBytes <= usable},
-                           {"margin_bytes", usable - report.peakBytes}};
+                           {"fits", peak <= usable},
+                           {"margin_bytes", usable - peak}};
   }
   return out;
 }

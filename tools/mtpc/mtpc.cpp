@@ -231,6 +231,9 @@ int main(int argc, char **argv) {
                   (command == Command::Compile && emitAction == Emit::Step);
   if (wantStep) {
     pm.addNestedPass<mtp::ModelOp>(mtp::createExpandTrainingStep());
+    if (llvm::all_of(module->getOps<mtp::ModelOp>(),
+                     [](mtp::ModelOp m) { return bool(m.getBudget()); }))
+      pm.addNestedPass<mtp::ModelOp>(mtp::createPlanMemory());
     pm.addNestedPass<mtp::ModelOp>(mtp::createMemoryAnalysis());
   }
   if (failed(pm.run(*module)))

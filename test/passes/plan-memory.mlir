@@ -1,0 +1,56 @@
+// RUN: mtp-opt %s -split-input-file --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-plan-memory))' -verify-diagnostics | FileCheck %s
+
+// The tiny example's model with 7 MiB: keeping everything peaks at 8.74 MiB,
+// recomputing every block at 6.44 MiB. The plan recomputes the attention
+// blocks (their saved bytes per FLOP are the highest), one region each,
+// since regions end at the taps of layer 2 and layer 4.
+// CHECK-LABEL: mtp.model @auto
+// CHECK: mtp.step attributes {{{.*}}mtp.keep_peak_bytes = 9163532 : i64, {{.*}}mtp.planned_peak_bytes = [[PLANNED:[0-9]+]] : i64, mtp.regions = [array<i64: 1, 1>, array<i64: 3, 3>, array<i64: 5, 5>], mtp.uniform_added_seconds = {{.*}}, mtp.uniform_peak_bytes = 6753548 : i64}
+// CHECK: mtp.fwd attn_norm[1]{{.*}}{mtp.decision = "recompute", mtp.region = 0 : i64}
+// CHECK: mtp.fwd attn_core[1]{{.*}}{mtp.decision = "recompute", mtp.region = 0 : i64}
+// CHECK: mtp.fwd mlp_norm[1]{{.*}}{mtp.decision = "keep"}
+// CHECK: mtp.fwd attn_core[2]{{.*}}{mtp.decision = "recompute", mtp.region = 1 : i64}
+// CHECK: mtp.fwd head[0] @pos{{.*}}{mtp.decision = "keep"}
+// CHECK: mtp.fwd attn_core[3]{{.*}}{mtp.decision = "recompute", mtp.region = 2 : i64}
+// CHECK: mtp.fwd attn_core[4]{{.*}}{mtp.decision = "keep"}
+mtp.model @auto {
+  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1)
+  mtp.task @pos : tag(labels = 12) from layer 2 loss cross_entropy weight 1.0
+  mtp.task @chunk : tag(labels = 8) from layer 2 loss cross_entropy weight 0.5
+  mtp.task @topic : classify(classes = 4) from pooled layer 4 loss cross_entropy weight 1.0
+  mtp.correlate @pos, @chunk = 0.8
+  mtp.correlate @pos, @topic = 0.1
+  mtp.budget device "cpu" memory 7 MiB headroom 0 B link 10 GBps gpus 1 batch 8 micro 8 precision fp32
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.5 scope features layers 1 dgfg 16 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
+}
+
+// -----
+
+// Nothing may be recomputed or offloaded: the budget is an error that says
+// what the smallest plan needs and what would fit.
+mtp.model @impossible {
+  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1)
+  mtp.task @pos : tag(labels = 12) from layer 2 loss cross_entropy weight 1.0
+  mtp.task @topic : classify(classes = 4) from pooled layer 4 loss cross_entropy weight 1.0
+  // expected-error @+5 {{no plan fits the budget: the smallest peak any plan reaches is 8.67 MiB, over the usable 7.00 MiB}}
+  // expected-note @+4 {{micro_batch = 5 would fit (estimated: activations scale with the micro batch)}}
+  // expected-note @+3 {{precision = bf16 roughly halves the activations}}
+  // expected-note @+2 {{more GPUs keep the global batch with a smaller micro batch}}
+  // expected-note @+2 {{offload = auto lets the plan move saved tensors to the host}}
+  mtp.budget device "cpu" memory 7 MiB headroom 0 B link 10 GBps gpus 1 batch 8 micro 8 precision fp32
+  mtp.strategy checkpoint none every 1 threshold 0.5 offload none max_latency 1.2e-3 gfm 0.5 scope features layers 1 dgfg 16 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
+}
+
+// -----
+
+// With recompute off, offload carries the plan alone.
+// CHECK-LABEL: mtp.model @offload_only
+// CHECK-NOT: "recompute"
+// CHECK: mtp.decision = "offload"
+mtp.model @offload_only {
+  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1)
+  mtp.task @pos : tag(labels = 12) from layer 2 loss cross_entropy weight 1.0
+  mtp.task @topic : classify(classes = 4) from pooled layer 4 loss cross_entropy weight 1.0
+  mtp.budget device "cpu" memory 8 MiB headroom 0 B link 10 GBps gpus 1 batch 8 micro 8 precision fp32
+  mtp.strategy checkpoint none every 1 threshold 0.5 offload cpu_pinned max_latency 1.0 gfm 0.5 scope features layers 1 dgfg 16 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
+}
