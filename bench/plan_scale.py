@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """How long `mtpc plan` takes on a large spec: 1000 layers, 16 tasks.
 
-Generates the spec, runs `mtpc plan` (parse, Sema, MLIRGen, normalize,
-expand the step, memory analysis, the report) several times and prints the
-median and the spread of the wall time. Usage:
+Generates the spec (its activations far exceed the budget, so the joint
+planner has to decide about every block), runs `mtpc plan` (parse, Sema,
+MLIRGen, normalize, expand the step, plan memory, memory analysis, the
+report) several times and prints the median and the spread of the wall time.
+Usage:
 
     bench/plan_scale.py [--layers 1000] [--tasks 16] [--runs 5] [--mtpc build/bin/mtpc]
 """
@@ -18,8 +20,8 @@ import time
 
 def spec(layers: int, tasks: int) -> str:
     lines = [f"model scale {{",
-             f"  backbone transformer {{ layers = {layers}  hidden = 1024  heads = 16"
-             f"  ffn = 4096  vocab = 32000  seq = 512 }}"]
+             f"  backbone transformer {{ layers = {layers}  hidden = 256  heads = 4"
+             f"  ffn = 1024  vocab = 32000  seq = 512 }}"]
     kinds = ["tag(labels = 9)", "classify(classes = 3)", "span()", "tag(labels = 17)"]
     for t in range(tasks):
         tap = max(1, (t + 1) * layers // tasks)
@@ -28,7 +30,8 @@ def spec(layers: int, tasks: int) -> str:
         lines.append(f"  task t{t} : {kind} from {pooled} {tap}")
     for t in range(0, tasks - 1, 2):
         lines.append(f"  correlate t{t} ~ t{t + 1} = 0.7")
-    lines.append("  budget { device = H200_141GB  gpus = 8  global_batch = 64  micro_batch = 8"
+    # Activations far over the budget: the planner has to work.
+    lines.append("  budget { device = A100_40GB  gpus = 8  global_batch = 64  micro_batch = 8"
                  "  precision = bf16 }")
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -55,7 +58,9 @@ def main() -> int:
             if out.returncode != 0:
                 sys.stderr.write(out.stderr)
                 return 1
-        verdict = [l for l in out.stdout.splitlines() if "verdict" in l or " peak " in l]
+        verdict = [l for l in out.stdout.splitlines()
+                   if "verdict" in l or "keep everything" in l or "this plan" in l
+                   or "uniform (every" in l]
     median = statistics.median(times)
     print(f"mtpc plan, {args.layers} layers, {args.tasks} tasks, {args.runs} runs")
     print(f"  median {median:.3f} s   min {min(times):.3f} s   max {max(times):.3f} s")

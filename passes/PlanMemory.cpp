@@ -538,9 +538,16 @@ PlanResult MemoryPlanner::solve() {
   result.uniformPeak = impl->simulate(uniform);
   result.uniformSeconds = impl->added(uniform);
 
-  // The smallest reachable peak: every candidate at its most frugal choice.
+  // The smallest reachable peak: every candidate at its most frugal choice
+  // (tried one at a time on small instances; recompute where allowed, else
+  // offload, on large ones).
+  const bool exhaustiveMoves = n * size_t(impl->numOps) < 4000000;
   std::vector<Decision> frugal(n, Decision::Keep);
-  for (size_t c = 0; c < n; ++c) {
+  for (size_t c = 0; c < n && !exhaustiveMoves; ++c)
+    frugal[c] = cands[c].canRecompute ? Decision::Recompute
+                : cands[c].canOffload ? Decision::Offload
+                                      : Decision::Keep;
+  for (size_t c = 0; c < n && exhaustiveMoves; ++c) {
     int64_t best = INT64_MAX;
     for (Decision d : {Decision::Keep, Decision::Recompute, Decision::Offload}) {
       if ((d == Decision::Recompute && !cands[c].canRecompute) ||
@@ -570,12 +577,63 @@ PlanResult MemoryPlanner::solve() {
   int64_t peak = impl->simulate(current);
   const int64_t budget = impl->usable;
 
+  // Large instances: rank each candidate's move by the bytes it frees per
+  // second it costs (alone), then take the shortest prefix of that ranking
+  // whose simulated peak fits — a binary search, a dozen simulations.
+  if (!exhaustiveMoves && peak > budget) {
+    struct Move {
+      size_t c;
+      Decision d;
+      double score;
+    };
+    std::vector<Move> moves;
+    for (size_t c = 0; c < n; ++c) {
+      if (current[c] != Decision::Keep || impl->candOffloadBytes[c] == 0)
+        continue;
+      double freed = double(impl->candOffloadBytes[c]);
+      double best = -1;
+      Decision bestD = Decision::Keep;
+      if (cands[c].canRecompute) {
+        double t = 0;
+        for (int64_t b : cands[c].blocks)
+          t += impl->cost.computeSeconds(impl->blockFlops.lookup(b));
+        best = freed / std::max(t, 1e-12), bestD = Decision::Recompute;
+      }
+      if (cands[c].canOffload) {
+        std::vector<Decision> alone(n, Decision::Keep);
+        alone[c] = Decision::Offload;
+        double t = impl->added(alone);
+        if (freed / std::max(t, 1e-12) > best && impl->latencyOk(alone))
+          best = freed / std::max(t, 1e-12), bestD = Decision::Offload;
+      }
+      if (bestD != Decision::Keep)
+        moves.push_back({c, bestD, best});
+    }
+    llvm::stable_sort(moves, [](const Move &a, const Move &b) {
+      return a.score > b.score;
+    });
+    auto prefix = [&](size_t k) {
+      std::vector<Decision> d = current;
+      for (size_t i = 0; i < k; ++i)
+        d[moves[i].c] = moves[i].d;
+      return d;
+    };
+    size_t lo = 0, hi = moves.size();
+    if (impl->simulate(prefix(hi)) <= budget) {
+      while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (impl->simulate(prefix(mid)) <= budget)
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+    }
+    current = prefix(hi);
+    peak = impl->simulate(current);
+  }
+
   // Greedy: the move that lowers the simulated peak most per added second.
-  // Large instances rank moves by the bytes they free rather than by a full
-  // simulation each.
-  const bool exhaustiveMoves = n * size_t(impl->numOps) < 4000000;
-  std::vector<std::vector<bool>> tried(n, std::vector<bool>(3, false));
-  while (peak > budget) {
+  while (exhaustiveMoves && peak > budget) {
     int bestC = -1;
     Decision bestD = Decision::Keep;
     double bestScore = -1;
@@ -586,23 +644,15 @@ PlanResult MemoryPlanner::solve() {
         continue;
       for (Decision d : {Decision::Recompute, Decision::Offload}) {
         if ((d == Decision::Recompute && !cands[c].canRecompute) ||
-            (d == Decision::Offload && !cands[c].canOffload) ||
-            tried[c][int(d)])
+            (d == Decision::Offload && !cands[c].canOffload))
           continue;
         std::vector<Decision> trial = current;
         trial[c] = d;
         if (d == Decision::Offload && !impl->latencyOk(trial))
           continue;
         double dt = std::max(impl->added(trial) - now, 1e-12);
-        int64_t gain;
-        int64_t p = 0;
-        if (exhaustiveMoves) {
-          p = impl->simulate(trial);
-          gain = peak - p;
-        } else {
-          // The bytes the move takes off the device until their backward.
-          gain = impl->candOffloadBytes[c];
-        }
+        int64_t p = impl->simulate(trial);
+        int64_t gain = peak - p;
         if (gain <= 0)
           continue;
         double score = double(gain) / dt;
@@ -614,18 +664,12 @@ PlanResult MemoryPlanner::solve() {
     if (bestC < 0)
       break;
     current[bestC] = bestD;
-    int64_t p = exhaustiveMoves ? bestPeak : impl->simulate(current);
-    if (p >= peak) { // no progress (a re-run raised the peak elsewhere)
-      current[bestC] = Decision::Keep;
-      tried[bestC][int(bestD)] = true;
-      continue;
-    }
-    peak = p;
+    peak = bestPeak;
   }
 
   // Prune what the budget does not need, costliest first; then swap a
   // recompute for an offload (or back) where that is cheaper and still fits.
-  if (peak <= budget) {
+  if (peak <= budget && exhaustiveMoves) {
     std::vector<size_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     auto costOf = [&](size_t c) {
