@@ -713,5 +713,15 @@ LogicalResult FwdOp::verify() {
   return success();
 }
 
+LogicalResult FuseTaskGradsOp::verify() {
+  if (getGrads().size() != getTasks().size())
+    return emitOpError("takes ")
+           << getGrads().size() << " gradients for " << getTasks().size()
+           << " tasks";
+  if (getGrads().getTypes() != getFused().getTypes())
+    return emitOpError("must return one gradient of each input's type");
+  return success();
+}
+
 #define GET_OP_CLASSES
 #include "dialect/MTPOps.cpp.inc"

@@ -105,6 +105,59 @@ def MTP_AddGradsOp : MTP_Op<"add_grads", [HasParent<"StepOp">,
   let assemblyFormat = "$grads attr-dict `:` type($sum)";
 }
 
+def MTP_FuseTaskGradsOp : MTP_Op<"fuse_task_grads", [HasParent<"StepOp">]> {
+  let summary = "the per-task gradient pipeline: GFM, clip, DGFG, fusion";
+  let description = [{
+    Takes each task's gradient at its tap (scope `features`) and returns
+    what the backbone backward receives from that tap: GFM (keep the lowest
+    `gfm_keep` fraction of rfft bins along the channel dimension; none =
+    off), per-task clipping to `clip_max_norm` (0 = off), then α_t from the
+    DGFG gate (`gate_hidden` wide; none = uniform α over present tasks), so
+    that the backbone's gradient is Σ α_t ĝ_t (SPEC.md §5). Each head's own
+    parameters keep their gradients for their optimizer group
+    (TaskLRAdapter).
+  }];
+  let arguments = (ins Variadic<AnyRankedTensor>:$grads,
+                       SymbolRefArrayAttr:$tasks,
+                       MTP_GradientScopeAttr:$scope,
+                       OptionalAttr<F64Attr>:$gfm_keep,
+                       F64Attr:$clip_max_norm,
+                       OptionalAttr<MTP_PositiveI64Attr>:$gate_hidden,
+                       MTP_NonNegativeI64Attr:$flops,
+                       DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$workspace);
+  let results = (outs Variadic<AnyRankedTensor>:$fused);
+  let assemblyFormat = [{
+    $tasks `(` $grads `)` `scope` custom<EnumKeyword>($scope)
+    `gfm` custom<OptionalF64>($gfm_keep) `clip` $clip_max_norm
+    `gate` custom<OptionalI64>($gate_hidden) `flops` $flops
+    (`workspace` $workspace^)? attr-dict `:` functional-type($grads, $fused)
+  }];
+  let hasVerifier = 1;
+}
+
+def MTP_AllReduceOp : MTP_Op<"allreduce", [HasParent<"StepOp">]> {
+  let summary = "a bucket of parameter gradients summed across processes";
+  let description = [{
+    `elements` gradient values of the named parameter groups, reduced across
+    the data-parallel processes before the optimizer step; at world size 1 it
+    does nothing at run time, so one binary serves 1 and N processes. With
+    `compression` (GSC, SPEC.md §5): top-k by magnitude (`topk` fraction),
+    the kept values block-quantized (`block` values per fp32 scale, `bits`
+    per value), indices as int32 or a bitmap, whichever is smaller, the
+    residual fed back with `decay`; compressed payloads are all-gathered.
+  }];
+  let arguments = (ins MTP_PositiveI64Attr:$elements, StrArrayAttr:$groups,
+                       UnitAttr:$compressed,
+                       OptionalAttr<F64Attr>:$topk,
+                       OptionalAttr<MTP_PositiveI64Attr>:$block,
+                       OptionalAttr<MTP_PositiveI64Attr>:$bits,
+                       OptionalAttr<F64Attr>:$decay);
+  let assemblyFormat = [{
+    $elements `values` $groups (`compressed` $compressed^ `topk` $topk
+    `block` $block `bits` $bits `decay` $decay)? attr-dict
+  }];
+}
+
 def MTP_OptimizerStepOp : MTP_Op<"optimizer_step", [HasParent<"StepOp">]> {
   let summary = "AdamW over every parameter group";
   let arguments = (ins MTP_NonNegativeI64Attr:$flops);

@@ -20,6 +20,8 @@
 
 #include "mlir/IR/Builders.h"
 
+#include <cmath>
+
 using namespace mlir;
 using namespace mtp;
 
@@ -421,6 +423,29 @@ ParameterCount CostModel::parameters() const {
     if (std::optional<uint64_t> hidden = strategy.getDgfgHidden())
       count.gate = dgfgParameterCount(tasks, *hidden);
   return count;
+}
+
+//===----------------------------------------------------------------------===//
+// Collectives
+//===----------------------------------------------------------------------===//
+
+int64_t CostModel::allReduceBytes(int64_t elements, int64_t world) {
+  if (world <= 1)
+    return 0;
+  return 2 * (world - 1) * (4 * elements) / world;
+}
+
+int64_t CostModel::compressedPayloadBytes(int64_t elements, double topk,
+                                          int64_t block, int64_t bits) {
+  int64_t kept = std::max<int64_t>(1, int64_t(std::ceil(topk * elements)));
+  int64_t values = (kept * bits + 7) / 8;
+  int64_t scales = 4 * ((kept + block - 1) / block);
+  int64_t indices = std::min<int64_t>(4 * kept, (elements + 7) / 8);
+  return values + scales + indices;
+}
+
+int64_t CostModel::allGatherBytes(int64_t payload, int64_t world) {
+  return world <= 1 ? 0 : (world - 1) * payload;
 }
 
 //===----------------------------------------------------------------------===//

@@ -97,6 +97,19 @@ public:
   static constexpr int64_t kWeightBytes = 4, kGradientBytes = 4,
                            kOptimizerBytes = 8;
 
+  //===--- Collectives -----------------------------------------------------===//
+
+  /// Bytes one process sends per step for a bucket of `elements` fp32
+  /// gradients over `world` processes: a ring all-reduce sends
+  /// 2·(W−1)/W of the bucket; a compressed bucket is all-gathered, each
+  /// process sending (W−1) payloads of top-k values at `bits`, an fp32 scale
+  /// per `block` kept values, and int32 indices or a bitmap, whichever is
+  /// smaller. Zero at world size 1.
+  static int64_t allReduceBytes(int64_t elements, int64_t world);
+  static int64_t compressedPayloadBytes(int64_t elements, double topk,
+                                        int64_t block, int64_t bits);
+  static int64_t allGatherBytes(int64_t payload, int64_t world);
+
   //===--- Time ------------------------------------------------------------===//
 
   const DevicePreset &device() const { return *preset; }

@@ -158,6 +158,8 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
       workspace = fwd.getWorkspace();
     else if (auto bwd = dyn_cast<BwdOp>(&op))
       workspace = bwd.getWorkspace();
+    else if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op))
+      workspace = fuse.getWorkspace();
     now.workspace = workspace;
     if (now.total() > report.peakBytes) {
       report.peakBytes = now.total();

@@ -69,4 +69,27 @@ def PlanMemory : Pass<"mtp-plan-memory", "::mtp::ModelOp"> {
   }];
 }
 
+def FuseTaskGradients : Pass<"mtp-fuse-task-gradients", "::mtp::ModelOp"> {
+  let summary = "Insert the per-task gradient pipeline at the taps";
+  let description = [{
+    After every task's head backward, one `mtp.fuse_task_grads` takes the
+    tasks' gradients at their taps and returns what the backbone backward
+    receives: GFM, per-task clipping and the DGFG weights from the
+    strategy (SPEC.md §5). With `gradient_scope = params` the op also
+    carries the cost of per-task parameter gradients over the top k shared
+    layers (k layers × tasks of gradient memory, k layers of backward per
+    task), which the plan shows next to the `features` scope.
+  }];
+}
+
+def CompressCollectives : Pass<"mtp-compress-collectives", "::mtp::ModelOp"> {
+  let summary = "Compress the gradient buckets' all-reduce (GSC)";
+  let description = [{
+    Marks every `mtp.allreduce` bucket compressed with the strategy's top-k
+    fraction, block size, bits and residual decay when `collective =
+    compressed`, or `auto` with more than one device. The plan reports the
+    bytes each process sends per step, compressed and not.
+  }];
+}
+
 #endif // MTP_PASSES

@@ -302,6 +302,10 @@ void MemoryPlanner::Impl::build() {
         gradientArrivals.push_back(
             {pos, CostModel::kGradientBytes * groupParams.lookup(group)});
     }
+    if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op)) {
+      workspace[pos] = fuse.getWorkspace();
+      bwdS = cost.computeSeconds(fuse.getFlops());
+    }
     fwdSecondsBefore[pos + 1] = fwdSecondsBefore[pos] + fwdS;
     bwdSecondsBefore[pos + 1] = bwdSecondsBefore[pos] + bwdS;
   }

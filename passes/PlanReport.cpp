@@ -72,6 +72,90 @@ std::string taskList(ArrayRef<StringRef> tasks, size_t all) {
   return out;
 }
 
+/// The gradient pipeline's cost, both scopes, and the collectives' bytes.
+void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
+  StepOp step = model.getStep();
+  StrategyOp strategy = model.getStrategy();
+  BudgetOp budget = model.getBudget();
+  CostModel cost(model);
+  Block &body = step.getBody().front();
+  auto fuses = body.getOps<FuseTaskGradsOp>();
+  if (!fuses.empty() && strategy) {
+    FuseTaskGradsOp fuse = *fuses.begin();
+    os << "\n  gradient pipeline: scope "
+       << stringifyGradientScope(fuse.getScope());
+    if (fuse.getScope() == GradientScope::params)
+      os << " (top " << strategy.getScopeLayers() << " layers)";
+    os << ", GFM ";
+    if (auto keep = fuse.getGfmKeep())
+      os << "keep " << llvm::format("%g", keep->convertToDouble());
+    else
+      os << "off";
+    os << ", clip ";
+    double clip = fuse.getClipMaxNorm().convertToDouble();
+    if (clip > 0)
+      os << "per task " << llvm::format("%g", clip);
+    else
+      os << stringifyClipPolicy(strategy.getClip());
+    os << ", DGFG ";
+    if (auto hidden = fuse.getGateHidden())
+      os << "hidden " << *hidden << " ("
+         << dgfgParameterCount(fuse.getTasks().size(), *hidden)
+         << " parameters)";
+    else
+      os << "off (uniform weights)";
+    os << "\n    " << formatBytes(fuse.getWorkspace()) << " workspace, "
+       << llvm::format("%.3f", fuse.getFlops() / 1e9) << " GFLOP";
+    // The other scope, for comparison.
+    int64_t perTask = int64_t(fuse.getTasks().size()) *
+                      strategy.getScopeLayers() * cost.layerParameters() *
+                      CostModel::kGradientBytes;
+    if (fuse.getScope() == GradientScope::features)
+      os << "; params scope (top " << strategy.getScopeLayers()
+         << " layers) would add " << formatBytes(perTask)
+         << " of per-task gradients and a backward per task";
+    else
+      os << "; features scope would save " << formatBytes(perTask);
+    os << "\n";
+  }
+  auto buckets = body.getOps<AllReduceOp>();
+  if (buckets.empty())
+    return;
+  int64_t world = budget ? budget.getGpus() : 1;
+  int64_t elements = 0, plain = 0, compressed = 0, payload = 0, count = 0;
+  bool isCompressed = false;
+  for (AllReduceOp op : buckets) {
+    ++count;
+    elements += op.getElements();
+    plain += CostModel::allReduceBytes(op.getElements(), world);
+    if (op.getCompressed()) {
+      isCompressed = true;
+      int64_t p = CostModel::compressedPayloadBytes(
+          op.getElements(), op.getTopk()->convertToDouble(), *op.getBlock(),
+          *op.getBits());
+      payload += p;
+      compressed += CostModel::allGatherBytes(p, world);
+    }
+  }
+  os << "\n  collectives: " << count << " buckets, " << elements
+     << " gradient values, " << world << " process(es)\n";
+  if (world <= 1)
+    os << "    one process: the all-reduce does nothing at run time\n";
+  else
+    os << "    all-reduce sends " << formatBytes(plain)
+       << " per process per step\n";
+  if (isCompressed && strategy) {
+    double ratio = payload ? double(4 * elements) / double(payload) : 0;
+    os << "    compressed (top-k " << llvm::format("%g", strategy.getTopk().convertToDouble())
+       << ", " << strategy.getQuantBits() << "-bit values, block "
+       << strategy.getQuantBlock() << ", decay "
+       << llvm::format("%g", strategy.getResidualDecay().convertToDouble())
+       << "): payload " << formatBytes(payload) << ", "
+       << llvm::format("%.1f", ratio) << "x smaller than fp32; all-gathered, "
+       << formatBytes(compressed) << " sent per process (grows as (W-1) x payload)\n";
+  }
+}
+
 SmallVector<Row> rowsOf(ModelOp model, const MemoryReport &report) {
   SmallVector<Row> rows;
   llvm::StringMap<size_t> index;
@@ -201,6 +285,7 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
                         formatBytes(planned),
                         microseconds(stepFloat(step, "mtp.added_seconds")));
   }
+  printGradientsAndCollectives(model, os);
   int64_t margin = budget.getUsableBytes() - peak;
   os << "\n  verdict: ";
   if (margin >= 0)

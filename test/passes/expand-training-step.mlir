@@ -72,6 +72,8 @@ mtp.model @two {
 // CHECK-COUNT-5: mtp.bwd {{[a-z_]+}}[1]
 // CHECK-NEXT: %[[DX0:.*]] = mtp.add_grads
 // CHECK-NEXT: mtp.bwd embed[0] grads(%[[DX0]]) saved(%[[TOK]], %[[X0M]]) flops 128 : (tensor<2x4x8xf32>, tensor<2x4xi64>, tensor<2x4x8xi1>) -> ()
+// Gradient buckets, top layers first (one bucket: 1461 values < 25 MiB).
+// CHECK-NEXT: mtp.allreduce 1461 values ["head.hi", "head.lo", "layer2", "layer1", "embed"]
 // CHECK-NEXT: mtp.optimizer_step flops 17532
 // CHECK-NEXT: }
 

@@ -231,6 +231,8 @@ int main(int argc, char **argv) {
                   (command == Command::Compile && emitAction == Emit::Step);
   if (wantStep) {
     pm.addNestedPass<mtp::ModelOp>(mtp::createExpandTrainingStep());
+    pm.addNestedPass<mtp::ModelOp>(mtp::createFuseTaskGradients());
+    pm.addNestedPass<mtp::ModelOp>(mtp::createCompressCollectives());
     if (llvm::all_of(module->getOps<mtp::ModelOp>(),
                      [](mtp::ModelOp m) { return bool(m.getBudget()); }))
       pm.addNestedPass<mtp::ModelOp>(mtp::createPlanMemory());

@@ -160,3 +160,24 @@ TEST_F(CostModelTest, TimeFromThePreset) {
 }
 
 } // namespace
+
+namespace {
+// Collective bytes worked by hand (SPEC.md §5, GSC).
+TEST(Collectives, BytesPerProcess) {
+  // Ring all-reduce of 1000 fp32 values over 4 processes: 2·3/4 of 4000 B.
+  EXPECT_EQ(CostModel::allReduceBytes(1000, 4), 6000);
+  EXPECT_EQ(CostModel::allReduceBytes(1000, 1), 0);
+  // 15% of 1000 kept: 150 one-byte values, one fp32 scale per 256, and a
+  // 125-byte bitmap (smaller than 600 bytes of int32 indices).
+  EXPECT_EQ(CostModel::compressedPayloadBytes(1000, 0.15, 256, 8),
+            150 + 4 + 125);
+  // 1% of 100: one value; 4 bytes of int32 index beat a 13-byte bitmap.
+  EXPECT_EQ(CostModel::compressedPayloadBytes(100, 0.01, 256, 8), 1 + 4 + 4);
+  // 4-bit values pack two to a byte.
+  EXPECT_EQ(CostModel::compressedPayloadBytes(1000, 0.15, 256, 4),
+            75 + 4 + 125);
+  // All-gathered: each process sends (W-1) payloads.
+  EXPECT_EQ(CostModel::allGatherBytes(279, 4), 3 * 279);
+  EXPECT_EQ(CostModel::allGatherBytes(279, 1), 0);
+}
+} // namespace

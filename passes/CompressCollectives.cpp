@@ -1,0 +1,42 @@
+//===- CompressCollectives.cpp - GSC on the gradient buckets --------------===//
+
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace mtp {
+#define GEN_PASS_DEF_COMPRESSCOLLECTIVES
+#include "passes/Passes.h.inc"
+} // namespace mtp
+
+using namespace mlir;
+using namespace mtp;
+
+namespace {
+struct CompressCollectivesPass
+    : public mtp::impl::CompressCollectivesBase<CompressCollectivesPass> {
+  void runOnOperation() override {
+    ModelOp model = getOperation();
+    StepOp step = model.getStep();
+    StrategyOp strategy = model.getStrategy();
+    if (!step || !strategy)
+      return;
+    BudgetOp budget = model.getBudget();
+    int64_t world = budget ? budget.getGpus() : 1;
+    CollectivePolicy policy = strategy.getCollective();
+    bool compress = policy == CollectivePolicy::compressed ||
+                    (policy == CollectivePolicy::automatic && world > 1);
+    if (!compress)
+      return;
+    Builder b(model.getContext());
+    for (AllReduceOp op : step.getBody().front().getOps<AllReduceOp>()) {
+      op.setCompressed(true);
+      op.setTopkAttr(b.getF64FloatAttr(strategy.getTopk().convertToDouble()));
+      op.setBlockAttr(b.getI64IntegerAttr(strategy.getQuantBlock()));
+      op.setBitsAttr(b.getI64IntegerAttr(strategy.getQuantBits()));
+      op.setDecayAttr(
+          b.getF64FloatAttr(strategy.getResidualDecay().convertToDouble()));
+    }
+  }
+};
+} // namespace
