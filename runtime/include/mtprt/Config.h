@@ -107,6 +107,7 @@ struct StepStats {
   double offloadWaitS = 0.0;
   int64_t measuredPeakBytes = 0;    ///< device (CPU: tracking allocator) peak in the step
   int64_t measuredCurrentBytes = 0; ///< device bytes at the end of the step
+  int64_t measuredStartBytes = 0;   ///< device bytes when the step began
   int64_t hostPoolBytes = 0;        ///< host-pool peak in the step
   double stepTimeS = 0.0;
   double samplesPerS = 0.0;
