@@ -248,6 +248,13 @@ struct Entry {
   at::Tensor host;    ///< the host-pool copy
   at::Tensor fetched; ///< the device copy a prefetch brought back
   at::Device origin = at::kCPU;
+  /// Saved variables sharing this copy (e.g. log-probabilities saved by both
+  /// log_softmax and nll_loss), and how many have yet to unpack this round.
+  int64_t users = 1, unpacksLeft = 1;
+  /// Weak, so a freed and reused allocation never matches a new tensor.
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
 #ifdef MTPRT_TORCH_CUDA
   std::shared_ptr<at::cuda::CUDAEvent> offloaded, ready;
 #endif
@@ -313,7 +320,7 @@ struct Offloader::Impl {
       std::this_thread::sleep_for(std::chrono::duration<double>(d));
   }
 
-  void pack(const std::shared_ptr<Entry> &e, const at::Tensor &t);
+  std::shared_ptr<Entry> pack(std::shared_ptr<Entry> e, const at::Tensor &t, bool keep);
   void startFetch(const std::shared_ptr<Entry> &e); // mutex held
   at::Tensor unpack(const std::shared_ptr<Entry> &e);
 };
@@ -323,23 +330,31 @@ namespace {
 struct ScopeFrame {
   std::shared_ptr<Offloader::Impl> impl;
   std::string group;
+  std::vector<at::Tensor> keep;
 };
 thread_local std::vector<ScopeFrame> scopeStack;
 
 class OffloadHooks final : public torch::autograd::SavedVariableHooks {
 public:
-  OffloadHooks(std::shared_ptr<Offloader::Impl> impl, std::string group)
-      : impl_(std::move(impl)), entry_(std::make_shared<Entry>()) {
+  OffloadHooks(std::shared_ptr<Offloader::Impl> impl, std::string group,
+               const std::vector<at::Tensor> *keep)
+      : impl_(std::move(impl)), entry_(std::make_shared<Entry>()), keep_(keep) {
     entry_->group = std::move(group);
   }
   void call_pack_hook(const at::Tensor &tensor) override {
-    impl_->pack(entry_, tensor);
+    // keep_ is only read here, while the scope (and its frame) is alive.
+    bool kept = false;
+    for (const at::Tensor &k : *keep_)
+      kept |= k.defined() && tensor.storage().is_alias_of(k.storage());
+    keep_ = nullptr;
+    entry_ = impl_->pack(entry_, tensor, kept);
   }
   at::Tensor call_unpack_hook() override { return impl_->unpack(entry_); }
 
 private:
   std::shared_ptr<Offloader::Impl> impl_;
   std::shared_ptr<Entry> entry_;
+  const std::vector<at::Tensor> *keep_;
 };
 
 /// The autograd engine with C++ default saved-tensor hooks.
@@ -354,7 +369,7 @@ public:
     if (scopeStack.empty())
       return nullptr;
     const ScopeFrame &top = scopeStack.back();
-    return std::make_unique<OffloadHooks>(top.impl, top.group);
+    return std::make_unique<OffloadHooks>(top.impl, top.group, &top.keep);
   }
 };
 
@@ -367,15 +382,36 @@ void installHookingEngine() {
 
 } // namespace
 
-void Offloader::Impl::pack(const std::shared_ptr<Entry> &e, const at::Tensor &t) {
+std::shared_ptr<Entry> Offloader::Impl::pack(std::shared_ptr<Entry> e,
+                                             const at::Tensor &t, bool keep) {
   at::Tensor data = t.detach();
   e->origin = data.device();
   e->bytes = data.numel() * static_cast<int64_t>(data.element_size());
-  // Parameters live on the device anyway; tiny tensors are not worth a copy.
-  if (t.is_leaf() || e->bytes < options.minBytes) {
+  // Parameters and inputs live on the device anyway; tiny tensors are not
+  // worth a copy.
+  const bool parameter = t.is_leaf() || (t.is_view() && t._base().is_leaf()); // W.t() too
+  if (keep || parameter || e->bytes < options.minBytes) {
     e->state = Entry::State::Kept;
     e->device = data;
-    return;
+    return e;
+  }
+  e->storage = data.storage().getWeakStorageImpl();
+  e->sizes = data.sizes().vec();
+  e->strides = data.strides().vec();
+  e->offset = data.storage_offset();
+  {
+    // The same tensor saved twice in a group shares one copy.
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto &weak : groups[e->group])
+      if (auto other = weak.lock())
+        if (other->state != Entry::State::Kept &&
+            other->storage.lock().get() == data.storage().unsafeGetStorageImpl() &&
+            other->sizes == e->sizes &&
+            other->strides == e->strides && other->offset == e->offset) {
+          other->users += 1;
+          other->unpacksLeft += 1;
+          return other;
+        }
   }
   e->host = hostBuffer(data, hostPeak);
   {
@@ -403,7 +439,7 @@ void Offloader::Impl::pack(const std::shared_ptr<Entry> &e, const at::Tensor &t)
     e->offloaded->record(side);
     std::lock_guard<std::mutex> lock(mutex);
     e->state = Entry::State::OnHost;
-    return;
+    return e;
   }
 #endif
   e->device = data;
@@ -419,6 +455,7 @@ void Offloader::Impl::pack(const std::shared_ptr<Entry> &e, const at::Tensor &t)
     }
     drop.reset(); // frees the device copy (outside the lock)
   });
+  return e;
 }
 
 void Offloader::Impl::startFetch(const std::shared_ptr<Entry> &e) {
@@ -466,10 +503,14 @@ at::Tensor Offloader::Impl::unpack(const std::shared_ptr<Entry> &e) {
       e->ready->synchronize(); // measures the wait; the stream wait follows
     auto compute = at::cuda::getCurrentCUDAStream(e->origin.index());
     e->ready->block(compute);
-    out = std::move(e->fetched);
+    out = e->fetched;
     c10::cuda::CUDACachingAllocator::recordStream(out.storage().data_ptr(), compute);
     std::lock_guard<std::mutex> lock(mutex);
-    e->state = Entry::State::OnHost;
+    if (--e->unpacksLeft == 0) {
+      e->fetched.reset();
+      e->unpacksLeft = e->users;
+      e->state = Entry::State::OnHost;
+    }
     rec.waitS = rec.hit ? 0.0 : seconds(start, Clock::now());
     (rec.hit ? counters.hits : counters.misses) += 1;
     counters.waitS += rec.waitS;
@@ -484,10 +525,15 @@ at::Tensor Offloader::Impl::unpack(const std::shared_ptr<Entry> &e) {
     changed.wait(lock, [&] { return e->state == Entry::State::Fetched; });
     rec.waitS = seconds(start, Clock::now());
   }
-  out = std::move(e->fetched);
-  // The host copy stays until the saved variable dies: a retained graph may
-  // unpack again (then fetched at use).
-  e->state = Entry::State::OnHost;
+  out = e->fetched;
+  // The device copy is dropped once every saved variable sharing it has
+  // unpacked; the host copy stays until they die (a retained graph may unpack
+  // again, then fetched at use).
+  if (--e->unpacksLeft == 0) {
+    e->fetched.reset();
+    e->unpacksLeft = e->users;
+    e->state = Entry::State::OnHost;
+  }
   (rec.hit ? counters.hits : counters.misses) += 1;
   counters.waitS += rec.waitS;
   records.push_back(rec);
@@ -505,8 +551,9 @@ Offloader::Offloader(OffloadOptions options) : impl_(std::make_shared<Impl>()) {
 
 Offloader::~Offloader() { synchronize(); }
 
-Offloader::Scope::Scope(Offloader &offloader, std::string group) {
-  scopeStack.push_back({offloader.impl_, std::move(group)});
+Offloader::Scope::Scope(Offloader &offloader, std::string group,
+                        std::vector<at::Tensor> keep) {
+  scopeStack.push_back({offloader.impl_, std::move(group), std::move(keep)});
 }
 
 Offloader::Scope::~Scope() { scopeStack.pop_back(); }

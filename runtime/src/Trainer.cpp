@@ -110,8 +110,8 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
     bad("TrainConfig.gfmKeep", "must be in (0, 1]");
   if (t.clipNorm < 0)
     bad("TrainConfig.clipNorm", "must be >= 0 (0 = off)");
-  if (t.cosineEvery <= 0)
-    bad("TrainConfig.cosineEvery", "must be positive");
+  if (t.cosineEvery < 0)
+    bad("TrainConfig.cosineEvery", "must be >= 0 (0 = never)");
   if (t.weightDecay < 0)
     bad("TrainConfig.weightDecay", "must be >= 0");
   validateLr(t.backboneLr, "TrainConfig.backboneLr");
@@ -168,6 +168,16 @@ void TrainerCore::validate(const Schedule &s) const {
   }
   if (s.prefetchAhead < 0)
     bad("Schedule.prefetchAhead", "must be >= 0");
+  std::vector<bool> seen(model_->numHeads(), false);
+  for (size_t i = 0; i < s.headOrder.size(); ++i) {
+    const int64_t h = s.headOrder[i];
+    if (h < 0 || h >= model_->numHeads() || seen[h])
+      bad("Schedule.headOrder[" + std::to_string(i) + "]",
+          "must be a permutation of the head indices");
+    seen[h] = true;
+  }
+  if (!s.headOrder.empty() && static_cast<int64_t>(s.headOrder.size()) != model_->numHeads())
+    bad("Schedule.headOrder", "must list every head once (or be empty)");
 }
 
 std::vector<at::Tensor> TrainerCore::forwardBackbone(const at::Tensor &tokens,
@@ -221,7 +231,7 @@ std::vector<double> TrainerCore::computeAlpha(const std::vector<GradList> &proce
   int64_t n = 0;
   for (bool p : present)
     n += p;
-  const bool measure = step_ % train_.cosineEvery == 0;
+  const bool measure = train_.cosineEvery > 0 && step_ % train_.cosineEvery == 0;
   at::Tensor gram;
   if (measure) {
     gram = gramMatrix(probe.empty() ? processed : probe);
@@ -262,6 +272,8 @@ StepStats TrainerCore::computeGradients(const Batch &fullBatch, const Schedule &
   stats.step = step_;
   for (const HeadConfig &h : m.heads())
     stats.tasks.push_back(h.name);
+  for (const at::Tensor &p : m.parameters())
+    p.mutable_grad() = at::Tensor();
   const bool cuda = m.device().is_cuda();
   const auto start = Clock::now();
   if (cuda) {
@@ -272,8 +284,6 @@ StepStats TrainerCore::computeGradients(const Batch &fullBatch, const Schedule &
     stats.measuredStartBytes = cpuMemoryStats().currentBytes;
   }
   offloader_->resetStats();
-  for (const at::Tensor &p : m.parameters())
-    p.mutable_grad() = at::Tensor();
 
   const double scale = lossScale_;
   std::vector<double> losses(nt, 0.0);
@@ -315,7 +325,7 @@ StepStats TrainerCore::computeGradients(const Batch &fullBatch, const Schedule &
         const std::string group = "head" + std::to_string(t);
         if (s.offloadHeads) {
           {
-            Offloader::Scope scope(*offloader_, group);
+            Offloader::Scope scope(*offloader_, group, {taps[hc.tap]});
             loss[t] = m.loss(t, m.head(t, taps[hc.tap], b.labels[t]), b.labels[t]);
           }
           offloader_->waitOffloaded(group);
@@ -329,9 +339,11 @@ StepStats TrainerCore::computeGradients(const Batch &fullBatch, const Schedule &
 
     // Prefetch policy: before task i's backward, heads up to i + ahead.
     std::vector<int64_t> order;
-    for (int64_t t = 0; t < nt; ++t)
+    for (int64_t i = 0; i < nt; ++i) {
+      const int64_t t = s.headOrder.empty() ? nt - 1 - i : s.headOrder[i];
       if (present[t])
         order.push_back(t);
+    }
     size_t prefetched = 0;
     auto prefetchThrough = [&](size_t i) {
       if (!s.offloadHeads || s.prefetchAhead == 0)
@@ -397,7 +409,7 @@ StepStats TrainerCore::computeGradients(const Batch &fullBatch, const Schedule &
         // The cosine matrix and the gate's signals live on the parameters of
         // the topmost layer every present task back-propagates through.
         std::vector<GradList> probe;
-        if (step_ % train_.cosineEvery == 0 && npresent > 1) {
+        if (train_.cosineEvery > 0 && step_ % train_.cosineEvery == 0 && npresent > 1) {
           int64_t common = m.config().layers;
           for (int64_t t : order)
             common = std::min(common, m.heads()[t].tap);
@@ -441,6 +453,7 @@ StepStats TrainerCore::computeGradients(const Batch &fullBatch, const Schedule &
       if (keepDebug)
         for (int64_t t = 0; t < nt; ++t)
           lastProcessed[t] = taskGrads[t];
+      taskGrads.clear(); // only the fused grad_outputs live through the backward
       if (!outs.empty())
         torch::autograd::backward(outs, gradOuts);
       continue;

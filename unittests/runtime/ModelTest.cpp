@@ -235,7 +235,7 @@ TEST(Offload, GradientsMatchAndHostPoolIsNotDeviceMemory) {
   expectSameGrads(plain, offloaded, m);
   s = off.stats();
   EXPECT_EQ(s.misses, 0) << s.hits << " hits of " << s.offloadedTensors;
-  EXPECT_EQ(s.hits, s.offloadedTensors);
+  EXPECT_GE(s.hits, s.offloadedTensors); // a copy saved twice is used twice
   EXPECT_DOUBLE_EQ(s.hitRate(), 1.0);
   loss.reset();
   EXPECT_EQ(hostPoolBytes(), 0); // freed with the graph

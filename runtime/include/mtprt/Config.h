@@ -72,7 +72,7 @@ struct TrainConfig {
   bool gate = true;         ///< DGFG; false = uniform α over present tasks
   double gateLr = 1e-2;
   double gateEntropy = 0.05; ///< entropy bonus weight in the gate objective
-  int64_t cosineEvery = 1;   ///< measure the cosine matrix every m steps
+  int64_t cosineEvery = 1;   ///< measure the cosine matrix every m steps (0 = never)
   LrConfig backboneLr;
   std::vector<LrConfig> headLr; ///< one per head; empty = backboneLr for all
   double weightDecay = 0.01;
@@ -90,9 +90,16 @@ struct Schedule {
   bool offloadHeads = false;
   /// Offload the saved boundary input of every checkpoint region.
   bool offloadRegionBoundaries = false;
-  /// Prefetch this many heads / regions ahead of their backward (0 = fetch on
-  /// use, which always waits).
-  int64_t prefetchAhead = 1;
+  /// Heads run their backward in this order (head indices; empty = the
+  /// reverse of their forward order, autograd's natural order). With the heads
+  /// offloaded, the largest head first keeps only its own tensors on the device
+  /// at the step's peak.
+  std::vector<int64_t> headOrder;
+  /// Before head i's backward (in headOrder), request the saved tensors of the
+  /// heads up to i + prefetchAhead - 1: 1 = just in time for head i itself,
+  /// 2 = also the next one; 0 = no prefetch (every use fetches and waits).
+  /// Region boundaries are requested when the backbone backward starts.
+  int64_t prefetchAhead = 2;
 };
 
 /// One step's measurements, named as SPEC.md §5's metrics.

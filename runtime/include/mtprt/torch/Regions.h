@@ -75,10 +75,13 @@ public:
   Offloader(const Offloader &) = delete;
   Offloader &operator=(const Offloader &) = delete;
 
-  /// While alive (on this thread), tensors saved for backward go to `group`.
+  /// While alive (on this thread), tensors saved for backward go to `group`,
+  /// except those sharing storage with `keep` (e.g. a head's tap activation,
+  /// which the backbone keeps on the device anyway: copying it would only add
+  /// a second device copy at the backward).
   class Scope {
   public:
-    Scope(Offloader &offloader, std::string group);
+    Scope(Offloader &offloader, std::string group, std::vector<at::Tensor> keep = {});
     ~Scope();
     Scope(const Scope &) = delete;
     Scope &operator=(const Scope &) = delete;
