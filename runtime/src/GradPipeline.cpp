@@ -225,13 +225,17 @@ double Gate::update(const std::vector<double> &losses, const std::vector<double>
     return 0.0; // one task: α = 1 whatever the gate says
   at::AutoGradMode grad(true);
   at::Tensor a = impl_->alpha(impl_->features(losses, norms, cosines, present), present);
-  at::Tensor g = gram.to(at::kFloat);
-  at::Tensor ga = at::mv(g, a);
-  at::Tensor dnorm = at::sqrt(at::dot(a, ga).clamp_min(1e-30));
-  at::Tensor gnorm = at::sqrt(at::diagonal(g).clamp_min(1e-30));
-  at::Tensor cos = ga / (gnorm * dnorm);
-  at::Tensor entropy = -(a * at::log(a.clamp_min(1e-12))).sum();
-  at::Tensor objective = (a * cos).sum() + impl_->entropy * entropy;
+  // Leave-one-out agreement: task t's weight is rewarded by the cosine of ĝ_t
+  // with the others' fused direction d_{-t} = Σ_{s≠t} α_s ĝ_s (from G alone).
+  at::Tensor g = gram.to(at::kDouble);
+  at::Tensor ad = a.to(at::kDouble);
+  at::Tensor diag = at::diagonal(g);
+  at::Tensor ga = at::mv(g, ad);
+  at::Tensor dot = ga - ad * diag;                                   // ĝ_t · d_{-t}
+  at::Tensor dnorm2 = at::dot(ad, ga) - 2 * ad * ga + ad * ad * diag; // |d_{-t}|²
+  at::Tensor cos = dot / (at::sqrt(diag.clamp_min(1e-30)) * at::sqrt(dnorm2.clamp_min(1e-30)));
+  at::Tensor entropy = -(ad * at::log(ad.clamp_min(1e-12))).sum();
+  at::Tensor objective = (ad * cos).sum() + impl_->entropy * entropy;
   impl_->opt->zero_grad();
   (-objective).backward();
   impl_->opt->step();

@@ -493,8 +493,8 @@ StepStats TrainerCore::computeGradients(const Batch &fullBatch, const Schedule &
         accum[t].assign(topk.size(), at::Tensor());
     processTaskGrads(accum, present, train_.gfmKeep, train_.clipNorm);
     GradList fused = fuse(accum, alpha);
-    for (size_t j = 0; j < topk.size(); ++j)
-      accumulateGrad(topk[j], fused[j]);
+    for (size_t j = 0; j < topk.size(); ++j) // rescaled: unscaled below with the rest
+      accumulateGrad(topk[j], scale != 1.0 && fused[j].defined() ? fused[j] * scale : fused[j]);
     if (keepDebug) {
       lastProcessed = accum;
       lastFused = fused;

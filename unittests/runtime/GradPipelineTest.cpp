@@ -126,7 +126,7 @@ TEST(Gate, ConflictingTaskLosesWeightWithinTwentySteps) {
   for (int t = 0; t < 3; ++t)
     norms[t] = globalNorm(g[t]);
   const std::vector<bool> all = {true, true, true};
-  Gate gate(0, 5e-2, 0.05);
+  Gate gate(0, 5e-2, 0.2); // the default τ
   const auto before = gate.alpha(losses, norms, cos, all);
   double firstObjective = gate.update(losses, norms, cos, all, gram), lastObjective = 0;
   for (int step = 1; step < 20; ++step)

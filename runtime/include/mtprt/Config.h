@@ -71,7 +71,7 @@ struct TrainConfig {
   double clipNorm = 0.0;    ///< per-task clip; 0 = off
   bool gate = true;         ///< DGFG; false = uniform α over present tasks
   double gateLr = 1e-2;
-  double gateEntropy = 0.05; ///< entropy bonus weight in the gate objective
+  double gateEntropy = 0.2; ///< entropy bonus weight τ in the gate objective
   int64_t cosineEvery = 1;   ///< measure the cosine matrix every m steps (0 = never)
   LrConfig backboneLr;
   std::vector<LrConfig> headLr; ///< one per head; empty = backboneLr for all

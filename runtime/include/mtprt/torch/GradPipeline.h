@@ -54,13 +54,16 @@ std::vector<std::vector<double>> cosineMatrix(const at::Tensor &gram);
 /// parameters whatever the task count.
 ///
 /// Online objective (one Adam step per optimizer step, on the step's Gram
-/// matrix G of ĝ, detached): maximize
-///     J(α) = Σ_t α_t · cos(ĝ_t, d(α)) + τ · H(α),   d(α) = Σ_s α_s ĝ_s,
-/// with cos(ĝ_t, d) = (Gα)_t / (sqrt(G_tt) · sqrt(αᵀGα)) and H the entropy.
-/// The first term rewards weight on tasks that agree with the fused
-/// direction, so a task whose gradient opposes the rest (negative cosine
-/// with d) loses weight; the entropy term (τ = TrainConfig.gateEntropy)
-/// keeps α from collapsing onto one task.
+/// matrix G of ĝ, detached), leave-one-out agreement: maximize
+///     J(α) = Σ_t α_t · cos(ĝ_t, d_{-t}(α)) + τ · H(α),
+///     d_{-t}(α) = Σ_{s≠t} α_s ĝ_s,
+/// everything computed from G (ĝ_t·d_{-t} = (Gα)_t − α_t G_tt, and so on),
+/// H the entropy, τ = TrainConfig.gateEntropy. A task is rewarded for
+/// agreeing with what the *other* tasks fuse to, so a task whose gradient
+/// opposes the rest loses weight. (Measuring agreement with the full d = Σ
+/// α_s ĝ_s instead would count each task's agreement with itself and always
+/// favour collapsing α onto one task.) The entropy term keeps α spread over
+/// the tasks that agree.
 class Gate {
 public:
   Gate(uint64_t seed, double lr, double entropyWeight);
