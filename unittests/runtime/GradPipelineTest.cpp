@@ -1,5 +1,6 @@
 //===- GradPipelineTest.cpp - GFM, clip, DGFG, fusion, masking ------------===//
 
+#include "mtprt/Memory.h"
 #include "mtprt/kernels/GradFuse.h"
 #include "mtprt/torch/GradPipeline.h"
 #include "mtprt/torch/Trainer.h"
@@ -56,6 +57,30 @@ TEST(Kernels, CpuTwinsMatchAten) {
   EXPECT_FLOAT_EQ(kernels::clipWeightScale(4.0, 2.0, 0.5), 0.25f);
   EXPECT_FLOAT_EQ(kernels::clipWeightScale(1.0, 2.0, 0.5), 0.5f);
   EXPECT_FLOAT_EQ(kernels::clipWeightScale(4.0, 0.0, 0.5), 0.5f);
+}
+
+TEST(Kernels, CudaMatchesCpuTwin) {
+#ifdef MTPRT_HAVE_CUDA_KERNELS
+  if (!cudaMemoryStatsAvailable())
+    GTEST_SKIP() << "no CUDA device (or built without the LibTorch-CUDA parts)";
+  at::manual_seed(5);
+  at::Tensor g = at::randn({4099}), acc = at::randn({4099});
+  at::Tensor gd = g.cuda(), accd = acc.cuda(), sum = at::zeros({1}, gd.options());
+  kernels::scaleAccumulateCpu(g.data_ptr<float>(), g.numel(), 0.3f, acc.data_ptr<float>());
+  ASSERT_EQ(kernels::scaleAccumulateCuda(gd.data_ptr<float>(), gd.numel(), 0.3f,
+                                         accd.data_ptr<float>(), nullptr),
+            0);
+  ASSERT_EQ(kernels::sumSquaresCuda(gd.data_ptr<float>(), gd.numel(), sum.data_ptr<float>(),
+                                    nullptr),
+            0);
+  EXPECT_TRUE(at::allclose(accd.cpu(), acc, 1e-6, 1e-6));
+  EXPECT_NEAR(sum.item<double>(), kernels::sumSquaresCpu(g.data_ptr<float>(), g.numel()), 1e-2);
+  // GFM on the device (CUDA mask kernel + cuFFT) against the CPU path.
+  at::Tensor x = at::randn({6, 64});
+  EXPECT_TRUE(at::allclose(gfm(x.cuda(), 0.3).cpu(), gfm(x, 0.3), 1e-4, 1e-5));
+#else
+  GTEST_SKIP() << "built without the CUDA kernels";
+#endif
 }
 
 TEST(Pipeline, PerTaskClipBoundsEachTasksNorm) {
