@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <functional>
 #include <stdexcept>
 
 using namespace mtprt;
@@ -170,6 +171,61 @@ TEST(Model, ConfigErrorsNameTheField) {
   h = allHeads();
   h[1].loss = LossKind::Mse;
   expectError(tinyConfig(0.0), h, "HeadConfig[1].loss");
+}
+
+/// The saved-bytes contract of docs/runtime.md, unit by unit: bytes still
+/// allocated after a unit's forward, minus its outputs, with its input
+/// already alive. fp32, dropout on.
+TEST(Model, SavedBytesPerUnitMatchTheContract) {
+  installCpuMemoryTracking();
+  ModelConfig c = tinyConfig(0.1);
+  auto heads = allHeads();
+  for (HeadConfig &h : heads)
+    h.tap = 1;
+  Model m(c, heads);
+  const int64_t B = 4, S = c.seq, H = c.hidden, nh = c.heads, F = c.ffn, f = 4;
+  const int64_t T = heads[3].targetSeq, V = heads[3].targetVocab;
+  Batch b = m.syntheticBatch(B, 1);
+  at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
+  auto cur = [] { return cpuMemoryStats().currentBytes; };
+  auto savedBy = [&](const std::function<std::vector<at::Tensor>()> &run) {
+    const int64_t before = cur();
+    std::vector<at::Tensor> out = run();
+    int64_t outBytes = 0;
+    for (const at::Tensor &o : out)
+      outBytes += o.nbytes();
+    return cur() - before - outBytes;
+  };
+  auto attention = [&](int64_t s, int64_t kv) { // kv = key/value length
+    return 2 * B * s * f + B * s * H * f + B * s * H * f + 2 * B * kv * H * f +
+           B * nh * s * kv * (f + 1 + f) + B * s * H * f + B * s * H;
+  };
+  auto mlp = [&](int64_t s) { return 2 * B * s * f + B * s * H * f + 2 * B * s * F * f + B * s * H; };
+  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.embed(b.tokens)}; }), B * S * H);
+  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.attention(1, x)}; }), attention(S, S));
+  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.mlp(1, x)}; }), mlp(S));
+  auto headAndLoss = [&](int64_t h) {
+    return [&, h] { return std::vector<at::Tensor>{m.loss(h, m.head(h, x, b.labels[h]), b.labels[h])}; };
+  };
+  const int64_t lossScalar = f; // nll's total_weight (the loss is the output)
+  const int64_t cls = heads[0].classes, tags = heads[1].classes;
+  EXPECT_EQ(savedBy(headAndLoss(0)), 2 * B * f + 2 * B * H * f + B * cls * f + lossScalar);
+  EXPECT_EQ(savedBy(headAndLoss(1)), 2 * B * S * f + B * S * H * f + B * S * tags * f + lossScalar);
+  // span: start and end log-probabilities, two nll weights, the two losses
+  // summed before the 0.5 (kept: the sum is an intermediate, not saved; the
+  // per-loss scalars are inputs of the add).
+  const int64_t span = savedBy(headAndLoss(2));
+  EXPECT_EQ(span, 2 * B * S * f + B * S * H * f + 2 * B * S * f + 2 * lossScalar);
+  // decoder (1 layer): its input ids and embedding mask, the embedded input,
+  // the causal mask, self-attention, the self-attention output (cross norm
+  // input), cross-attention (norms of both sides, q over T, k/v over S), the
+  // cross output (MLP input), the MLP, the MLP output (final norm input), the
+  // final norm, the log-probabilities.
+  const int64_t decoder = B * T * 8 + B * T * H + B * T * H * f + T * T + attention(T, T) +
+                          B * T * H * f + (attention(T, S) + 2 * B * S * f + B * S * H * f) +
+                          B * T * H * f + mlp(T) + B * T * H * f + 2 * B * T * f +
+                          B * T * H * f + B * T * V * f + lossScalar;
+  EXPECT_EQ(savedBy(headAndLoss(3)), decoder);
 }
 
 TEST(Checkpoint, GradientsMatchThePlainRunWithDropout) {
