@@ -119,9 +119,10 @@ TEST(MeasuredPeak, NoneRegionsAndOffloadMatchTheSavedTensorArithmetic) {
   const int64_t offload = SB::backbone + SB::tag(kNer) + SB::tagBackward(kNer) + SB::cls;
 
   std::printf("[ measured ] none %lld (model %lld), regions %lld (model %lld), offload %lld "
-              "(model %lld), host pool %lld\n",
+              "(model %lld), host pool %lld, rng state %lld\n",
               (long long)peak(0), (long long)none, (long long)peak(1), (long long)regions,
-              (long long)peak(2), (long long)offload, (long long)stats[2].hostPoolBytes);
+              (long long)peak(2), (long long)offload, (long long)stats[2].hostPoolBytes,
+              (long long)rngState);
   EXPECT_NEAR(peak(0), none, 0.05 * none);
   EXPECT_NEAR(peak(1), regions, 0.05 * regions);
   EXPECT_NEAR(peak(2), offload, 0.05 * offload);
