@@ -191,6 +191,10 @@ std::vector<at::Tensor> TrainerCore::forwardBackbone(const at::Tensor &tokens,
   for (const auto &r : s.regions)
     regionEnd[r.first] = r.second;
 
+  // Offloaded region boundaries, bottom to top; a hook on each region's output
+  // prefetches, when the backward reaches it, that region's boundary and the
+  // prefetchAhead - 1 below it.
+  std::vector<std::string> offloaded;
   at::Tensor x = tokens;
   for (int64_t u = 0; u < m.numUnits();) {
     int64_t last = regionEnd[u];
@@ -204,14 +208,33 @@ std::vector<at::Tensor> TrainerCore::forwardBackbone(const at::Tensor &tokens,
           params.push_back(p);
       RegionFn fn = [&m, u, last](const at::Tensor &in) { return m.runUnits(u, last, in); };
       const std::string group = "region" + std::to_string(u);
-      if (s.offloadRegionBoundaries && u > 0) {
+      // The embeddings' input is the token ids, and a tap stays on the device
+      // for its head and the backbone backward anyway: neither is offloaded.
+      if (s.offloadRegionBoundaries && u > 0 && !isTap[u - 1]) {
         {
           Offloader::Scope scope(*offloader_, group);
           x = checkpoint(fn, x, params);
         }
         offloader_->waitOffloaded(group);
+        offloaded.push_back(group);
       } else {
         x = checkpoint(fn, x, params);
+      }
+      if (!offloaded.empty() && s.prefetchAhead > 0 && x.requires_grad()) {
+        std::vector<std::string> fetch;
+        const int64_t top = static_cast<int64_t>(offloaded.size()) - 1;
+        const bool mine = offloaded.back() == group;
+        // Own boundary (if offloaded) counts as the first of prefetchAhead.
+        for (int64_t i = top, n = mine ? s.prefetchAhead : s.prefetchAhead - 1; i >= 0 && n > 0;
+             --i, --n)
+          fetch.push_back(offloaded[i]);
+        if (!fetch.empty()) {
+          Offloader *off = offloader_.get();
+          x.register_hook([off, fetch](const at::Tensor &) {
+            for (const std::string &g : fetch)
+              off->prefetch(g);
+          });
+        }
       }
     }
     if (isTap[last])
@@ -351,15 +374,8 @@ StepStats TrainerCore::computeGradients(const Batch &fullBatch, const Schedule &
       for (; prefetched < order.size() && prefetched <= i + s.prefetchAhead - 1; ++prefetched)
         offloader_->prefetch("head" + std::to_string(order[prefetched]));
     };
-    auto prefetchRegions = [&] {
-      if (s.offloadRegionBoundaries && s.prefetchAhead > 0)
-        for (const auto &r : s.regions)
-          offloader_->prefetch("region" + std::to_string(r.first));
-    };
-
     if (train_.scope == GradScope::Sum) {
       prefetchThrough(order.size());
-      prefetchRegions();
       at::Tensor total;
       for (int64_t t : order)
         total = total.defined() ? total + loss[t] : loss[t];
@@ -397,7 +413,6 @@ StepStats TrainerCore::computeGradients(const Batch &fullBatch, const Schedule &
         taskGrads[t].push_back(scale != 1.0 ? g / scale : g);
       }
     }
-    prefetchRegions();
 
     if (train_.scope == GradScope::Features) {
       for (int64_t t = 0; t < nt; ++t)

@@ -88,7 +88,8 @@ struct Schedule {
   /// Offload every tensor a head (and its loss) saves for backward to the host
   /// pool, and prefetch it before the head's backward.
   bool offloadHeads = false;
-  /// Offload the saved boundary input of every checkpoint region.
+  /// Offload the saved boundary input of every checkpoint region (except the
+  /// token ids and boundaries that are taps, which stay on the device).
   bool offloadRegionBoundaries = false;
   /// Heads run their backward in this order (head indices; empty = the
   /// reverse of their forward order, autograd's natural order). With the heads
@@ -98,7 +99,9 @@ struct Schedule {
   /// Before head i's backward (in headOrder), request the saved tensors of the
   /// heads up to i + prefetchAhead - 1: 1 = just in time for head i itself,
   /// 2 = also the next one; 0 = no prefetch (every use fetches and waits).
-  /// Region boundaries are requested when the backbone backward starts.
+  /// An offloaded region boundary is requested when the backward reaches the
+  /// region's output (a gradient hook), with the prefetchAhead - 1 offloaded
+  /// boundaries below it.
   int64_t prefetchAhead = 2;
 };
 
