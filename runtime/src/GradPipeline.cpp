@@ -56,9 +56,22 @@ at::Tensor gfm(const at::Tensor &g, double keep) {
 
 double globalNorm(const GradList &g) {
   double s = 0;
-  for (const at::Tensor &t : g)
-    if (t.defined())
-      s += t.to(at::kDouble).pow(2).sum().item<double>();
+  for (const at::Tensor &t : g) {
+    if (!t.defined())
+      continue;
+    at::Tensor x = t.to(at::kFloat).contiguous();
+#if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
+    if (x.is_cuda()) {
+      at::Tensor out = at::empty({1}, x.options());
+      checkCuda(kernels::sumSquaresCuda(x.data_ptr<float>(), x.numel(), out.data_ptr<float>(),
+                                        at::cuda::getCurrentCUDAStream().stream()),
+                "sumSquares");
+      s += out.item<double>();
+      continue;
+    }
+#endif
+    s += kernels::sumSquaresCpu(x.data_ptr<float>(), x.numel());
+  }
   return std::sqrt(s);
 }
 

@@ -396,7 +396,6 @@ at::Tensor Model::loss(int64_t h, const std::vector<at::Tensor> &out,
 }
 
 std::vector<at::Tensor> Model::layerParameters(int64_t layer) const {
-  std::vector<at::Tensor> out;
   if (layer == 0)
     return {tokEmb_, posEmb_};
   const AttentionParams &a = attn_.at(layer - 1);

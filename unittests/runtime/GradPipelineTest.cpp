@@ -224,6 +224,32 @@ TEST(Pipeline, FeaturesScopeFusesAlphaWeightedProcessedTapGradients) {
     EXPECT_TRUE(at::allclose(have[i].grad(), want[i], 1e-5, 1e-7)) << i;
 }
 
+TEST(Pipeline, FeaturesScopeCosinesLiveOnTheTopmostCommonLayer) {
+  // cls taps layer 2, tag and span layer 3: every task back-propagates
+  // through layer 2, so the cosines are those of each task's processed tap
+  // gradient pushed down to layer 2's parameters.
+  TrainConfig tc;
+  tc.scope = GradScope::Features;
+  tc.gfmKeep = 0.7;
+  TrainerCore core(smallModel(), threeHeads(), tc);
+  core.keepDebug = true;
+  Batch b = core.model().syntheticBatch(6, 5);
+  StepStats s = core.computeGradients(b, {});
+  ASSERT_EQ(s.gradientCosineSimMatrix.size(), 3u);
+  TrainerCore ref(smallModel(), threeHeads(), tc);
+  std::vector<at::Tensor> taps = ref.forwardBackbone(b.tokens, {});
+  const auto probe = ref.model().layerParameters(2);
+  std::vector<GradList> g(3);
+  for (int t = 0; t < 3; ++t)
+    g[t] = torch::autograd::grad({taps[ref.model().heads()[t].tap]}, probe,
+                                 {core.lastProcessed[t][0]}, true, false, true);
+  auto want = cosineMatrix(gramMatrix(g));
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j)
+      EXPECT_NEAR(s.gradientCosineSimMatrix[i][j], want[i][j], 1e-5) << i << "," << j;
+  EXPECT_NEAR(want[0][0], 1.0, 1e-9);
+}
+
 TEST(Pipeline, ParamsScopeWritesTheFusedGradientToTheTopLayers) {
   TrainConfig tc;
   tc.scope = GradScope::Params;
