@@ -27,6 +27,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 
 namespace mtprt {
 
@@ -183,46 +184,99 @@ namespace {
 
 std::atomic<int64_t> hostPoolCurrent{0};
 
-/// A host-pool buffer shaped like `like` (contiguous). Allocated outside the
-/// CPU tracking allocator; pinned when the source is on a CUDA device.
-at::Tensor hostBuffer(const at::Tensor &like, const std::shared_ptr<std::atomic<int64_t>> &peak) {
-  const int64_t bytes = like.numel() * static_cast<int64_t>(like.element_size());
-  void *ptr = nullptr;
-  bool pinned = false;
-#ifdef MTPRT_TORCH_CUDA
-  if (like.is_cuda()) {
-    if (cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault) != cudaSuccess)
-      throw std::runtime_error("mtprt: offload: cudaHostAlloc of " +
-                               std::to_string(bytes) + " bytes failed");
-    pinned = true;
+/// Freed host buffers, kept for reuse: offloaded shapes repeat every step, and
+/// cudaHostAlloc costs milliseconds (and synchronizes) per call. Never shrinks
+/// on its own; releaseHostPoolCache() returns the idle buffers.
+struct HostCache {
+  std::mutex mutex;
+  std::multimap<int64_t, void *> idle[2]; // [pinned]
+  int64_t reserved = 0;
+
+  static HostCache &get() {
+    static auto *cache = new HostCache; // leaked: buffers may outlive statics
+    return *cache;
   }
+
+  void *take(int64_t bytes, bool pinned) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      // Reuse the smallest idle buffer that fits and wastes at most half.
+      auto it = idle[pinned].lower_bound(bytes);
+      if (it != idle[pinned].end() && it->first <= 2 * bytes) {
+        void *p = it->second;
+        sizes[p] = it->first;
+        idle[pinned].erase(it);
+        return p;
+      }
+    }
+    void *p = nullptr;
+#ifdef MTPRT_TORCH_CUDA
+    if (pinned && cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess)
+      throw std::runtime_error("mtprt: offload: cudaHostAlloc of " + std::to_string(bytes) +
+                               " bytes failed");
 #endif
-  if (!pinned) {
-    ptr = std::malloc(bytes > 0 ? bytes : 1);
-    if (!ptr)
+    if (!pinned && !(p = std::malloc(bytes > 0 ? bytes : 1)))
       throw std::runtime_error("mtprt: offload: host pool allocation of " +
                                std::to_string(bytes) + " bytes failed");
+    std::lock_guard<std::mutex> lock(mutex);
+    sizes[p] = bytes;
+    reserved += bytes;
+    return p;
   }
+
+  void give(void *p, bool pinned) {
+    std::lock_guard<std::mutex> lock(mutex);
+    idle[pinned].emplace(sizes.at(p), p);
+  }
+
+  void release() {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (int pinned = 0; pinned < 2; ++pinned) {
+      for (auto &[bytes, p] : idle[pinned]) {
+        reserved -= bytes;
+        sizes.erase(p);
+#ifdef MTPRT_TORCH_CUDA
+        if (pinned) {
+          cudaFreeHost(p);
+          continue;
+        }
+#endif
+        std::free(p);
+      }
+      idle[pinned].clear();
+    }
+  }
+
+  std::unordered_map<void *, int64_t> sizes; ///< capacity of every buffer
+};
+
+/// A host-pool buffer shaped like `like` (contiguous). Outside the CPU
+/// tracking allocator; pinned when the source is on a CUDA device.
+at::Tensor hostBuffer(const at::Tensor &like, const std::shared_ptr<std::atomic<int64_t>> &peak) {
+  const int64_t bytes = like.numel() * static_cast<int64_t>(like.element_size());
+  const bool pinned = like.is_cuda();
+  void *ptr = HostCache::get().take(bytes, pinned);
   int64_t now = hostPoolCurrent.fetch_add(bytes) + bytes;
   int64_t seen = peak->load();
   while (now > seen && !peak->compare_exchange_weak(seen, now)) {
   }
   auto deleter = [bytes, pinned](void *p) {
     hostPoolCurrent.fetch_sub(bytes);
-#ifdef MTPRT_TORCH_CUDA
-    if (pinned) {
-      cudaFreeHost(p);
-      return;
-    }
-#endif
-    (void)pinned;
-    std::free(p);
+    HostCache::get().give(p, pinned);
   };
   return at::from_blob(ptr, like.sizes(), deleter,
                        at::TensorOptions().dtype(like.dtype()).device(at::kCPU));
 }
 
 } // namespace
+
+int64_t hostPoolReservedBytes() {
+  HostCache &c = HostCache::get();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.reserved;
+}
+
+void releaseHostPoolCache() { HostCache::get().release(); }
 
 int64_t hostPoolBytes() { return hostPoolCurrent.load(); }
 

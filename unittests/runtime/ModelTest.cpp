@@ -295,6 +295,17 @@ TEST(Offload, GradientsMatchAndHostPoolIsNotDeviceMemory) {
   EXPECT_DOUBLE_EQ(s.hitRate(), 1.0);
   loss.reset();
   EXPECT_EQ(hostPoolBytes(), 0); // freed with the graph
+  // The same step again reuses the pool's buffers.
+  const int64_t reserved = hostPoolReservedBytes();
+  EXPECT_GE(reserved, s.hostPeakBytes);
+  at::manual_seed(3);
+  loss = totalLoss(m, b, {{1, 2}}, &off);
+  off.synchronize();
+  EXPECT_GT(hostPoolBytes(), 0);
+  EXPECT_EQ(hostPoolReservedBytes(), reserved);
+  loss.reset();
+  releaseHostPoolCache();
+  EXPECT_EQ(hostPoolReservedBytes(), 0);
 }
 
 TEST(Offload, SlowCopiesShowMissesAndTheWait) {

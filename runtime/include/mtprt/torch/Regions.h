@@ -107,8 +107,14 @@ private:
   std::shared_ptr<Impl> impl_;
 };
 
-/// Host-pool bytes currently allocated by every Offloader (not device bytes).
+/// Host-pool bytes currently held by offloaded tensors of every Offloader
+/// (not device bytes).
 int64_t hostPoolBytes();
+/// Host memory the pool has allocated, in use or idle (freed buffers are kept
+/// for reuse: offloaded shapes repeat every step and pinned allocation is slow).
+int64_t hostPoolReservedBytes();
+/// Returns the idle host-pool buffers to the system.
+void releaseHostPoolCache();
 
 } // namespace mtprt
 
