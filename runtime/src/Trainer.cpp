@@ -180,70 +180,6 @@ void TrainerCore::validate(const Schedule &s) const {
     bad("Schedule.headOrder", "must list every head once (or be empty)");
 }
 
-std::vector<at::Tensor> TrainerCore::forwardBackbone(const at::Tensor &tokens,
-                                                     const Schedule &s) {
-  const Model &m = *model_;
-  std::vector<at::Tensor> taps(m.config().layers + 1);
-  std::vector<bool> isTap(m.numUnits(), false);
-  for (const HeadConfig &h : m.heads())
-    isTap[Model::tapUnit(h.tap)] = true;
-  std::vector<int64_t> regionEnd(m.numUnits(), -1);
-  for (const auto &r : s.regions)
-    regionEnd[r.first] = r.second;
-
-  // Offloaded region boundaries, bottom to top; a hook on each region's output
-  // prefetches, when the backward reaches it, that region's boundary and the
-  // prefetchAhead - 1 below it.
-  std::vector<std::string> offloaded;
-  at::Tensor x = tokens;
-  for (int64_t u = 0; u < m.numUnits();) {
-    int64_t last = regionEnd[u];
-    if (last < 0) {
-      x = m.unit(u, x);
-      last = u;
-    } else {
-      std::vector<at::Tensor> params;
-      for (int64_t l = (u + 1) / 2; l <= (last + 1) / 2; ++l)
-        for (const at::Tensor &p : m.layerParameters(l))
-          params.push_back(p);
-      RegionFn fn = [&m, u, last](const at::Tensor &in) { return m.runUnits(u, last, in); };
-      const std::string group = "region" + std::to_string(u);
-      // The embeddings' input is the token ids, and a tap stays on the device
-      // for its head and the backbone backward anyway: neither is offloaded.
-      if (s.offloadRegionBoundaries && u > 0 && !isTap[u - 1]) {
-        {
-          Offloader::Scope scope(*offloader_, group);
-          x = checkpoint(fn, x, params);
-        }
-        offloader_->waitOffloaded(group);
-        offloaded.push_back(group);
-      } else {
-        x = checkpoint(fn, x, params);
-      }
-      if (!offloaded.empty() && s.prefetchAhead > 0 && x.requires_grad()) {
-        std::vector<std::string> fetch;
-        const int64_t top = static_cast<int64_t>(offloaded.size()) - 1;
-        const bool mine = offloaded.back() == group;
-        // Own boundary (if offloaded) counts as the first of prefetchAhead.
-        for (int64_t i = top, n = mine ? s.prefetchAhead : s.prefetchAhead - 1; i >= 0 && n > 0;
-             --i, --n)
-          fetch.push_back(offloaded[i]);
-        if (!fetch.empty()) {
-          Offloader *off = offloader_.get();
-          x.register_hook([off, fetch](const at::Tensor &) {
-            for (const std::string &g : fetch)
-              off->prefetch(g);
-          });
-        }
-      }
-    }
-    if (isTap[last])
-      taps[last / 2] = x;
-    u = last + 1;
-  }
-  return taps;
-}
-
 std::vector<double> TrainerCore::computeAlpha(const std::vector<GradList> &processed,
                                               const std::vector<GradList> &probe,
                                               const std::vector<double> &losses,
@@ -273,47 +209,75 @@ std::vector<double> TrainerCore::computeAlpha(const std::vector<GradList> &proce
   return alpha;
 }
 
-StepStats TrainerCore::computeGradients(const Batch &fullBatch, const Schedule &s) {
-  validate(s);
+//===----------------------------------------------------------------------===//
+// The step, phase by phase
+//===----------------------------------------------------------------------===//
+
+/// Everything one step carries between its phases.
+struct TrainerCore::StepState {
+  Batch batch;
+  int64_t bsz = 0;
+  std::vector<bool> present;
+  int64_t npresent = 0;
+  StepStats stats;
+  Clock::time_point start;
+  double scale = 1.0;
+  std::vector<double> losses;
+  std::vector<double> alpha;
+  std::vector<GradList> accum; ///< params scope: Σ over micro-batches
+  std::vector<at::Tensor> topk, lower;
+  // The current micro-batch.
+  int64_t mb = -1;
+  Batch b;
+  double weight = 1.0;
+  std::vector<at::Tensor> values; ///< ValueId -> activation
+  std::vector<at::Tensor> taps;   ///< by tap layer
+  std::vector<at::Tensor> loss;   ///< per task, weighted and scaled
+  std::vector<GradList> taskGrads;
+  std::vector<bool> headForward, headBackward;
+  bool backboneDone = false;
+  std::vector<std::string> offloadedRegions; ///< bottom to top
+};
+
+TrainerCore::StepState &TrainerCore::state(const char *phase) {
+  if (!state_)
+    throw std::logic_error(std::string("mtprt: ") + phase + ": no step in progress (beginStep first)");
+  return *state_;
+}
+
+void TrainerCore::beginStep(const Batch &fullBatch) {
   Model &m = *model_;
   const int64_t nt = m.numHeads();
   if (static_cast<int64_t>(fullBatch.labels.size()) != nt)
     bad("Batch.labels", "needs one entry per head (" + std::to_string(nt) + ")");
-  const Batch batch = fullBatch.to(m.device());
-  const int64_t bsz = batch.size();
-  const int64_t micro = train_.microBatches;
-  if (bsz < micro)
-    bad("TrainConfig.microBatches", "exceeds the batch size " + std::to_string(bsz));
-  std::vector<bool> present(nt);
-  int64_t npresent = 0;
+  auto st = std::make_unique<StepState>();
+  st->batch = fullBatch.to(m.device());
+  st->bsz = st->batch.size();
+  if (st->bsz < train_.microBatches)
+    bad("TrainConfig.microBatches", "exceeds the batch size " + std::to_string(st->bsz));
+  st->present.resize(nt);
   for (int64_t t = 0; t < nt; ++t)
-    npresent += (present[t] = batch.labels[t].defined());
-  if (!npresent)
+    st->npresent += (st->present[t] = st->batch.labels[t].defined());
+  if (!st->npresent)
     bad("Batch.labels", "the batch has labels for no task");
-
-  StepStats stats;
-  stats.step = step_;
+  st->stats.step = step_;
   for (const HeadConfig &h : m.heads())
-    stats.tasks.push_back(h.name);
+    st->stats.tasks.push_back(h.name);
   for (const at::Tensor &p : m.parameters())
     p.mutable_grad() = at::Tensor();
-  const bool cuda = m.device().is_cuda();
-  const auto start = Clock::now();
-  if (cuda) {
-    resetCudaPeak(m.device().index() < 0 ? 0 : m.device().index());
-    stats.measuredStartBytes = cudaMemoryStats(m.device().index() < 0 ? 0 : m.device().index()).currentBytes;
+  st->start = Clock::now();
+  if (m.device().is_cuda()) {
+    const int dev = m.device().index() < 0 ? 0 : m.device().index();
+    resetCudaPeak(dev);
+    st->stats.measuredStartBytes = cudaMemoryStats(dev).currentBytes;
   } else {
     resetCpuPeak();
-    stats.measuredStartBytes = cpuMemoryStats().currentBytes;
+    st->stats.measuredStartBytes = cpuMemoryStats().currentBytes;
   }
   offloader_->resetStats();
-
-  const double scale = lossScale_;
-  std::vector<double> losses(nt, 0.0);
-  std::vector<double> alpha;
-  std::vector<GradList> accum(nt); // params scope: Σ over micro-batches
-  std::vector<at::Tensor> topk;    // params scope: the top k layers' parameters
-  std::vector<at::Tensor> lower;   // params scope: backbone parameters below
+  st->scale = lossScale_;
+  st->losses.assign(nt, 0.0);
+  st->accum.resize(nt);
   if (train_.scope == GradScope::Params) {
     int64_t maxTap = 0;
     for (const HeadConfig &h : m.heads())
@@ -321,214 +285,362 @@ StepStats TrainerCore::computeGradients(const Batch &fullBatch, const Schedule &
     const int64_t L = m.config().layers;
     for (int64_t l = L - train_.paramsTopK + 1; l <= L; ++l)
       for (const at::Tensor &p : m.layerParameters(l))
-        topk.push_back(p);
+        st->topk.push_back(p);
     for (int64_t l = 0; l <= std::min(maxTap, L - train_.paramsTopK); ++l)
       for (const at::Tensor &p : m.layerParameters(l))
-        lower.push_back(p);
+        st->lower.push_back(p);
   }
   if (keepDebug) {
     lastProcessed.assign(nt, {});
     lastFused.clear();
   }
+  state_ = std::move(st);
+}
 
-  for (int64_t mb = 0; mb < micro; ++mb) {
-    const int64_t begin = bsz * mb / micro, end = bsz * (mb + 1) / micro;
-    const Batch b = batch.slice(begin, end);
-    const double weight = static_cast<double>(end - begin) / static_cast<double>(bsz);
+void TrainerCore::beginMicroBatch(int64_t mb) {
+  StepState &st = state("beginMicroBatch");
+  if (mb != st.mb + 1 || mb >= train_.microBatches)
+    throw std::logic_error("mtprt: beginMicroBatch(" + std::to_string(mb) +
+                           "): micro-batches run in order 0.." +
+                           std::to_string(train_.microBatches - 1));
+  if (mb > 0 && !st.backboneDone)
+    throw std::logic_error("mtprt: beginMicroBatch: the previous micro-batch has no backbone backward");
+  const int64_t nt = model_->numHeads(), micro = train_.microBatches;
+  const int64_t begin = st.bsz * mb / micro, end = st.bsz * (mb + 1) / micro;
+  st.mb = mb;
+  st.b = st.batch.slice(begin, end);
+  st.weight = static_cast<double>(end - begin) / static_cast<double>(st.bsz);
+  st.values = {st.b.tokens};
+  st.taps.assign(model_->config().layers + 1, at::Tensor());
+  st.loss.assign(nt, at::Tensor());
+  st.taskGrads.assign(nt, {});
+  st.headForward.assign(nt, false);
+  st.headBackward.assign(nt, false);
+  st.backboneDone = false;
+  st.offloadedRegions.clear();
+}
 
-    // Forward: backbone, then every present head and its loss.
-    std::vector<at::Tensor> taps, loss(nt);
+ValueId TrainerCore::input() { return (void)state("input"), 0; }
+
+ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in, RegionMode mode) {
+  StepState &st = state("forward");
+  const Model &m = *model_;
+  if (st.mb < 0)
+    throw std::logic_error("mtprt: forward: no micro-batch (beginMicroBatch first)");
+  if (first < 0 || last >= m.numUnits() || first > last)
+    bad("forward", "unit range [" + std::to_string(first) + ", " + std::to_string(last) +
+                       "] is not within [0, " + std::to_string(m.numUnits() - 1) + "]");
+  if (in < 0 || in >= static_cast<ValueId>(st.values.size()))
+    bad("forward", "unknown value " + std::to_string(in));
+  if (!st.values[in].defined())
+    bad("forward", "value " + std::to_string(in) + " was released");
+  if ((first == 0) != (in == 0))
+    bad("forward", "unit 0 (embed) takes the input tokens, and only it does");
+  std::vector<bool> isTap(m.numUnits(), false);
+  for (const HeadConfig &h : m.heads())
+    isTap[Model::tapUnit(h.tap)] = true;
+  PrecisionGuard precision(train_.precision, m.device());
+  at::Tensor x = st.values[in];
+  if (mode == RegionMode::Keep) {
+    for (int64_t u = first; u <= last; ++u) {
+      x = m.unit(u, x);
+      if (isTap[u])
+        st.taps[u / 2] = x;
+    }
+  } else {
+    for (int64_t u = first; u < last; ++u)
+      if (isTap[u])
+        bad("forward", "a checkpoint region may not contain a tap (unit " + std::to_string(u) +
+                           ") before its end");
+    std::vector<at::Tensor> params;
+    for (int64_t l = (first + 1) / 2; l <= (last + 1) / 2; ++l)
+      for (const at::Tensor &p : m.layerParameters(l))
+        params.push_back(p);
+    const Model *mp = &m;
+    RegionFn fn = [mp, first, last](const at::Tensor &v) { return mp->runUnits(first, last, v); };
+    const std::string group = "region" + std::to_string(first);
+    // The token ids, and a tap (on the device for its head and the backbone
+    // backward anyway), are never offloaded.
+    if (mode == RegionMode::CheckpointOffload && first > 0 && !isTap[first - 1]) {
+      {
+        Offloader::Scope scope(*offloader_, group);
+        x = checkpoint(fn, x, params);
+      }
+      offloader_->waitOffloaded(group);
+      st.offloadedRegions.push_back(group);
+    } else {
+      x = checkpoint(fn, x, params);
+    }
+    // When the backward reaches this region, bring back its boundary and the
+    // prefetchAhead - 1 offloaded ones below.
+    if (!st.offloadedRegions.empty() && prefetchAhead_ > 0 && x.requires_grad()) {
+      std::vector<std::string> fetch;
+      const bool mine = st.offloadedRegions.back() == group;
+      int64_t n = mine ? prefetchAhead_ : prefetchAhead_ - 1;
+      for (auto it = st.offloadedRegions.rbegin(); it != st.offloadedRegions.rend() && n > 0;
+           ++it, --n)
+        fetch.push_back(*it);
+      if (!fetch.empty()) {
+        Offloader *off = offloader_.get();
+        x.register_hook([off, fetch](const at::Tensor &) {
+          for (const std::string &g : fetch)
+            off->prefetch(g);
+        });
+      }
+    }
+    if (isTap[last])
+      st.taps[last / 2] = x;
+  }
+  st.values.push_back(x);
+  return static_cast<ValueId>(st.values.size()) - 1;
+}
+
+void TrainerCore::release(ValueId v) {
+  StepState &st = state("release");
+  if (v < 0 || v >= static_cast<ValueId>(st.values.size()))
+    bad("release", "unknown value " + std::to_string(v));
+  st.values[v] = at::Tensor();
+}
+
+void TrainerCore::forwardHead(int64_t t, bool offload) {
+  StepState &st = state("forwardHead");
+  Model &m = *model_;
+  if (t < 0 || t >= m.numHeads())
+    bad("forwardHead", "head " + std::to_string(t) + " out of range");
+  if (!st.present[t] || st.headForward[t])
+    return; // no labels in this batch, or already run
+  const HeadConfig &hc = m.heads()[t];
+  const at::Tensor &tap = st.taps[hc.tap];
+  if (!tap.defined())
+    bad("forwardHead", "head \"" + hc.name + "\" reads tap " + std::to_string(hc.tap) +
+                           ", which this micro-batch has not computed");
+  PrecisionGuard precision(train_.precision, m.device());
+  at::Tensor loss;
+  const std::string group = "head" + std::to_string(t);
+  if (offload) {
     {
-      PrecisionGuard precision(train_.precision, m.device());
-      taps = forwardBackbone(b.tokens, s);
-      for (int64_t t = 0; t < nt; ++t) {
-        if (!present[t])
-          continue;
-        const HeadConfig &hc = m.heads()[t];
-        const std::string group = "head" + std::to_string(t);
-        if (s.offloadHeads) {
-          {
-            Offloader::Scope scope(*offloader_, group, {taps[hc.tap]});
-            loss[t] = m.loss(t, m.head(t, taps[hc.tap], b.labels[t]), b.labels[t]);
-          }
-          offloader_->waitOffloaded(group);
-        } else {
-          loss[t] = m.loss(t, m.head(t, taps[hc.tap], b.labels[t]), b.labels[t]);
-        }
-        losses[t] += loss[t].item<double>() * weight;
-        loss[t] = loss[t] * (weight * scale);
-      }
+      Offloader::Scope scope(*offloader_, group, {tap});
+      loss = m.loss(t, m.head(t, tap, st.b.labels[t]), st.b.labels[t]);
     }
+    offloader_->waitOffloaded(group);
+  } else {
+    loss = m.loss(t, m.head(t, tap, st.b.labels[t]), st.b.labels[t]);
+  }
+  st.losses[t] += loss.item<double>() * st.weight;
+  st.loss[t] = loss * (st.weight * st.scale);
+  st.headForward[t] = true;
+}
 
-    // Prefetch policy: before task i's backward, heads up to i + ahead.
-    std::vector<int64_t> order;
-    for (int64_t i = 0; i < nt; ++i) {
-      const int64_t t = s.headOrder.empty() ? nt - 1 - i : s.headOrder[i];
-      if (present[t])
-        order.push_back(t);
-    }
-    size_t prefetched = 0;
-    auto prefetchThrough = [&](size_t i) {
-      if (!s.offloadHeads || s.prefetchAhead == 0)
-        return;
-      for (; prefetched < order.size() && prefetched <= i + s.prefetchAhead - 1; ++prefetched)
-        offloader_->prefetch("head" + std::to_string(order[prefetched]));
-    };
-    if (train_.scope == GradScope::Sum) {
-      prefetchThrough(order.size());
-      at::Tensor total;
-      for (int64_t t : order)
-        total = total.defined() ? total + loss[t] : loss[t];
-      total.backward();
-      alpha.assign(nt, 0.0);
-      for (int64_t t : order)
-        alpha[t] = 1.0 / static_cast<double>(npresent);
-      continue;
-    }
+void TrainerCore::backwardHead(int64_t t) {
+  StepState &st = state("backwardHead");
+  Model &m = *model_;
+  if (t < 0 || t >= m.numHeads())
+    bad("backwardHead", "head " + std::to_string(t) + " out of range");
+  if (!st.present[t] || st.headBackward[t])
+    return;
+  if (!st.headForward[t])
+    throw std::logic_error("mtprt: backwardHead: head \"" + m.heads()[t].name +
+                           "\" has not run forward in this micro-batch");
+  st.headBackward[t] = true;
+  if (train_.scope == GradScope::Sum)
+    return; // summed into one backward by backwardBackbone
+  std::vector<at::Tensor> inputs;
+  if (train_.scope == GradScope::Features)
+    inputs.push_back(st.taps[m.heads()[t].tap]);
+  else
+    inputs = st.topk;
+  const size_t nshared = inputs.size();
+  const std::vector<at::Tensor> hp = m.headParameters(t);
+  inputs.insert(inputs.end(), hp.begin(), hp.end());
+  // Params scope retains the graph: the layers below need Σ α_t loss_t.
+  auto grads = torch::autograd::grad({st.loss[t]}, inputs, {},
+                                     train_.scope == GradScope::Params, false,
+                                     /*allow_unused=*/true);
+  for (size_t j = 0; j < hp.size(); ++j)
+    accumulateGrad(hp[j], grads[nshared + j]);
+  for (size_t j = 0; j < nshared; ++j) {
+    at::Tensor g = grads[j];
+    if (!g.defined())
+      g = at::zeros_like(inputs[j], inputs[j].options().dtype(at::kFloat));
+    st.taskGrads[t].push_back(st.scale != 1.0 ? g / st.scale : g);
+  }
+}
 
-    // Per-task head backward: gradients of the tap (features) or the top-k
-    // layers (params), and of the head's own parameters.
-    std::vector<GradList> taskGrads(nt);
-    for (size_t i = 0; i < order.size(); ++i) {
-      const int64_t t = order[i];
-      prefetchThrough(i);
-      std::vector<at::Tensor> inputs;
-      if (train_.scope == GradScope::Features)
-        inputs.push_back(taps[m.heads()[t].tap]);
-      else
-        inputs = topk;
-      const size_t nshared = inputs.size();
-      for (const at::Tensor &p : m.headParameters(t))
-        inputs.push_back(p);
-      const bool retain = train_.scope == GradScope::Params;
-      auto grads = torch::autograd::grad({loss[t]}, inputs, {}, retain, false,
-                                         /*allow_unused=*/true);
-      auto hp = m.headParameters(t);
-      for (size_t j = 0; j < hp.size(); ++j)
-        accumulateGrad(hp[j], grads[nshared + j]);
-      for (size_t j = 0; j < nshared; ++j) {
-        at::Tensor g = grads[j];
-        if (!g.defined())
-          g = at::zeros_like(inputs[j], inputs[j].options().dtype(at::kFloat));
-        taskGrads[t].push_back(scale != 1.0 ? g / scale : g);
-      }
-    }
+void TrainerCore::backwardBackbone() {
+  StepState &st = state("backwardBackbone");
+  Model &m = *model_;
+  const int64_t nt = m.numHeads();
+  for (int64_t t = 0; t < nt; ++t)
+    if (st.present[t] && !st.headBackward[t])
+      throw std::logic_error("mtprt: backwardBackbone: head \"" + m.heads()[t].name +
+                             "\" has no backward yet (backwardHead first)");
+  if (st.backboneDone)
+    throw std::logic_error("mtprt: backwardBackbone: already run for this micro-batch");
+  st.backboneDone = true;
+  std::vector<int64_t> order;
+  for (int64_t t = 0; t < nt; ++t)
+    if (st.present[t])
+      order.push_back(t);
 
-    if (train_.scope == GradScope::Features) {
-      for (int64_t t = 0; t < nt; ++t)
-        if (!present[t])
-          taskGrads[t] = {at::Tensor()};
-      const std::vector<double> norms =
-          processTaskGrads(taskGrads, present, train_.gfmKeep, train_.clipNorm);
-      if (mb == 0) {
-        // The cosine matrix and the gate's signals live on the parameters of
-        // the topmost layer every present task back-propagates through.
-        std::vector<GradList> probe;
-        if (train_.cosineEvery > 0 && step_ % train_.cosineEvery == 0 && npresent > 1) {
-          int64_t common = m.config().layers;
-          for (int64_t t : order)
-            common = std::min(common, m.heads()[t].tap);
-          const std::vector<at::Tensor> probeParams = m.layerParameters(common);
-          probe.assign(nt, {});
-          for (int64_t t : order) {
-            auto g = torch::autograd::grad({taps[m.heads()[t].tap]}, probeParams,
-                                           {taskGrads[t][0]}, /*retain_graph=*/true,
-                                           false, /*allow_unused=*/true);
-            probe[t] = g;
-          }
-          for (int64_t t = 0; t < nt; ++t)
-            if (!present[t])
-              probe[t].assign(probeParams.size(), at::Tensor());
-        }
-        std::vector<double> meanLoss(nt);
-        for (int64_t t = 0; t < nt; ++t)
-          meanLoss[t] = present[t] ? loss[t].item<double>() / (weight * scale) : 0.0;
-        alpha = computeAlpha(taskGrads, probe, meanLoss, norms, present, stats);
-      }
-      // One backbone backward with Σ α_t ĝ_t at each tap as grad_outputs.
-      std::vector<at::Tensor> outs, gradOuts;
-      for (int64_t layer = 0; layer <= m.config().layers; ++layer) {
-        std::vector<GradList> atTap;
-        std::vector<double> a;
-        for (int64_t t : order)
-          if (m.heads()[t].tap == layer) {
-            atTap.push_back(taskGrads[t]);
-            a.push_back(alpha[t]);
-          }
-        if (atTap.empty())
-          continue;
-        GradList fused = fuse(atTap, a);
-        if (!fused[0].defined())
-          continue;
-        outs.push_back(taps[layer]);
-        gradOuts.push_back((scale != 1.0 ? fused[0] * scale : fused[0]).to(taps[layer].scalar_type()));
-        if (keepDebug)
-          lastFused.push_back(fused[0]);
-      }
-      if (keepDebug)
-        for (int64_t t = 0; t < nt; ++t)
-          lastProcessed[t] = taskGrads[t];
-      taskGrads.clear(); // only the fused grad_outputs live through the backward
-      if (!outs.empty())
-        torch::autograd::backward(outs, gradOuts);
-      continue;
-    }
-
-    // Params scope: accumulate per-task top-k gradients; the layers below get
-    // Σ α_t loss_t with α from the first micro-batch.
-    if (mb == 0) {
-      std::vector<GradList> probe = taskGrads;
-      for (int64_t t = 0; t < nt; ++t)
-        if (!present[t])
-          probe[t].assign(topk.size(), at::Tensor());
-      const std::vector<double> norms =
-          processTaskGrads(probe, present, train_.gfmKeep, train_.clipNorm);
-      std::vector<double> meanLoss(nt);
-      for (int64_t t = 0; t < nt; ++t)
-        meanLoss[t] = present[t] ? loss[t].item<double>() / (weight * scale) : 0.0;
-      alpha = computeAlpha(probe, {}, meanLoss, norms, present, stats);
-    }
-    for (int64_t t : order) {
-      if (accum[t].empty())
-        accum[t] = taskGrads[t];
-      else
-        for (size_t j = 0; j < topk.size(); ++j)
-          accum[t][j] = accum[t][j] + taskGrads[t][j];
-    }
-    at::Tensor weighted;
+  if (train_.scope == GradScope::Sum) {
+    at::Tensor total;
     for (int64_t t : order)
-      weighted = weighted.defined() ? weighted + alpha[t] * loss[t] : alpha[t] * loss[t];
-    if (!lower.empty())
-      torch::autograd::backward({weighted}, {}, /*retain_graph=*/false, false, lower);
+      total = total.defined() ? total + st.loss[t] : st.loss[t];
+    total.backward();
+    st.alpha.assign(nt, 0.0);
+    for (int64_t t : order)
+      st.alpha[t] = 1.0 / static_cast<double>(st.npresent);
+    st.loss.assign(nt, at::Tensor());
+    return;
   }
 
+  std::vector<double> meanLoss(nt, 0.0);
+  for (int64_t t : order)
+    meanLoss[t] = st.loss[t].item<double>() / (st.weight * st.scale);
+
+  if (train_.scope == GradScope::Features) {
+    std::vector<GradList> &tg = st.taskGrads;
+    for (int64_t t = 0; t < nt; ++t)
+      if (!st.present[t])
+        tg[t] = {at::Tensor()};
+    const std::vector<double> norms =
+        processTaskGrads(tg, st.present, train_.gfmKeep, train_.clipNorm);
+    if (st.mb == 0) {
+      // The cosine matrix and the gate's signals live on the parameters of
+      // the topmost layer every present task back-propagates through.
+      std::vector<GradList> probe;
+      if (train_.cosineEvery > 0 && step_ % train_.cosineEvery == 0 && st.npresent > 1) {
+        int64_t common = m.config().layers;
+        for (int64_t t : order)
+          common = std::min(common, m.heads()[t].tap);
+        const std::vector<at::Tensor> probeParams = m.layerParameters(common);
+        probe.assign(nt, GradList(probeParams.size()));
+        for (int64_t t : order)
+          probe[t] = torch::autograd::grad({st.taps[m.heads()[t].tap]}, probeParams, {tg[t][0]},
+                                           /*retain_graph=*/true, false, /*allow_unused=*/true);
+      }
+      st.alpha = computeAlpha(tg, probe, meanLoss, norms, st.present, st.stats);
+    }
+    // One backbone backward with Σ α_t ĝ_t at each tap as grad_outputs.
+    std::vector<at::Tensor> outs, gradOuts;
+    for (int64_t layer = 0; layer <= m.config().layers; ++layer) {
+      std::vector<GradList> atTap;
+      std::vector<double> a;
+      for (int64_t t : order)
+        if (m.heads()[t].tap == layer) {
+          atTap.push_back(tg[t]);
+          a.push_back(st.alpha[t]);
+        }
+      if (atTap.empty())
+        continue;
+      GradList fused = fuse(atTap, a);
+      if (!fused[0].defined())
+        continue;
+      outs.push_back(st.taps[layer]);
+      gradOuts.push_back((st.scale != 1.0 ? fused[0] * st.scale : fused[0])
+                             .to(st.taps[layer].scalar_type()));
+      if (keepDebug)
+        lastFused.push_back(fused[0]);
+    }
+    if (keepDebug)
+      lastProcessed = tg;
+    tg.assign(nt, {}); // only the fused grad_outputs live through the backward
+    st.loss.assign(nt, at::Tensor());
+    if (!outs.empty())
+      torch::autograd::backward(outs, gradOuts);
+    return;
+  }
+
+  // Params scope: accumulate per-task top-k gradients; the layers below get
+  // Σ α_t loss_t with α from the first micro-batch.
+  if (st.mb == 0) {
+    std::vector<GradList> probe = st.taskGrads;
+    for (int64_t t = 0; t < nt; ++t)
+      if (!st.present[t])
+        probe[t].assign(st.topk.size(), at::Tensor());
+    const std::vector<double> norms =
+        processTaskGrads(probe, st.present, train_.gfmKeep, train_.clipNorm);
+    st.alpha = computeAlpha(probe, {}, meanLoss, norms, st.present, st.stats);
+  }
+  for (int64_t t : order) {
+    if (st.accum[t].empty())
+      st.accum[t] = st.taskGrads[t];
+    else
+      for (size_t j = 0; j < st.topk.size(); ++j)
+        st.accum[t][j] = st.accum[t][j] + st.taskGrads[t][j];
+  }
+  st.taskGrads.assign(nt, {});
+  at::Tensor weighted;
+  for (int64_t t : order)
+    weighted = weighted.defined() ? weighted + st.alpha[t] * st.loss[t] : st.alpha[t] * st.loss[t];
+  st.loss.assign(nt, at::Tensor());
+  if (!st.lower.empty())
+    torch::autograd::backward({weighted}, {}, /*retain_graph=*/false, false, st.lower);
+}
+
+StepStats TrainerCore::endStep(bool applyUpdate) {
+  StepState &st = state("endStep");
+  if (st.mb != train_.microBatches - 1 || !st.backboneDone)
+    throw std::logic_error("mtprt: endStep: every micro-batch needs its forward and backward first");
+  Model &m = *model_;
+  const int64_t nt = m.numHeads();
   if (train_.scope == GradScope::Params) {
     for (int64_t t = 0; t < nt; ++t)
-      if (!present[t])
-        accum[t].assign(topk.size(), at::Tensor());
-    processTaskGrads(accum, present, train_.gfmKeep, train_.clipNorm);
-    GradList fused = fuse(accum, alpha);
-    for (size_t j = 0; j < topk.size(); ++j) // rescaled: unscaled below with the rest
-      accumulateGrad(topk[j], scale != 1.0 && fused[j].defined() ? fused[j] * scale : fused[j]);
+      if (!st.present[t])
+        st.accum[t].assign(st.topk.size(), at::Tensor());
+    processTaskGrads(st.accum, st.present, train_.gfmKeep, train_.clipNorm);
+    GradList fused = fuse(st.accum, st.alpha);
+    for (size_t j = 0; j < st.topk.size(); ++j) // rescaled: unscaled below with the rest
+      accumulateGrad(st.topk[j],
+                     st.scale != 1.0 && fused[j].defined() ? fused[j] * st.scale : fused[j]);
     if (keepDebug) {
-      lastProcessed = accum;
+      lastProcessed = st.accum;
       lastFused = fused;
-      lastParamsScopeParams = topk;
+      lastParamsScopeParams = st.topk;
     }
   }
-
   // Unscale what autograd accumulated with the fp16 loss scale.
-  if (scale != 1.0)
+  if (st.scale != 1.0)
     for (const at::Tensor &p : m.parameters())
       if (p.grad().defined())
-        p.mutable_grad().div_(scale);
-
+        p.mutable_grad().div_(st.scale);
   if (keepDebug)
-    lastAlpha = alpha;
+    lastAlpha = st.alpha;
+
+  StepStats stats = std::move(st.stats);
   for (int64_t t = 0; t < nt; ++t) {
-    stats.loss.push_back(present[t] ? losses[t] : std::numeric_limits<double>::quiet_NaN());
-    stats.alpha.push_back(alpha.empty() ? 0.0 : alpha[t]);
+    stats.loss.push_back(st.present[t] ? st.losses[t] : std::numeric_limits<double>::quiet_NaN());
+    stats.alpha.push_back(st.alpha.empty() ? 0.0 : st.alpha[t]);
   }
+
+  if (applyUpdate) {
+    // TaskLRAdapter: each group's own schedule.
+    auto &groups = optimizer_->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const LrConfig &c =
+          g == 0 || train_.headLr.empty() ? train_.backboneLr : train_.headLr[g - 1];
+      static_cast<torch::optim::AdamWOptions &>(groups[g].options()).lr(scheduledLr(c, step_));
+    }
+    bool finite = true;
+    if (train_.precision == Precision::Fp16) {
+      for (const at::Tensor &p : m.parameters())
+        if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) {
+          finite = false;
+          break;
+        }
+      if (!finite) {
+        lossScale_ /= 2.0;
+        goodSteps_ = 0;
+      } else if (++goodSteps_ % 2000 == 0) {
+        lossScale_ *= 2.0;
+      }
+    }
+    stats.skipped = !finite;
+    if (finite)
+      optimizer_->step();
+    ++step_;
+  }
+
   offloader_->synchronize();
   const OffloadStats os = offloader_->stats();
   stats.offloadHits = os.hits;
@@ -536,52 +648,104 @@ StepStats TrainerCore::computeGradients(const Batch &fullBatch, const Schedule &
   stats.offloadWaitS = os.waitS;
   stats.checkpointHitRate = os.hitRate();
   stats.hostPoolBytes = os.hostPeakBytes;
-  if (cuda) {
-    const MemoryStats ms = cudaMemoryStats(m.device().index() < 0 ? 0 : m.device().index());
-    stats.measuredPeakBytes = ms.peakBytes;
-    stats.measuredCurrentBytes = ms.currentBytes;
-  } else {
-    const MemoryStats ms = cpuMemoryStats();
-    stats.measuredPeakBytes = ms.peakBytes;
-    stats.measuredCurrentBytes = ms.currentBytes;
-  }
-  stats.lossScale = lossScale_;
-  stats.stepTimeS = std::chrono::duration<double>(Clock::now() - start).count();
-  stats.samplesPerS = stats.stepTimeS > 0 ? static_cast<double>(bsz) / stats.stepTimeS : 0.0;
+  const MemoryStats ms = m.device().is_cuda()
+                             ? cudaMemoryStats(m.device().index() < 0 ? 0 : m.device().index())
+                             : cpuMemoryStats();
+  stats.measuredPeakBytes = ms.peakBytes;
+  stats.measuredCurrentBytes = ms.currentBytes;
+  stats.lossScale = st.scale;
+  stats.stepTimeS = std::chrono::duration<double>(Clock::now() - st.start).count();
+  stats.samplesPerS = stats.stepTimeS > 0 ? static_cast<double>(st.bsz) / stats.stepTimeS : 0.0;
+  state_.reset();
   return stats;
 }
 
-StepStats TrainerCore::step(const Batch &batch, const Schedule &schedule) {
-  const auto start = Clock::now();
-  StepStats stats = computeGradients(batch, schedule);
-  // TaskLRAdapter: each group's own schedule.
-  auto &groups = optimizer_->param_groups();
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const LrConfig &c =
-        g == 0 || train_.headLr.empty() ? train_.backboneLr : train_.headLr[g - 1];
-    static_cast<torch::optim::AdamWOptions &>(groups[g].options()).lr(scheduledLr(c, step_));
+void TrainerCore::abortStep() { state_.reset(); }
+
+//===----------------------------------------------------------------------===//
+// The whole step as a Schedule says
+//===----------------------------------------------------------------------===//
+
+std::vector<at::Tensor> TrainerCore::forwardBackbone(const at::Tensor &tokens,
+                                                     const Schedule &s) {
+  // A standalone forward (tests, probes): a throwaway micro-batch state, so
+  // no gradient or statistic of a step is touched.
+  if (state_)
+    throw std::logic_error("mtprt: forwardBackbone: a step is in progress");
+  auto st = std::make_unique<StepState>();
+  st->mb = 0;
+  st->b.tokens = tokens.to(model_->device());
+  st->values = {st->b.tokens};
+  st->taps.assign(model_->config().layers + 1, at::Tensor());
+  state_ = std::move(st);
+  try {
+    runBackbone(s);
+  } catch (...) {
+    state_.reset();
+    throw;
   }
-  bool finite = true;
-  if (train_.precision == Precision::Fp16) {
-    for (const at::Tensor &p : model_->parameters())
-      if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) {
-        finite = false;
-        break;
-      }
-    if (!finite) {
-      lossScale_ /= 2.0;
-      goodSteps_ = 0;
-    } else if (++goodSteps_ % 2000 == 0) {
-      lossScale_ *= 2.0;
+  std::vector<at::Tensor> taps = state_->taps;
+  state_.reset();
+  return taps;
+}
+
+void TrainerCore::runBackbone(const Schedule &s) {
+  std::vector<int64_t> regionEnd(model_->numUnits(), -1);
+  for (const auto &r : s.regions)
+    regionEnd[r.first] = r.second;
+  prefetchAhead_ = s.prefetchAhead;
+  ValueId x = input();
+  for (int64_t u = 0; u < model_->numUnits();) {
+    const int64_t last = regionEnd[u] < 0 ? u : regionEnd[u];
+    const ValueId next = forward(u, last, x,
+                                 regionEnd[u] < 0 ? RegionMode::Keep
+                                 : s.offloadRegionBoundaries ? RegionMode::CheckpointOffload
+                                                             : RegionMode::Checkpoint);
+    release(x); // the chain's last use: only what autograd saved keeps it
+    x = next;
+    u = last + 1;
+  }
+}
+
+StepStats TrainerCore::run(const Batch &batch, const Schedule &s, bool applyUpdate) {
+  validate(s);
+  beginStep(batch);
+  try {
+    const int64_t nt = model_->numHeads();
+    std::vector<int64_t> order;
+    for (int64_t i = 0; i < nt; ++i) {
+      const int64_t t = s.headOrder.empty() ? nt - 1 - i : s.headOrder[i];
+      if (state_->present[t])
+        order.push_back(t);
     }
+    for (int64_t mb = 0; mb < train_.microBatches; ++mb) {
+      beginMicroBatch(mb);
+      runBackbone(s);
+      for (int64_t t = 0; t < nt; ++t)
+        forwardHead(t, s.offloadHeads);
+      // Before head i's backward, heads up to i + prefetchAhead - 1.
+      size_t prefetched = 0;
+      for (size_t i = 0; i < order.size(); ++i) {
+        if (s.offloadHeads && s.prefetchAhead > 0)
+          for (; prefetched < order.size() && prefetched < i + s.prefetchAhead; ++prefetched)
+            offloader_->prefetch("head" + std::to_string(order[prefetched]));
+        backwardHead(order[i]);
+      }
+      backwardBackbone();
+    }
+  } catch (...) {
+    state_.reset();
+    throw;
   }
-  stats.skipped = !finite;
-  if (finite)
-    optimizer_->step();
-  ++step_;
-  stats.stepTimeS = std::chrono::duration<double>(Clock::now() - start).count();
-  stats.samplesPerS = stats.stepTimeS > 0 ? static_cast<double>(batch.size()) / stats.stepTimeS : 0.0;
-  return stats;
+  return endStep(applyUpdate);
+}
+
+StepStats TrainerCore::computeGradients(const Batch &batch, const Schedule &schedule) {
+  return run(batch, schedule, /*applyUpdate=*/false);
+}
+
+StepStats TrainerCore::step(const Batch &batch, const Schedule &schedule) {
+  return run(batch, schedule, /*applyUpdate=*/true);
 }
 
 //===----------------------------------------------------------------------===//

@@ -105,6 +105,15 @@ struct Schedule {
   int64_t prefetchAhead = 2;
 };
 
+/// A handle to an activation inside a step driven unit by unit (0 = the
+/// micro-batch's token ids).
+using ValueId = int64_t;
+
+/// How a forward range of units runs: kept (every unit's saved tensors stay),
+/// as one checkpoint region, or as a checkpoint region whose saved boundary
+/// input goes to the host pool.
+enum class RegionMode { Keep, Checkpoint, CheckpointOffload };
+
 /// One step's measurements, named as SPEC.md §5's metrics.
 struct StepStats {
   int64_t step = 0;

@@ -36,14 +36,54 @@ public:
               OffloadOptions offload = {});
   ~TrainerCore();
 
-  /// Forward, per-task backward and fusion: leaves every parameter's .grad
-  /// set (unscaled) without updating. Fills the stats it can.
+  /// The whole step as `schedule` says, composed of the phases below:
+  /// forward, per-task backward and fusion, leaving every parameter's .grad
+  /// set (unscaled) without updating.
   StepStats computeGradients(const Batch &batch, const Schedule &schedule);
   /// computeGradients, then the optimizer step (skipped on fp16 overflow).
   StepStats step(const Batch &batch, const Schedule &schedule);
 
-  /// The backbone forward: returns the tap activations (index = tap layer;
-  /// undefined where no head reads it).
+  //===--- The step phase by phase (what a unit-grain program calls) -------===//
+  //
+  //   beginStep(batch)
+  //   for mb in 0..microBatches-1:
+  //     beginMicroBatch(mb)
+  //     v = input(); w = forward(first, last, v, mode); release(v) ...
+  //     forwardHead(h, offload) ...                          // every head
+  //     [prefetch("head<h>")] backwardHead(h) ...            // every head
+  //     backwardBackbone()                                   // α, fusion, one backward
+  //   endStep(applyUpdate)                                   // optimizer step, stats
+  //
+  // Misordered calls throw std::logic_error; bad arguments
+  // std::invalid_argument.
+
+  void beginStep(const Batch &batch);
+  void beginMicroBatch(int64_t mb);
+  ValueId input();
+  /// Units [first, last] from value `in`; records the taps it produces.
+  ValueId forward(int64_t first, int64_t last, ValueId in, RegionMode mode);
+  /// Drops the step's reference to a value after its last forward use (the
+  /// compiler's liveness says when); otherwise it lives to the micro-batch's
+  /// end. Taps stay referenced for their heads and the backbone backward.
+  void release(ValueId v);
+  /// Head h + its loss on its tap (skipped when the batch has no labels for
+  /// it); `offload` sends what they save to the host pool (group "head<h>").
+  void forwardHead(int64_t h, bool offload);
+  /// Head h's backward: its parameters' gradients and, at scope features /
+  /// params, its tap / top-k gradient for the pipeline.
+  void backwardHead(int64_t h);
+  /// GFM, clip, α, fusion and the backbone backward for this micro-batch.
+  void backwardBackbone();
+  /// Finishes the step: params-scope fusion, unscaling, the optimizer step
+  /// (when applyUpdate), the step's statistics.
+  StepStats endStep(bool applyUpdate);
+  /// Drops a step in progress (after an error).
+  void abortStep();
+  /// Offloaded region boundaries prefetched ahead by the backward's hooks.
+  void setPrefetchAhead(int64_t n) { prefetchAhead_ = n; }
+
+  /// The backbone forward alone (no step): the tap activations (index = tap
+  /// layer; undefined where no head reads it).
   std::vector<at::Tensor> forwardBackbone(const at::Tensor &tokens,
                                           const Schedule &schedule);
 
@@ -65,6 +105,10 @@ public:
   std::vector<at::Tensor> lastParamsScopeParams;
 
 private:
+  struct StepState;
+  StepState &state(const char *phase);
+  void runBackbone(const Schedule &s);
+  StepStats run(const Batch &batch, const Schedule &s, bool applyUpdate);
   void validate(const Schedule &s) const;
   std::vector<double> computeAlpha(const std::vector<GradList> &processed,
                                    const std::vector<GradList> &probe,
@@ -78,6 +122,8 @@ private:
   std::unique_ptr<Gate> gate_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::vector<std::vector<double>> lastCosines_;
+  std::unique_ptr<StepState> state_;
+  int64_t prefetchAhead_ = 2;
   double lossScale_ = 1.0;
   int64_t goodSteps_ = 0;
   int64_t step_ = 0;
