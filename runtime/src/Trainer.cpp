@@ -239,9 +239,12 @@ struct TrainerCore::StepState {
   std::vector<std::string> offloadedRegions; ///< bottom to top
 };
 
-TrainerCore::StepState &TrainerCore::state(const char *phase) {
+TrainerCore::StepState &TrainerCore::state(const char *phase, bool needMicroBatch) {
   if (!state_)
     throw std::logic_error(std::string("mtprt: ") + phase + ": no step in progress (beginStep first)");
+  if (needMicroBatch && state_->mb < 0)
+    throw std::logic_error(std::string("mtprt: ") + phase +
+                           ": no micro-batch in progress (beginMicroBatch first)");
   return *state_;
 }
 
@@ -298,7 +301,7 @@ void TrainerCore::beginStep(const Batch &fullBatch) {
 }
 
 void TrainerCore::beginMicroBatch(int64_t mb) {
-  StepState &st = state("beginMicroBatch");
+  StepState &st = state("beginMicroBatch", false);
   if (mb != st.mb + 1 || mb >= train_.microBatches)
     throw std::logic_error("mtprt: beginMicroBatch(" + std::to_string(mb) +
                            "): micro-batches run in order 0.." +
@@ -320,13 +323,11 @@ void TrainerCore::beginMicroBatch(int64_t mb) {
   st.offloadedRegions.clear();
 }
 
-ValueId TrainerCore::input() { return (void)state("input"), 0; }
+ValueId TrainerCore::input() { return (void)state("input", true), 0; }
 
 ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in, RegionMode mode) {
-  StepState &st = state("forward");
+  StepState &st = state("forward", true);
   const Model &m = *model_;
-  if (st.mb < 0)
-    throw std::logic_error("mtprt: forward: no micro-batch (beginMicroBatch first)");
   if (first < 0 || last >= m.numUnits() || first > last)
     bad("forward", "unit range [" + std::to_string(first) + ", " + std::to_string(last) +
                        "] is not within [0, " + std::to_string(m.numUnits() - 1) + "]");
@@ -396,14 +397,14 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in, RegionMode
 }
 
 void TrainerCore::release(ValueId v) {
-  StepState &st = state("release");
+  StepState &st = state("release", true);
   if (v < 0 || v >= static_cast<ValueId>(st.values.size()))
     bad("release", "unknown value " + std::to_string(v));
   st.values[v] = at::Tensor();
 }
 
 void TrainerCore::forwardHead(int64_t t, bool offload) {
-  StepState &st = state("forwardHead");
+  StepState &st = state("forwardHead", true);
   Model &m = *model_;
   if (t < 0 || t >= m.numHeads())
     bad("forwardHead", "head " + std::to_string(t) + " out of range");
@@ -432,7 +433,7 @@ void TrainerCore::forwardHead(int64_t t, bool offload) {
 }
 
 void TrainerCore::backwardHead(int64_t t) {
-  StepState &st = state("backwardHead");
+  StepState &st = state("backwardHead", true);
   Model &m = *model_;
   if (t < 0 || t >= m.numHeads())
     bad("backwardHead", "head " + std::to_string(t) + " out of range");
@@ -467,7 +468,7 @@ void TrainerCore::backwardHead(int64_t t) {
 }
 
 void TrainerCore::backwardBackbone() {
-  StepState &st = state("backwardBackbone");
+  StepState &st = state("backwardBackbone", true);
   Model &m = *model_;
   const int64_t nt = m.numHeads();
   for (int64_t t = 0; t < nt; ++t)
@@ -579,7 +580,7 @@ void TrainerCore::backwardBackbone() {
 }
 
 StepStats TrainerCore::endStep(bool applyUpdate) {
-  StepState &st = state("endStep");
+  StepState &st = state("endStep", false);
   if (st.mb != train_.microBatches - 1 || !st.backboneDone)
     throw std::logic_error("mtprt: endStep: every micro-batch needs its forward and backward first");
   Model &m = *model_;
@@ -823,6 +824,30 @@ StepStats Trainer::step(const Schedule &schedule) {
   if (!batch_->batch.tokens.defined())
     throw std::runtime_error("mtprt: Trainer::step: no batch (call setBatch or useSyntheticBatch)");
   return core_->step(batch_->batch, schedule);
+}
+
+void Trainer::beginStep() {
+  if (!batch_->batch.tokens.defined())
+    throw std::runtime_error("mtprt: Trainer::beginStep: no batch (call setBatch or useSyntheticBatch)");
+  core_->beginStep(batch_->batch);
+}
+int64_t Trainer::microBatches() const { return core_->config().microBatches; }
+void Trainer::beginMicroBatch(int64_t mb) { core_->beginMicroBatch(mb); }
+ValueId Trainer::input() { return core_->input(); }
+ValueId Trainer::forward(int64_t first, int64_t last, ValueId in, RegionMode mode) {
+  return core_->forward(first, last, in, mode);
+}
+void Trainer::release(ValueId value) { core_->release(value); }
+void Trainer::forwardHead(int64_t head, bool offload) { core_->forwardHead(head, offload); }
+void Trainer::backwardHead(int64_t head) { core_->backwardHead(head); }
+void Trainer::backwardBackbone() { core_->backwardBackbone(); }
+StepStats Trainer::endStep(bool applyUpdate) { return core_->endStep(applyUpdate); }
+void Trainer::prefetch(const std::string &group) { core_->offloader().prefetch(group); }
+void Trainer::waitOffloaded(const std::string &group) { core_->offloader().waitOffloaded(group); }
+void Trainer::setPrefetchAhead(int64_t n) {
+  if (n < 0)
+    bad("prefetchAhead", "must be >= 0");
+  core_->setPrefetchAhead(n);
 }
 
 int64_t Trainer::numParameters() const { return core_->model().numParameters(); }

@@ -386,6 +386,60 @@ TEST(Facade, RawBatchesStepsAndJson) {
   EXPECT_THROW(Trainer(mc, heads, fp16), std::invalid_argument); // needs CUDA
 }
 
+TEST(Facade, UnitGrainStepEqualsTheScheduledStep) {
+  ModelConfig mc = small(0.2);
+  TrainConfig tc;
+  tc.microBatches = 2;
+  tc.gfmKeep = 0.5;
+  tc.clipNorm = 1.0;
+  Schedule s;
+  s.regions = {{3, 4}};
+  s.offloadHeads = true;
+  s.offloadRegionBoundaries = true;
+  Trainer scheduled(mc, threeTasks(), tc), manual(mc, threeTasks(), tc);
+  scheduled.useSyntheticBatch(4, 8);
+  manual.useSyntheticBatch(4, 8);
+  at::manual_seed(9);
+  StepStats a = scheduled.step(s);
+
+  // The same plan, written out the way an emitted step program would.
+  at::manual_seed(9);
+  manual.beginStep();
+  EXPECT_THROW(manual.backwardBackbone(), std::logic_error); // no micro-batch yet
+  for (int64_t mb = 0; mb < manual.microBatches(); ++mb) {
+    manual.beginMicroBatch(mb);
+    ValueId v = manual.input();
+    ValueId h0 = manual.forward(0, 0, v, RegionMode::Keep);
+    manual.release(v);
+    ValueId h1 = manual.forward(1, 2, h0, RegionMode::Keep); // cls taps layer 1
+    manual.release(h0);
+    ValueId h2 = manual.forward(3, 4, h1, RegionMode::CheckpointOffload); // gen taps 2
+    manual.release(h1);
+    ValueId h3 = manual.forward(5, 6, h2, RegionMode::Keep); // tag taps 3
+    manual.release(h2);
+    manual.release(h3);
+    for (int64_t h = 0; h < 3; ++h)
+      manual.forwardHead(h, /*offload=*/true);
+    EXPECT_THROW(manual.backwardBackbone(), std::logic_error); // heads first
+    for (int64_t h = 2; h >= 0; --h) {
+      manual.prefetch("head" + std::to_string(h));
+      if (h > 0)
+        manual.prefetch("head" + std::to_string(h - 1));
+      manual.backwardHead(h);
+    }
+    manual.backwardBackbone();
+  }
+  StepStats b = manual.endStep();
+  for (size_t t = 0; t < 3; ++t) {
+    EXPECT_NEAR(a.loss[t], b.loss[t], 1e-6);
+    EXPECT_NEAR(a.alpha[t], b.alpha[t], 1e-6);
+  }
+  auto pa = scheduled.core().model().parameters(), pb = manual.core().model().parameters();
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(at::allclose(pa[i], pb[i], 1e-6, 1e-7)) << i;
+  EXPECT_THROW(manual.endStep(), std::logic_error); // no step in progress
+}
+
 //===--- CUDA only (the device check runs these) --------------------------===//
 
 bool haveCuda() { return cudaMemoryStatsAvailable(); }

@@ -37,8 +37,41 @@ public:
   /// float for mse) or is null when the batch has none. Copied.
   void setBatch(int64_t batchSize, const int64_t *tokens,
                 const std::vector<const void *> &labels);
-  /// One optimizer step on the current batch.
+  /// One optimizer step on the current batch, as `schedule` says.
   StepStats step(const Schedule &schedule);
+
+  //===--- The same step at the unit grain ---------------------------------===//
+  //
+  // What a step program emitted by mtpc calls, in this order (misordered
+  // calls throw std::logic_error):
+  //
+  //   beginStep();
+  //   for (mb = 0; mb < microBatches(); ++mb) {
+  //     beginMicroBatch(mb);
+  //     ValueId v = input();
+  //     ValueId w = forward(0, 0, v, RegionMode::Keep); release(v); ...
+  //     forwardHead(h, /*offload=*/true); ...
+  //     prefetch("head2"); backwardHead(2); ...
+  //     backwardBackbone();
+  //   }
+  //   StepStats s = endStep();
+  void beginStep();
+  int64_t microBatches() const;
+  void beginMicroBatch(int64_t mb);
+  ValueId input();
+  /// Units [first, last] (0 = embed, 2l-1 / 2l = layer l's attention / MLP).
+  ValueId forward(int64_t first, int64_t last, ValueId in, RegionMode mode);
+  void release(ValueId value);
+  void forwardHead(int64_t head, bool offload);
+  void backwardHead(int64_t head);
+  void backwardBackbone();
+  /// The optimizer step (unless applyUpdate is false) and the statistics.
+  StepStats endStep(bool applyUpdate = true);
+  /// Offload groups: "head<h>" and "region<first unit>".
+  void prefetch(const std::string &group);
+  void waitOffloaded(const std::string &group);
+  /// How many offloaded region boundaries a region's backward prefetches.
+  void setPrefetchAhead(int64_t n);
 
   int64_t numParameters() const;
   int64_t numUnits() const;

@@ -106,7 +106,7 @@ public:
 
 private:
   struct StepState;
-  StepState &state(const char *phase);
+  StepState &state(const char *phase, bool needMicroBatch);
   void runBackbone(const Schedule &s);
   StepStats run(const Batch &batch, const Schedule &s, bool applyUpdate);
   void validate(const Schedule &s) const;
