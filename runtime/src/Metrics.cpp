@@ -61,6 +61,7 @@ std::string toJsonLine(const StepStats &s) {
     }
     out += "]";
   }
+  out += ",\"activation_reuse_ratio\":" + number(s.activationReuseRatio);
   out += ",\"checkpoint_hit_rate\":" + number(s.checkpointHitRate);
   out += ",\"offload_hits\":" + std::to_string(s.offloadHits);
   out += ",\"offload_misses\":" + std::to_string(s.offloadMisses);

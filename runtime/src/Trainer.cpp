@@ -237,7 +237,33 @@ struct TrainerCore::StepState {
   std::vector<bool> headForward, headBackward;
   bool backboneDone = false;
   std::vector<std::string> offloadedRegions; ///< bottom to top
+  /// Device bytes each backbone unit left live in the forward (a region's
+  /// go to its last unit), summed over micro-batches.
+  std::vector<int64_t> unitBytes;
 };
+
+namespace {
+int64_t deviceBytes(const at::Device &d) {
+  return d.is_cuda() ? cudaMemoryStats(d.index() < 0 ? 0 : d.index()).currentBytes
+                     : cpuMemoryStats().currentBytes;
+}
+
+/// activation_reuse_ratio: of the activation bytes each present task depends
+/// on (the units up to its tap, counted once per task), the share that at
+/// least one other present task depends on too.
+double reuseRatio(const std::vector<int64_t> &unitBytes, const std::vector<int64_t> &tapUnits) {
+  double shared = 0, total = 0;
+  for (size_t u = 0; u < unitBytes.size(); ++u) {
+    int64_t users = 0;
+    for (int64_t t : tapUnits)
+      users += t >= static_cast<int64_t>(u);
+    total += static_cast<double>(unitBytes[u]) * users;
+    if (users >= 2)
+      shared += static_cast<double>(unitBytes[u]) * users;
+  }
+  return total > 0 ? shared / total : 0.0;
+}
+} // namespace
 
 TrainerCore::StepState &TrainerCore::state(const char *phase, bool needMicroBatch) {
   if (!state_)
@@ -279,6 +305,7 @@ void TrainerCore::beginStep(const Batch &fullBatch) {
   }
   offloader_->resetStats();
   st->scale = lossScale_;
+  st->unitBytes.assign(m.numUnits(), 0);
   st->losses.assign(nt, 0.0);
   st->accum.resize(nt);
   if (train_.scope == GradScope::Params) {
@@ -342,9 +369,17 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in, RegionMode
     isTap[Model::tapUnit(h.tap)] = true;
   PrecisionGuard precision(train_.precision, m.device());
   at::Tensor x = st.values[in];
+  int64_t before = deviceBytes(m.device());
+  auto account = [&](int64_t u) {
+    const int64_t now = deviceBytes(m.device());
+    if (!st.unitBytes.empty())
+      st.unitBytes[u] += now - before;
+    before = now;
+  };
   if (mode == RegionMode::Keep) {
     for (int64_t u = first; u <= last; ++u) {
       x = m.unit(u, x);
+      account(u);
       if (isTap[u])
         st.taps[u / 2] = x;
     }
@@ -389,6 +424,7 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in, RegionMode
         });
       }
     }
+    account(last);
     if (isTap[last])
       st.taps[last / 2] = x;
   }
@@ -609,6 +645,11 @@ StepStats TrainerCore::endStep(bool applyUpdate) {
     lastAlpha = st.alpha;
 
   StepStats stats = std::move(st.stats);
+  std::vector<int64_t> tapUnits;
+  for (int64_t t = 0; t < nt; ++t)
+    if (st.present[t])
+      tapUnits.push_back(Model::tapUnit(m.heads()[t].tap));
+  stats.activationReuseRatio = reuseRatio(st.unitBytes, tapUnits);
   for (int64_t t = 0; t < nt; ++t) {
     stats.loss.push_back(st.present[t] ? st.losses[t] : std::numeric_limits<double>::quiet_NaN());
     stats.alpha.push_back(st.alpha.empty() ? 0.0 : st.alpha[t]);

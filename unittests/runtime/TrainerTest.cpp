@@ -354,6 +354,28 @@ TEST(Training, TaskLrAdapterGivesEachHeadItsSchedule) {
   EXPECT_NEAR(lr(2), 3e-3 * 0.9, 1e-12);
 }
 
+TEST(Training, ActivationReuseRatio) {
+  installCpuMemoryTracking();
+  auto ratio = [](std::vector<int64_t> taps, std::vector<bool> present) {
+    std::vector<HeadConfig> heads = threeTasks();
+    for (size_t t = 0; t < 3; ++t)
+      heads[t].tap = taps[t];
+    TrainerCore core(small(0.0), heads, {});
+    Batch b = core.model().syntheticBatch(4, 1);
+    for (size_t t = 0; t < 3; ++t)
+      if (!present[t])
+        b.labels[t] = at::Tensor();
+    return core.computeGradients(b, {}).activationReuseRatio;
+  };
+  EXPECT_NEAR(ratio({3, 3, 3}, {true, true, true}), 1.0, 1e-12); // all share everything
+  EXPECT_EQ(ratio({3, 3, 3}, {true, false, false}), 0.0);         // one task shares nothing
+  const double split = ratio({1, 3, 2}, {true, true, true});
+  const double low = ratio({0, 3, 0}, {true, true, true});
+  EXPECT_GT(split, low); // tapping lower shares less of the deep task's stack
+  EXPECT_GT(low, 0.0);
+  EXPECT_LT(split, 1.0);
+}
+
 //===--- The torch-free facade and metrics --------------------------------===//
 
 TEST(Facade, RawBatchesStepsAndJson) {
@@ -374,6 +396,7 @@ TEST(Facade, RawBatchesStepsAndJson) {
   const std::string json = toJsonLine(s);
   for (const char *key : {"\"step\":0", "\"loss\":{\"cls\":", "\"tag\":null", "\"alpha\":{",
                           "\"gradient_cosine_sim_matrix\":[[", "\"checkpoint_hit_rate\":1",
+                          "\"activation_reuse_ratio\":",
                           "\"measured_peak_bytes\":", "\"host_pool_bytes\":0",
                           "\"step_time_s\":", "\"samples_per_s\":"})
     EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;

@@ -121,6 +121,10 @@ struct StepStats {
   std::vector<double> loss;  ///< per task; NaN where the batch had no labels
   std::vector<double> alpha; ///< per task; 0 where absent
   std::vector<std::vector<double>> gradientCosineSimMatrix; ///< T×T; empty when not measured
+  /// Of the activation bytes each present task depends on (the backbone
+  /// units up to its tap, as measured in the forward, counted per task), the
+  /// share another present task depends on too.
+  double activationReuseRatio = 0.0;
   double checkpointHitRate = 1.0; ///< prefetches ready at use / offloaded uses
   int64_t offloadHits = 0, offloadMisses = 0;
   double offloadWaitS = 0.0;
