@@ -81,7 +81,8 @@ int scaleAccumulateCuda(const float *g, int64_t n, float scale, float *acc,
   if (n == 0)
     return cudaSuccess;
   scaleAccumulateKernel<<<gridFor(n), kThreads, 0,
-                          static_cast<cudaStream_t>(stream)>>>(g, n, scale, acc);
+                          static_cast<cudaStream_t>(stream)>>>(g, n, scale,
+                                                               acc);
   return cudaGetLastError();
 }
 

@@ -9,7 +9,8 @@ namespace mtprt::kernels {
 
 int64_t gfmKeptBins(int64_t n, double keep) {
   const int64_t bins = n / 2 + 1;
-  const auto kept = static_cast<int64_t>(std::ceil(keep * static_cast<double>(bins) - 1e-9));
+  const auto kept =
+      static_cast<int64_t>(std::ceil(keep * static_cast<double>(bins) - 1e-9));
   return std::clamp<int64_t>(kept, 0, bins);
 }
 
@@ -24,7 +25,8 @@ void maskBinsCpu(float *spectrum, int64_t rows, int64_t bins, int64_t keep) {
   if (keep >= bins)
     return;
   for (int64_t r = 0; r < rows; ++r)
-    std::fill(spectrum + 2 * (r * bins + keep), spectrum + 2 * (r + 1) * bins, 0.f);
+    std::fill(spectrum + 2 * (r * bins + keep), spectrum + 2 * (r + 1) * bins,
+              0.f);
 }
 
 double sumSquaresCpu(const float *x, int64_t n) {

@@ -30,8 +30,9 @@ void checkCuda(int err, const char *what) {
 
 at::Tensor gfm(const at::Tensor &g, double keep) {
   if (!(keep > 0.0))
-    throw std::invalid_argument("mtprt: TrainConfig.gfmKeep must be in (0, 1], got " +
-                                std::to_string(keep));
+    throw std::invalid_argument(
+        "mtprt: TrainConfig.gfmKeep must be in (0, 1], got " +
+        std::to_string(keep));
   if (keep >= 1.0 || !g.defined())
     return g;
   const int64_t n = g.size(-1);
@@ -49,7 +50,8 @@ at::Tensor gfm(const at::Tensor &g, double keep) {
   }
 #endif
   if (!spec.is_cpu())
-    throw std::runtime_error("mtprt: gfm: no kernel for device " + spec.device().str());
+    throw std::runtime_error("mtprt: gfm: no kernel for device " +
+                             spec.device().str());
   kernels::maskBinsCpu(data, rows, bins, kept);
   return at::fft_irfft(spec, n, -1).to(g.scalar_type());
 }
@@ -63,8 +65,9 @@ double globalNorm(const GradList &g) {
 #if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
     if (x.is_cuda()) {
       at::Tensor out = at::empty({1}, x.options());
-      checkCuda(kernels::sumSquaresCuda(x.data_ptr<float>(), x.numel(), out.data_ptr<float>(),
-                                        at::cuda::getCurrentCUDAStream().stream()),
+      checkCuda(kernels::sumSquaresCuda(
+                    x.data_ptr<float>(), x.numel(), out.data_ptr<float>(),
+                    at::cuda::getCurrentCUDAStream().stream()),
                 "sumSquares");
       s += out.item<double>();
       continue;
@@ -76,8 +79,8 @@ double globalNorm(const GradList &g) {
 }
 
 std::vector<double> processTaskGrads(std::vector<GradList> &grads,
-                                     const std::vector<bool> &present, double keep,
-                                     double clipNorm) {
+                                     const std::vector<bool> &present,
+                                     double keep, double clipNorm) {
   std::vector<double> norms(grads.size(), 0.0);
   for (size_t t = 0; t < grads.size(); ++t) {
     if (!present[t])
@@ -94,7 +97,8 @@ std::vector<double> processTaskGrads(std::vector<GradList> &grads,
   return norms;
 }
 
-GradList fuse(const std::vector<GradList> &grads, const std::vector<double> &alpha) {
+GradList fuse(const std::vector<GradList> &grads,
+              const std::vector<double> &alpha) {
   if (grads.empty())
     return {};
   const size_t k = grads[0].size();
@@ -110,9 +114,10 @@ GradList fuse(const std::vector<GradList> &grads, const std::vector<double> &alp
       const auto scale = static_cast<float>(alpha[t]);
 #if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
       if (src.is_cuda()) {
-        checkCuda(kernels::scaleAccumulateCuda(src.data_ptr<float>(), src.numel(), scale,
-                                               out[i].data_ptr<float>(),
-                                               at::cuda::getCurrentCUDAStream().stream()),
+        checkCuda(kernels::scaleAccumulateCuda(
+                      src.data_ptr<float>(), src.numel(), scale,
+                      out[i].data_ptr<float>(),
+                      at::cuda::getCurrentCUDAStream().stream()),
                   "scaleAccumulate");
         continue;
       }
@@ -167,7 +172,8 @@ struct Gate::Impl {
   std::unique_ptr<torch::optim::Adam> opt;
   double entropy;
 
-  at::Tensor features(const std::vector<double> &losses, const std::vector<double> &norms,
+  at::Tensor features(const std::vector<double> &losses,
+                      const std::vector<double> &norms,
                       const std::vector<std::vector<double>> &cos,
                       const std::vector<bool> &present) const {
     const int64_t t = static_cast<int64_t>(losses.size());
@@ -191,22 +197,26 @@ struct Gate::Impl {
     return f;
   }
 
-  at::Tensor alpha(const at::Tensor &f, const std::vector<bool> &present) const {
+  at::Tensor alpha(const at::Tensor &f,
+                   const std::vector<bool> &present) const {
     at::Tensor logits =
         at::linear(at::tanh(at::linear(f, w1, b1)), w2, b2).reshape({-1});
     at::Tensor mask = at::zeros_like(logits, at::kBool);
     for (size_t i = 0; i < present.size(); ++i)
       mask[i] = !present[i];
-    return at::softmax(logits.masked_fill(mask, -1e30), 0).masked_fill(mask, 0.0);
+    return at::softmax(logits.masked_fill(mask, -1e30), 0)
+        .masked_fill(mask, 0.0);
   }
 };
 
-Gate::Gate(uint64_t seed, double lr, double entropyWeight) : impl_(std::make_unique<Impl>()) {
+Gate::Gate(uint64_t seed, double lr, double entropyWeight)
+    : impl_(std::make_unique<Impl>()) {
   if (!(lr > 0))
     throw std::invalid_argument("mtprt: TrainConfig.gateLr must be positive");
   if (entropyWeight < 0)
     throw std::invalid_argument("mtprt: TrainConfig.gateEntropy must be >= 0");
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x9a7e5eedULL);
+  at::Generator gen =
+      at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x9a7e5eedULL);
   impl_->w1 = at::empty({32, 4}).normal_(0, 0.5, gen).requires_grad_(true);
   impl_->b1 = at::zeros({32}).requires_grad_(true);
   impl_->w2 = at::empty({1, 32}).normal_(0, 0.1, gen).requires_grad_(true);
@@ -224,11 +234,14 @@ std::vector<double> Gate::alpha(const std::vector<double> &losses,
                                 const std::vector<std::vector<double>> &cosines,
                                 const std::vector<bool> &present) const {
   at::NoGradGuard noGrad;
-  at::Tensor a = impl_->alpha(impl_->features(losses, norms, cosines, present), present);
-  return std::vector<double>(a.data_ptr<float>(), a.data_ptr<float>() + a.numel());
+  at::Tensor a =
+      impl_->alpha(impl_->features(losses, norms, cosines, present), present);
+  return std::vector<double>(a.data_ptr<float>(),
+                             a.data_ptr<float>() + a.numel());
 }
 
-double Gate::update(const std::vector<double> &losses, const std::vector<double> &norms,
+double Gate::update(const std::vector<double> &losses,
+                    const std::vector<double> &norms,
                     const std::vector<std::vector<double>> &cosines,
                     const std::vector<bool> &present, const at::Tensor &gram) {
   int64_t n = 0;
@@ -237,16 +250,19 @@ double Gate::update(const std::vector<double> &losses, const std::vector<double>
   if (n < 2)
     return 0.0; // one task: α = 1 whatever the gate says
   at::AutoGradMode grad(true);
-  at::Tensor a = impl_->alpha(impl_->features(losses, norms, cosines, present), present);
+  at::Tensor a =
+      impl_->alpha(impl_->features(losses, norms, cosines, present), present);
   // Leave-one-out agreement: task t's weight is rewarded by the cosine of ĝ_t
   // with the others' fused direction d_{-t} = Σ_{s≠t} α_s ĝ_s (from G alone).
   at::Tensor g = gram.to(at::kDouble);
   at::Tensor ad = a.to(at::kDouble);
   at::Tensor diag = at::diagonal(g);
   at::Tensor ga = at::mv(g, ad);
-  at::Tensor dot = ga - ad * diag;                                   // ĝ_t · d_{-t}
-  at::Tensor dnorm2 = at::dot(ad, ga) - 2 * ad * ga + ad * ad * diag; // |d_{-t}|²
-  at::Tensor cos = dot / (at::sqrt(diag.clamp_min(1e-30)) * at::sqrt(dnorm2.clamp_min(1e-30)));
+  at::Tensor dot = ga - ad * diag; // ĝ_t · d_{-t}
+  at::Tensor dnorm2 =
+      at::dot(ad, ga) - 2 * ad * ga + ad * ad * diag; // |d_{-t}|²
+  at::Tensor cos = dot / (at::sqrt(diag.clamp_min(1e-30)) *
+                          at::sqrt(dnorm2.clamp_min(1e-30)));
   at::Tensor entropy = -(ad * at::log(ad.clamp_min(1e-12))).sum();
   at::Tensor objective = (ad * cos).sum() + impl_->entropy * entropy;
   impl_->opt->zero_grad();
@@ -256,7 +272,8 @@ double Gate::update(const std::vector<double> &losses, const std::vector<double>
 }
 
 int64_t Gate::numParameters() const {
-  return impl_->w1.numel() + impl_->b1.numel() + impl_->w2.numel() + impl_->b2.numel();
+  return impl_->w1.numel() + impl_->b1.numel() + impl_->w2.numel() +
+         impl_->b2.numel();
 }
 
 } // namespace mtprt

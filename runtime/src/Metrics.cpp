@@ -35,7 +35,8 @@ std::string number(double v) {
   return os.str();
 }
 
-std::string perTask(const std::vector<std::string> &tasks, const std::vector<double> &v) {
+std::string perTask(const std::vector<std::string> &tasks,
+                    const std::vector<double> &v) {
   std::string out = "{";
   for (size_t i = 0; i < tasks.size() && i < v.size(); ++i)
     out += (i ? "," : "") + quote(tasks[i]) + ":" + number(v[i]);

@@ -24,28 +24,38 @@ namespace mtprt {
 
 const char *toString(HeadKind kind) {
   switch (kind) {
-  case HeadKind::Classify: return "classify";
-  case HeadKind::Tag: return "tag";
-  case HeadKind::Span: return "span";
-  case HeadKind::Decoder: return "decoder";
+  case HeadKind::Classify:
+    return "classify";
+  case HeadKind::Tag:
+    return "tag";
+  case HeadKind::Span:
+    return "span";
+  case HeadKind::Decoder:
+    return "decoder";
   }
   return "?";
 }
 
 const char *toString(GradScope scope) {
   switch (scope) {
-  case GradScope::Sum: return "sum";
-  case GradScope::Features: return "features";
-  case GradScope::Params: return "params";
+  case GradScope::Sum:
+    return "sum";
+  case GradScope::Features:
+    return "features";
+  case GradScope::Params:
+    return "params";
   }
   return "?";
 }
 
 const char *toString(Precision precision) {
   switch (precision) {
-  case Precision::Fp32: return "fp32";
-  case Precision::Bf16: return "bf16";
-  case Precision::Fp16: return "fp16";
+  case Precision::Fp32:
+    return "fp32";
+  case Precision::Bf16:
+    return "bf16";
+  case Precision::Fp16:
+    return "fp16";
   }
   return "?";
 }
@@ -86,7 +96,8 @@ at::Device parseDevice(const std::string &s) {
     } catch (const std::exception &) {
     }
   }
-  bad("ModelConfig.device", "expected \"cpu\" or \"cuda[:N]\", got \"" + s + "\"");
+  bad("ModelConfig.device",
+      "expected \"cpu\" or \"cuda[:N]\", got \"" + s + "\"");
 }
 
 /// Deterministic parameter factory: every tensor is drawn from one private
@@ -164,7 +175,8 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
     bad("ModelConfig.heads", "must divide hidden (" + std::to_string(c.hidden) +
                                  "), got " + std::to_string(c.heads));
   if (!(c.dropout >= 0.0 && c.dropout < 1.0))
-    bad("ModelConfig.dropout", "must be in [0, 1), got " + std::to_string(c.dropout));
+    bad("ModelConfig.dropout",
+        "must be in [0, 1), got " + std::to_string(c.dropout));
   if (headConfigs_.empty())
     bad("heads", "a multi-task model needs at least one head");
   std::set<std::string> names;
@@ -256,8 +268,8 @@ at::Tensor Model::embed(const at::Tensor &tokens) const {
   if (tokens.dim() != 2 || tokens.size(1) > config_.seq)
     throw std::invalid_argument(
         "mtprt: embed: tokens must be [B, S] with S <= ModelConfig.seq");
-  at::Tensor x = at::embedding(tokEmb_, tokens) +
-                 posEmb_.narrow(0, 0, tokens.size(1));
+  at::Tensor x =
+      at::embedding(tokEmb_, tokens) + posEmb_.narrow(0, 0, tokens.size(1));
   return dropout(x);
 }
 
@@ -292,21 +304,24 @@ at::Tensor Model::mlpBlock(const MlpParams &p, const at::Tensor &x) const {
 at::Tensor Model::attention(int64_t layer, const at::Tensor &x) const {
   if (layer < 1 || layer > config_.layers)
     throw std::out_of_range("mtprt: attention: layer " + std::to_string(layer) +
-                            " is not in [1, " + std::to_string(config_.layers) + "]");
+                            " is not in [1, " + std::to_string(config_.layers) +
+                            "]");
   return attentionBlock(attn_[layer - 1], x, {});
 }
 
 at::Tensor Model::mlp(int64_t layer, const at::Tensor &x) const {
   if (layer < 1 || layer > config_.layers)
     throw std::out_of_range("mtprt: mlp: layer " + std::to_string(layer) +
-                            " is not in [1, " + std::to_string(config_.layers) + "]");
+                            " is not in [1, " + std::to_string(config_.layers) +
+                            "]");
   return mlpBlock(mlp_[layer - 1], x);
 }
 
 at::Tensor Model::unit(int64_t u, const at::Tensor &x) const {
   if (u < 0 || u >= numUnits())
-    throw std::out_of_range("mtprt: unit " + std::to_string(u) + " is not in [0, " +
-                            std::to_string(numUnits() - 1) + "]");
+    throw std::out_of_range("mtprt: unit " + std::to_string(u) +
+                            " is not in [0, " + std::to_string(numUnits() - 1) +
+                            "]");
   if (u == 0)
     return embed(x);
   return u % 2 ? attention((u + 1) / 2, x) : mlp(u / 2, x);
@@ -332,17 +347,20 @@ at::Tensor Model::decoderHead(const Head &p, const HeadConfig &c,
                                 "\": a decoder head needs its target tokens");
   const int64_t b = targets.size(0), t = targets.size(1);
   // Teacher forcing: BOS (token 0), then the targets shifted right.
-  at::Tensor inputs =
-      at::cat({at::zeros({b, 1}, targets.options()), targets.narrow(1, 0, t - 1)}, 1);
-  at::Tensor h = dropout(at::embedding(p.tokEmb, inputs) + p.posEmb.narrow(0, 0, t));
+  at::Tensor inputs = at::cat(
+      {at::zeros({b, 1}, targets.options()), targets.narrow(1, 0, t - 1)}, 1);
+  at::Tensor h =
+      dropout(at::embedding(p.tokEmb, inputs) + p.posEmb.narrow(0, 0, t));
   at::Tensor causal =
-      at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(device_)).triu(1);
+      at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(device_))
+          .triu(1);
   for (const DecoderLayer &l : p.layers) {
     h = attentionBlock(l.self, h, causal);
     at::Tensor mem = layerNorm(l.memNorm, memory);
     at::Tensor kv = linear(l.crossKv, mem);
     const int64_t hdim = h.size(-1);
-    at::Tensor q = splitHeads(linear(l.crossQ, layerNorm(l.crossNorm, h)), config_.heads);
+    at::Tensor q =
+        splitHeads(linear(l.crossQ, layerNorm(l.crossNorm, h)), config_.heads);
     at::Tensor k = splitHeads(kv.narrow(-1, 0, hdim), config_.heads);
     at::Tensor v = splitHeads(kv.narrow(-1, hdim, hdim), config_.heads);
     kv.reset();
@@ -355,12 +373,14 @@ at::Tensor Model::decoderHead(const Head &p, const HeadConfig &c,
 std::vector<at::Tensor> Model::head(int64_t h, const at::Tensor &tap,
                                     const at::Tensor &labels) const {
   if (h < 0 || h >= numHeads())
-    throw std::out_of_range("mtprt: head index " + std::to_string(h) + " out of range");
+    throw std::out_of_range("mtprt: head index " + std::to_string(h) +
+                            " out of range");
   const Head &p = heads_[h];
   const HeadConfig &c = headConfigs_[h];
   switch (c.kind) {
   case HeadKind::Classify: {
-    at::Tensor pooled = at::tanh(linear(p.pool, layerNorm(p.norm, tap.select(1, 0))));
+    at::Tensor pooled =
+        at::tanh(linear(p.pool, layerNorm(p.norm, tap.select(1, 0))));
     return {linear(p.out, pooled)};
   }
   case HeadKind::Tag:
@@ -387,7 +407,8 @@ at::Tensor Model::loss(int64_t h, const std::vector<at::Tensor> &out,
     return crossEntropy(out[0], labels);
   case HeadKind::Tag:
   case HeadKind::Decoder:
-    return crossEntropy(out[0].reshape({-1, out[0].size(-1)}), labels.reshape({-1}));
+    return crossEntropy(out[0].reshape({-1, out[0].size(-1)}),
+                        labels.reshape({-1}));
   case HeadKind::Span:
     return 0.5 * (crossEntropy(out[0], labels.select(1, 0)) +
                   crossEntropy(out[1], labels.select(1, 1)));
@@ -400,9 +421,9 @@ std::vector<at::Tensor> Model::layerParameters(int64_t layer) const {
     return {tokEmb_, posEmb_};
   const AttentionParams &a = attn_.at(layer - 1);
   const MlpParams &m = mlp_.at(layer - 1);
-  return {a.norm.weight, a.norm.bias, a.qkv.weight, a.qkv.bias, a.out.weight,
-          a.out.bias,    m.norm.weight, m.norm.bias, m.up.weight, m.up.bias,
-          m.down.weight, m.down.bias};
+  return {a.norm.weight, a.norm.bias, a.qkv.weight,  a.qkv.bias,
+          a.out.weight,  a.out.bias,  m.norm.weight, m.norm.bias,
+          m.up.weight,   m.up.bias,   m.down.weight, m.down.bias};
 }
 
 std::vector<at::Tensor> Model::backboneParameters() const {
@@ -451,8 +472,9 @@ Batch Model::syntheticBatch(int64_t batchSize, uint64_t seed) const {
     switch (c.kind) {
     case HeadKind::Classify:
       if (c.loss == LossKind::Mse)
-        b.labels.push_back(at::one_hot(b.tokens.select(1, 0) % c.classes, c.classes)
-                               .to(at::kFloat));
+        b.labels.push_back(
+            at::one_hot(b.tokens.select(1, 0) % c.classes, c.classes)
+                .to(at::kFloat));
       else
         b.labels.push_back(b.tokens.select(1, 0) % c.classes);
       break;

@@ -63,7 +63,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 #ifdef MTPRT_TORCH_CUDA
     if (x.is_cuda()) {
       holder->cudaDevice = x.get_device();
-      at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(x.get_device());
+      at::Generator gen =
+          at::cuda::detail::getDefaultCUDAGenerator(x.get_device());
       std::lock_guard<std::mutex> lock(gen.mutex());
       holder->cudaRng = gen.get_state();
     }
@@ -96,7 +97,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 #ifdef MTPRT_TORCH_CUDA
     at::Tensor cudaNow;
     if (holder->cudaDevice >= 0) {
-      at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(holder->cudaDevice);
+      at::Generator gen =
+          at::cuda::detail::getDefaultCUDAGenerator(holder->cudaDevice);
       std::lock_guard<std::mutex> lock(gen.mutex());
       cudaNow = gen.get_state();
       gen.set_state(holder->cudaRng);
@@ -133,7 +135,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     }
 #ifdef MTPRT_TORCH_CUDA
     if (holder->cudaDevice >= 0) {
-      at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(holder->cudaDevice);
+      at::Generator gen =
+          at::cuda::detail::getDefaultCUDAGenerator(holder->cudaDevice);
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(cudaNow);
     }
@@ -212,8 +215,8 @@ struct HostCache {
     void *p = nullptr;
 #ifdef MTPRT_TORCH_CUDA
     if (pinned && cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess)
-      throw std::runtime_error("mtprt: offload: cudaHostAlloc of " + std::to_string(bytes) +
-                               " bytes failed");
+      throw std::runtime_error("mtprt: offload: cudaHostAlloc of " +
+                               std::to_string(bytes) + " bytes failed");
 #endif
     if (!pinned && !(p = std::malloc(bytes > 0 ? bytes : 1)))
       throw std::runtime_error("mtprt: offload: host pool allocation of " +
@@ -252,8 +255,10 @@ struct HostCache {
 
 /// A host-pool buffer shaped like `like` (contiguous). Outside the CPU
 /// tracking allocator; pinned when the source is on a CUDA device.
-at::Tensor hostBuffer(const at::Tensor &like, const std::shared_ptr<std::atomic<int64_t>> &peak) {
-  const int64_t bytes = like.numel() * static_cast<int64_t>(like.element_size());
+at::Tensor hostBuffer(const at::Tensor &like,
+                      const std::shared_ptr<std::atomic<int64_t>> &peak) {
+  const int64_t bytes =
+      like.numel() * static_cast<int64_t>(like.element_size());
   const bool pinned = like.is_cuda();
   void *ptr = HostCache::get().take(bytes, pinned);
   int64_t now = hostPoolCurrent.fetch_add(bytes) + bytes;
@@ -264,8 +269,9 @@ at::Tensor hostBuffer(const at::Tensor &like, const std::shared_ptr<std::atomic<
     hostPoolCurrent.fetch_sub(bytes);
     HostCache::get().give(p, pinned);
   };
-  return at::from_blob(ptr, like.sizes(), deleter,
-                       at::TensorOptions().dtype(like.dtype()).device(at::kCPU));
+  return at::from_blob(
+      ptr, like.sizes(), deleter,
+      at::TensorOptions().dtype(like.dtype()).device(at::kCPU));
 }
 
 } // namespace
@@ -306,7 +312,8 @@ struct Entry {
   /// log_softmax and nll_loss), and how many have yet to unpack this round.
   int64_t users = 1, unpacksLeft = 1;
   /// Weak, so a freed and reused allocation never matches a new tensor.
-  c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage{
+      c10::intrusive_ptr<c10::StorageImpl>()};
   std::vector<int64_t> sizes, strides;
   int64_t offset = 0;
 #ifdef MTPRT_TORCH_CUDA
@@ -374,7 +381,8 @@ struct Offloader::Impl {
       std::this_thread::sleep_for(std::chrono::duration<double>(d));
   }
 
-  std::shared_ptr<Entry> pack(std::shared_ptr<Entry> e, const at::Tensor &t, bool keep);
+  std::shared_ptr<Entry> pack(std::shared_ptr<Entry> e, const at::Tensor &t,
+                              bool keep);
   void startFetch(const std::shared_ptr<Entry> &e); // mutex held
   at::Tensor unpack(const std::shared_ptr<Entry> &e);
 };
@@ -443,7 +451,8 @@ std::shared_ptr<Entry> Offloader::Impl::pack(std::shared_ptr<Entry> e,
   e->bytes = data.numel() * static_cast<int64_t>(data.element_size());
   // Parameters and inputs live on the device anyway; tiny tensors are not
   // worth a copy.
-  const bool parameter = t.is_leaf() || (t.is_view() && t._base().is_leaf()); // W.t() too
+  const bool parameter =
+      t.is_leaf() || (t.is_view() && t._base().is_leaf()); // W.t() too
   if (keep || parameter || e->bytes < options.minBytes) {
     e->state = Entry::State::Kept;
     e->device = data;
@@ -459,9 +468,10 @@ std::shared_ptr<Entry> Offloader::Impl::pack(std::shared_ptr<Entry> e,
     for (const auto &weak : groups[e->group])
       if (auto other = weak.lock())
         if (other->state != Entry::State::Kept &&
-            other->storage.lock().get() == data.storage().unsafeGetStorageImpl() &&
-            other->sizes == e->sizes &&
-            other->strides == e->strides && other->offset == e->offset) {
+            other->storage.lock().get() ==
+                data.storage().unsafeGetStorageImpl() &&
+            other->sizes == e->sizes && other->strides == e->strides &&
+            other->offset == e->offset) {
           other->users += 1;
           other->unpacksLeft += 1;
           return other;
@@ -480,7 +490,8 @@ std::shared_ptr<Entry> Offloader::Impl::pack(std::shared_ptr<Entry> e,
     // Copy on a low-priority side stream after the producer; the caching
     // allocator may reuse the device block once that copy is done.
     auto compute = at::cuda::getCurrentCUDAStream(data.get_device());
-    auto side = at::cuda::getStreamFromPool(/*isHighPriority=*/false, data.get_device());
+    auto side = at::cuda::getStreamFromPool(/*isHighPriority=*/false,
+                                            data.get_device());
     at::cuda::CUDAEvent produced;
     produced.record(compute);
     produced.block(side);
@@ -488,7 +499,8 @@ std::shared_ptr<Entry> Offloader::Impl::pack(std::shared_ptr<Entry> e,
       c10::cuda::CUDAStreamGuard guard(side);
       e->host.copy_(data, /*non_blocking=*/true);
     }
-    c10::cuda::CUDACachingAllocator::recordStream(data.storage().data_ptr(), side);
+    c10::cuda::CUDACachingAllocator::recordStream(data.storage().data_ptr(),
+                                                  side);
     e->offloaded = std::make_shared<at::cuda::CUDAEvent>();
     e->offloaded->record(side);
     std::lock_guard<std::mutex> lock(mutex);
@@ -521,7 +533,8 @@ void Offloader::Impl::startFetch(const std::shared_ptr<Entry> &e) {
     auto side = at::cuda::getStreamFromPool(false, e->origin.index());
     c10::cuda::CUDAStreamGuard guard(side);
     e->offloaded->block(side);
-    e->fetched = at::empty(e->host.sizes(), e->host.options().device(e->origin));
+    e->fetched =
+        at::empty(e->host.sizes(), e->host.options().device(e->origin));
     e->fetched.copy_(e->host, /*non_blocking=*/true);
     e->ready = std::make_shared<at::cuda::CUDAEvent>();
     e->ready->record(side);
@@ -531,7 +544,8 @@ void Offloader::Impl::startFetch(const std::shared_ptr<Entry> &e) {
   // The queue is FIFO, so this runs after the entry's offload copy.
   queue.push_back([this, e] {
     delay();
-    at::Tensor t = at::empty(e->host.sizes(), e->host.options().device(e->origin));
+    at::Tensor t =
+        at::empty(e->host.sizes(), e->host.options().device(e->origin));
     t.copy_(e->host);
     std::lock_guard<std::mutex> lock(mutex);
     e->fetched = std::move(t);
@@ -558,7 +572,8 @@ at::Tensor Offloader::Impl::unpack(const std::shared_ptr<Entry> &e) {
     auto compute = at::cuda::getCurrentCUDAStream(e->origin.index());
     e->ready->block(compute);
     out = e->fetched;
-    c10::cuda::CUDACachingAllocator::recordStream(out.storage().data_ptr(), compute);
+    c10::cuda::CUDACachingAllocator::recordStream(out.storage().data_ptr(),
+                                                  compute);
     std::lock_guard<std::mutex> lock(mutex);
     if (--e->unpacksLeft == 0) {
       e->fetched.reset();
@@ -596,7 +611,8 @@ at::Tensor Offloader::Impl::unpack(const std::shared_ptr<Entry> &e) {
 
 Offloader::Offloader(OffloadOptions options) : impl_(std::make_shared<Impl>()) {
   if (options.copyDelayS < 0)
-    throw std::invalid_argument("mtprt: OffloadOptions.copyDelayS must be >= 0");
+    throw std::invalid_argument(
+        "mtprt: OffloadOptions.copyDelayS must be >= 0");
   impl_->options = options;
   impl_->copyDelayS = options.copyDelayS;
   impl_->hostPeak->store(hostPoolBytes());
@@ -637,13 +653,15 @@ void Offloader::waitOffloaded(const std::string &group) {
       continue;
     }
 #endif
-    impl_->changed.wait(lock, [&] { return e->state != Entry::State::Offloading; });
+    impl_->changed.wait(lock,
+                        [&] { return e->state != Entry::State::Offloading; });
   }
 }
 
 void Offloader::synchronize() {
   std::unique_lock<std::mutex> lock(impl_->mutex);
-  impl_->changed.wait(lock, [&] { return impl_->queue.empty() && !impl_->busy; });
+  impl_->changed.wait(lock,
+                      [&] { return impl_->queue.empty() && !impl_->busy; });
 }
 
 void Offloader::setCopyDelay(double seconds) {
@@ -672,8 +690,9 @@ void Offloader::resetStats() {
   impl_->hostPeak->store(hostPoolBytes());
   for (auto it = impl_->groups.begin(); it != impl_->groups.end();) {
     auto &v = it->second;
-    v.erase(std::remove_if(v.begin(), v.end(),
-                           [](const std::weak_ptr<Entry> &w) { return w.expired(); }),
+    v.erase(std::remove_if(
+                v.begin(), v.end(),
+                [](const std::weak_ptr<Entry> &w) { return w.expired(); }),
             v.end());
     it = v.empty() ? impl_->groups.erase(it) : std::next(it);
   }

@@ -23,8 +23,10 @@ namespace mtprt {
 
 double scheduledLr(const LrConfig &c, int64_t step) {
   if (c.warmupSteps > 0 && step < c.warmupSteps)
-    return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmupSteps);
-  const double span = static_cast<double>(std::max<int64_t>(1, c.totalSteps - c.warmupSteps));
+    return c.lr * static_cast<double>(step + 1) /
+           static_cast<double>(c.warmupSteps);
+  const double span =
+      static_cast<double>(std::max<int64_t>(1, c.totalSteps - c.warmupSteps));
   const double progress =
       std::clamp(static_cast<double>(step - c.warmupSteps) / span, 0.0, 1.0);
   switch (c.schedule) {
@@ -74,7 +76,8 @@ public:
     was_ = at::autocast::is_autocast_enabled(type_);
     dtype_ = at::autocast::get_autocast_dtype(type_);
     at::autocast::set_autocast_enabled(type_, true);
-    at::autocast::set_autocast_dtype(type_, p == Precision::Bf16 ? at::kBFloat16 : at::kHalf);
+    at::autocast::set_autocast_dtype(type_, p == Precision::Bf16 ? at::kBFloat16
+                                                                 : at::kHalf);
     active_ = true;
   }
   ~PrecisionGuard() {
@@ -104,7 +107,8 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
   const int64_t nh = model_->numHeads();
   if (t.microBatches <= 0)
     bad("TrainConfig.microBatches", "must be positive");
-  if (t.scope == GradScope::Params && (t.paramsTopK <= 0 || t.paramsTopK > model_->config().layers))
+  if (t.scope == GradScope::Params &&
+      (t.paramsTopK <= 0 || t.paramsTopK > model_->config().layers))
     bad("TrainConfig.paramsTopK", "must be in [1, layers]");
   if (!(t.gfmKeep > 0 && t.gfmKeep <= 1))
     bad("TrainConfig.gfmKeep", "must be in (0, 1]");
@@ -116,18 +120,21 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
     bad("TrainConfig.weightDecay", "must be >= 0");
   validateLr(t.backboneLr, "TrainConfig.backboneLr");
   if (!t.headLr.empty() && static_cast<int64_t>(t.headLr.size()) != nh)
-    bad("TrainConfig.headLr", "needs one entry per head (" + std::to_string(nh) +
-                                  "), got " + std::to_string(t.headLr.size()));
+    bad("TrainConfig.headLr", "needs one entry per head (" +
+                                  std::to_string(nh) + "), got " +
+                                  std::to_string(t.headLr.size()));
   for (size_t i = 0; i < t.headLr.size(); ++i)
     validateLr(t.headLr[i], "TrainConfig.headLr[" + std::to_string(i) + "]");
   if (t.precision == Precision::Fp16 && !model_->device().is_cuda())
-    bad("TrainConfig.precision", "fp16 (with loss scaling) needs a CUDA device; use bf16 on cpu");
+    bad("TrainConfig.precision",
+        "fp16 (with loss scaling) needs a CUDA device; use bf16 on cpu");
   if (t.precision == Precision::Fp16 && !(t.initialLossScale > 0))
     bad("TrainConfig.initialLossScale", "must be positive");
   lossScale_ = t.precision == Precision::Fp16 ? t.initialLossScale : 1.0;
 
   offloader_ = std::make_unique<Offloader>(offload);
-  gate_ = std::make_unique<Gate>(model_->config().seed, t.gateLr, t.gateEntropy);
+  gate_ =
+      std::make_unique<Gate>(model_->config().seed, t.gateLr, t.gateEntropy);
 
   // TaskLRAdapter: group 0 the backbone, group 1 + h head h, each with its
   // own schedule (set every step).
@@ -138,10 +145,11 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
   };
   groups.emplace_back(model_->backboneParameters(), options(t.backboneLr.lr));
   for (int64_t h = 0; h < nh; ++h)
-    groups.emplace_back(model_->headParameters(h),
-                        options(t.headLr.empty() ? t.backboneLr.lr : t.headLr[h].lr));
-  optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups),
-                                                     torch::optim::AdamWOptions(t.backboneLr.lr));
+    groups.emplace_back(
+        model_->headParameters(h),
+        options(t.headLr.empty() ? t.backboneLr.lr : t.headLr[h].lr));
+  optimizer_ = std::make_unique<torch::optim::AdamW>(
+      std::move(groups), torch::optim::AdamWOptions(t.backboneLr.lr));
 }
 
 TrainerCore::~TrainerCore() = default;
@@ -156,7 +164,8 @@ void TrainerCore::validate(const Schedule &s) const {
     const auto &r = s.regions[i];
     const std::string f = "Schedule.regions[" + std::to_string(i) + "]";
     if (r.first < 0 || r.second >= units || r.first > r.second)
-      bad(f, "must be a unit range [first, last] within [0, " + std::to_string(units - 1) + "]");
+      bad(f, "must be a unit range [first, last] within [0, " +
+                 std::to_string(units - 1) + "]");
     for (int64_t u = r.first; u <= r.second; ++u) {
       if (used[u])
         bad(f, "overlaps another region at unit " + std::to_string(u));
@@ -176,21 +185,21 @@ void TrainerCore::validate(const Schedule &s) const {
           "must be a permutation of the head indices");
     seen[h] = true;
   }
-  if (!s.headOrder.empty() && static_cast<int64_t>(s.headOrder.size()) != model_->numHeads())
+  if (!s.headOrder.empty() &&
+      static_cast<int64_t>(s.headOrder.size()) != model_->numHeads())
     bad("Schedule.headOrder", "must list every head once (or be empty)");
 }
 
-std::vector<double> TrainerCore::computeAlpha(const std::vector<GradList> &processed,
-                                              const std::vector<GradList> &probe,
-                                              const std::vector<double> &losses,
-                                              const std::vector<double> &norms,
-                                              const std::vector<bool> &present,
-                                              StepStats &stats) {
+std::vector<double> TrainerCore::computeAlpha(
+    const std::vector<GradList> &processed, const std::vector<GradList> &probe,
+    const std::vector<double> &losses, const std::vector<double> &norms,
+    const std::vector<bool> &present, StepStats &stats) {
   const size_t nt = present.size();
   int64_t n = 0;
   for (bool p : present)
     n += p;
-  const bool measure = train_.cosineEvery > 0 && step_ % train_.cosineEvery == 0;
+  const bool measure =
+      train_.cosineEvery > 0 && step_ % train_.cosineEvery == 0;
   at::Tensor gram;
   if (measure) {
     gram = gramMatrix(probe.empty() ? processed : probe);
@@ -244,14 +253,16 @@ struct TrainerCore::StepState {
 
 namespace {
 int64_t deviceBytes(const at::Device &d) {
-  return d.is_cuda() ? cudaMemoryStats(d.index() < 0 ? 0 : d.index()).currentBytes
-                     : cpuMemoryStats().currentBytes;
+  return d.is_cuda()
+             ? cudaMemoryStats(d.index() < 0 ? 0 : d.index()).currentBytes
+             : cpuMemoryStats().currentBytes;
 }
 
 /// activation_reuse_ratio: of the activation bytes each present task depends
 /// on (the units up to its tap, counted once per task), the share that at
 /// least one other present task depends on too.
-double reuseRatio(const std::vector<int64_t> &unitBytes, const std::vector<int64_t> &tapUnits) {
+double reuseRatio(const std::vector<int64_t> &unitBytes,
+                  const std::vector<int64_t> &tapUnits) {
   double shared = 0, total = 0;
   for (size_t u = 0; u < unitBytes.size(); ++u) {
     int64_t users = 0;
@@ -265,12 +276,15 @@ double reuseRatio(const std::vector<int64_t> &unitBytes, const std::vector<int64
 }
 } // namespace
 
-TrainerCore::StepState &TrainerCore::state(const char *phase, bool needMicroBatch) {
+TrainerCore::StepState &TrainerCore::state(const char *phase,
+                                           bool needMicroBatch) {
   if (!state_)
-    throw std::logic_error(std::string("mtprt: ") + phase + ": no step in progress (beginStep first)");
-  if (needMicroBatch && state_->mb < 0)
     throw std::logic_error(std::string("mtprt: ") + phase +
-                           ": no micro-batch in progress (beginMicroBatch first)");
+                           ": no step in progress (beginStep first)");
+  if (needMicroBatch && state_->mb < 0)
+    throw std::logic_error(
+        std::string("mtprt: ") + phase +
+        ": no micro-batch in progress (beginMicroBatch first)");
   return *state_;
 }
 
@@ -278,12 +292,14 @@ void TrainerCore::beginStep(const Batch &fullBatch) {
   Model &m = *model_;
   const int64_t nt = m.numHeads();
   if (static_cast<int64_t>(fullBatch.labels.size()) != nt)
-    bad("Batch.labels", "needs one entry per head (" + std::to_string(nt) + ")");
+    bad("Batch.labels",
+        "needs one entry per head (" + std::to_string(nt) + ")");
   auto st = std::make_unique<StepState>();
   st->batch = fullBatch.to(m.device());
   st->bsz = st->batch.size();
   if (st->bsz < train_.microBatches)
-    bad("TrainConfig.microBatches", "exceeds the batch size " + std::to_string(st->bsz));
+    bad("TrainConfig.microBatches",
+        "exceeds the batch size " + std::to_string(st->bsz));
   st->present.resize(nt);
   for (int64_t t = 0; t < nt; ++t)
     st->npresent += (st->present[t] = st->batch.labels[t].defined());
@@ -334,7 +350,8 @@ void TrainerCore::beginMicroBatch(int64_t mb) {
                            "): micro-batches run in order 0.." +
                            std::to_string(train_.microBatches - 1));
   if (mb > 0 && !st.backboneDone)
-    throw std::logic_error("mtprt: beginMicroBatch: the previous micro-batch has no backbone backward");
+    throw std::logic_error("mtprt: beginMicroBatch: the previous micro-batch "
+                           "has no backbone backward");
   const int64_t nt = model_->numHeads(), micro = train_.microBatches;
   const int64_t begin = st.bsz * mb / micro, end = st.bsz * (mb + 1) / micro;
   st.mb = mb;
@@ -352,12 +369,14 @@ void TrainerCore::beginMicroBatch(int64_t mb) {
 
 ValueId TrainerCore::input() { return (void)state("input", true), 0; }
 
-ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in, RegionMode mode) {
+ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
+                             RegionMode mode) {
   StepState &st = state("forward", true);
   const Model &m = *model_;
   if (first < 0 || last >= m.numUnits() || first > last)
-    bad("forward", "unit range [" + std::to_string(first) + ", " + std::to_string(last) +
-                       "] is not within [0, " + std::to_string(m.numUnits() - 1) + "]");
+    bad("forward", "unit range [" + std::to_string(first) + ", " +
+                       std::to_string(last) + "] is not within [0, " +
+                       std::to_string(m.numUnits() - 1) + "]");
   if (in < 0 || in >= static_cast<ValueId>(st.values.size()))
     bad("forward", "unknown value " + std::to_string(in));
   if (!st.values[in].defined())
@@ -386,18 +405,21 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in, RegionMode
   } else {
     for (int64_t u = first; u < last; ++u)
       if (isTap[u])
-        bad("forward", "a checkpoint region may not contain a tap (unit " + std::to_string(u) +
-                           ") before its end");
+        bad("forward", "a checkpoint region may not contain a tap (unit " +
+                           std::to_string(u) + ") before its end");
     std::vector<at::Tensor> params;
     for (int64_t l = (first + 1) / 2; l <= (last + 1) / 2; ++l)
       for (const at::Tensor &p : m.layerParameters(l))
         params.push_back(p);
     const Model *mp = &m;
-    RegionFn fn = [mp, first, last](const at::Tensor &v) { return mp->runUnits(first, last, v); };
+    RegionFn fn = [mp, first, last](const at::Tensor &v) {
+      return mp->runUnits(first, last, v);
+    };
     const std::string group = "region" + std::to_string(first);
     // The token ids, and a tap (on the device for its head and the backbone
     // backward anyway), are never offloaded.
-    if (mode == RegionMode::CheckpointOffload && first > 0 && !isTap[first - 1]) {
+    if (mode == RegionMode::CheckpointOffload && first > 0 &&
+        !isTap[first - 1]) {
       {
         Offloader::Scope scope(*offloader_, group);
         x = checkpoint(fn, x, params);
@@ -409,12 +431,13 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in, RegionMode
     }
     // When the backward reaches this region, bring back its boundary and the
     // prefetchAhead - 1 offloaded ones below.
-    if (!st.offloadedRegions.empty() && prefetchAhead_ > 0 && x.requires_grad()) {
+    if (!st.offloadedRegions.empty() && prefetchAhead_ > 0 &&
+        x.requires_grad()) {
       std::vector<std::string> fetch;
       const bool mine = st.offloadedRegions.back() == group;
       int64_t n = mine ? prefetchAhead_ : prefetchAhead_ - 1;
-      for (auto it = st.offloadedRegions.rbegin(); it != st.offloadedRegions.rend() && n > 0;
-           ++it, --n)
+      for (auto it = st.offloadedRegions.rbegin();
+           it != st.offloadedRegions.rend() && n > 0; ++it, --n)
         fetch.push_back(*it);
       if (!fetch.empty()) {
         Offloader *off = offloader_.get();
@@ -449,7 +472,8 @@ void TrainerCore::forwardHead(int64_t t, bool offload) {
   const HeadConfig &hc = m.heads()[t];
   const at::Tensor &tap = st.taps[hc.tap];
   if (!tap.defined())
-    bad("forwardHead", "head \"" + hc.name + "\" reads tap " + std::to_string(hc.tap) +
+    bad("forwardHead", "head \"" + hc.name + "\" reads tap " +
+                           std::to_string(hc.tap) +
                            ", which this micro-batch has not computed");
   PrecisionGuard precision(train_.precision, m.device());
   at::Tensor loss;
@@ -509,10 +533,12 @@ void TrainerCore::backwardBackbone() {
   const int64_t nt = m.numHeads();
   for (int64_t t = 0; t < nt; ++t)
     if (st.present[t] && !st.headBackward[t])
-      throw std::logic_error("mtprt: backwardBackbone: head \"" + m.heads()[t].name +
+      throw std::logic_error("mtprt: backwardBackbone: head \"" +
+                             m.heads()[t].name +
                              "\" has no backward yet (backwardHead first)");
   if (st.backboneDone)
-    throw std::logic_error("mtprt: backwardBackbone: already run for this micro-batch");
+    throw std::logic_error(
+        "mtprt: backwardBackbone: already run for this micro-batch");
   st.backboneDone = true;
   std::vector<int64_t> order;
   for (int64_t t = 0; t < nt; ++t)
@@ -546,15 +572,17 @@ void TrainerCore::backwardBackbone() {
       // The cosine matrix and the gate's signals live on the parameters of
       // the topmost layer every present task back-propagates through.
       std::vector<GradList> probe;
-      if (train_.cosineEvery > 0 && step_ % train_.cosineEvery == 0 && st.npresent > 1) {
+      if (train_.cosineEvery > 0 && step_ % train_.cosineEvery == 0 &&
+          st.npresent > 1) {
         int64_t common = m.config().layers;
         for (int64_t t : order)
           common = std::min(common, m.heads()[t].tap);
         const std::vector<at::Tensor> probeParams = m.layerParameters(common);
         probe.assign(nt, GradList(probeParams.size()));
         for (int64_t t : order)
-          probe[t] = torch::autograd::grad({st.taps[m.heads()[t].tap]}, probeParams, {tg[t][0]},
-                                           /*retain_graph=*/true, false, /*allow_unused=*/true);
+          probe[t] = torch::autograd::grad(
+              {st.taps[m.heads()[t].tap]}, probeParams, {tg[t][0]},
+              /*retain_graph=*/true, false, /*allow_unused=*/true);
       }
       st.alpha = computeAlpha(tg, probe, meanLoss, norms, st.present, st.stats);
     }
@@ -609,16 +637,19 @@ void TrainerCore::backwardBackbone() {
   st.taskGrads.assign(nt, {});
   at::Tensor weighted;
   for (int64_t t : order)
-    weighted = weighted.defined() ? weighted + st.alpha[t] * st.loss[t] : st.alpha[t] * st.loss[t];
+    weighted = weighted.defined() ? weighted + st.alpha[t] * st.loss[t]
+                                  : st.alpha[t] * st.loss[t];
   st.loss.assign(nt, at::Tensor());
   if (!st.lower.empty())
-    torch::autograd::backward({weighted}, {}, /*retain_graph=*/false, false, st.lower);
+    torch::autograd::backward({weighted}, {}, /*retain_graph=*/false, false,
+                              st.lower);
 }
 
 StepStats TrainerCore::endStep(bool applyUpdate) {
   StepState &st = state("endStep", false);
   if (st.mb != train_.microBatches - 1 || !st.backboneDone)
-    throw std::logic_error("mtprt: endStep: every micro-batch needs its forward and backward first");
+    throw std::logic_error("mtprt: endStep: every micro-batch needs its "
+                           "forward and backward first");
   Model &m = *model_;
   const int64_t nt = m.numHeads();
   if (train_.scope == GradScope::Params) {
@@ -627,9 +658,11 @@ StepStats TrainerCore::endStep(bool applyUpdate) {
         st.accum[t].assign(st.topk.size(), at::Tensor());
     processTaskGrads(st.accum, st.present, train_.gfmKeep, train_.clipNorm);
     GradList fused = fuse(st.accum, st.alpha);
-    for (size_t j = 0; j < st.topk.size(); ++j) // rescaled: unscaled below with the rest
-      accumulateGrad(st.topk[j],
-                     st.scale != 1.0 && fused[j].defined() ? fused[j] * st.scale : fused[j]);
+    for (size_t j = 0; j < st.topk.size();
+         ++j) // rescaled: unscaled below with the rest
+      accumulateGrad(st.topk[j], st.scale != 1.0 && fused[j].defined()
+                                     ? fused[j] * st.scale
+                                     : fused[j]);
     if (keepDebug) {
       lastProcessed = st.accum;
       lastFused = fused;
@@ -651,7 +684,9 @@ StepStats TrainerCore::endStep(bool applyUpdate) {
       tapUnits.push_back(Model::tapUnit(m.heads()[t].tap));
   stats.activationReuseRatio = reuseRatio(st.unitBytes, tapUnits);
   for (int64_t t = 0; t < nt; ++t) {
-    stats.loss.push_back(st.present[t] ? st.losses[t] : std::numeric_limits<double>::quiet_NaN());
+    stats.loss.push_back(st.present[t]
+                             ? st.losses[t]
+                             : std::numeric_limits<double>::quiet_NaN());
     stats.alpha.push_back(st.alpha.empty() ? 0.0 : st.alpha[t]);
   }
 
@@ -659,9 +694,11 @@ StepStats TrainerCore::endStep(bool applyUpdate) {
     // TaskLRAdapter: each group's own schedule.
     auto &groups = optimizer_->param_groups();
     for (size_t g = 0; g < groups.size(); ++g) {
-      const LrConfig &c =
-          g == 0 || train_.headLr.empty() ? train_.backboneLr : train_.headLr[g - 1];
-      static_cast<torch::optim::AdamWOptions &>(groups[g].options()).lr(scheduledLr(c, step_));
+      const LrConfig &c = g == 0 || train_.headLr.empty()
+                              ? train_.backboneLr
+                              : train_.headLr[g - 1];
+      static_cast<torch::optim::AdamWOptions &>(groups[g].options())
+          .lr(scheduledLr(c, step_));
     }
     bool finite = true;
     if (train_.precision == Precision::Fp16) {
@@ -690,14 +727,17 @@ StepStats TrainerCore::endStep(bool applyUpdate) {
   stats.offloadWaitS = os.waitS;
   stats.checkpointHitRate = os.hitRate();
   stats.hostPoolBytes = os.hostPeakBytes;
-  const MemoryStats ms = m.device().is_cuda()
-                             ? cudaMemoryStats(m.device().index() < 0 ? 0 : m.device().index())
-                             : cpuMemoryStats();
+  const MemoryStats ms =
+      m.device().is_cuda()
+          ? cudaMemoryStats(m.device().index() < 0 ? 0 : m.device().index())
+          : cpuMemoryStats();
   stats.measuredPeakBytes = ms.peakBytes;
   stats.measuredCurrentBytes = ms.currentBytes;
   stats.lossScale = st.scale;
-  stats.stepTimeS = std::chrono::duration<double>(Clock::now() - st.start).count();
-  stats.samplesPerS = stats.stepTimeS > 0 ? static_cast<double>(st.bsz) / stats.stepTimeS : 0.0;
+  stats.stepTimeS =
+      std::chrono::duration<double>(Clock::now() - st.start).count();
+  stats.samplesPerS =
+      stats.stepTimeS > 0 ? static_cast<double>(st.bsz) / stats.stepTimeS : 0.0;
   state_.reset();
   return stats;
 }
@@ -739,17 +779,19 @@ void TrainerCore::runBackbone(const Schedule &s) {
   ValueId x = input();
   for (int64_t u = 0; u < model_->numUnits();) {
     const int64_t last = regionEnd[u] < 0 ? u : regionEnd[u];
-    const ValueId next = forward(u, last, x,
-                                 regionEnd[u] < 0 ? RegionMode::Keep
-                                 : s.offloadRegionBoundaries ? RegionMode::CheckpointOffload
-                                                             : RegionMode::Checkpoint);
+    const ValueId next =
+        forward(u, last, x,
+                regionEnd[u] < 0            ? RegionMode::Keep
+                : s.offloadRegionBoundaries ? RegionMode::CheckpointOffload
+                                            : RegionMode::Checkpoint);
     release(x); // the chain's last use: only what autograd saved keeps it
     x = next;
     u = last + 1;
   }
 }
 
-StepStats TrainerCore::run(const Batch &batch, const Schedule &s, bool applyUpdate) {
+StepStats TrainerCore::run(const Batch &batch, const Schedule &s,
+                           bool applyUpdate) {
   validate(s);
   beginStep(batch);
   try {
@@ -769,7 +811,8 @@ StepStats TrainerCore::run(const Batch &batch, const Schedule &s, bool applyUpda
       size_t prefetched = 0;
       for (size_t i = 0; i < order.size(); ++i) {
         if (s.offloadHeads && s.prefetchAhead > 0)
-          for (; prefetched < order.size() && prefetched < i + s.prefetchAhead; ++prefetched)
+          for (; prefetched < order.size() && prefetched < i + s.prefetchAhead;
+               ++prefetched)
             offloader_->prefetch("head" + std::to_string(order[prefetched]));
         backwardHead(order[i]);
       }
@@ -782,7 +825,8 @@ StepStats TrainerCore::run(const Batch &batch, const Schedule &s, bool applyUpda
   return endStep(applyUpdate);
 }
 
-StepStats TrainerCore::computeGradients(const Batch &batch, const Schedule &schedule) {
+StepStats TrainerCore::computeGradients(const Batch &batch,
+                                        const Schedule &schedule) {
   return run(batch, schedule, /*applyUpdate=*/false);
 }
 
@@ -828,11 +872,15 @@ void Trainer::setBatch(int64_t batchSize, const int64_t *tokens,
   if (!tokens)
     bad("tokens", "must not be null");
   if (static_cast<int64_t>(labels.size()) != m.numHeads())
-    bad("labels", "needs one entry per head (" + std::to_string(m.numHeads()) + ")");
+    bad("labels",
+        "needs one entry per head (" + std::to_string(m.numHeads()) + ")");
   const int64_t s = m.config().seq;
   Batch b;
-  b.tokens = at::from_blob(const_cast<int64_t *>(tokens), {batchSize, s}, at::kLong).clone();
-  if ((b.tokens < 0).any().item<bool>() || (b.tokens >= m.config().vocab).any().item<bool>())
+  b.tokens =
+      at::from_blob(const_cast<int64_t *>(tokens), {batchSize, s}, at::kLong)
+          .clone();
+  if ((b.tokens < 0).any().item<bool>() ||
+      (b.tokens >= m.config().vocab).any().item<bool>())
     bad("tokens", "every token must be in [0, vocab)");
   for (int64_t h = 0; h < m.numHeads(); ++h) {
     const HeadConfig &c = m.heads()[h];
@@ -843,9 +891,10 @@ void Trainer::setBatch(int64_t batchSize, const int64_t *tokens,
     void *p = const_cast<void *>(labels[h]);
     switch (c.kind) {
     case HeadKind::Classify:
-      b.labels.push_back(c.loss == LossKind::Mse
-                             ? at::from_blob(p, {batchSize, c.classes}, at::kFloat).clone()
-                             : at::from_blob(p, {batchSize}, at::kLong).clone());
+      b.labels.push_back(
+          c.loss == LossKind::Mse
+              ? at::from_blob(p, {batchSize, c.classes}, at::kFloat).clone()
+              : at::from_blob(p, {batchSize}, at::kLong).clone());
       break;
     case HeadKind::Tag:
       b.labels.push_back(at::from_blob(p, {batchSize, s}, at::kLong).clone());
@@ -854,7 +903,8 @@ void Trainer::setBatch(int64_t batchSize, const int64_t *tokens,
       b.labels.push_back(at::from_blob(p, {batchSize, 2}, at::kLong).clone());
       break;
     case HeadKind::Decoder:
-      b.labels.push_back(at::from_blob(p, {batchSize, c.targetSeq}, at::kLong).clone());
+      b.labels.push_back(
+          at::from_blob(p, {batchSize, c.targetSeq}, at::kLong).clone());
       break;
     }
   }
@@ -863,37 +913,52 @@ void Trainer::setBatch(int64_t batchSize, const int64_t *tokens,
 
 StepStats Trainer::step(const Schedule &schedule) {
   if (!batch_->batch.tokens.defined())
-    throw std::runtime_error("mtprt: Trainer::step: no batch (call setBatch or useSyntheticBatch)");
+    throw std::runtime_error(
+        "mtprt: Trainer::step: no batch (call setBatch or useSyntheticBatch)");
   return core_->step(batch_->batch, schedule);
 }
 
 void Trainer::beginStep() {
   if (!batch_->batch.tokens.defined())
-    throw std::runtime_error("mtprt: Trainer::beginStep: no batch (call setBatch or useSyntheticBatch)");
+    throw std::runtime_error("mtprt: Trainer::beginStep: no batch (call "
+                             "setBatch or useSyntheticBatch)");
   core_->beginStep(batch_->batch);
 }
 int64_t Trainer::microBatches() const { return core_->config().microBatches; }
 void Trainer::beginMicroBatch(int64_t mb) { core_->beginMicroBatch(mb); }
 ValueId Trainer::input() { return core_->input(); }
-ValueId Trainer::forward(int64_t first, int64_t last, ValueId in, RegionMode mode) {
+ValueId Trainer::forward(int64_t first, int64_t last, ValueId in,
+                         RegionMode mode) {
   return core_->forward(first, last, in, mode);
 }
 void Trainer::release(ValueId value) { core_->release(value); }
-void Trainer::forwardHead(int64_t head, bool offload) { core_->forwardHead(head, offload); }
+void Trainer::forwardHead(int64_t head, bool offload) {
+  core_->forwardHead(head, offload);
+}
 void Trainer::backwardHead(int64_t head) { core_->backwardHead(head); }
 void Trainer::backwardBackbone() { core_->backwardBackbone(); }
-StepStats Trainer::endStep(bool applyUpdate) { return core_->endStep(applyUpdate); }
-void Trainer::prefetch(const std::string &group) { core_->offloader().prefetch(group); }
-void Trainer::waitOffloaded(const std::string &group) { core_->offloader().waitOffloaded(group); }
+StepStats Trainer::endStep(bool applyUpdate) {
+  return core_->endStep(applyUpdate);
+}
+void Trainer::prefetch(const std::string &group) {
+  core_->offloader().prefetch(group);
+}
+void Trainer::waitOffloaded(const std::string &group) {
+  core_->offloader().waitOffloaded(group);
+}
 void Trainer::setPrefetchAhead(int64_t n) {
   if (n < 0)
     bad("prefetchAhead", "must be >= 0");
   core_->setPrefetchAhead(n);
 }
 
-int64_t Trainer::numParameters() const { return core_->model().numParameters(); }
+int64_t Trainer::numParameters() const {
+  return core_->model().numParameters();
+}
 int64_t Trainer::numUnits() const { return core_->model().numUnits(); }
-std::string Trainer::unitName(int64_t unit) const { return core_->model().unitName(unit); }
+std::string Trainer::unitName(int64_t unit) const {
+  return core_->model().unitName(unit);
+}
 std::vector<std::string> Trainer::taskNames() const {
   std::vector<std::string> names;
   for (const HeadConfig &h : core_->model().heads())

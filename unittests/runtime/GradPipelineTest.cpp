@@ -1,8 +1,8 @@
 //===- GradPipelineTest.cpp - GFM, clip, DGFG, fusion, masking ------------===//
 
+#include "mtprt/torch/GradPipeline.h"
 #include "mtprt/Memory.h"
 #include "mtprt/kernels/GradFuse.h"
-#include "mtprt/torch/GradPipeline.h"
 #include "mtprt/torch/Trainer.h"
 
 #include <gtest/gtest.h>
@@ -19,7 +19,8 @@ namespace {
 /// contract's bin count, irfft.
 at::Tensor referenceGfm(const at::Tensor &g, double keep) {
   const int64_t n = g.size(-1), bins = n / 2 + 1;
-  const auto kept = static_cast<int64_t>(std::ceil(keep * static_cast<double>(bins)));
+  const auto kept =
+      static_cast<int64_t>(std::ceil(keep * static_cast<double>(bins)));
   at::Tensor spec = at::fft_rfft(g.to(at::kDouble), n, -1);
   at::Tensor mask = (at::arange(bins, at::kLong) < kept).to(at::kDouble);
   return at::fft_irfft(spec * mask, n, -1).to(at::kFloat);
@@ -31,7 +32,8 @@ TEST(Gfm, MatchesAnIndependentReference) {
     at::Tensor g = at::randn({3, 5, n});
     for (double keep : {0.3, 0.5, 0.05, 0.99}) {
       at::Tensor got = gfm(g, keep), want = referenceGfm(g, keep);
-      EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5)) << "n=" << n << " keep=" << keep;
+      EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5))
+          << "n=" << n << " keep=" << keep;
     }
     EXPECT_TRUE(at::equal(gfm(g, 1.0), g));
   }
@@ -50,10 +52,11 @@ TEST(Kernels, CpuTwinsMatchAten) {
   at::manual_seed(1);
   at::Tensor g = at::randn({1000}), acc = at::randn({1000});
   at::Tensor want = acc + 0.25f * g;
-  kernels::scaleAccumulateCpu(g.data_ptr<float>(), 1000, 0.25f, acc.data_ptr<float>());
+  kernels::scaleAccumulateCpu(g.data_ptr<float>(), 1000, 0.25f,
+                              acc.data_ptr<float>());
   EXPECT_TRUE(at::allclose(acc, want, 1e-6, 1e-6));
-  EXPECT_NEAR(kernels::sumSquaresCpu(g.data_ptr<float>(), 1000), g.pow(2).sum().item<double>(),
-              1e-3);
+  EXPECT_NEAR(kernels::sumSquaresCpu(g.data_ptr<float>(), 1000),
+              g.pow(2).sum().item<double>(), 1e-3);
   EXPECT_FLOAT_EQ(kernels::clipWeightScale(4.0, 2.0, 0.5), 0.25f);
   EXPECT_FLOAT_EQ(kernels::clipWeightScale(1.0, 2.0, 0.5), 0.5f);
   EXPECT_FLOAT_EQ(kernels::clipWeightScale(4.0, 0.0, 0.5), 0.5f);
@@ -65,16 +68,19 @@ TEST(Kernels, CudaMatchesCpuTwin) {
     GTEST_SKIP() << "no CUDA device (or built without the LibTorch-CUDA parts)";
   at::manual_seed(5);
   at::Tensor g = at::randn({4099}), acc = at::randn({4099});
-  at::Tensor gd = g.cuda(), accd = acc.cuda(), sum = at::zeros({1}, gd.options());
-  kernels::scaleAccumulateCpu(g.data_ptr<float>(), g.numel(), 0.3f, acc.data_ptr<float>());
+  at::Tensor gd = g.cuda(), accd = acc.cuda(),
+             sum = at::zeros({1}, gd.options());
+  kernels::scaleAccumulateCpu(g.data_ptr<float>(), g.numel(), 0.3f,
+                              acc.data_ptr<float>());
   ASSERT_EQ(kernels::scaleAccumulateCuda(gd.data_ptr<float>(), gd.numel(), 0.3f,
                                          accd.data_ptr<float>(), nullptr),
             0);
-  ASSERT_EQ(kernels::sumSquaresCuda(gd.data_ptr<float>(), gd.numel(), sum.data_ptr<float>(),
-                                    nullptr),
+  ASSERT_EQ(kernels::sumSquaresCuda(gd.data_ptr<float>(), gd.numel(),
+                                    sum.data_ptr<float>(), nullptr),
             0);
   EXPECT_TRUE(at::allclose(accd.cpu(), acc, 1e-6, 1e-6));
-  EXPECT_NEAR(sum.item<double>(), kernels::sumSquaresCpu(g.data_ptr<float>(), g.numel()), 1e-2);
+  EXPECT_NEAR(sum.item<double>(),
+              kernels::sumSquaresCpu(g.data_ptr<float>(), g.numel()), 1e-2);
   // GFM on the device (CUDA mask kernel + cuFFT) against the CPU path.
   at::Tensor x = at::randn({6, 64});
   EXPECT_TRUE(at::allclose(gfm(x.cuda(), 0.3).cpu(), gfm(x, 0.3), 1e-4, 1e-5));
@@ -94,11 +100,13 @@ TEST(Pipeline, PerTaskClipBoundsEachTasksNorm) {
   EXPECT_NEAR(globalNorm(g[0]), 1.0, 1e-5);
   EXPECT_GT(norms[0], 10.0);
   EXPECT_NEAR(globalNorm(g[1]), small, 1e-9); // under the bound: untouched
-  EXPECT_EQ(norms[2], 0.0);                    // absent: untouched, no norm
+  EXPECT_EQ(norms[2], 0.0);                   // absent: untouched, no norm
   EXPECT_TRUE(at::equal(g[2][0], copy[2][0]));
   // Direction is kept.
-  EXPECT_NEAR(at::cosine_similarity(g[0][0].reshape(-1), copy[0][0].reshape(-1), 0).item<double>(),
-              1.0, 1e-5);
+  EXPECT_NEAR(
+      at::cosine_similarity(g[0][0].reshape(-1), copy[0][0].reshape(-1), 0)
+          .item<double>(),
+      1.0, 1e-5);
 }
 
 TEST(Pipeline, FusedIsTheAlphaWeightedSum) {
@@ -108,14 +116,16 @@ TEST(Pipeline, FusedIsTheAlphaWeightedSum) {
                              {at::randn({5, 6}), at::randn({6})}};
   std::vector<double> alpha = {0.2, 0.5, 0.3};
   GradList f = fuse(g, alpha);
-  EXPECT_TRUE(at::allclose(f[0], 0.2 * g[0][0] + 0.5 * g[1][0] + 0.3 * g[2][0], 1e-6, 1e-6));
+  EXPECT_TRUE(at::allclose(f[0], 0.2 * g[0][0] + 0.5 * g[1][0] + 0.3 * g[2][0],
+                           1e-6, 1e-6));
   EXPECT_TRUE(at::allclose(f[1], 0.2 * g[0][1] + 0.3 * g[2][1], 1e-6, 1e-6));
   at::Tensor gram = gramMatrix(g);
   auto cos = cosineMatrix(gram);
   EXPECT_NEAR(cos[0][0], 1.0, 1e-12);
-  EXPECT_NEAR(cos[0][2], at::cosine_similarity(at::cat({g[0][0].reshape(-1), g[0][1]}),
-                                               at::cat({g[2][0].reshape(-1), g[2][1]}), 0)
-                             .item<double>(),
+  EXPECT_NEAR(cos[0][2],
+              at::cosine_similarity(at::cat({g[0][0].reshape(-1), g[0][1]}),
+                                    at::cat({g[2][0].reshape(-1), g[2][1]}), 0)
+                  .item<double>(),
               1e-5);
 }
 
@@ -123,9 +133,12 @@ TEST(Gate, ProbabilityVectorAndSmall) {
   Gate gate(0, 1e-2, 0.05);
   EXPECT_LT(gate.numParameters(), 100000);
   EXPECT_EQ(gate.numParameters(), 4 * 32 + 32 + 32 + 1);
-  std::vector<std::vector<double>> cos = {{1, 0.5, -0.2, 0.1}, {0.5, 1, 0.3, 0}, {-0.2, 0.3, 1, 0.4},
+  std::vector<std::vector<double>> cos = {{1, 0.5, -0.2, 0.1},
+                                          {0.5, 1, 0.3, 0},
+                                          {-0.2, 0.3, 1, 0.4},
                                           {0.1, 0, 0.4, 1}};
-  auto a = gate.alpha({1.0, 2.0, 0.5, 3.0}, {1.0, 0.1, 10.0, 2.0}, cos, {true, true, true, true});
+  auto a = gate.alpha({1.0, 2.0, 0.5, 3.0}, {1.0, 0.1, 10.0, 2.0}, cos,
+                      {true, true, true, true});
   double sum = 0;
   for (double v : a) {
     EXPECT_GE(v, 0.0);
@@ -134,7 +147,8 @@ TEST(Gate, ProbabilityVectorAndSmall) {
   }
   EXPECT_NEAR(sum, 1.0, 1e-6);
   // A task without labels gets 0 and α renormalizes over the rest.
-  a = gate.alpha({1.0, 2.0, 0.5, 3.0}, {1.0, 0.1, 10.0, 2.0}, cos, {true, false, true, true});
+  a = gate.alpha({1.0, 2.0, 0.5, 3.0}, {1.0, 0.1, 10.0, 2.0}, cos,
+                 {true, false, true, true});
   EXPECT_EQ(a[1], 0.0);
   EXPECT_NEAR(a[0] + a[2] + a[3], 1.0, 1e-6);
 }
@@ -153,7 +167,8 @@ TEST(Gate, ConflictingTaskLosesWeightWithinTwentySteps) {
   const std::vector<bool> all = {true, true, true};
   Gate gate(0, 5e-2, 0.2); // the default τ
   const auto before = gate.alpha(losses, norms, cos, all);
-  double firstObjective = gate.update(losses, norms, cos, all, gram), lastObjective = 0;
+  double firstObjective = gate.update(losses, norms, cos, all, gram),
+         lastObjective = 0;
   for (int step = 1; step < 20; ++step)
     lastObjective = gate.update(losses, norms, cos, all, gram);
   const auto after = gate.alpha(losses, norms, cos, all);
@@ -205,10 +220,12 @@ TEST(Pipeline, FeaturesScopeFusesAlphaWeightedProcessedTapGradients) {
   for (int t = 0; t < 3; ++t)
     EXPECT_LE(globalNorm(g[t]), 0.05 + 1e-6);
   EXPECT_TRUE(at::allclose(core.lastFused[0], a[0] * g[0][0], 1e-6, 1e-8));
-  EXPECT_TRUE(at::allclose(core.lastFused[1], a[1] * g[1][0] + a[2] * g[2][0], 1e-6, 1e-8));
+  EXPECT_TRUE(at::allclose(core.lastFused[1], a[1] * g[1][0] + a[2] * g[2][0],
+                           1e-6, 1e-8));
   // The processed tap gradient has no energy above the kept bins.
   at::Tensor spec = at::fft_rfft(g[1][0], 16, -1);
-  EXPECT_LT(spec.narrow(-1, kernels::gfmKeptBins(16, 0.5), 9 - kernels::gfmKeptBins(16, 0.5))
+  EXPECT_LT(spec.narrow(-1, kernels::gfmKeptBins(16, 0.5),
+                        9 - kernels::gfmKeptBins(16, 0.5))
                 .abs()
                 .max()
                 .item<float>(),
@@ -218,7 +235,8 @@ TEST(Pipeline, FeaturesScopeFusesAlphaWeightedProcessedTapGradients) {
   std::vector<at::Tensor> taps = ref.forwardBackbone(b.tokens, {});
   auto params = ref.model().backboneParameters();
   auto want = torch::autograd::grad({taps[2], taps[3]}, params,
-                                    {core.lastFused[0], core.lastFused[1]}, false, false, true);
+                                    {core.lastFused[0], core.lastFused[1]},
+                                    false, false, true);
   auto have = core.model().backboneParameters();
   for (size_t i = 0; i < params.size(); ++i)
     EXPECT_TRUE(at::allclose(have[i].grad(), want[i], 1e-5, 1e-7)) << i;
@@ -246,7 +264,8 @@ TEST(Pipeline, FeaturesScopeCosinesLiveOnTheTopmostCommonLayer) {
   auto want = cosineMatrix(gramMatrix(g));
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 3; ++j)
-      EXPECT_NEAR(s.gradientCosineSimMatrix[i][j], want[i][j], 1e-5) << i << "," << j;
+      EXPECT_NEAR(s.gradientCosineSimMatrix[i][j], want[i][j], 1e-5)
+          << i << "," << j;
   EXPECT_NEAR(want[0][0], 1.0, 1e-9);
 }
 
@@ -269,14 +288,17 @@ TEST(Pipeline, ParamsScopeWritesTheFusedGradientToTheTopLayers) {
   const auto &p = core.lastParamsScopeParams;
   ASSERT_EQ(p.size(), 12u);
   for (size_t j = 0; j < p.size(); ++j)
-    EXPECT_TRUE(at::allclose(p[j].grad(), a[1] * g[1][j] + a[2] * g[2][j], 1e-5, 1e-8)) << j;
+    EXPECT_TRUE(
+        at::allclose(p[j].grad(), a[1] * g[1][j] + a[2] * g[2][j], 1e-5, 1e-8))
+        << j;
   // Lower layers and heads got gradients too.
   EXPECT_TRUE(core.model().layerParameters(1)[2].grad().defined());
   EXPECT_TRUE(core.model().headParameters(0)[0].grad().defined());
 }
 
 TEST(Pipeline, MaskedTaskContributesNothing) {
-  for (GradScope scope : {GradScope::Features, GradScope::Params, GradScope::Sum}) {
+  for (GradScope scope :
+       {GradScope::Features, GradScope::Params, GradScope::Sum}) {
     TrainConfig tc;
     tc.scope = scope;
     tc.gate = false; // uniform over present tasks: 1/2 each
@@ -303,7 +325,8 @@ TEST(Pipeline, MaskedTaskContributesNothing) {
     for (size_t i = 0; i < now.size(); ++i) {
       ASSERT_EQ(first[i].defined(), now[i].grad().defined());
       if (first[i].defined())
-        EXPECT_TRUE(at::equal(first[i], now[i].grad())) << toString(scope) << " " << i;
+        EXPECT_TRUE(at::equal(first[i], now[i].grad()))
+            << toString(scope) << " " << i;
     }
   }
 }

@@ -1,7 +1,7 @@
 //===- ModelTest.cpp - units, checkpoint regions, offload -----------------===//
 
-#include "mtprt/Memory.h"
 #include "mtprt/torch/Model.h"
+#include "mtprt/Memory.h"
 #include "mtprt/torch/Regions.h"
 
 #include <gtest/gtest.h>
@@ -63,8 +63,11 @@ at::Tensor totalLoss(const Model &m, const Batch &b,
       for (int64_t l = (u + 1) / 2; l <= (last + 1) / 2; ++l)
         for (const at::Tensor &p : m.layerParameters(l))
           params.push_back(p);
-      x = checkpoint([&m, u, last](const at::Tensor &in) { return m.runUnits(u, last, in); },
-                     x, params);
+      x = checkpoint(
+          [&m, u, last](const at::Tensor &in) {
+            return m.runUnits(u, last, in);
+          },
+          x, params);
     } else {
       x = m.unit(u, x);
     }
@@ -75,7 +78,8 @@ at::Tensor totalLoss(const Model &m, const Batch &b,
   for (int64_t h = 0; h < m.numHeads(); ++h) {
     std::unique_ptr<Offloader::Scope> scope;
     if (offloader)
-      scope = std::make_unique<Offloader::Scope>(*offloader, "head" + std::to_string(h));
+      scope = std::make_unique<Offloader::Scope>(*offloader,
+                                                 "head" + std::to_string(h));
     const at::Tensor &tap = taps[m.heads()[h].tap];
     total = total + m.loss(h, m.head(h, tap, b.labels[h]), b.labels[h]);
   }
@@ -86,15 +90,16 @@ std::vector<at::Tensor> gradsOf(const Model &m, const at::Tensor &loss) {
   return torch::autograd::grad({loss}, m.parameters(), {}, false, false, true);
 }
 
-void expectSameGrads(const std::vector<at::Tensor> &a, const std::vector<at::Tensor> &b,
-                     const Model &m) {
+void expectSameGrads(const std::vector<at::Tensor> &a,
+                     const std::vector<at::Tensor> &b, const Model &m) {
   ASSERT_EQ(a.size(), b.size());
   auto named = m.namedParameters();
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(a[i].defined(), b[i].defined()) << named[i].first;
     if (!a[i].defined())
       continue;
-    EXPECT_TRUE(at::allclose(a[i], b[i], 1e-5, 1e-7)) << named[i].first << " max diff "
+    EXPECT_TRUE(at::allclose(a[i], b[i], 1e-5, 1e-7))
+        << named[i].first << " max diff "
         << (a[i] - b[i]).abs().max().item<float>();
   }
 }
@@ -145,12 +150,14 @@ TEST(Model, DeterministicInitAndParameterGroups) {
 }
 
 TEST(Model, ConfigErrorsNameTheField) {
-  auto expectError = [](ModelConfig c, std::vector<HeadConfig> h, const std::string &field) {
+  auto expectError = [](ModelConfig c, std::vector<HeadConfig> h,
+                        const std::string &field) {
     try {
       Model m(c, h);
       ADD_FAILURE() << "no error for " << field;
     } catch (const std::invalid_argument &e) {
-      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos)
+          << e.what();
     }
   };
   ModelConfig c = tinyConfig(0.0);
@@ -200,31 +207,43 @@ TEST(Model, SavedBytesPerUnitMatchTheContract) {
     return 2 * B * s * f + B * s * H * f + B * s * H * f + 2 * B * kv * H * f +
            B * nh * s * kv * (f + 1 + f) + B * s * H * f + B * s * H;
   };
-  auto mlp = [&](int64_t s) { return 2 * B * s * f + B * s * H * f + 2 * B * s * F * f + B * s * H; };
-  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.embed(b.tokens)}; }), B * S * H);
-  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.attention(1, x)}; }), attention(S, S));
-  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.mlp(1, x)}; }), mlp(S));
+  auto mlp = [&](int64_t s) {
+    return 2 * B * s * f + B * s * H * f + 2 * B * s * F * f + B * s * H;
+  };
+  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.embed(b.tokens)}; }),
+            B * S * H);
+  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.attention(1, x)}; }),
+            attention(S, S));
+  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.mlp(1, x)}; }),
+            mlp(S));
   auto headAndLoss = [&](int64_t h) {
-    return [&, h] { return std::vector<at::Tensor>{m.loss(h, m.head(h, x, b.labels[h]), b.labels[h])}; };
+    return [&, h] {
+      return std::vector<at::Tensor>{
+          m.loss(h, m.head(h, x, b.labels[h]), b.labels[h])};
+    };
   };
   const int64_t lossScalar = f; // nll's total_weight (the loss is the output)
   const int64_t cls = heads[0].classes, tags = heads[1].classes;
-  EXPECT_EQ(savedBy(headAndLoss(0)), 2 * B * f + 2 * B * H * f + B * cls * f + lossScalar);
-  EXPECT_EQ(savedBy(headAndLoss(1)), 2 * B * S * f + B * S * H * f + B * S * tags * f + lossScalar);
+  EXPECT_EQ(savedBy(headAndLoss(0)),
+            2 * B * f + 2 * B * H * f + B * cls * f + lossScalar);
+  EXPECT_EQ(savedBy(headAndLoss(1)),
+            2 * B * S * f + B * S * H * f + B * S * tags * f + lossScalar);
   // span: start and end log-probabilities, two nll weights, the two losses
   // summed before the 0.5 (kept: the sum is an intermediate, not saved; the
   // per-loss scalars are inputs of the add).
   const int64_t span = savedBy(headAndLoss(2));
-  EXPECT_EQ(span, 2 * B * S * f + B * S * H * f + 2 * B * S * f + 2 * lossScalar);
+  EXPECT_EQ(span,
+            2 * B * S * f + B * S * H * f + 2 * B * S * f + 2 * lossScalar);
   // decoder (1 layer): its input ids and embedding mask, the embedded input,
   // the causal mask, self-attention, the self-attention output (cross norm
   // input), cross-attention (norms of both sides, q over T, k/v over S), the
   // cross output (MLP input), the MLP, the MLP output (final norm input), the
   // final norm, the log-probabilities.
-  const int64_t decoder = B * T * 8 + B * T * H + B * T * H * f + T * T + attention(T, T) +
-                          B * T * H * f + (attention(T, S) + 2 * B * S * f + B * S * H * f) +
-                          B * T * H * f + mlp(T) + B * T * H * f + 2 * B * T * f +
-                          B * T * H * f + B * T * V * f + lossScalar;
+  const int64_t decoder =
+      B * T * 8 + B * T * H + B * T * H * f + T * T + attention(T, T) +
+      B * T * H * f + (attention(T, S) + 2 * B * S * f + B * S * H * f) +
+      B * T * H * f + mlp(T) + B * T * H * f + 2 * B * T * f + B * T * H * f +
+      B * T * V * f + lossScalar;
   EXPECT_EQ(savedBy(headAndLoss(3)), decoder);
 }
 
@@ -261,7 +280,8 @@ TEST(Checkpoint, SavesOnlyTheBoundary) {
   at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
   auto params = m.layerParameters(1);
   const int64_t before = cpuMemoryStats().currentBytes;
-  at::Tensor y = checkpoint([&](const at::Tensor &in) { return m.runUnits(1, 2, in); }, x, params);
+  at::Tensor y = checkpoint(
+      [&](const at::Tensor &in) { return m.runUnits(1, 2, in); }, x, params);
   const int64_t kept = cpuMemoryStats().currentBytes - before;
   // The output, plus the saved CPU generator state (a few KB).
   EXPECT_GE(kept, y.nbytes());
@@ -353,15 +373,16 @@ TEST(Offload, RegionBoundaryOffload) {
   at::Tensor h1;
   {
     Offloader::Scope scope(off, "region1");
-    h1 = checkpoint([&](const at::Tensor &in) { return m.runUnits(1, 2, in); }, x,
-                    m.layerParameters(1));
+    h1 = checkpoint([&](const at::Tensor &in) { return m.runUnits(1, 2, in); },
+                    x, m.layerParameters(1));
   }
   EXPECT_EQ(off.stats().offloadedTensors, 1);
   at::Tensor h2 = m.runUnits(3, 4, h1), h3 = m.runUnits(5, 6, h2);
   std::vector<at::Tensor> taps{x, h1, h2, h3};
   at::Tensor total = at::zeros({}, at::kFloat);
   for (int64_t h = 0; h < m.numHeads(); ++h)
-    total = total + m.loss(h, m.head(h, taps[m.heads()[h].tap], b.labels[h]), b.labels[h]);
+    total = total + m.loss(h, m.head(h, taps[m.heads()[h].tap], b.labels[h]),
+                           b.labels[h]);
   off.prefetch("region1");
   expectSameGrads(plain, gradsOf(m, total), m);
   EXPECT_EQ(off.stats().hits + off.stats().misses, 1);

@@ -1,8 +1,8 @@
 //===- TrainerTest.cpp - steps, precision, training, measured peaks -------===//
 
+#include "mtprt/torch/Trainer.h"
 #include "mtprt/Memory.h"
 #include "mtprt/Runtime.h"
-#include "mtprt/torch/Trainer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -50,23 +50,30 @@ std::vector<HeadConfig> memHeads() {
 /// "Saved bytes"). fp32 = 4 bytes; dropout masks and bools 1 byte.
 struct SavedBytes {
   static constexpr int64_t f = 4;
-  static constexpr int64_t act = kB * kS * kH * f; // one B×S×H activation
+  static constexpr int64_t act = kB * kS * kH * f;  // one B×S×H activation
   static constexpr int64_t stats = 2 * kB * kS * f; // layer-norm mean + rstd
   // norm (stats, normalized output) + q·scale, k, v + softmax output, its
   // dropout mask, the dropped probabilities + merged context + residual mask.
-  static constexpr int64_t attention =
-      stats + act + 3 * act + kB * kNh * kS * kS * (f + 1 + f) + act + kB * kS * kH;
+  static constexpr int64_t attention = stats + act + 3 * act +
+                                       kB * kNh * kS * kS * (f + 1 + f) + act +
+                                       kB * kS * kH;
   // norm + up output (GELU input) + GELU output + residual dropout mask.
-  static constexpr int64_t mlp = stats + act + 2 * kB * kS * kF * f + kB * kS * kH;
+  static constexpr int64_t mlp =
+      stats + act + 2 * kB * kS * kF * f + kB * kS * kH;
   static constexpr int64_t embed = kB * kS * kH; // its dropout mask
-  static constexpr int64_t lossScalars = 2 * f; // loss + nll total_weight
+  static constexpr int64_t lossScalars = 2 * f;  // loss + nll total_weight
   // tag: norm + log_softmax output (the logits themselves are not kept).
-  static constexpr int64_t tag(int64_t c) { return stats + act + kB * kS * c * f + lossScalars; }
-  // classify (pooled before its norm): norm of [B,H] + tanh output + log_softmax.
+  static constexpr int64_t tag(int64_t c) {
+    return stats + act + kB * kS * c * f + lossScalars;
+  }
+  // classify (pooled before its norm): norm of [B,H] + tanh output +
+  // log_softmax.
   static constexpr int64_t cls =
       2 * kB * f + kB * kH * f + kB * kH * f + kB * kCls * f + lossScalars;
   // Start of a tag head's backward: the nll and log_softmax input gradients.
-  static constexpr int64_t tagBackward(int64_t c) { return 2 * kB * kS * c * f; }
+  static constexpr int64_t tagBackward(int64_t c) {
+    return 2 * kB * kS * c * f;
+  }
   // The residual stream: h0..h4 (block inputs / taps) and a1..a4 (MLP inputs).
   static constexpr int64_t stream = (kL + 1) * act + kL * act;
   static constexpr int64_t backbone = embed + stream + kL * (attention + mlp);
@@ -96,9 +103,10 @@ TEST(MeasuredPeak, NoneRegionsAndOffloadMatchTheSavedTensorArithmetic) {
     Batch b = core.model().syntheticBatch(kB, 1);
     core.computeGradients(b, s); // first-touch allocations out of the way
     stats.push_back(core.computeGradients(b, s));
-
   }
-  auto peak = [&](int i) { return stats[i].measuredPeakBytes - stats[i].measuredStartBytes; };
+  auto peak = [&](int i) {
+    return stats[i].measuredPeakBytes - stats[i].measuredStartBytes;
+  };
 
   // None: at the ner head's backward every saved tensor is live.
   const int64_t none = SB::backbone + SB::cls + SB::tag(kPos) + SB::tag(kNer) +
@@ -123,19 +131,22 @@ TEST(MeasuredPeak, NoneRegionsAndOffloadMatchTheSavedTensorArithmetic) {
     for (const at::Tensor &p : m.layerParameters(1))
       layerParamGrads += p.nbytes();
   }
-  const int64_t regions = SB::embed + SB::act + 3 * SB::act + 2 * rngState + 3 * SB::act +
-                          SB::act + headParamGrads + (kL - 1) * layerParamGrads +
+  const int64_t regions = SB::embed + SB::act + 3 * SB::act + 2 * rngState +
+                          3 * SB::act + SB::act + headParamGrads +
+                          (kL - 1) * layerParamGrads +
                           (SB::attention + SB::mlp + 2 * SB::act) + SB::act +
                           kB * kS * kF * 4 + (kF * kH + kH) * 4;
   // Offload: at the ner head's backward only ner's tensors are back; cls's
   // tensors are under the 4 KiB offload threshold and stayed.
-  const int64_t offload = SB::backbone + SB::tag(kNer) + SB::tagBackward(kNer) + SB::cls;
+  const int64_t offload =
+      SB::backbone + SB::tag(kNer) + SB::tagBackward(kNer) + SB::cls;
 
-  std::printf("[ measured ] none %lld (model %lld), regions %lld (model %lld), offload %lld "
+  std::printf("[ measured ] none %lld (model %lld), regions %lld (model %lld), "
+              "offload %lld "
               "(model %lld), host pool %lld, rng state %lld\n",
-              (long long)peak(0), (long long)none, (long long)peak(1), (long long)regions,
-              (long long)peak(2), (long long)offload, (long long)stats[2].hostPoolBytes,
-              (long long)rngState);
+              (long long)peak(0), (long long)none, (long long)peak(1),
+              (long long)regions, (long long)peak(2), (long long)offload,
+              (long long)stats[2].hostPoolBytes, (long long)rngState);
   EXPECT_NEAR(peak(0), none, 0.05 * none);
   EXPECT_NEAR(peak(1), regions, 0.05 * regions);
   EXPECT_NEAR(peak(2), offload, 0.05 * offload);
@@ -145,16 +156,19 @@ TEST(MeasuredPeak, NoneRegionsAndOffloadMatchTheSavedTensorArithmetic) {
   // regions' backward, but the peak is at layer 1's backward, where h0 is
   // back and h1 already consumed: the same peak (offloading boundaries pays
   // only where the peak lies above them).
-  std::printf("[ measured ] regions with offloaded boundaries %lld (model %lld), host pool %lld, "
-              "hits %lld misses %lld\n",
-              (long long)peak(3), (long long)regions, (long long)stats[3].hostPoolBytes,
-              (long long)stats[3].offloadHits, (long long)stats[3].offloadMisses);
+  std::printf(
+      "[ measured ] regions with offloaded boundaries %lld (model %lld), host "
+      "pool %lld, "
+      "hits %lld misses %lld\n",
+      (long long)peak(3), (long long)regions, (long long)stats[3].hostPoolBytes,
+      (long long)stats[3].offloadHits, (long long)stats[3].offloadMisses);
   EXPECT_NEAR(peak(3), regions, 0.05 * regions);
   EXPECT_LE(peak(3), peak(1));
   EXPECT_EQ(stats[3].hostPoolBytes, 2 * SB::act);
   EXPECT_EQ(stats[3].offloadHits + stats[3].offloadMisses, 2);
   EXPECT_EQ(stats[0].hostPoolBytes, 0);
-  EXPECT_GT(stats[2].hostPoolBytes, SB::tag(kPos) - SB::act); // pos went to the host
+  EXPECT_GT(stats[2].hostPoolBytes,
+            SB::tag(kPos) - SB::act); // pos went to the host
   // Per tag head: the norm output and the log-probabilities (saved by both
   // log_softmax and nll_loss, one shared copy: two uses).
   EXPECT_EQ(stats[2].offloadHits + stats[2].offloadMisses, 6);
@@ -206,7 +220,8 @@ std::vector<at::Tensor> gradsAfter(const Schedule &s, GradScope scope) {
 }
 
 TEST(Schedules, CheckpointedAndOffloadedStepsGiveThePlainGradients) {
-  for (GradScope scope : {GradScope::Features, GradScope::Params, GradScope::Sum}) {
+  for (GradScope scope :
+       {GradScope::Features, GradScope::Params, GradScope::Sum}) {
     const auto plain = gradsAfter({}, scope);
     Schedule regions;
     regions.regions = {{1, 2}, {3, 4}, {5, 6}};
@@ -223,8 +238,8 @@ TEST(Schedules, CheckpointedAndOffloadedStepsGiveThePlainGradients) {
       ++which;
       for (size_t i = 0; i < g.size(); ++i)
         EXPECT_TRUE(at::allclose(g[i], plain[i], 1e-5, 1e-7))
-            << toString(scope) << " schedule " << which << " " << names[i].first << " max diff "
-            << (g[i] - plain[i]).abs().max().item<float>();
+            << toString(scope) << " schedule " << which << " " << names[i].first
+            << " max diff " << (g[i] - plain[i]).abs().max().item<float>();
     }
   }
 }
@@ -237,7 +252,8 @@ TEST(Schedules, InvalidSchedulesNameTheField) {
       core.computeGradients(b, s);
       ADD_FAILURE() << "no error for " << field;
     } catch (const std::invalid_argument &e) {
-      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos)
+          << e.what();
     }
   };
   Schedule s;
@@ -275,14 +291,15 @@ TEST(Training, ThreeTasksHalveTheirLossesIn200Steps) {
   for (int i = 1; i < 200; ++i)
     last = trainer.step(s);
   for (size_t t = 0; t < 3; ++t) {
-    std::printf("[ training ] %s: %.4f -> %.4f (alpha %.3f)\n", last.tasks[t].c_str(),
-                first.loss[t], last.loss[t], last.alpha[t]);
+    std::printf("[ training ] %s: %.4f -> %.4f (alpha %.3f)\n",
+                last.tasks[t].c_str(), first.loss[t], last.loss[t],
+                last.alpha[t]);
     EXPECT_LT(last.loss[t], 0.5 * first.loss[t]) << last.tasks[t];
   }
   ASSERT_EQ(last.gradientCosineSimMatrix.size(), 3u);
   const auto &c = last.gradientCosineSimMatrix;
-  std::printf("[ training ] cosines cls-tag %.3f cls-gen %.3f tag-gen %.3f\n", c[0][1], c[0][2],
-              c[1][2]);
+  std::printf("[ training ] cosines cls-tag %.3f cls-gen %.3f tag-gen %.3f\n",
+              c[0][1], c[0][2], c[1][2]);
 }
 
 TEST(Training, Bf16TracksFp32) {
@@ -305,8 +322,10 @@ TEST(Training, Bf16TracksFp32) {
   // Stated tolerance: every step's summed loss within 3% of fp32's, and
   // both fall by the same amount within 0.05 absolute.
   for (size_t i = 0; i < losses[0].size(); ++i)
-    EXPECT_NEAR(losses[1][i], losses[0][i], 0.03 * losses[0][i]) << "step " << i;
-  EXPECT_NEAR(losses[0].front() - losses[0].back(), losses[1].front() - losses[1].back(), 0.05);
+    EXPECT_NEAR(losses[1][i], losses[0][i], 0.03 * losses[0][i])
+        << "step " << i;
+  EXPECT_NEAR(losses[0].front() - losses[0].back(),
+              losses[1].front() - losses[1].back(), 0.05);
   EXPECT_LT(losses[1].back(), losses[1].front());
 }
 
@@ -324,7 +343,8 @@ TEST(Training, MicroBatchesAccumulateToTheFullBatchGradient) {
         grads[m].push_back(p.grad().clone());
     }
     for (size_t i = 0; i < grads[0].size(); ++i)
-      EXPECT_TRUE(at::allclose(grads[0][i], grads[1][i], 1e-4, 1e-6)) << toString(scope) << i;
+      EXPECT_TRUE(at::allclose(grads[0][i], grads[1][i], 1e-4, 1e-6))
+          << toString(scope) << i;
   }
 }
 
@@ -336,7 +356,9 @@ TEST(Training, TaskLrAdapterGivesEachHeadItsSchedule) {
   EXPECT_NEAR(scheduledLr({1.0, LrSchedule::Cosine, 0, 100}, 100), 0.0, 1e-12);
   TrainConfig tc;
   tc.backboneLr = {1e-3};
-  tc.headLr = {{2e-3}, {3e-3, LrSchedule::Linear, 0, 10}, {4e-3, LrSchedule::Cosine, 2, 10}};
+  tc.headLr = {{2e-3},
+               {3e-3, LrSchedule::Linear, 0, 10},
+               {4e-3, LrSchedule::Cosine, 2, 10}};
   TrainerCore core(small(0.0), threeTasks(), tc);
   Batch b = core.model().syntheticBatch(4, 1);
   core.step(b, {});
@@ -367,8 +389,10 @@ TEST(Training, ActivationReuseRatio) {
         b.labels[t] = at::Tensor();
     return core.computeGradients(b, {}).activationReuseRatio;
   };
-  EXPECT_NEAR(ratio({3, 3, 3}, {true, true, true}), 1.0, 1e-12); // all share everything
-  EXPECT_EQ(ratio({3, 3, 3}, {true, false, false}), 0.0);         // one task shares nothing
+  EXPECT_NEAR(ratio({3, 3, 3}, {true, true, true}), 1.0,
+              1e-12); // all share everything
+  EXPECT_EQ(ratio({3, 3, 3}, {true, false, false}),
+            0.0); // one task shares nothing
   const double split = ratio({1, 3, 2}, {true, true, true});
   const double low = ratio({0, 3, 0}, {true, true, true});
   EXPECT_GT(split, low); // tapping lower shares less of the deep task's stack
@@ -394,16 +418,18 @@ TEST(Facade, RawBatchesStepsAndJson) {
   EXPECT_GT(s.measuredPeakBytes, s.measuredStartBytes);
   EXPECT_GT(s.stepTimeS, 0.0);
   const std::string json = toJsonLine(s);
-  for (const char *key : {"\"step\":0", "\"loss\":{\"cls\":", "\"tag\":null", "\"alpha\":{",
-                          "\"gradient_cosine_sim_matrix\":[[", "\"checkpoint_hit_rate\":1",
-                          "\"activation_reuse_ratio\":",
-                          "\"measured_peak_bytes\":", "\"host_pool_bytes\":0",
-                          "\"step_time_s\":", "\"samples_per_s\":"})
+  for (const char *key :
+       {"\"step\":0", "\"loss\":{\"cls\":", "\"tag\":null", "\"alpha\":{",
+        "\"gradient_cosine_sim_matrix\":[[", "\"checkpoint_hit_rate\":1",
+        "\"activation_reuse_ratio\":", "\"measured_peak_bytes\":",
+        "\"host_pool_bytes\":0", "\"step_time_s\":", "\"samples_per_s\":"})
     EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
   tokens[0] = 99; // out of the vocabulary
-  EXPECT_THROW(trainer.setBatch(b, tokens.data(), {cls.data(), nullptr, gen.data()}),
+  EXPECT_THROW(
+      trainer.setBatch(b, tokens.data(), {cls.data(), nullptr, gen.data()}),
+      std::invalid_argument);
+  EXPECT_THROW(trainer.setBatch(b, tokens.data(), {cls.data()}),
                std::invalid_argument);
-  EXPECT_THROW(trainer.setBatch(b, tokens.data(), {cls.data()}), std::invalid_argument);
   TrainConfig fp16;
   fp16.precision = Precision::Fp16;
   EXPECT_THROW(Trainer(mc, heads, fp16), std::invalid_argument); // needs CUDA
@@ -428,7 +454,8 @@ TEST(Facade, UnitGrainStepEqualsTheScheduledStep) {
   // The same plan, written out the way an emitted step program would.
   at::manual_seed(9);
   manual.beginStep();
-  EXPECT_THROW(manual.backwardBackbone(), std::logic_error); // no micro-batch yet
+  EXPECT_THROW(manual.backwardBackbone(),
+               std::logic_error); // no micro-batch yet
   for (int64_t mb = 0; mb < manual.microBatches(); ++mb) {
     manual.beginMicroBatch(mb);
     ValueId v = manual.input();
@@ -436,7 +463,8 @@ TEST(Facade, UnitGrainStepEqualsTheScheduledStep) {
     manual.release(v);
     ValueId h1 = manual.forward(1, 2, h0, RegionMode::Keep); // cls taps layer 1
     manual.release(h0);
-    ValueId h2 = manual.forward(3, 4, h1, RegionMode::CheckpointOffload); // gen taps 2
+    ValueId h2 =
+        manual.forward(3, 4, h1, RegionMode::CheckpointOffload); // gen taps 2
     manual.release(h1);
     ValueId h3 = manual.forward(5, 6, h2, RegionMode::Keep); // tag taps 3
     manual.release(h2);
@@ -457,7 +485,8 @@ TEST(Facade, UnitGrainStepEqualsTheScheduledStep) {
     EXPECT_NEAR(a.loss[t], b.loss[t], 1e-6);
     EXPECT_NEAR(a.alpha[t], b.alpha[t], 1e-6);
   }
-  auto pa = scheduled.core().model().parameters(), pb = manual.core().model().parameters();
+  auto pa = scheduled.core().model().parameters(),
+       pb = manual.core().model().parameters();
   for (size_t i = 0; i < pa.size(); ++i)
     EXPECT_TRUE(at::allclose(pa[i], pb[i], 1e-6, 1e-7)) << i;
   EXPECT_THROW(manual.endStep(), std::logic_error); // no step in progress
@@ -487,7 +516,8 @@ TEST(Cuda, OffloadUsesPinnedMemoryAndSideStreams) {
       EXPECT_GT(st.hostPoolBytes, 0);
     }
     for (const at::Tensor &p : core.model().parameters())
-      g[run].push_back(p.grad().defined() ? p.grad().cpu() : at::zeros_like(p).cpu());
+      g[run].push_back(p.grad().defined() ? p.grad().cpu()
+                                          : at::zeros_like(p).cpu());
   }
   for (size_t i = 0; i < g[0].size(); ++i)
     EXPECT_TRUE(at::allclose(g[0][i], g[1][i], 1e-5, 1e-7)) << i;

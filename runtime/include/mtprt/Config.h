@@ -20,13 +20,14 @@ namespace mtprt {
 /// pre-norm layers (attention block, then MLP block).
 struct ModelConfig {
   int64_t vocab = 128;
-  int64_t seq = 16;    ///< maximum (and batch) sequence length
+  int64_t seq = 16; ///< maximum (and batch) sequence length
   int64_t layers = 2;
   int64_t hidden = 32;
   int64_t heads = 4;
   int64_t ffn = 64;
-  double dropout = 0.0; ///< embedding, attention-probability and residual dropout
-  uint64_t seed = 0;    ///< deterministic initialization
+  double dropout =
+      0.0;           ///< embedding, attention-probability and residual dropout
+  uint64_t seed = 0; ///< deterministic initialization
   std::string device = "cpu"; ///< "cpu" or "cuda[:N]"
 };
 
@@ -40,7 +41,7 @@ struct HeadConfig {
   HeadKind kind = HeadKind::Classify;
   int64_t tap = 1;
   LossKind loss = LossKind::CrossEntropy; ///< classify only: ce or mse
-  int64_t classes = 2;     ///< classify (mse: outputs), tag: number of tags
+  int64_t classes = 2;       ///< classify (mse: outputs), tag: number of tags
   int64_t decoderLayers = 1; ///< decoder only
   int64_t targetVocab = 0;   ///< decoder only; 0 means the backbone's vocab
   int64_t targetSeq = 8;     ///< decoder only: teacher-forced target length
@@ -66,13 +67,14 @@ struct TrainConfig {
   /// Sum: plain Σ loss backward (no per-task pipeline). Features / Params: the
   /// per-task gradient pipeline at that scope.
   GradScope scope = GradScope::Features;
-  int64_t paramsTopK = 1;   ///< Params scope: the top k shared layers
-  double gfmKeep = 1.0;     ///< GFM: kept fraction of rfft bins; 1 = off
-  double clipNorm = 0.0;    ///< per-task clip; 0 = off
-  bool gate = true;         ///< DGFG; false = uniform α over present tasks
+  int64_t paramsTopK = 1; ///< Params scope: the top k shared layers
+  double gfmKeep = 1.0;   ///< GFM: kept fraction of rfft bins; 1 = off
+  double clipNorm = 0.0;  ///< per-task clip; 0 = off
+  bool gate = true;       ///< DGFG; false = uniform α over present tasks
   double gateLr = 1e-2;
   double gateEntropy = 0.2; ///< entropy bonus weight τ in the gate objective
-  int64_t cosineEvery = 1;   ///< measure the cosine matrix every m steps (0 = never)
+  int64_t cosineEvery =
+      1; ///< measure the cosine matrix every m steps (0 = never)
   LrConfig backboneLr;
   std::vector<LrConfig> headLr; ///< one per head; empty = backboneLr for all
   double weightDecay = 0.01;
@@ -120,7 +122,8 @@ struct StepStats {
   std::vector<std::string> tasks;
   std::vector<double> loss;  ///< per task; NaN where the batch had no labels
   std::vector<double> alpha; ///< per task; 0 where absent
-  std::vector<std::vector<double>> gradientCosineSimMatrix; ///< T×T; empty when not measured
+  std::vector<std::vector<double>>
+      gradientCosineSimMatrix; ///< T×T; empty when not measured
   /// Of the activation bytes each present task depends on (the backbone
   /// units up to its tap, as measured in the forward, counted per task), the
   /// share another present task depends on too.
@@ -128,7 +131,8 @@ struct StepStats {
   double checkpointHitRate = 1.0; ///< prefetches ready at use / offloaded uses
   int64_t offloadHits = 0, offloadMisses = 0;
   double offloadWaitS = 0.0;
-  int64_t measuredPeakBytes = 0;    ///< device (CPU: tracking allocator) peak in the step
+  int64_t measuredPeakBytes =
+      0; ///< device (CPU: tracking allocator) peak in the step
   int64_t measuredCurrentBytes = 0; ///< device bytes at the end of the step
   int64_t measuredStartBytes = 0;   ///< device bytes when the step began
   int64_t hostPoolBytes = 0;        ///< host-pool peak in the step

@@ -40,7 +40,8 @@ public:
   /// One optimizer step on the current batch, as `schedule` says.
   StepStats step(const Schedule &schedule);
 
-  //===--- The same step at the unit grain ---------------------------------===//
+  //===--- The same step at the unit grain
+  //---------------------------------===//
   //
   // What a step program emitted by mtpc calls, in this order (misordered
   // calls throw std::logic_error):

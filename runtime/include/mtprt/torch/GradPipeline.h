@@ -39,7 +39,8 @@ std::vector<double> processTaskGrads(std::vector<GradList> &grads,
 /// Σ_t alpha[t] * grads[t] (absent tasks, alpha 0, are skipped), through the
 /// mask–clip–weight–accumulate kernels (CPU twin or CUDA). Returns one
 /// tensor per list entry; undefined entries count as zeros.
-GradList fuse(const std::vector<GradList> &grads, const std::vector<double> &alpha);
+GradList fuse(const std::vector<GradList> &grads,
+              const std::vector<double> &alpha);
 
 /// The T × T Gram matrix of the flattened task gradients (fp64), and the
 /// cosine matrix derived from it (0 for a zero gradient; 1 on the diagonal of
@@ -74,7 +75,8 @@ public:
                             const std::vector<std::vector<double>> &cosines,
                             const std::vector<bool> &present) const;
   /// One objective step on these signals and Gram matrix; returns J before it.
-  double update(const std::vector<double> &losses, const std::vector<double> &norms,
+  double update(const std::vector<double> &losses,
+                const std::vector<double> &norms,
                 const std::vector<std::vector<double>> &cosines,
                 const std::vector<bool> &present, const at::Tensor &gram);
   int64_t numParameters() const;

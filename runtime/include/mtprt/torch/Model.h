@@ -129,8 +129,8 @@ private:
   };
   struct Head {
     NormParams norm;
-    LinearParams pool, out; ///< pool: classify only
-    at::Tensor tokEmb, posEmb; ///< decoder only
+    LinearParams pool, out;           ///< pool: classify only
+    at::Tensor tokEmb, posEmb;        ///< decoder only
     std::vector<DecoderLayer> layers; ///< decoder only
   };
 
@@ -150,7 +150,8 @@ private:
   std::vector<AttentionParams> attn_;
   std::vector<MlpParams> mlp_;
   std::vector<Head> heads_;
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> groups_; ///< [0]=backbone, 1+h = head h
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>>
+      groups_; ///< [0]=backbone, 1+h = head h
 };
 
 } // namespace mtprt

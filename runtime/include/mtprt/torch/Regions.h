@@ -81,7 +81,8 @@ public:
   /// a second device copy at the backward).
   class Scope {
   public:
-    Scope(Offloader &offloader, std::string group, std::vector<at::Tensor> keep = {});
+    Scope(Offloader &offloader, std::string group,
+          std::vector<at::Tensor> keep = {});
     ~Scope();
     Scope(const Scope &) = delete;
     Scope &operator=(const Scope &) = delete;
@@ -98,7 +99,8 @@ public:
   void setCopyDelay(double seconds);
   OffloadStats stats() const;
   std::vector<OffloadRecord> records() const;
-  /// Clears counters and records; the host-pool peak restarts at the current level.
+  /// Clears counters and records; the host-pool peak restarts at the current
+  /// level.
   void resetStats();
 
   struct Impl;
@@ -111,7 +113,8 @@ private:
 /// (not device bytes).
 int64_t hostPoolBytes();
 /// Host memory the pool has allocated, in use or idle (freed buffers are kept
-/// for reuse: offloaded shapes repeat every step and pinned allocation is slow).
+/// for reuse: offloaded shapes repeat every step and pinned allocation is
+/// slow).
 int64_t hostPoolReservedBytes();
 /// Returns the idle host-pool buffers to the system.
 void releaseHostPoolCache();

@@ -32,8 +32,8 @@ double scheduledLr(const LrConfig &c, int64_t step);
 
 class TrainerCore {
 public:
-  TrainerCore(ModelConfig model, std::vector<HeadConfig> heads, TrainConfig train,
-              OffloadOptions offload = {});
+  TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
+              TrainConfig train, OffloadOptions offload = {});
   ~TrainerCore();
 
   /// The whole step as `schedule` says, composed of the phases below:
@@ -43,7 +43,8 @@ public:
   /// computeGradients, then the optimizer step (skipped on fp16 overflow).
   StepStats step(const Batch &batch, const Schedule &schedule);
 
-  //===--- The step phase by phase (what a unit-grain program calls) -------===//
+  //===--- The step phase by phase (what a unit-grain program calls)
+  //-------===//
   //
   //   beginStep(batch)
   //   for mb in 0..microBatches-1:
@@ -51,8 +52,10 @@ public:
   //     v = input(); w = forward(first, last, v, mode); release(v) ...
   //     forwardHead(h, offload) ...                          // every head
   //     [prefetch("head<h>")] backwardHead(h) ...            // every head
-  //     backwardBackbone()                                   // α, fusion, one backward
-  //   endStep(applyUpdate)                                   // optimizer step, stats
+  //     backwardBackbone()                                   // α, fusion, one
+  //     backward
+  //   endStep(applyUpdate)                                   // optimizer step,
+  //   stats
   //
   // Misordered calls throw std::logic_error; bad arguments
   // std::invalid_argument.
@@ -114,7 +117,8 @@ private:
                                    const std::vector<GradList> &probe,
                                    const std::vector<double> &losses,
                                    const std::vector<double> &norms,
-                                   const std::vector<bool> &present, StepStats &stats);
+                                   const std::vector<bool> &present,
+                                   StepStats &stats);
 
   std::unique_ptr<Model> model_;
   TrainConfig train_;
