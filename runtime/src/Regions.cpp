@@ -449,10 +449,13 @@ std::shared_ptr<Entry> Offloader::Impl::pack(std::shared_ptr<Entry> e,
   at::Tensor data = t.detach();
   e->origin = data.device();
   e->bytes = data.numel() * static_cast<int64_t>(data.element_size());
-  // Parameters and inputs live on the device anyway; tiny tensors are not
-  // worth a copy.
-  const bool parameter =
-      t.is_leaf() || (t.is_view() && t._base().is_leaf()); // W.t() too
+  // Parameters live on the device anyway (W.t() too); tiny tensors are not
+  // worth a copy. Tensors without grad (dropout masks, ids) are activations
+  // like any other.
+  const auto isParameter = [](const at::TensorBase &v) {
+    return v.requires_grad() && v.is_leaf();
+  };
+  const bool parameter = isParameter(t) || (t.is_view() && isParameter(t._base()));
   if (keep || parameter || e->bytes < options.minBytes) {
     e->state = Entry::State::Kept;
     e->device = data;

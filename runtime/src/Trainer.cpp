@@ -480,7 +480,8 @@ void TrainerCore::forwardHead(int64_t t, bool offload) {
   const std::string group = "head" + std::to_string(t);
   if (offload) {
     {
-      Offloader::Scope scope(*offloader_, group, {tap});
+      // The tap and the labels stay on the device for other uses anyway.
+      Offloader::Scope scope(*offloader_, group, {tap, st.b.labels[t]});
       loss = m.loss(t, m.head(t, tap, st.b.labels[t]), st.b.labels[t]);
     }
     offloader_->waitOffloaded(group);

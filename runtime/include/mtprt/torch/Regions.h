@@ -46,7 +46,8 @@ at::Tensor checkpoint(const RegionFn &fn, const at::Tensor &x,
 struct OffloadOptions {
   /// Artificial delay added to every copy (seconds), to test late prefetches.
   double copyDelayS = 0.0;
-  /// Saved tensors smaller than this stay on the device (not worth a copy).
+  /// Saved tensors smaller than this stay on the device (not worth a copy),
+  /// as do parameters (leaves requiring grad, and views of them).
   int64_t minBytes = 4096;
 };
 
