@@ -4,6 +4,7 @@
 #include "mtprt/Memory.h"
 #include "mtprt/torch/Regions.h"
 
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -245,6 +246,58 @@ TEST(Model, SavedBytesPerUnitMatchTheContract) {
       B * T * H * f + mlp(T) + B * T * H * f + 2 * B * T * f + B * T * H * f +
       B * T * V * f + lossScalar;
   EXPECT_EQ(savedBy(headAndLoss(3)), decoder);
+}
+
+/// The bf16 (CPU autocast) rows: norms keep fp32 statistics and cast their
+/// output to bf16 for the next linear; everything after a linear/matmul is
+/// bf16 (q, k, v, softmax output, dropped probabilities, context, up and GELU
+/// outputs); masks stay 1 byte; the residual stream and the loss's
+/// log-probabilities stay fp32. The first forward also caches a bf16 copy of
+/// every weight and bias it casts (live until autocast's cache is cleared).
+TEST(Model, Bf16SavedBytesPerUnitMatchTheContract) {
+  installCpuMemoryTracking();
+  ModelConfig c = tinyConfig(0.1);
+  c.layers = 1;
+  std::vector<HeadConfig> heads(1);
+  heads[0] = {"tag", HeadKind::Tag, 1};
+  heads[0].classes = 5;
+  Model m(c, heads);
+  const int64_t B = 4, S = c.seq, H = c.hidden, nh = c.heads, F = c.ffn,
+                C = 5;
+  Batch b = m.syntheticBatch(B, 1);
+  at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  auto cur = [] { return cpuMemoryStats().currentBytes; };
+  const int64_t stats = 2 * B * S * 4, act16 = B * S * H * 2;
+  const int64_t attention = stats + act16 + 3 * act16 +
+                            B * nh * S * S * (2 + 1 + 2) + act16 + B * S * H;
+  const int64_t mlp = stats + act16 + 2 * B * S * F * 2 + B * S * H;
+  const int64_t tag = stats + act16 + B * S * C * 4 + 4; // + nll weight
+  auto weights = [](const std::vector<at::Tensor> &ps, size_t from, size_t to) {
+    int64_t n = 0;
+    for (size_t i = from; i < to; ++i)
+      n += ps[i].numel() * 2;
+    return n;
+  };
+  const auto lp = m.layerParameters(1); // attn: norm w,b, qkv w,b, out w,b; mlp: ...
+  for (int pass = 0; pass < 2; ++pass) {
+    int64_t before = cur();
+    at::Tensor y = m.attention(1, x);
+    EXPECT_EQ(y.scalar_type(), at::kFloat); // the residual stream stays fp32
+    EXPECT_EQ(cur() - before - y.nbytes(),
+              attention + (pass ? 0 : weights(lp, 2, 6)));
+    before = cur();
+    at::Tensor z = m.mlp(1, x);
+    EXPECT_EQ(cur() - before - z.nbytes(),
+              mlp + (pass ? 0 : weights(lp, 8, 12)));
+    before = cur();
+    at::Tensor l = m.loss(0, m.head(0, x), b.labels[0]);
+    EXPECT_EQ(cur() - before - l.nbytes(),
+              tag + (pass ? 0 : weights(m.headParameters(0), 2, 4)));
+  }
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
 }
 
 TEST(Checkpoint, GradientsMatchThePlainRunWithDropout) {
