@@ -909,6 +909,21 @@ void Trainer::setBatch(int64_t batchSize, const int64_t *tokens,
       break;
     }
   }
+  // Label ranges, checked here so a bad file names the head, not an ATen op.
+  for (int64_t h = 0; h < m.numHeads(); ++h) {
+    const at::Tensor &l = b.labels[h];
+    const HeadConfig &c = m.heads()[h];
+    if (!l.defined() ||
+        (c.kind == HeadKind::Classify && c.loss == LossKind::Mse))
+      continue;
+    const int64_t bound = c.kind == HeadKind::Span      ? s
+                          : c.kind == HeadKind::Decoder ? c.targetVocab
+                                                        : c.classes;
+    if ((l < 0).any().item<bool>() || (l >= bound).any().item<bool>())
+      bad("labels[" + std::to_string(h) + "]",
+          "every label of head \"" + c.name + "\" must be in [0, " +
+              std::to_string(bound) + ")");
+  }
   batch_->batch = std::move(b);
 }
 
@@ -916,7 +931,15 @@ StepStats Trainer::step(const Schedule &schedule) {
   if (!batch_->batch.tokens.defined())
     throw std::runtime_error(
         "mtprt: Trainer::step: no batch (call setBatch or useSyntheticBatch)");
-  return core_->step(batch_->batch, schedule);
+  try {
+    return core_->step(batch_->batch, schedule);
+  } catch (const c10::Error &e) {
+    // LibTorch's own failures (e.g. out of memory) leave the runtime with a
+    // clear message and no backtrace dump.
+    throw std::runtime_error(
+        std::string("mtprt: training step failed in LibTorch: ") +
+        e.what_without_backtrace());
+  }
 }
 
 void Trainer::beginStep() {

@@ -262,8 +262,7 @@ TEST(Model, Bf16SavedBytesPerUnitMatchTheContract) {
   heads[0] = {"tag", HeadKind::Tag, 1};
   heads[0].classes = 5;
   Model m(c, heads);
-  const int64_t B = 4, S = c.seq, H = c.hidden, nh = c.heads, F = c.ffn,
-                C = 5;
+  const int64_t B = 4, S = c.seq, H = c.hidden, nh = c.heads, F = c.ffn, C = 5;
   Batch b = m.syntheticBatch(B, 1);
   at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
   at::autocast::set_autocast_enabled(at::kCPU, true);
@@ -280,7 +279,8 @@ TEST(Model, Bf16SavedBytesPerUnitMatchTheContract) {
       n += ps[i].numel() * 2;
     return n;
   };
-  const auto lp = m.layerParameters(1); // attn: norm w,b, qkv w,b, out w,b; mlp: ...
+  const auto lp =
+      m.layerParameters(1); // attn: norm w,b, qkv w,b, out w,b; mlp: ...
   for (int pass = 0; pass < 2; ++pass) {
     int64_t before = cur();
     at::Tensor y = m.attention(1, x);

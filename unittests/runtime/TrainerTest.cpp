@@ -451,6 +451,15 @@ TEST(Facade, RawBatchesStepsAndJson) {
       std::invalid_argument);
   EXPECT_THROW(trainer.setBatch(b, tokens.data(), {cls.data()}),
                std::invalid_argument);
+  tokens[0] = 3;
+  std::vector<int64_t> badCls = {1, 4}; // cls has 4 classes
+  try {
+    trainer.setBatch(b, tokens.data(), {badCls.data(), nullptr, gen.data()});
+    ADD_FAILURE() << "no error for an out-of-range label";
+  } catch (const std::invalid_argument &e) {
+    EXPECT_NE(std::string(e.what()).find("labels[0]"), std::string::npos)
+        << e.what();
+  }
   TrainConfig fp16;
   fp16.precision = Precision::Fp16;
   EXPECT_THROW(Trainer(mc, heads, fp16), std::invalid_argument); // needs CUDA
