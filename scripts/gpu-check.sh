@@ -2,8 +2,9 @@
 # The device check, run on the lent GPU machine (H200, CUDA 13.0, Python 3.12
 # with torch 2.11.0+cu130, CMake, Ninja; no MLIR, GoogleTest or internet).
 # It builds the runtime against that torch and runs its gtest suite, where the
-# CUDA tests (kernels vs. their CPU twins, caching-allocator statistics) run
-# instead of skipping.
+# CUDA tests (kernels vs. their CPU twins, caching-allocator statistics,
+# pinned-memory offload on low-priority streams, fp16 loss scaling) run instead
+# of skipping; it fails if any of them skipped.
 #
 # Here, first:   scripts/gpu-carry.sh        (copies GoogleTest into .carry/)
 # Then:          device run with carry [".carry"] and
@@ -21,3 +22,13 @@ cmake -G Ninja -S "$root/runtime" -B /tmp/mtprt-gpu -DCMAKE_BUILD_TYPE=Release \
 cmake --build /tmp/mtprt-gpu -j 16 2>&1 | tail -3
 set -o pipefail
 /tmp/mtprt-gpu/unittests/MTPRTTests --gtest_output=json:"$out/gtest.json" 2>&1 | tee "$out/gtest.log"
+# Here the CUDA tests (pinned-memory offload on side streams, the caching
+# allocator's peak, fp16 loss scaling, the kernels against their CPU twins)
+# must run: a skip means the build lost its LibTorch-CUDA parts.
+skipped=$(grep -E '^\[  SKIPPED \] (Cuda|CudaMemoryStats|BlockQuant|Kernels)\.' "$out/gtest.log" || true)
+if [ -n "$skipped" ]; then
+  echo "[gpu-check] CUDA tests were skipped on the GPU machine:"
+  echo "$skipped"
+  exit 1
+fi
+echo "[gpu-check] all gtests ran, CUDA ones included"

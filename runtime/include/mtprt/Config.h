@@ -1,0 +1,151 @@
+//===- Config.h - model, head, training and schedule settings ---*- C++ -*-===//
+//
+// Plain structs (ints, doubles, strings, vectors) an emitted step program fills
+// in from the plan; the runtime validates them at construction and throws
+// std::invalid_argument naming the offending field. Torch-free.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPRT_CONFIG_H
+#define MTPRT_CONFIG_H
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mtprt {
+
+/// The shared transformer backbone: token + position embeddings and `layers`
+/// pre-norm layers (attention block, then MLP block).
+struct ModelConfig {
+  int64_t vocab = 128;
+  int64_t seq = 16; ///< maximum (and batch) sequence length
+  int64_t layers = 2;
+  int64_t hidden = 32;
+  int64_t heads = 4;
+  int64_t ffn = 64;
+  double dropout =
+      0.0;           ///< embedding, attention-probability and residual dropout
+  uint64_t seed = 0; ///< deterministic initialization
+  std::string device = "cpu"; ///< "cpu" or "cuda[:N]"
+};
+
+enum class HeadKind { Classify, Tag, Span, Decoder };
+enum class LossKind { CrossEntropy, Mse };
+
+/// One task: a head reading backbone layer `tap` (0 = embeddings, 1..L = the
+/// output of layer L) and its loss.
+struct HeadConfig {
+  std::string name;
+  HeadKind kind = HeadKind::Classify;
+  int64_t tap = 1;
+  LossKind loss = LossKind::CrossEntropy; ///< classify only: ce or mse
+  int64_t classes = 2;       ///< classify (mse: outputs), tag: number of tags
+  int64_t decoderLayers = 1; ///< decoder only
+  int64_t targetVocab = 0;   ///< decoder only; 0 means the backbone's vocab
+  int64_t targetSeq = 8;     ///< decoder only: teacher-forced target length
+};
+
+enum class Precision { Fp32, Bf16, Fp16 };
+enum class GradScope { Sum, Features, Params };
+enum class LrSchedule { Constant, Linear, Cosine };
+
+/// A learning-rate schedule: linear warmup over `warmupSteps`, then constant,
+/// linear decay to 0, or cosine decay to 0 at `totalSteps`.
+struct LrConfig {
+  double lr = 1e-3;
+  LrSchedule schedule = LrSchedule::Constant;
+  int64_t warmupSteps = 0;
+  int64_t totalSteps = 1000;
+};
+
+/// How one optimizer step trains (SPEC.md §5, contracts).
+struct TrainConfig {
+  Precision precision = Precision::Fp32;
+  int64_t microBatches = 1;
+  /// Sum: plain Σ loss backward (no per-task pipeline). Features / Params: the
+  /// per-task gradient pipeline at that scope.
+  GradScope scope = GradScope::Features;
+  int64_t paramsTopK = 1; ///< Params scope: the top k shared layers
+  double gfmKeep = 1.0;   ///< GFM: kept fraction of rfft bins; 1 = off
+  double clipNorm = 0.0;  ///< per-task clip; 0 = off
+  bool gate = true;       ///< DGFG; false = uniform α over present tasks
+  double gateLr = 1e-2;
+  double gateEntropy = 0.2; ///< entropy bonus weight τ in the gate objective
+  int64_t cosineEvery =
+      1; ///< measure the cosine matrix every m steps (0 = never)
+  LrConfig backboneLr;
+  std::vector<LrConfig> headLr; ///< one per head; empty = backboneLr for all
+  double weightDecay = 0.01;
+  double initialLossScale = 65536.0; ///< fp16 only
+};
+
+/// Where the step keeps, recomputes or offloads. Units are numbered along the
+/// backbone chain: 0 = embeddings, 2l-1 = layer l's attention block, 2l = its
+/// MLP block (so layer l's output is unit 2l's output).
+struct Schedule {
+  /// Checkpoint regions: inclusive unit ranges [first, last], disjoint.
+  std::vector<std::pair<int64_t, int64_t>> regions;
+  /// Offload every tensor a head (and its loss) saves for backward to the host
+  /// pool, and prefetch it before the head's backward.
+  bool offloadHeads = false;
+  /// Offload the saved boundary input of every checkpoint region (except the
+  /// token ids and boundaries that are taps, which stay on the device).
+  bool offloadRegionBoundaries = false;
+  /// Heads run their backward in this order (head indices; empty = the
+  /// reverse of their forward order, autograd's natural order). With the heads
+  /// offloaded, the largest head first keeps only its own tensors on the device
+  /// at the step's peak.
+  std::vector<int64_t> headOrder;
+  /// Before head i's backward (in headOrder), request the saved tensors of the
+  /// heads up to i + prefetchAhead - 1: 1 = just in time for head i itself,
+  /// 2 = also the next one; 0 = no prefetch (every use fetches and waits).
+  /// An offloaded region boundary is requested when the backward reaches the
+  /// region's output (a gradient hook), with the prefetchAhead - 1 offloaded
+  /// boundaries below it.
+  int64_t prefetchAhead = 2;
+};
+
+/// A handle to an activation inside a step driven unit by unit (0 = the
+/// micro-batch's token ids).
+using ValueId = int64_t;
+
+/// How a forward range of units runs: kept (every unit's saved tensors stay),
+/// as one checkpoint region, or as a checkpoint region whose saved boundary
+/// input goes to the host pool.
+enum class RegionMode { Keep, Checkpoint, CheckpointOffload };
+
+/// One step's measurements, named as SPEC.md §5's metrics.
+struct StepStats {
+  int64_t step = 0;
+  std::vector<std::string> tasks;
+  std::vector<double> loss;  ///< per task; NaN where the batch had no labels
+  std::vector<double> alpha; ///< per task; 0 where absent
+  std::vector<std::vector<double>>
+      gradientCosineSimMatrix; ///< T×T; empty when not measured
+  /// Of the activation bytes each present task depends on (the backbone
+  /// units up to its tap, as measured in the forward, counted per task), the
+  /// share another present task depends on too.
+  double activationReuseRatio = 0.0;
+  double checkpointHitRate = 1.0; ///< prefetches ready at use / offloaded uses
+  int64_t offloadHits = 0, offloadMisses = 0;
+  double offloadWaitS = 0.0;
+  int64_t measuredPeakBytes =
+      0; ///< device (CPU: tracking allocator) peak in the step
+  int64_t measuredCurrentBytes = 0; ///< device bytes at the end of the step
+  int64_t measuredStartBytes = 0;   ///< device bytes when the step began
+  int64_t hostPoolBytes = 0;        ///< host-pool peak in the step
+  double stepTimeS = 0.0;
+  double samplesPerS = 0.0;
+  double lossScale = 1.0; ///< fp16 only
+  bool skipped = false;   ///< fp16 overflow: the step was skipped
+};
+
+const char *toString(HeadKind kind);
+const char *toString(GradScope scope);
+const char *toString(Precision precision);
+
+} // namespace mtprt
+
+#endif // MTPRT_CONFIG_H

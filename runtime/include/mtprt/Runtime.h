@@ -1,0 +1,95 @@
+//===- Runtime.h - what an emitted step program calls -----------*- C++ -*-===//
+//
+// The torch-free facade of the runtime: build the model from plain config
+// structs, give it batches as raw arrays (or synthetic ones), run steps as a
+// Schedule says, read each step's measurements and write them as one JSON
+// Lines record with SPEC.md §5's metric names. Programs that schedule at the
+// unit grain themselves use the LibTorch-level API in mtprt/torch/.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPRT_RUNTIME_H
+#define MTPRT_RUNTIME_H
+
+#include "mtprt/Config.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mtprt {
+
+class TrainerCore;
+
+class Trainer {
+public:
+  /// Throws std::invalid_argument naming the bad field.
+  Trainer(const ModelConfig &model, const std::vector<HeadConfig> &heads,
+          const TrainConfig &train);
+  ~Trainer();
+  Trainer(const Trainer &) = delete;
+  Trainer &operator=(const Trainer &) = delete;
+
+  /// The built-in synthetic multi-task data: a fixed batch from `seed`.
+  void useSyntheticBatch(int64_t batchSize, uint64_t seed);
+  /// A batch from raw arrays: tokens [batchSize × seq] int64; labels[h] points
+  /// at head h's labels (shapes as in mtprt/torch/Model.h's Batch; int64, or
+  /// float for mse) or is null when the batch has none. Copied.
+  void setBatch(int64_t batchSize, const int64_t *tokens,
+                const std::vector<const void *> &labels);
+  /// One optimizer step on the current batch, as `schedule` says.
+  StepStats step(const Schedule &schedule);
+
+  //===--- The same step at the unit grain
+  //---------------------------------===//
+  //
+  // What a step program emitted by mtpc calls, in this order (misordered
+  // calls throw std::logic_error):
+  //
+  //   beginStep();
+  //   for (mb = 0; mb < microBatches(); ++mb) {
+  //     beginMicroBatch(mb);
+  //     ValueId v = input();
+  //     ValueId w = forward(0, 0, v, RegionMode::Keep); release(v); ...
+  //     forwardHead(h, /*offload=*/true); ...
+  //     prefetch("head2"); backwardHead(2); ...
+  //     backwardBackbone();
+  //   }
+  //   StepStats s = endStep();
+  void beginStep();
+  int64_t microBatches() const;
+  void beginMicroBatch(int64_t mb);
+  ValueId input();
+  /// Units [first, last] (0 = embed, 2l-1 / 2l = layer l's attention / MLP).
+  ValueId forward(int64_t first, int64_t last, ValueId in, RegionMode mode);
+  void release(ValueId value);
+  void forwardHead(int64_t head, bool offload);
+  void backwardHead(int64_t head);
+  void backwardBackbone();
+  /// The optimizer step (unless applyUpdate is false) and the statistics.
+  StepStats endStep(bool applyUpdate = true);
+  /// Offload groups: "head<h>" and "region<first unit>".
+  void prefetch(const std::string &group);
+  void waitOffloaded(const std::string &group);
+  /// How many offloaded region boundaries a region's backward prefetches.
+  void setPrefetchAhead(int64_t n);
+
+  int64_t numParameters() const;
+  int64_t numUnits() const;
+  std::string unitName(int64_t unit) const;
+  std::vector<std::string> taskNames() const;
+
+  TrainerCore &core() { return *core_; }
+
+private:
+  std::unique_ptr<TrainerCore> core_;
+  struct BatchHolder;
+  std::unique_ptr<BatchHolder> batch_;
+};
+
+/// One JSON Lines record (no newline) with the metric names of SPEC.md §5.
+std::string toJsonLine(const StepStats &stats);
+
+} // namespace mtprt
+
+#endif // MTPRT_RUNTIME_H

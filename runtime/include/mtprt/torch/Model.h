@@ -1,0 +1,159 @@
+//===- Model.h - the multi-task transformer, one entry per unit -*- C++ -*-===//
+//
+// The backbone and heads as plain parameter tensors and functional ATen ops,
+// so every unit of SPEC.md §5 ("Granularity") is one call a schedule can keep,
+// recompute (inside a checkpoint region) or offload. What each unit saves for
+// backward is documented in docs/runtime.md and is the cost model's contract.
+//
+// Internal API: includes LibTorch. Generated programs use mtprt/Runtime.h.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPRT_TORCH_MODEL_H
+#define MTPRT_TORCH_MODEL_H
+
+#include "mtprt/Config.h"
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mtprt {
+
+/// One step's inputs. labels[h] undefined = the batch has no labels for head
+/// h (its loss and gradient are masked). Label shapes: classify [B] int64
+/// (ce) or [B, classes] float (mse); tag [B, S] int64; span [B, 2] int64
+/// (start, end); decoder [B, targetSeq] int64 target tokens (teacher forcing
+/// feeds them shifted right after a BOS token 0).
+struct Batch {
+  at::Tensor tokens; ///< [B, S] int64
+  std::vector<at::Tensor> labels;
+  int64_t size() const { return tokens.size(0); }
+  /// Rows [begin, end) of every tensor (micro-batches).
+  Batch slice(int64_t begin, int64_t end) const;
+  Batch to(const at::Device &device) const;
+};
+
+/// A linear layer's parameters (weight [out, in], bias [out]).
+struct LinearParams {
+  at::Tensor weight, bias;
+};
+/// A layer norm's affine parameters.
+struct NormParams {
+  at::Tensor weight, bias;
+};
+
+/// Pre-norm attention (norm, fused QKV projection, core, output projection).
+struct AttentionParams {
+  NormParams norm;
+  LinearParams qkv, out;
+};
+/// Pre-norm MLP (norm, up-projection, GELU, down-projection).
+struct MlpParams {
+  NormParams norm;
+  LinearParams up, down;
+};
+
+class Model {
+public:
+  /// Builds and initializes (N(0, 0.02) weights, zero biases, unit norms)
+  /// from `config.seed`, independent of the global RNG. Throws
+  /// std::invalid_argument naming the bad field.
+  Model(ModelConfig config, std::vector<HeadConfig> heads);
+
+  const ModelConfig &config() const { return config_; }
+  const std::vector<HeadConfig> &heads() const { return headConfigs_; }
+  int64_t numHeads() const { return static_cast<int64_t>(headConfigs_.size()); }
+  at::Device device() const { return device_; }
+
+  /// Dropout on (training) or off.
+  void setTraining(bool training) { training_ = training; }
+  bool training() const { return training_; }
+
+  //===--- Units (SPEC.md §5) ---------------------------------------------===//
+
+  /// Unit "embed": token + position embeddings, dropout. tokens [B, S].
+  at::Tensor embed(const at::Tensor &tokens) const;
+  /// Unit "layer<l>.attn" (l in 1..L): x + dropout(out(core(qkv(norm(x))))).
+  at::Tensor attention(int64_t layer, const at::Tensor &x) const;
+  /// The score–softmax–dropout–value core alone, for finer plans.
+  /// q, k, v: [B, heads, S, d]; mask: optional bool [S, S] (true = hidden).
+  at::Tensor attentionCore(const at::Tensor &q, const at::Tensor &k,
+                           const at::Tensor &v,
+                           const at::Tensor &mask = {}) const;
+  /// Unit "layer<l>.mlp": x + dropout(down(gelu(up(norm(x))))).
+  at::Tensor mlp(int64_t layer, const at::Tensor &x) const;
+  /// Backbone chain unit u: 0 = embed (x = tokens), 2l-1 = attention of layer
+  /// l, 2l = its MLP. numUnits() = 2L + 1.
+  at::Tensor unit(int64_t u, const at::Tensor &x) const;
+  int64_t numUnits() const { return 2 * config_.layers + 1; }
+  /// Units [first, last] in order.
+  at::Tensor runUnits(int64_t first, int64_t last, at::Tensor x) const;
+  /// The unit name the step IR uses ("embed", "layer2.attn", ...).
+  std::string unitName(int64_t u) const;
+  /// The unit whose output is tap t (0 = embed, l = layer l's MLP = 2l).
+  static int64_t tapUnit(int64_t tap) { return 2 * tap; }
+
+  /// Unit "head.<name>": the head's outputs from its tap activation [B, S, H]
+  /// (classify: {logits [B, C]}; tag: {logits [B, S, T]}; span: {start
+  /// [B, S], end [B, S]}; decoder: {logits [B, targetSeq, V]}, which needs the
+  /// decoder labels for teacher forcing).
+  std::vector<at::Tensor> head(int64_t h, const at::Tensor &tap,
+                               const at::Tensor &labels = {}) const;
+  /// Unit "loss.<name>": mean loss (fp32 scalar).
+  at::Tensor loss(int64_t h, const std::vector<at::Tensor> &outputs,
+                  const at::Tensor &labels) const;
+
+  //===--- Parameters -----------------------------------------------------===//
+
+  /// Layer l's parameters (0 = the embedding tables).
+  std::vector<at::Tensor> layerParameters(int64_t layer) const;
+  std::vector<at::Tensor> backboneParameters() const;
+  std::vector<at::Tensor> headParameters(int64_t h) const;
+  std::vector<at::Tensor> parameters() const;
+  std::vector<std::pair<std::string, at::Tensor>> namedParameters() const;
+  int64_t numParameters() const;
+
+  /// A random batch for tests and the synthetic data of emitted programs:
+  /// tokens and labels for every head, deterministic in `seed`.
+  Batch syntheticBatch(int64_t batchSize, uint64_t seed) const;
+
+private:
+  struct DecoderLayer {
+    AttentionParams self;
+    NormParams crossNorm, memNorm;
+    LinearParams crossQ, crossKv, crossOut;
+    MlpParams mlp;
+  };
+  struct Head {
+    NormParams norm;
+    LinearParams pool, out;           ///< pool: classify only
+    at::Tensor tokEmb, posEmb;        ///< decoder only
+    std::vector<DecoderLayer> layers; ///< decoder only
+  };
+
+  at::Tensor dropout(const at::Tensor &x) const;
+  at::Tensor attentionBlock(const AttentionParams &p, const at::Tensor &x,
+                            const at::Tensor &mask) const;
+  at::Tensor mlpBlock(const MlpParams &p, const at::Tensor &x) const;
+  at::Tensor decoderHead(const Head &p, const HeadConfig &c,
+                         const at::Tensor &memory,
+                         const at::Tensor &targets) const;
+
+  ModelConfig config_;
+  std::vector<HeadConfig> headConfigs_;
+  at::Device device_;
+  bool training_ = true;
+  at::Tensor tokEmb_, posEmb_;
+  std::vector<AttentionParams> attn_;
+  std::vector<MlpParams> mlp_;
+  std::vector<Head> heads_;
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>>
+      groups_; ///< [0]=backbone, 1+h = head h
+};
+
+} // namespace mtprt
+
+#endif // MTPRT_TORCH_MODEL_H

@@ -1,0 +1,138 @@
+//===- Trainer.h - one optimizer step over the units ------------*- C++ -*-===//
+//
+// Runs a training step as a Schedule says: the backbone chain with its
+// checkpoint regions (boundaries optionally offloaded), the heads (their
+// saved tensors optionally offloaded, prefetched ahead of their backward),
+// the per-task gradient pipeline at the configured scope, micro-batch
+// accumulation, precision, the per-group AdamW step with per-task learning
+// rate schedules, and the step's measurements.
+//
+// Internal API (LibTorch); mtprt/Runtime.h is the torch-free facade.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPRT_TORCH_TRAINER_H
+#define MTPRT_TORCH_TRAINER_H
+
+#include "mtprt/Config.h"
+#include "mtprt/torch/GradPipeline.h"
+#include "mtprt/torch/Model.h"
+#include "mtprt/torch/Regions.h"
+
+#include <memory>
+
+namespace torch::optim {
+class AdamW;
+}
+
+namespace mtprt {
+
+/// The learning rate of `c` at optimizer step `step` (0-based).
+double scheduledLr(const LrConfig &c, int64_t step);
+
+class TrainerCore {
+public:
+  TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
+              TrainConfig train, OffloadOptions offload = {});
+  ~TrainerCore();
+
+  /// The whole step as `schedule` says, composed of the phases below:
+  /// forward, per-task backward and fusion, leaving every parameter's .grad
+  /// set (unscaled) without updating.
+  StepStats computeGradients(const Batch &batch, const Schedule &schedule);
+  /// computeGradients, then the optimizer step (skipped on fp16 overflow).
+  StepStats step(const Batch &batch, const Schedule &schedule);
+
+  //===--- The step phase by phase (what a unit-grain program calls)
+  //-------===//
+  //
+  //   beginStep(batch)
+  //   for mb in 0..microBatches-1:
+  //     beginMicroBatch(mb)
+  //     v = input(); w = forward(first, last, v, mode); release(v) ...
+  //     forwardHead(h, offload) ...                          // every head
+  //     [prefetch("head<h>")] backwardHead(h) ...            // every head
+  //     backwardBackbone()                                   // α, fusion, one
+  //     backward
+  //   endStep(applyUpdate)                                   // optimizer step,
+  //   stats
+  //
+  // Misordered calls throw std::logic_error; bad arguments
+  // std::invalid_argument.
+
+  void beginStep(const Batch &batch);
+  void beginMicroBatch(int64_t mb);
+  ValueId input();
+  /// Units [first, last] from value `in`; records the taps it produces.
+  ValueId forward(int64_t first, int64_t last, ValueId in, RegionMode mode);
+  /// Drops the step's reference to a value after its last forward use (the
+  /// compiler's liveness says when); otherwise it lives to the micro-batch's
+  /// end. Taps stay referenced for their heads and the backbone backward.
+  void release(ValueId v);
+  /// Head h + its loss on its tap (skipped when the batch has no labels for
+  /// it); `offload` sends what they save to the host pool (group "head<h>").
+  void forwardHead(int64_t h, bool offload);
+  /// Head h's backward: its parameters' gradients and, at scope features /
+  /// params, its tap / top-k gradient for the pipeline.
+  void backwardHead(int64_t h);
+  /// GFM, clip, α, fusion and the backbone backward for this micro-batch.
+  void backwardBackbone();
+  /// Finishes the step: params-scope fusion, unscaling, the optimizer step
+  /// (when applyUpdate), the step's statistics.
+  StepStats endStep(bool applyUpdate);
+  /// Drops a step in progress (after an error).
+  void abortStep();
+  /// Offloaded region boundaries prefetched ahead by the backward's hooks.
+  void setPrefetchAhead(int64_t n) { prefetchAhead_ = n; }
+
+  /// The backbone forward alone (no step): the tap activations (index = tap
+  /// layer; undefined where no head reads it).
+  std::vector<at::Tensor> forwardBackbone(const at::Tensor &tokens,
+                                          const Schedule &schedule);
+
+  Model &model() { return *model_; }
+  const TrainConfig &config() const { return train_; }
+  Offloader &offloader() { return *offloader_; }
+  Gate &gate() { return *gate_; }
+  torch::optim::AdamW &optimizer() { return *optimizer_; }
+  int64_t stepsTaken() const { return step_; }
+
+  /// The last step's processed per-task gradients ĝ_t (features: each task's
+  /// tap gradient; params: its top-k layer gradients), α, and for params the
+  /// fused gradient Σ α_t ĝ_t written to those parameters. For tests and
+  /// debugging; kept only when `keepDebug`.
+  bool keepDebug = false;
+  std::vector<GradList> lastProcessed;
+  std::vector<double> lastAlpha;
+  GradList lastFused;
+  std::vector<at::Tensor> lastParamsScopeParams;
+
+private:
+  struct StepState;
+  StepState &state(const char *phase, bool needMicroBatch);
+  void runBackbone(const Schedule &s);
+  StepStats run(const Batch &batch, const Schedule &s, bool applyUpdate);
+  void validate(const Schedule &s) const;
+  std::vector<double> computeAlpha(const std::vector<GradList> &processed,
+                                   const std::vector<GradList> &probe,
+                                   const std::vector<double> &losses,
+                                   const std::vector<double> &norms,
+                                   const std::vector<bool> &present,
+                                   StepStats &stats);
+
+  std::unique_ptr<Model> model_;
+  TrainConfig train_;
+  std::unique_ptr<Offloader> offloader_;
+  std::unique_ptr<Gate> gate_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::vector<std::vector<double>> lastCosines_;
+  std::unique_ptr<StepState> state_;
+  int64_t prefetchAhead_ = 2;
+  double lossScale_ = 1.0;
+  int64_t goodSteps_ = 0;
+  int64_t step_ = 0;
+};
+
+} // namespace mtprt
+
+#endif // MTPRT_TORCH_TRAINER_H

@@ -1,0 +1,279 @@
+//===- GradPipeline.cpp - GFM, per-task clip, DGFG gate, fusion -----------===//
+
+#include "mtprt/torch/GradPipeline.h"
+
+#include "mtprt/kernels/GradFuse.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/optim/adam.h>
+
+#ifdef MTPRT_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include <cmath>
+#include <stdexcept>
+
+namespace mtprt {
+
+namespace {
+
+#if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
+void checkCuda(int err, const char *what) {
+  if (err != 0)
+    throw std::runtime_error(std::string("mtprt: CUDA kernel ") + what +
+                             " failed with error " + std::to_string(err));
+}
+#endif
+
+} // namespace
+
+at::Tensor gfm(const at::Tensor &g, double keep) {
+  if (!(keep > 0.0))
+    throw std::invalid_argument(
+        "mtprt: TrainConfig.gfmKeep must be in (0, 1], got " +
+        std::to_string(keep));
+  if (keep >= 1.0 || !g.defined())
+    return g;
+  const int64_t n = g.size(-1);
+  const int64_t bins = n / 2 + 1;
+  const int64_t kept = kernels::gfmKeptBins(n, keep);
+  at::Tensor spec = at::fft_rfft(g.to(at::kFloat), n, -1).contiguous();
+  float *data = reinterpret_cast<float *>(spec.data_ptr());
+  const int64_t rows = spec.numel() / bins;
+#if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
+  if (spec.is_cuda()) {
+    checkCuda(kernels::maskBinsCuda(data, rows, bins, kept,
+                                    at::cuda::getCurrentCUDAStream().stream()),
+              "maskBins");
+    return at::fft_irfft(spec, n, -1).to(g.scalar_type());
+  }
+#endif
+  if (!spec.is_cpu())
+    throw std::runtime_error("mtprt: gfm: no kernel for device " +
+                             spec.device().str());
+  kernels::maskBinsCpu(data, rows, bins, kept);
+  return at::fft_irfft(spec, n, -1).to(g.scalar_type());
+}
+
+double globalNorm(const GradList &g) {
+  double s = 0;
+  for (const at::Tensor &t : g) {
+    if (!t.defined())
+      continue;
+    at::Tensor x = t.to(at::kFloat).contiguous();
+#if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
+    if (x.is_cuda()) {
+      at::Tensor out = at::empty({1}, x.options());
+      checkCuda(kernels::sumSquaresCuda(
+                    x.data_ptr<float>(), x.numel(), out.data_ptr<float>(),
+                    at::cuda::getCurrentCUDAStream().stream()),
+                "sumSquares");
+      s += out.item<double>();
+      continue;
+    }
+#endif
+    s += kernels::sumSquaresCpu(x.data_ptr<float>(), x.numel());
+  }
+  return std::sqrt(s);
+}
+
+std::vector<double> processTaskGrads(std::vector<GradList> &grads,
+                                     const std::vector<bool> &present,
+                                     double keep, double clipNorm) {
+  std::vector<double> norms(grads.size(), 0.0);
+  for (size_t t = 0; t < grads.size(); ++t) {
+    if (!present[t])
+      continue;
+    for (at::Tensor &g : grads[t])
+      g = gfm(g, keep);
+    norms[t] = globalNorm(grads[t]);
+    const float scale = kernels::clipWeightScale(norms[t], clipNorm, 1.0);
+    if (scale != 1.0f)
+      for (at::Tensor &g : grads[t])
+        if (g.defined())
+          g = g * scale;
+  }
+  return norms;
+}
+
+GradList fuse(const std::vector<GradList> &grads,
+              const std::vector<double> &alpha) {
+  if (grads.empty())
+    return {};
+  const size_t k = grads[0].size();
+  GradList out(k);
+  for (size_t i = 0; i < k; ++i) {
+    for (size_t t = 0; t < grads.size(); ++t) {
+      const at::Tensor &g = grads[t][i];
+      if (!g.defined() || alpha[t] == 0.0)
+        continue;
+      if (!out[i].defined())
+        out[i] = at::zeros(g.sizes(), g.options().dtype(at::kFloat));
+      at::Tensor src = g.to(at::kFloat).contiguous();
+      const auto scale = static_cast<float>(alpha[t]);
+#if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
+      if (src.is_cuda()) {
+        checkCuda(kernels::scaleAccumulateCuda(
+                      src.data_ptr<float>(), src.numel(), scale,
+                      out[i].data_ptr<float>(),
+                      at::cuda::getCurrentCUDAStream().stream()),
+                  "scaleAccumulate");
+        continue;
+      }
+#endif
+      kernels::scaleAccumulateCpu(src.data_ptr<float>(), src.numel(), scale,
+                                  out[i].data_ptr<float>());
+    }
+  }
+  return out;
+}
+
+at::Tensor gramMatrix(const std::vector<GradList> &grads) {
+  const int64_t t = static_cast<int64_t>(grads.size());
+  std::vector<at::Tensor> flat(t);
+  for (int64_t i = 0; i < t; ++i) {
+    std::vector<at::Tensor> parts;
+    for (const at::Tensor &g : grads[i])
+      if (g.defined())
+        parts.push_back(g.to(at::kDouble).reshape({-1}));
+    flat[i] = parts.empty() ? at::zeros({0}, at::kDouble) : at::cat(parts);
+  }
+  at::Tensor gram = at::zeros({t, t}, at::kDouble);
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = i; j < t; ++j) {
+      double v = 0;
+      if (flat[i].numel() && flat[i].numel() == flat[j].numel())
+        v = at::dot(flat[i], flat[j]).item<double>();
+      gram[i][j] = v;
+      gram[j][i] = v;
+    }
+  return gram;
+}
+
+std::vector<std::vector<double>> cosineMatrix(const at::Tensor &gram) {
+  const int64_t t = gram.size(0);
+  auto g = gram.accessor<double, 2>();
+  std::vector<std::vector<double>> c(t, std::vector<double>(t, 0.0));
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = 0; j < t; ++j) {
+      const double d = std::sqrt(g[i][i] * g[j][j]);
+      c[i][j] = d > 0 ? g[i][j] / d : 0.0;
+    }
+  return c;
+}
+
+//===----------------------------------------------------------------------===//
+// DGFG gate
+//===----------------------------------------------------------------------===//
+
+struct Gate::Impl {
+  at::Tensor w1, b1, w2, b2;
+  std::unique_ptr<torch::optim::Adam> opt;
+  double entropy;
+
+  at::Tensor features(const std::vector<double> &losses,
+                      const std::vector<double> &norms,
+                      const std::vector<std::vector<double>> &cos,
+                      const std::vector<bool> &present) const {
+    const int64_t t = static_cast<int64_t>(losses.size());
+    at::Tensor f = at::zeros({t, 4}, at::kFloat);
+    for (int64_t i = 0; i < t; ++i) {
+      if (!present[i])
+        continue;
+      double sum = 0, mn = 1;
+      int64_t others = 0;
+      for (int64_t j = 0; j < t; ++j)
+        if (j != i && present[j] && !cos.empty()) {
+          sum += cos[i][j];
+          mn = std::min(mn, cos[i][j]);
+          ++others;
+        }
+      f[i][0] = std::log1p(std::max(0.0, losses[i]));
+      f[i][1] = std::log(norms[i] + 1e-12) / 10.0;
+      f[i][2] = others ? sum / others : 1.0;
+      f[i][3] = others ? mn : 1.0;
+    }
+    return f;
+  }
+
+  at::Tensor alpha(const at::Tensor &f,
+                   const std::vector<bool> &present) const {
+    at::Tensor logits =
+        at::linear(at::tanh(at::linear(f, w1, b1)), w2, b2).reshape({-1});
+    at::Tensor mask = at::zeros_like(logits, at::kBool);
+    for (size_t i = 0; i < present.size(); ++i)
+      mask[i] = !present[i];
+    return at::softmax(logits.masked_fill(mask, -1e30), 0)
+        .masked_fill(mask, 0.0);
+  }
+};
+
+Gate::Gate(uint64_t seed, double lr, double entropyWeight)
+    : impl_(std::make_unique<Impl>()) {
+  if (!(lr > 0))
+    throw std::invalid_argument("mtprt: TrainConfig.gateLr must be positive");
+  if (entropyWeight < 0)
+    throw std::invalid_argument("mtprt: TrainConfig.gateEntropy must be >= 0");
+  at::Generator gen =
+      at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x9a7e5eedULL);
+  impl_->w1 = at::empty({32, 4}).normal_(0, 0.5, gen).requires_grad_(true);
+  impl_->b1 = at::zeros({32}).requires_grad_(true);
+  impl_->w2 = at::empty({1, 32}).normal_(0, 0.1, gen).requires_grad_(true);
+  impl_->b2 = at::zeros({1}).requires_grad_(true);
+  impl_->opt = std::make_unique<torch::optim::Adam>(
+      std::vector<at::Tensor>{impl_->w1, impl_->b1, impl_->w2, impl_->b2},
+      torch::optim::AdamOptions(lr));
+  impl_->entropy = entropyWeight;
+}
+
+Gate::~Gate() = default;
+
+std::vector<double> Gate::alpha(const std::vector<double> &losses,
+                                const std::vector<double> &norms,
+                                const std::vector<std::vector<double>> &cosines,
+                                const std::vector<bool> &present) const {
+  at::NoGradGuard noGrad;
+  at::Tensor a =
+      impl_->alpha(impl_->features(losses, norms, cosines, present), present);
+  return std::vector<double>(a.data_ptr<float>(),
+                             a.data_ptr<float>() + a.numel());
+}
+
+double Gate::update(const std::vector<double> &losses,
+                    const std::vector<double> &norms,
+                    const std::vector<std::vector<double>> &cosines,
+                    const std::vector<bool> &present, const at::Tensor &gram) {
+  int64_t n = 0;
+  for (bool p : present)
+    n += p;
+  if (n < 2)
+    return 0.0; // one task: α = 1 whatever the gate says
+  at::AutoGradMode grad(true);
+  at::Tensor a =
+      impl_->alpha(impl_->features(losses, norms, cosines, present), present);
+  // Leave-one-out agreement: task t's weight is rewarded by the cosine of ĝ_t
+  // with the others' fused direction d_{-t} = Σ_{s≠t} α_s ĝ_s (from G alone).
+  at::Tensor g = gram.to(at::kDouble);
+  at::Tensor ad = a.to(at::kDouble);
+  at::Tensor diag = at::diagonal(g);
+  at::Tensor ga = at::mv(g, ad);
+  at::Tensor dot = ga - ad * diag; // ĝ_t · d_{-t}
+  at::Tensor dnorm2 =
+      at::dot(ad, ga) - 2 * ad * ga + ad * ad * diag; // |d_{-t}|²
+  at::Tensor cos = dot / (at::sqrt(diag.clamp_min(1e-30)) *
+                          at::sqrt(dnorm2.clamp_min(1e-30)));
+  at::Tensor entropy = -(ad * at::log(ad.clamp_min(1e-12))).sum();
+  at::Tensor objective = (ad * cos).sum() + impl_->entropy * entropy;
+  impl_->opt->zero_grad();
+  (-objective).backward();
+  impl_->opt->step();
+  return objective.item<double>();
+}
+
+int64_t Gate::numParameters() const {
+  return impl_->w1.numel() + impl_->b1.numel() + impl_->w2.numel() +
+         impl_->b2.numel();
+}
+
+} // namespace mtprt

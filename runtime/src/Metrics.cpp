@@ -1,0 +1,81 @@
+//===- Metrics.cpp - a step's measurements as one JSON Lines record -------===//
+
+#include "mtprt/Runtime.h"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace mtprt {
+
+namespace {
+
+std::string quote(const std::string &s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string number(double v) {
+  if (!std::isfinite(v))
+    return "null"; // a task without labels this step
+  std::ostringstream os;
+  os.precision(9);
+  os << v;
+  return os.str();
+}
+
+std::string perTask(const std::vector<std::string> &tasks,
+                    const std::vector<double> &v) {
+  std::string out = "{";
+  for (size_t i = 0; i < tasks.size() && i < v.size(); ++i)
+    out += (i ? "," : "") + quote(tasks[i]) + ":" + number(v[i]);
+  return out + "}";
+}
+
+} // namespace
+
+std::string toJsonLine(const StepStats &s) {
+  std::string out = "{\"step\":" + std::to_string(s.step);
+  out += ",\"loss\":" + perTask(s.tasks, s.loss);
+  out += ",\"alpha\":" + perTask(s.tasks, s.alpha);
+  out += ",\"gradient_cosine_sim_matrix\":";
+  if (s.gradientCosineSimMatrix.empty()) {
+    out += "null";
+  } else {
+    out += "[";
+    for (size_t i = 0; i < s.gradientCosineSimMatrix.size(); ++i) {
+      out += i ? ",[" : "[";
+      for (size_t j = 0; j < s.gradientCosineSimMatrix[i].size(); ++j)
+        out += (j ? "," : "") + number(s.gradientCosineSimMatrix[i][j]);
+      out += "]";
+    }
+    out += "]";
+  }
+  out += ",\"activation_reuse_ratio\":" + number(s.activationReuseRatio);
+  out += ",\"checkpoint_hit_rate\":" + number(s.checkpointHitRate);
+  out += ",\"offload_hits\":" + std::to_string(s.offloadHits);
+  out += ",\"offload_misses\":" + std::to_string(s.offloadMisses);
+  out += ",\"offload_wait_s\":" + number(s.offloadWaitS);
+  out += ",\"measured_peak_bytes\":" + std::to_string(s.measuredPeakBytes);
+  out += ",\"host_pool_bytes\":" + std::to_string(s.hostPoolBytes);
+  out += ",\"step_time_s\":" + number(s.stepTimeS);
+  out += ",\"samples_per_s\":" + number(s.samplesPerS);
+  if (s.lossScale != 1.0)
+    out += ",\"loss_scale\":" + number(s.lossScale);
+  if (s.skipped)
+    out += ",\"skipped\":true";
+  return out + "}";
+}
+
+} // namespace mtprt

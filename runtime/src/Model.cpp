@@ -1,0 +1,498 @@
+//===- Model.cpp - the multi-task transformer, one entry per unit ---------===//
+//
+// Functional ATen ops over plain parameter tensors. Choices that fix what is
+// saved for backward (docs/runtime.md lists the bytes):
+//  - dropout is at::native_dropout on every device, so the saved mask is one
+//    byte per element (the CPU composite `dropout` would save a float noise
+//    tensor instead);
+//  - q is scaled before the score matmul, so the unscaled scores are never a
+//    second S×S tensor;
+//  - classify pools the first token before its norm, so nothing of size
+//    B×S×H is saved by that head.
+//
+//===----------------------------------------------------------------------===//
+
+#include "mtprt/torch/Model.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <set>
+#include <stdexcept>
+
+namespace mtprt {
+
+const char *toString(HeadKind kind) {
+  switch (kind) {
+  case HeadKind::Classify:
+    return "classify";
+  case HeadKind::Tag:
+    return "tag";
+  case HeadKind::Span:
+    return "span";
+  case HeadKind::Decoder:
+    return "decoder";
+  }
+  return "?";
+}
+
+const char *toString(GradScope scope) {
+  switch (scope) {
+  case GradScope::Sum:
+    return "sum";
+  case GradScope::Features:
+    return "features";
+  case GradScope::Params:
+    return "params";
+  }
+  return "?";
+}
+
+const char *toString(Precision precision) {
+  switch (precision) {
+  case Precision::Fp32:
+    return "fp32";
+  case Precision::Bf16:
+    return "bf16";
+  case Precision::Fp16:
+    return "fp16";
+  }
+  return "?";
+}
+
+Batch Batch::slice(int64_t begin, int64_t end) const {
+  Batch b;
+  b.tokens = tokens.narrow(0, begin, end - begin);
+  for (const at::Tensor &l : labels)
+    b.labels.push_back(l.defined() ? l.narrow(0, begin, end - begin) : l);
+  return b;
+}
+
+Batch Batch::to(const at::Device &device) const {
+  Batch b;
+  b.tokens = tokens.to(device);
+  for (const at::Tensor &l : labels)
+    b.labels.push_back(l.defined() ? l.to(device) : l);
+  return b;
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string &field, const std::string &why) {
+  throw std::invalid_argument("mtprt: " + field + ": " + why);
+}
+
+void requirePositive(const std::string &field, int64_t v) {
+  if (v <= 0)
+    bad(field, "must be positive, got " + std::to_string(v));
+}
+
+at::Device parseDevice(const std::string &s) {
+  if (s == "cpu")
+    return at::Device(at::kCPU);
+  if (s.rfind("cuda", 0) == 0) {
+    try {
+      return at::Device(s);
+    } catch (const std::exception &) {
+    }
+  }
+  bad("ModelConfig.device",
+      "expected \"cpu\" or \"cuda[:N]\", got \"" + s + "\"");
+}
+
+/// Deterministic parameter factory: every tensor is drawn from one private
+/// generator, in construction order.
+struct Init {
+  at::Generator gen;
+  at::Device device;
+  std::vector<std::pair<std::string, at::Tensor>> *group = nullptr;
+
+  at::Tensor leaf(const std::string &name, at::Tensor t) {
+    t = t.to(device).detach().set_requires_grad(true);
+    group->emplace_back(name, t);
+    return t;
+  }
+  at::Tensor normal(const std::string &name, at::IntArrayRef shape) {
+    at::Tensor t = at::empty(shape, at::kFloat);
+    t.normal_(0.0, 0.02, gen);
+    return leaf(name, t);
+  }
+  LinearParams linear(const std::string &name, int64_t in, int64_t out) {
+    return {normal(name + ".weight", {out, in}),
+            leaf(name + ".bias", at::zeros({out}, at::kFloat))};
+  }
+  NormParams norm(const std::string &name, int64_t n) {
+    return {leaf(name + ".weight", at::ones({n}, at::kFloat)),
+            leaf(name + ".bias", at::zeros({n}, at::kFloat))};
+  }
+  AttentionParams attention(const std::string &name, int64_t h) {
+    return {norm(name + ".norm", h), linear(name + ".qkv", h, 3 * h),
+            linear(name + ".out", h, h)};
+  }
+  MlpParams mlp(const std::string &name, int64_t h, int64_t f) {
+    return {norm(name + ".norm", h), linear(name + ".up", h, f),
+            linear(name + ".down", f, h)};
+  }
+};
+
+at::Tensor layerNorm(const NormParams &p, const at::Tensor &x) {
+  return at::layer_norm(x, {x.size(-1)}, p.weight, p.bias, 1e-5);
+}
+
+at::Tensor linear(const LinearParams &p, const at::Tensor &x) {
+  return at::linear(x, p.weight, p.bias);
+}
+
+/// [B, S, H] -> [B, heads, S, d], contiguous.
+at::Tensor splitHeads(const at::Tensor &x, int64_t heads) {
+  return x.view({x.size(0), x.size(1), heads, x.size(2) / heads})
+      .transpose(1, 2)
+      .contiguous();
+}
+
+/// [B, heads, S, d] -> [B, S, H] (a contiguous copy).
+at::Tensor mergeHeads(const at::Tensor &x) {
+  return x.transpose(1, 2).reshape({x.size(0), x.size(2), -1});
+}
+
+at::Tensor crossEntropy(const at::Tensor &logits, const at::Tensor &labels) {
+  return at::cross_entropy_loss(logits.to(at::kFloat), labels);
+}
+
+} // namespace
+
+Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
+    : config_(std::move(config)), headConfigs_(std::move(heads)),
+      device_(parseDevice(config_.device)) {
+  const ModelConfig &c = config_;
+  requirePositive("ModelConfig.vocab", c.vocab);
+  requirePositive("ModelConfig.seq", c.seq);
+  requirePositive("ModelConfig.layers", c.layers);
+  requirePositive("ModelConfig.hidden", c.hidden);
+  requirePositive("ModelConfig.heads", c.heads);
+  requirePositive("ModelConfig.ffn", c.ffn);
+  if (c.hidden % c.heads)
+    bad("ModelConfig.heads", "must divide hidden (" + std::to_string(c.hidden) +
+                                 "), got " + std::to_string(c.heads));
+  if (!(c.dropout >= 0.0 && c.dropout < 1.0))
+    bad("ModelConfig.dropout",
+        "must be in [0, 1), got " + std::to_string(c.dropout));
+  if (headConfigs_.empty())
+    bad("heads", "a multi-task model needs at least one head");
+  std::set<std::string> names;
+  for (size_t i = 0; i < headConfigs_.size(); ++i) {
+    HeadConfig &h = headConfigs_[i];
+    const std::string f = "HeadConfig[" + std::to_string(i) + "]";
+    if (h.name.empty())
+      bad(f + ".name", "must not be empty");
+    if (!names.insert(h.name).second)
+      bad(f + ".name", "duplicate head name \"" + h.name + "\"");
+    if (h.tap < 0 || h.tap > c.layers)
+      bad(f + ".tap", "must be in [0, " + std::to_string(c.layers) + "], got " +
+                          std::to_string(h.tap));
+    if (h.loss == LossKind::Mse && h.kind != HeadKind::Classify)
+      bad(f + ".loss", "mse is only defined for classify heads");
+    if (h.kind == HeadKind::Classify || h.kind == HeadKind::Tag)
+      requirePositive(f + ".classes", h.classes);
+    if (h.kind == HeadKind::Decoder) {
+      requirePositive(f + ".decoderLayers", h.decoderLayers);
+      requirePositive(f + ".targetSeq", h.targetSeq);
+      if (h.targetSeq > c.seq)
+        bad(f + ".targetSeq", "must not exceed ModelConfig.seq");
+      if (h.targetVocab == 0)
+        h.targetVocab = c.vocab;
+      requirePositive(f + ".targetVocab", h.targetVocab);
+    }
+  }
+
+  const int64_t hdim = c.hidden;
+  Init init{at::make_generator<at::CPUGeneratorImpl>(c.seed), device_};
+  groups_.resize(1 + headConfigs_.size());
+  init.group = &groups_[0];
+  tokEmb_ = init.normal("embed.tok", {c.vocab, hdim});
+  posEmb_ = init.normal("embed.pos", {c.seq, hdim});
+  for (int64_t l = 1; l <= c.layers; ++l) {
+    const std::string n = "layer" + std::to_string(l);
+    attn_.push_back(init.attention(n + ".attn", hdim));
+    mlp_.push_back(init.mlp(n + ".mlp", hdim, c.ffn));
+  }
+  for (size_t i = 0; i < headConfigs_.size(); ++i) {
+    const HeadConfig &hc = headConfigs_[i];
+    const std::string n = "head." + hc.name;
+    init.group = &groups_[1 + i];
+    Head h;
+    switch (hc.kind) {
+    case HeadKind::Classify:
+      h.norm = init.norm(n + ".norm", hdim);
+      h.pool = init.linear(n + ".pool", hdim, hdim);
+      h.out = init.linear(n + ".out", hdim, hc.classes);
+      break;
+    case HeadKind::Tag:
+      h.norm = init.norm(n + ".norm", hdim);
+      h.out = init.linear(n + ".out", hdim, hc.classes);
+      break;
+    case HeadKind::Span:
+      h.norm = init.norm(n + ".norm", hdim);
+      h.out = init.linear(n + ".out", hdim, 2);
+      break;
+    case HeadKind::Decoder:
+      h.tokEmb = init.normal(n + ".tok", {hc.targetVocab, hdim});
+      h.posEmb = init.normal(n + ".pos", {hc.targetSeq, hdim});
+      for (int64_t l = 1; l <= hc.decoderLayers; ++l) {
+        const std::string d = n + ".layer" + std::to_string(l);
+        DecoderLayer dl;
+        dl.self = init.attention(d + ".self", hdim);
+        dl.crossNorm = init.norm(d + ".cross.norm", hdim);
+        dl.memNorm = init.norm(d + ".cross.memnorm", hdim);
+        dl.crossQ = init.linear(d + ".cross.q", hdim, hdim);
+        dl.crossKv = init.linear(d + ".cross.kv", hdim, 2 * hdim);
+        dl.crossOut = init.linear(d + ".cross.out", hdim, hdim);
+        dl.mlp = init.mlp(d + ".mlp", hdim, c.ffn);
+        h.layers.push_back(std::move(dl));
+      }
+      h.norm = init.norm(n + ".norm", hdim);
+      h.out = init.linear(n + ".out", hdim, hc.targetVocab);
+      break;
+    }
+    heads_.push_back(std::move(h));
+  }
+}
+
+at::Tensor Model::dropout(const at::Tensor &x) const {
+  if (!training_ || config_.dropout == 0.0)
+    return x;
+  return std::get<0>(at::native_dropout(x, config_.dropout, true));
+}
+
+at::Tensor Model::embed(const at::Tensor &tokens) const {
+  if (tokens.dim() != 2 || tokens.size(1) > config_.seq)
+    throw std::invalid_argument(
+        "mtprt: embed: tokens must be [B, S] with S <= ModelConfig.seq");
+  at::Tensor x =
+      at::embedding(tokEmb_, tokens) + posEmb_.narrow(0, 0, tokens.size(1));
+  return dropout(x);
+}
+
+at::Tensor Model::attentionCore(const at::Tensor &q, const at::Tensor &k,
+                                const at::Tensor &v,
+                                const at::Tensor &mask) const {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  at::Tensor scores = at::matmul(q * scale, k.transpose(-2, -1));
+  if (mask.defined())
+    scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  at::Tensor probs = dropout(at::softmax(scores, -1));
+  return at::matmul(probs, v);
+}
+
+at::Tensor Model::attentionBlock(const AttentionParams &p, const at::Tensor &x,
+                                 const at::Tensor &mask) const {
+  const int64_t hdim = x.size(-1);
+  at::Tensor qkv = linear(p.qkv, layerNorm(p.norm, x));
+  at::Tensor q = splitHeads(qkv.narrow(-1, 0, hdim), config_.heads);
+  at::Tensor k = splitHeads(qkv.narrow(-1, hdim, hdim), config_.heads);
+  at::Tensor v = splitHeads(qkv.narrow(-1, 2 * hdim, hdim), config_.heads);
+  qkv.reset();
+  at::Tensor ctx = mergeHeads(attentionCore(q, k, v, mask));
+  return x + dropout(linear(p.out, ctx));
+}
+
+at::Tensor Model::mlpBlock(const MlpParams &p, const at::Tensor &x) const {
+  at::Tensor up = linear(p.up, layerNorm(p.norm, x));
+  return x + dropout(linear(p.down, at::gelu(up)));
+}
+
+at::Tensor Model::attention(int64_t layer, const at::Tensor &x) const {
+  if (layer < 1 || layer > config_.layers)
+    throw std::out_of_range("mtprt: attention: layer " + std::to_string(layer) +
+                            " is not in [1, " + std::to_string(config_.layers) +
+                            "]");
+  return attentionBlock(attn_[layer - 1], x, {});
+}
+
+at::Tensor Model::mlp(int64_t layer, const at::Tensor &x) const {
+  if (layer < 1 || layer > config_.layers)
+    throw std::out_of_range("mtprt: mlp: layer " + std::to_string(layer) +
+                            " is not in [1, " + std::to_string(config_.layers) +
+                            "]");
+  return mlpBlock(mlp_[layer - 1], x);
+}
+
+at::Tensor Model::unit(int64_t u, const at::Tensor &x) const {
+  if (u < 0 || u >= numUnits())
+    throw std::out_of_range("mtprt: unit " + std::to_string(u) +
+                            " is not in [0, " + std::to_string(numUnits() - 1) +
+                            "]");
+  if (u == 0)
+    return embed(x);
+  return u % 2 ? attention((u + 1) / 2, x) : mlp(u / 2, x);
+}
+
+at::Tensor Model::runUnits(int64_t first, int64_t last, at::Tensor x) const {
+  for (int64_t u = first; u <= last; ++u)
+    x = unit(u, x);
+  return x;
+}
+
+std::string Model::unitName(int64_t u) const {
+  if (u == 0)
+    return "embed";
+  return "layer" + std::to_string((u + 1) / 2) + (u % 2 ? ".attn" : ".mlp");
+}
+
+at::Tensor Model::decoderHead(const Head &p, const HeadConfig &c,
+                              const at::Tensor &memory,
+                              const at::Tensor &targets) const {
+  if (!targets.defined())
+    throw std::invalid_argument("mtprt: head \"" + c.name +
+                                "\": a decoder head needs its target tokens");
+  const int64_t b = targets.size(0), t = targets.size(1);
+  // Teacher forcing: BOS (token 0), then the targets shifted right.
+  at::Tensor inputs = at::cat(
+      {at::zeros({b, 1}, targets.options()), targets.narrow(1, 0, t - 1)}, 1);
+  at::Tensor h =
+      dropout(at::embedding(p.tokEmb, inputs) + p.posEmb.narrow(0, 0, t));
+  at::Tensor causal =
+      at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(device_))
+          .triu(1);
+  for (const DecoderLayer &l : p.layers) {
+    h = attentionBlock(l.self, h, causal);
+    at::Tensor mem = layerNorm(l.memNorm, memory);
+    at::Tensor kv = linear(l.crossKv, mem);
+    const int64_t hdim = h.size(-1);
+    at::Tensor q =
+        splitHeads(linear(l.crossQ, layerNorm(l.crossNorm, h)), config_.heads);
+    at::Tensor k = splitHeads(kv.narrow(-1, 0, hdim), config_.heads);
+    at::Tensor v = splitHeads(kv.narrow(-1, hdim, hdim), config_.heads);
+    kv.reset();
+    h = h + dropout(linear(l.crossOut, mergeHeads(attentionCore(q, k, v))));
+    h = mlpBlock(l.mlp, h);
+  }
+  return linear(p.out, layerNorm(p.norm, h));
+}
+
+std::vector<at::Tensor> Model::head(int64_t h, const at::Tensor &tap,
+                                    const at::Tensor &labels) const {
+  if (h < 0 || h >= numHeads())
+    throw std::out_of_range("mtprt: head index " + std::to_string(h) +
+                            " out of range");
+  const Head &p = heads_[h];
+  const HeadConfig &c = headConfigs_[h];
+  switch (c.kind) {
+  case HeadKind::Classify: {
+    at::Tensor pooled =
+        at::tanh(linear(p.pool, layerNorm(p.norm, tap.select(1, 0))));
+    return {linear(p.out, pooled)};
+  }
+  case HeadKind::Tag:
+    return {linear(p.out, layerNorm(p.norm, tap))};
+  case HeadKind::Span: {
+    at::Tensor logits = linear(p.out, layerNorm(p.norm, tap));
+    return {logits.select(-1, 0), logits.select(-1, 1)};
+  }
+  case HeadKind::Decoder:
+    return {decoderHead(p, c, tap, labels)};
+  }
+  return {};
+}
+
+at::Tensor Model::loss(int64_t h, const std::vector<at::Tensor> &out,
+                       const at::Tensor &labels) const {
+  const HeadConfig &c = headConfigs_.at(h);
+  if (!labels.defined())
+    throw std::invalid_argument("mtprt: loss \"" + c.name + "\": no labels");
+  switch (c.kind) {
+  case HeadKind::Classify:
+    if (c.loss == LossKind::Mse)
+      return at::mse_loss(out[0].to(at::kFloat), labels.to(at::kFloat));
+    return crossEntropy(out[0], labels);
+  case HeadKind::Tag:
+  case HeadKind::Decoder:
+    return crossEntropy(out[0].reshape({-1, out[0].size(-1)}),
+                        labels.reshape({-1}));
+  case HeadKind::Span:
+    return 0.5 * (crossEntropy(out[0], labels.select(1, 0)) +
+                  crossEntropy(out[1], labels.select(1, 1)));
+  }
+  return {};
+}
+
+std::vector<at::Tensor> Model::layerParameters(int64_t layer) const {
+  if (layer == 0)
+    return {tokEmb_, posEmb_};
+  const AttentionParams &a = attn_.at(layer - 1);
+  const MlpParams &m = mlp_.at(layer - 1);
+  return {a.norm.weight, a.norm.bias, a.qkv.weight,  a.qkv.bias,
+          a.out.weight,  a.out.bias,  m.norm.weight, m.norm.bias,
+          m.up.weight,   m.up.bias,   m.down.weight, m.down.bias};
+}
+
+std::vector<at::Tensor> Model::backboneParameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto &np : groups_[0])
+    out.push_back(np.second);
+  return out;
+}
+
+std::vector<at::Tensor> Model::headParameters(int64_t h) const {
+  std::vector<at::Tensor> out;
+  for (const auto &np : groups_.at(1 + h))
+    out.push_back(np.second);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Model::namedParameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto &g : groups_)
+    out.insert(out.end(), g.begin(), g.end());
+  return out;
+}
+
+std::vector<at::Tensor> Model::parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto &np : namedParameters())
+    out.push_back(np.second);
+  return out;
+}
+
+int64_t Model::numParameters() const {
+  int64_t n = 0;
+  for (const auto &np : namedParameters())
+    n += np.second.numel();
+  return n;
+}
+
+Batch Model::syntheticBatch(int64_t batchSize, uint64_t seed) const {
+  // Learnable labels: each is a simple function of the tokens, so a small
+  // model can fit them (the loss-decrease tests and demos rely on it).
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const int64_t s = config_.seq;
+  Batch b;
+  b.tokens = at::randint(config_.vocab, {batchSize, s}, gen, at::kLong);
+  for (const HeadConfig &c : headConfigs_) {
+    switch (c.kind) {
+    case HeadKind::Classify:
+      if (c.loss == LossKind::Mse)
+        b.labels.push_back(
+            at::one_hot(b.tokens.select(1, 0) % c.classes, c.classes)
+                .to(at::kFloat));
+      else
+        b.labels.push_back(b.tokens.select(1, 0) % c.classes);
+      break;
+    case HeadKind::Tag:
+      b.labels.push_back(b.tokens % c.classes);
+      break;
+    case HeadKind::Span: {
+      at::Tensor start = b.tokens.select(1, 0) % s;
+      at::Tensor end = at::clamp_max(start + b.tokens.select(1, 1) % 3, s - 1);
+      b.labels.push_back(at::stack({start, end}, 1));
+      break;
+    }
+    case HeadKind::Decoder:
+      b.labels.push_back(b.tokens.narrow(1, 0, c.targetSeq) % c.targetVocab);
+      break;
+    }
+  }
+  return b.to(device_);
+}
+
+} // namespace mtprt

@@ -1,0 +1,993 @@
+//===- Trainer.cpp - one optimizer step over the units --------------------===//
+
+#include "mtprt/torch/Trainer.h"
+
+#include "mtprt/Memory.h"
+#include "mtprt/Runtime.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/optim/adamw.h>
+
+#ifdef MTPRT_TORCH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <stdexcept>
+
+namespace mtprt {
+
+double scheduledLr(const LrConfig &c, int64_t step) {
+  if (c.warmupSteps > 0 && step < c.warmupSteps)
+    return c.lr * static_cast<double>(step + 1) /
+           static_cast<double>(c.warmupSteps);
+  const double span =
+      static_cast<double>(std::max<int64_t>(1, c.totalSteps - c.warmupSteps));
+  const double progress =
+      std::clamp(static_cast<double>(step - c.warmupSteps) / span, 0.0, 1.0);
+  switch (c.schedule) {
+  case LrSchedule::Constant:
+    return c.lr;
+  case LrSchedule::Linear:
+    return c.lr * (1.0 - progress);
+  case LrSchedule::Cosine:
+    return c.lr * 0.5 * (1.0 + std::cos(M_PI * progress));
+  }
+  return c.lr;
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string &field, const std::string &why) {
+  throw std::invalid_argument("mtprt: " + field + ": " + why);
+}
+
+void validateLr(const LrConfig &c, const std::string &field) {
+  if (!(c.lr > 0))
+    bad(field + ".lr", "must be positive");
+  if (c.warmupSteps < 0)
+    bad(field + ".warmupSteps", "must be >= 0");
+  if (c.totalSteps <= 0)
+    bad(field + ".totalSteps", "must be positive");
+}
+
+/// Adds g into p's .grad (creating it).
+void accumulateGrad(const at::Tensor &p, const at::Tensor &g) {
+  if (!g.defined())
+    return;
+  at::Tensor &grad = p.mutable_grad();
+  if (grad.defined())
+    grad.add_(g);
+  else
+    grad = g.detach().clone();
+}
+
+/// Autocast on the model's device for bf16 / fp16; restores on exit.
+class PrecisionGuard {
+public:
+  PrecisionGuard(Precision p, const at::Device &d) {
+    if (p == Precision::Fp32)
+      return;
+    type_ = d.type();
+    was_ = at::autocast::is_autocast_enabled(type_);
+    dtype_ = at::autocast::get_autocast_dtype(type_);
+    at::autocast::set_autocast_enabled(type_, true);
+    at::autocast::set_autocast_dtype(type_, p == Precision::Bf16 ? at::kBFloat16
+                                                                 : at::kHalf);
+    active_ = true;
+  }
+  ~PrecisionGuard() {
+    if (!active_)
+      return;
+    at::autocast::set_autocast_enabled(type_, was_);
+    at::autocast::set_autocast_dtype(type_, dtype_);
+    if (!was_)
+      at::autocast::clear_cache();
+  }
+
+private:
+  bool active_ = false, was_ = false;
+  at::DeviceType type_ = at::kCPU;
+  at::ScalarType dtype_ = at::kBFloat16;
+};
+
+using Clock = std::chrono::steady_clock;
+
+} // namespace
+
+TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
+                         TrainConfig train, OffloadOptions offload)
+    : model_(std::make_unique<Model>(std::move(model), std::move(heads))),
+      train_(std::move(train)) {
+  const TrainConfig &t = train_;
+  const int64_t nh = model_->numHeads();
+  if (t.microBatches <= 0)
+    bad("TrainConfig.microBatches", "must be positive");
+  if (t.scope == GradScope::Params &&
+      (t.paramsTopK <= 0 || t.paramsTopK > model_->config().layers))
+    bad("TrainConfig.paramsTopK", "must be in [1, layers]");
+  if (!(t.gfmKeep > 0 && t.gfmKeep <= 1))
+    bad("TrainConfig.gfmKeep", "must be in (0, 1]");
+  if (t.clipNorm < 0)
+    bad("TrainConfig.clipNorm", "must be >= 0 (0 = off)");
+  if (t.cosineEvery < 0)
+    bad("TrainConfig.cosineEvery", "must be >= 0 (0 = never)");
+  if (t.weightDecay < 0)
+    bad("TrainConfig.weightDecay", "must be >= 0");
+  validateLr(t.backboneLr, "TrainConfig.backboneLr");
+  if (!t.headLr.empty() && static_cast<int64_t>(t.headLr.size()) != nh)
+    bad("TrainConfig.headLr", "needs one entry per head (" +
+                                  std::to_string(nh) + "), got " +
+                                  std::to_string(t.headLr.size()));
+  for (size_t i = 0; i < t.headLr.size(); ++i)
+    validateLr(t.headLr[i], "TrainConfig.headLr[" + std::to_string(i) + "]");
+  if (t.precision == Precision::Fp16 && !model_->device().is_cuda())
+    bad("TrainConfig.precision",
+        "fp16 (with loss scaling) needs a CUDA device; use bf16 on cpu");
+  if (t.precision == Precision::Fp16 && !(t.initialLossScale > 0))
+    bad("TrainConfig.initialLossScale", "must be positive");
+  lossScale_ = t.precision == Precision::Fp16 ? t.initialLossScale : 1.0;
+
+  offloader_ = std::make_unique<Offloader>(offload);
+  gate_ =
+      std::make_unique<Gate>(model_->config().seed, t.gateLr, t.gateEntropy);
+
+  // TaskLRAdapter: group 0 the backbone, group 1 + h head h, each with its
+  // own schedule (set every step).
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  auto options = [&](double lr) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(lr).weight_decay(t.weightDecay));
+  };
+  groups.emplace_back(model_->backboneParameters(), options(t.backboneLr.lr));
+  for (int64_t h = 0; h < nh; ++h)
+    groups.emplace_back(
+        model_->headParameters(h),
+        options(t.headLr.empty() ? t.backboneLr.lr : t.headLr[h].lr));
+  optimizer_ = std::make_unique<torch::optim::AdamW>(
+      std::move(groups), torch::optim::AdamWOptions(t.backboneLr.lr));
+}
+
+TrainerCore::~TrainerCore() = default;
+
+void TrainerCore::validate(const Schedule &s) const {
+  const int64_t units = model_->numUnits();
+  std::set<int64_t> taps;
+  for (const HeadConfig &h : model_->heads())
+    taps.insert(Model::tapUnit(h.tap));
+  std::vector<bool> used(units, false);
+  for (size_t i = 0; i < s.regions.size(); ++i) {
+    const auto &r = s.regions[i];
+    const std::string f = "Schedule.regions[" + std::to_string(i) + "]";
+    if (r.first < 0 || r.second >= units || r.first > r.second)
+      bad(f, "must be a unit range [first, last] within [0, " +
+                 std::to_string(units - 1) + "]");
+    for (int64_t u = r.first; u <= r.second; ++u) {
+      if (used[u])
+        bad(f, "overlaps another region at unit " + std::to_string(u));
+      used[u] = true;
+      if (u < r.second && taps.count(u))
+        bad(f, "contains a head's tap (unit " + std::to_string(u) +
+                   ") before its end; end the region at the tap");
+    }
+  }
+  if (s.prefetchAhead < 0)
+    bad("Schedule.prefetchAhead", "must be >= 0");
+  std::vector<bool> seen(model_->numHeads(), false);
+  for (size_t i = 0; i < s.headOrder.size(); ++i) {
+    const int64_t h = s.headOrder[i];
+    if (h < 0 || h >= model_->numHeads() || seen[h])
+      bad("Schedule.headOrder[" + std::to_string(i) + "]",
+          "must be a permutation of the head indices");
+    seen[h] = true;
+  }
+  if (!s.headOrder.empty() &&
+      static_cast<int64_t>(s.headOrder.size()) != model_->numHeads())
+    bad("Schedule.headOrder", "must list every head once (or be empty)");
+}
+
+std::vector<double> TrainerCore::computeAlpha(
+    const std::vector<GradList> &processed, const std::vector<GradList> &probe,
+    const std::vector<double> &losses, const std::vector<double> &norms,
+    const std::vector<bool> &present, StepStats &stats) {
+  const size_t nt = present.size();
+  int64_t n = 0;
+  for (bool p : present)
+    n += p;
+  const bool measure =
+      train_.cosineEvery > 0 && step_ % train_.cosineEvery == 0;
+  at::Tensor gram;
+  if (measure) {
+    gram = gramMatrix(probe.empty() ? processed : probe);
+    lastCosines_ = cosineMatrix(gram);
+    stats.gradientCosineSimMatrix = lastCosines_;
+  }
+  std::vector<double> alpha(nt, 0.0);
+  if (!train_.gate || n == 1 || lastCosines_.empty()) {
+    for (size_t t = 0; t < nt; ++t)
+      alpha[t] = present[t] ? 1.0 / static_cast<double>(n) : 0.0;
+  } else {
+    alpha = gate_->alpha(losses, norms, lastCosines_, present);
+  }
+  if (train_.gate && measure)
+    gate_->update(losses, norms, lastCosines_, present, gram);
+  return alpha;
+}
+
+//===----------------------------------------------------------------------===//
+// The step, phase by phase
+//===----------------------------------------------------------------------===//
+
+/// Everything one step carries between its phases.
+struct TrainerCore::StepState {
+  Batch batch;
+  int64_t bsz = 0;
+  std::vector<bool> present;
+  int64_t npresent = 0;
+  StepStats stats;
+  Clock::time_point start;
+  double scale = 1.0;
+  std::vector<double> losses;
+  std::vector<double> alpha;
+  std::vector<GradList> accum; ///< params scope: Σ over micro-batches
+  std::vector<at::Tensor> topk, lower;
+  // The current micro-batch.
+  int64_t mb = -1;
+  Batch b;
+  double weight = 1.0;
+  std::vector<at::Tensor> values; ///< ValueId -> activation
+  std::vector<at::Tensor> taps;   ///< by tap layer
+  std::vector<at::Tensor> loss;   ///< per task, weighted and scaled
+  std::vector<GradList> taskGrads;
+  std::vector<bool> headForward, headBackward;
+  bool backboneDone = false;
+  std::vector<std::string> offloadedRegions; ///< bottom to top
+  /// Device bytes each backbone unit left live in the forward (a region's
+  /// go to its last unit), summed over micro-batches.
+  std::vector<int64_t> unitBytes;
+};
+
+namespace {
+int64_t deviceBytes(const at::Device &d) {
+  return d.is_cuda()
+             ? cudaMemoryStats(d.index() < 0 ? 0 : d.index()).currentBytes
+             : cpuMemoryStats().currentBytes;
+}
+
+/// activation_reuse_ratio: of the activation bytes each present task depends
+/// on (the units up to its tap, counted once per task), the share that at
+/// least one other present task depends on too.
+double reuseRatio(const std::vector<int64_t> &unitBytes,
+                  const std::vector<int64_t> &tapUnits) {
+  double shared = 0, total = 0;
+  for (size_t u = 0; u < unitBytes.size(); ++u) {
+    int64_t users = 0;
+    for (int64_t t : tapUnits)
+      users += t >= static_cast<int64_t>(u);
+    total += static_cast<double>(unitBytes[u]) * users;
+    if (users >= 2)
+      shared += static_cast<double>(unitBytes[u]) * users;
+  }
+  return total > 0 ? shared / total : 0.0;
+}
+} // namespace
+
+TrainerCore::StepState &TrainerCore::state(const char *phase,
+                                           bool needMicroBatch) {
+  if (!state_)
+    throw std::logic_error(std::string("mtprt: ") + phase +
+                           ": no step in progress (beginStep first)");
+  if (needMicroBatch && state_->mb < 0)
+    throw std::logic_error(
+        std::string("mtprt: ") + phase +
+        ": no micro-batch in progress (beginMicroBatch first)");
+  return *state_;
+}
+
+void TrainerCore::beginStep(const Batch &fullBatch) {
+  Model &m = *model_;
+  const int64_t nt = m.numHeads();
+  if (static_cast<int64_t>(fullBatch.labels.size()) != nt)
+    bad("Batch.labels",
+        "needs one entry per head (" + std::to_string(nt) + ")");
+  auto st = std::make_unique<StepState>();
+  st->batch = fullBatch.to(m.device());
+  st->bsz = st->batch.size();
+  if (st->bsz < train_.microBatches)
+    bad("TrainConfig.microBatches",
+        "exceeds the batch size " + std::to_string(st->bsz));
+  st->present.resize(nt);
+  for (int64_t t = 0; t < nt; ++t)
+    st->npresent += (st->present[t] = st->batch.labels[t].defined());
+  if (!st->npresent)
+    bad("Batch.labels", "the batch has labels for no task");
+  st->stats.step = step_;
+  for (const HeadConfig &h : m.heads())
+    st->stats.tasks.push_back(h.name);
+  for (const at::Tensor &p : m.parameters())
+    p.mutable_grad() = at::Tensor();
+  st->start = Clock::now();
+  if (m.device().is_cuda()) {
+    const int dev = m.device().index() < 0 ? 0 : m.device().index();
+    resetCudaPeak(dev);
+    st->stats.measuredStartBytes = cudaMemoryStats(dev).currentBytes;
+  } else {
+    resetCpuPeak();
+    st->stats.measuredStartBytes = cpuMemoryStats().currentBytes;
+  }
+  offloader_->resetStats();
+  st->scale = lossScale_;
+  st->unitBytes.assign(m.numUnits(), 0);
+  st->losses.assign(nt, 0.0);
+  st->accum.resize(nt);
+  if (train_.scope == GradScope::Params) {
+    int64_t maxTap = 0;
+    for (const HeadConfig &h : m.heads())
+      maxTap = std::max(maxTap, h.tap);
+    const int64_t L = m.config().layers;
+    for (int64_t l = L - train_.paramsTopK + 1; l <= L; ++l)
+      for (const at::Tensor &p : m.layerParameters(l))
+        st->topk.push_back(p);
+    for (int64_t l = 0; l <= std::min(maxTap, L - train_.paramsTopK); ++l)
+      for (const at::Tensor &p : m.layerParameters(l))
+        st->lower.push_back(p);
+  }
+  if (keepDebug) {
+    lastProcessed.assign(nt, {});
+    lastFused.clear();
+  }
+  state_ = std::move(st);
+}
+
+void TrainerCore::beginMicroBatch(int64_t mb) {
+  StepState &st = state("beginMicroBatch", false);
+  if (mb != st.mb + 1 || mb >= train_.microBatches)
+    throw std::logic_error("mtprt: beginMicroBatch(" + std::to_string(mb) +
+                           "): micro-batches run in order 0.." +
+                           std::to_string(train_.microBatches - 1));
+  if (mb > 0 && !st.backboneDone)
+    throw std::logic_error("mtprt: beginMicroBatch: the previous micro-batch "
+                           "has no backbone backward");
+  const int64_t nt = model_->numHeads(), micro = train_.microBatches;
+  const int64_t begin = st.bsz * mb / micro, end = st.bsz * (mb + 1) / micro;
+  st.mb = mb;
+  st.b = st.batch.slice(begin, end);
+  st.weight = static_cast<double>(end - begin) / static_cast<double>(st.bsz);
+  st.values = {st.b.tokens};
+  st.taps.assign(model_->config().layers + 1, at::Tensor());
+  st.loss.assign(nt, at::Tensor());
+  st.taskGrads.assign(nt, {});
+  st.headForward.assign(nt, false);
+  st.headBackward.assign(nt, false);
+  st.backboneDone = false;
+  st.offloadedRegions.clear();
+}
+
+ValueId TrainerCore::input() { return (void)state("input", true), 0; }
+
+ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
+                             RegionMode mode) {
+  StepState &st = state("forward", true);
+  const Model &m = *model_;
+  if (first < 0 || last >= m.numUnits() || first > last)
+    bad("forward", "unit range [" + std::to_string(first) + ", " +
+                       std::to_string(last) + "] is not within [0, " +
+                       std::to_string(m.numUnits() - 1) + "]");
+  if (in < 0 || in >= static_cast<ValueId>(st.values.size()))
+    bad("forward", "unknown value " + std::to_string(in));
+  if (!st.values[in].defined())
+    bad("forward", "value " + std::to_string(in) + " was released");
+  if ((first == 0) != (in == 0))
+    bad("forward", "unit 0 (embed) takes the input tokens, and only it does");
+  std::vector<bool> isTap(m.numUnits(), false);
+  for (const HeadConfig &h : m.heads())
+    isTap[Model::tapUnit(h.tap)] = true;
+  PrecisionGuard precision(train_.precision, m.device());
+  at::Tensor x = st.values[in];
+  int64_t before = deviceBytes(m.device());
+  auto account = [&](int64_t u) {
+    const int64_t now = deviceBytes(m.device());
+    if (!st.unitBytes.empty())
+      st.unitBytes[u] += now - before;
+    before = now;
+  };
+  if (mode == RegionMode::Keep) {
+    for (int64_t u = first; u <= last; ++u) {
+      x = m.unit(u, x);
+      account(u);
+      if (isTap[u])
+        st.taps[u / 2] = x;
+    }
+  } else {
+    for (int64_t u = first; u < last; ++u)
+      if (isTap[u])
+        bad("forward", "a checkpoint region may not contain a tap (unit " +
+                           std::to_string(u) + ") before its end");
+    std::vector<at::Tensor> params;
+    for (int64_t l = (first + 1) / 2; l <= (last + 1) / 2; ++l)
+      for (const at::Tensor &p : m.layerParameters(l))
+        params.push_back(p);
+    const Model *mp = &m;
+    RegionFn fn = [mp, first, last](const at::Tensor &v) {
+      return mp->runUnits(first, last, v);
+    };
+    const std::string group = "region" + std::to_string(first);
+    // The token ids, and a tap (on the device for its head and the backbone
+    // backward anyway), are never offloaded.
+    if (mode == RegionMode::CheckpointOffload && first > 0 &&
+        !isTap[first - 1]) {
+      {
+        Offloader::Scope scope(*offloader_, group);
+        x = checkpoint(fn, x, params);
+      }
+      offloader_->waitOffloaded(group);
+      st.offloadedRegions.push_back(group);
+    } else {
+      x = checkpoint(fn, x, params);
+    }
+    // When the backward reaches this region, bring back its boundary and the
+    // prefetchAhead - 1 offloaded ones below.
+    if (!st.offloadedRegions.empty() && prefetchAhead_ > 0 &&
+        x.requires_grad()) {
+      std::vector<std::string> fetch;
+      const bool mine = st.offloadedRegions.back() == group;
+      int64_t n = mine ? prefetchAhead_ : prefetchAhead_ - 1;
+      for (auto it = st.offloadedRegions.rbegin();
+           it != st.offloadedRegions.rend() && n > 0; ++it, --n)
+        fetch.push_back(*it);
+      if (!fetch.empty()) {
+        Offloader *off = offloader_.get();
+        x.register_hook([off, fetch](const at::Tensor &) {
+          for (const std::string &g : fetch)
+            off->prefetch(g);
+        });
+      }
+    }
+    account(last);
+    if (isTap[last])
+      st.taps[last / 2] = x;
+  }
+  st.values.push_back(x);
+  return static_cast<ValueId>(st.values.size()) - 1;
+}
+
+void TrainerCore::release(ValueId v) {
+  StepState &st = state("release", true);
+  if (v < 0 || v >= static_cast<ValueId>(st.values.size()))
+    bad("release", "unknown value " + std::to_string(v));
+  st.values[v] = at::Tensor();
+}
+
+void TrainerCore::forwardHead(int64_t t, bool offload) {
+  StepState &st = state("forwardHead", true);
+  Model &m = *model_;
+  if (t < 0 || t >= m.numHeads())
+    bad("forwardHead", "head " + std::to_string(t) + " out of range");
+  if (!st.present[t] || st.headForward[t])
+    return; // no labels in this batch, or already run
+  const HeadConfig &hc = m.heads()[t];
+  const at::Tensor &tap = st.taps[hc.tap];
+  if (!tap.defined())
+    bad("forwardHead", "head \"" + hc.name + "\" reads tap " +
+                           std::to_string(hc.tap) +
+                           ", which this micro-batch has not computed");
+  PrecisionGuard precision(train_.precision, m.device());
+  at::Tensor loss;
+  const std::string group = "head" + std::to_string(t);
+  if (offload) {
+    {
+      // The tap and the labels stay on the device for other uses anyway.
+      Offloader::Scope scope(*offloader_, group, {tap, st.b.labels[t]});
+      loss = m.loss(t, m.head(t, tap, st.b.labels[t]), st.b.labels[t]);
+    }
+    offloader_->waitOffloaded(group);
+  } else {
+    loss = m.loss(t, m.head(t, tap, st.b.labels[t]), st.b.labels[t]);
+  }
+  st.losses[t] += loss.item<double>() * st.weight;
+  st.loss[t] = loss * (st.weight * st.scale);
+  st.headForward[t] = true;
+}
+
+void TrainerCore::backwardHead(int64_t t) {
+  StepState &st = state("backwardHead", true);
+  Model &m = *model_;
+  if (t < 0 || t >= m.numHeads())
+    bad("backwardHead", "head " + std::to_string(t) + " out of range");
+  if (!st.present[t] || st.headBackward[t])
+    return;
+  if (!st.headForward[t])
+    throw std::logic_error("mtprt: backwardHead: head \"" + m.heads()[t].name +
+                           "\" has not run forward in this micro-batch");
+  st.headBackward[t] = true;
+  if (train_.scope == GradScope::Sum)
+    return; // summed into one backward by backwardBackbone
+  std::vector<at::Tensor> inputs;
+  if (train_.scope == GradScope::Features)
+    inputs.push_back(st.taps[m.heads()[t].tap]);
+  else
+    inputs = st.topk;
+  const size_t nshared = inputs.size();
+  const std::vector<at::Tensor> hp = m.headParameters(t);
+  inputs.insert(inputs.end(), hp.begin(), hp.end());
+  // Params scope retains the graph: the layers below need Σ α_t loss_t.
+  auto grads = torch::autograd::grad({st.loss[t]}, inputs, {},
+                                     train_.scope == GradScope::Params, false,
+                                     /*allow_unused=*/true);
+  for (size_t j = 0; j < hp.size(); ++j)
+    accumulateGrad(hp[j], grads[nshared + j]);
+  for (size_t j = 0; j < nshared; ++j) {
+    at::Tensor g = grads[j];
+    if (!g.defined())
+      g = at::zeros_like(inputs[j], inputs[j].options().dtype(at::kFloat));
+    st.taskGrads[t].push_back(st.scale != 1.0 ? g / st.scale : g);
+  }
+}
+
+void TrainerCore::backwardBackbone() {
+  StepState &st = state("backwardBackbone", true);
+  Model &m = *model_;
+  const int64_t nt = m.numHeads();
+  for (int64_t t = 0; t < nt; ++t)
+    if (st.present[t] && !st.headBackward[t])
+      throw std::logic_error("mtprt: backwardBackbone: head \"" +
+                             m.heads()[t].name +
+                             "\" has no backward yet (backwardHead first)");
+  if (st.backboneDone)
+    throw std::logic_error(
+        "mtprt: backwardBackbone: already run for this micro-batch");
+  st.backboneDone = true;
+  std::vector<int64_t> order;
+  for (int64_t t = 0; t < nt; ++t)
+    if (st.present[t])
+      order.push_back(t);
+
+  if (train_.scope == GradScope::Sum) {
+    at::Tensor total;
+    for (int64_t t : order)
+      total = total.defined() ? total + st.loss[t] : st.loss[t];
+    total.backward();
+    st.alpha.assign(nt, 0.0);
+    for (int64_t t : order)
+      st.alpha[t] = 1.0 / static_cast<double>(st.npresent);
+    st.loss.assign(nt, at::Tensor());
+    return;
+  }
+
+  std::vector<double> meanLoss(nt, 0.0);
+  for (int64_t t : order)
+    meanLoss[t] = st.loss[t].item<double>() / (st.weight * st.scale);
+
+  if (train_.scope == GradScope::Features) {
+    std::vector<GradList> &tg = st.taskGrads;
+    for (int64_t t = 0; t < nt; ++t)
+      if (!st.present[t])
+        tg[t] = {at::Tensor()};
+    const std::vector<double> norms =
+        processTaskGrads(tg, st.present, train_.gfmKeep, train_.clipNorm);
+    if (st.mb == 0) {
+      // The cosine matrix and the gate's signals live on the parameters of
+      // the topmost layer every present task back-propagates through.
+      std::vector<GradList> probe;
+      if (train_.cosineEvery > 0 && step_ % train_.cosineEvery == 0 &&
+          st.npresent > 1) {
+        int64_t common = m.config().layers;
+        for (int64_t t : order)
+          common = std::min(common, m.heads()[t].tap);
+        const std::vector<at::Tensor> probeParams = m.layerParameters(common);
+        probe.assign(nt, GradList(probeParams.size()));
+        for (int64_t t : order)
+          probe[t] = torch::autograd::grad(
+              {st.taps[m.heads()[t].tap]}, probeParams, {tg[t][0]},
+              /*retain_graph=*/true, false, /*allow_unused=*/true);
+      }
+      st.alpha = computeAlpha(tg, probe, meanLoss, norms, st.present, st.stats);
+    }
+    // One backbone backward with Σ α_t ĝ_t at each tap as grad_outputs.
+    std::vector<at::Tensor> outs, gradOuts;
+    for (int64_t layer = 0; layer <= m.config().layers; ++layer) {
+      std::vector<GradList> atTap;
+      std::vector<double> a;
+      for (int64_t t : order)
+        if (m.heads()[t].tap == layer) {
+          atTap.push_back(tg[t]);
+          a.push_back(st.alpha[t]);
+        }
+      if (atTap.empty())
+        continue;
+      GradList fused = fuse(atTap, a);
+      if (!fused[0].defined())
+        continue;
+      outs.push_back(st.taps[layer]);
+      gradOuts.push_back((st.scale != 1.0 ? fused[0] * st.scale : fused[0])
+                             .to(st.taps[layer].scalar_type()));
+      if (keepDebug)
+        lastFused.push_back(fused[0]);
+    }
+    if (keepDebug)
+      lastProcessed = tg;
+    tg.assign(nt, {}); // only the fused grad_outputs live through the backward
+    st.loss.assign(nt, at::Tensor());
+    if (!outs.empty())
+      torch::autograd::backward(outs, gradOuts);
+    return;
+  }
+
+  // Params scope: accumulate per-task top-k gradients; the layers below get
+  // Σ α_t loss_t with α from the first micro-batch.
+  if (st.mb == 0) {
+    std::vector<GradList> probe = st.taskGrads;
+    for (int64_t t = 0; t < nt; ++t)
+      if (!st.present[t])
+        probe[t].assign(st.topk.size(), at::Tensor());
+    const std::vector<double> norms =
+        processTaskGrads(probe, st.present, train_.gfmKeep, train_.clipNorm);
+    st.alpha = computeAlpha(probe, {}, meanLoss, norms, st.present, st.stats);
+  }
+  for (int64_t t : order) {
+    if (st.accum[t].empty())
+      st.accum[t] = st.taskGrads[t];
+    else
+      for (size_t j = 0; j < st.topk.size(); ++j)
+        st.accum[t][j] = st.accum[t][j] + st.taskGrads[t][j];
+  }
+  st.taskGrads.assign(nt, {});
+  at::Tensor weighted;
+  for (int64_t t : order)
+    weighted = weighted.defined() ? weighted + st.alpha[t] * st.loss[t]
+                                  : st.alpha[t] * st.loss[t];
+  st.loss.assign(nt, at::Tensor());
+  if (!st.lower.empty())
+    torch::autograd::backward({weighted}, {}, /*retain_graph=*/false, false,
+                              st.lower);
+}
+
+StepStats TrainerCore::endStep(bool applyUpdate) {
+  StepState &st = state("endStep", false);
+  if (st.mb != train_.microBatches - 1 || !st.backboneDone)
+    throw std::logic_error("mtprt: endStep: every micro-batch needs its "
+                           "forward and backward first");
+  Model &m = *model_;
+  const int64_t nt = m.numHeads();
+  if (train_.scope == GradScope::Params) {
+    for (int64_t t = 0; t < nt; ++t)
+      if (!st.present[t])
+        st.accum[t].assign(st.topk.size(), at::Tensor());
+    processTaskGrads(st.accum, st.present, train_.gfmKeep, train_.clipNorm);
+    GradList fused = fuse(st.accum, st.alpha);
+    for (size_t j = 0; j < st.topk.size();
+         ++j) // rescaled: unscaled below with the rest
+      accumulateGrad(st.topk[j], st.scale != 1.0 && fused[j].defined()
+                                     ? fused[j] * st.scale
+                                     : fused[j]);
+    if (keepDebug) {
+      lastProcessed = st.accum;
+      lastFused = fused;
+      lastParamsScopeParams = st.topk;
+    }
+  }
+  // Unscale what autograd accumulated with the fp16 loss scale.
+  if (st.scale != 1.0)
+    for (const at::Tensor &p : m.parameters())
+      if (p.grad().defined())
+        p.mutable_grad().div_(st.scale);
+  if (keepDebug)
+    lastAlpha = st.alpha;
+
+  StepStats stats = std::move(st.stats);
+  std::vector<int64_t> tapUnits;
+  for (int64_t t = 0; t < nt; ++t)
+    if (st.present[t])
+      tapUnits.push_back(Model::tapUnit(m.heads()[t].tap));
+  stats.activationReuseRatio = reuseRatio(st.unitBytes, tapUnits);
+  for (int64_t t = 0; t < nt; ++t) {
+    stats.loss.push_back(st.present[t]
+                             ? st.losses[t]
+                             : std::numeric_limits<double>::quiet_NaN());
+    stats.alpha.push_back(st.alpha.empty() ? 0.0 : st.alpha[t]);
+  }
+
+  if (applyUpdate) {
+    // TaskLRAdapter: each group's own schedule.
+    auto &groups = optimizer_->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const LrConfig &c = g == 0 || train_.headLr.empty()
+                              ? train_.backboneLr
+                              : train_.headLr[g - 1];
+      static_cast<torch::optim::AdamWOptions &>(groups[g].options())
+          .lr(scheduledLr(c, step_));
+    }
+    bool finite = true;
+    if (train_.precision == Precision::Fp16) {
+      for (const at::Tensor &p : m.parameters())
+        if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) {
+          finite = false;
+          break;
+        }
+      if (!finite) {
+        lossScale_ /= 2.0;
+        goodSteps_ = 0;
+      } else if (++goodSteps_ % 2000 == 0) {
+        lossScale_ *= 2.0;
+      }
+    }
+    stats.skipped = !finite;
+    if (finite)
+      optimizer_->step();
+    ++step_;
+  }
+
+  offloader_->synchronize();
+  const OffloadStats os = offloader_->stats();
+  stats.offloadHits = os.hits;
+  stats.offloadMisses = os.misses;
+  stats.offloadWaitS = os.waitS;
+  stats.checkpointHitRate = os.hitRate();
+  stats.hostPoolBytes = os.hostPeakBytes;
+  const MemoryStats ms =
+      m.device().is_cuda()
+          ? cudaMemoryStats(m.device().index() < 0 ? 0 : m.device().index())
+          : cpuMemoryStats();
+  stats.measuredPeakBytes = ms.peakBytes;
+  stats.measuredCurrentBytes = ms.currentBytes;
+  stats.lossScale = st.scale;
+  stats.stepTimeS =
+      std::chrono::duration<double>(Clock::now() - st.start).count();
+  stats.samplesPerS =
+      stats.stepTimeS > 0 ? static_cast<double>(st.bsz) / stats.stepTimeS : 0.0;
+  state_.reset();
+  return stats;
+}
+
+void TrainerCore::abortStep() { state_.reset(); }
+
+//===----------------------------------------------------------------------===//
+// The whole step as a Schedule says
+//===----------------------------------------------------------------------===//
+
+std::vector<at::Tensor> TrainerCore::forwardBackbone(const at::Tensor &tokens,
+                                                     const Schedule &s) {
+  // A standalone forward (tests, probes): a throwaway micro-batch state, so
+  // no gradient or statistic of a step is touched.
+  if (state_)
+    throw std::logic_error("mtprt: forwardBackbone: a step is in progress");
+  auto st = std::make_unique<StepState>();
+  st->mb = 0;
+  st->b.tokens = tokens.to(model_->device());
+  st->values = {st->b.tokens};
+  st->taps.assign(model_->config().layers + 1, at::Tensor());
+  state_ = std::move(st);
+  try {
+    runBackbone(s);
+  } catch (...) {
+    state_.reset();
+    throw;
+  }
+  std::vector<at::Tensor> taps = state_->taps;
+  state_.reset();
+  return taps;
+}
+
+void TrainerCore::runBackbone(const Schedule &s) {
+  std::vector<int64_t> regionEnd(model_->numUnits(), -1);
+  for (const auto &r : s.regions)
+    regionEnd[r.first] = r.second;
+  prefetchAhead_ = s.prefetchAhead;
+  ValueId x = input();
+  for (int64_t u = 0; u < model_->numUnits();) {
+    const int64_t last = regionEnd[u] < 0 ? u : regionEnd[u];
+    const ValueId next =
+        forward(u, last, x,
+                regionEnd[u] < 0            ? RegionMode::Keep
+                : s.offloadRegionBoundaries ? RegionMode::CheckpointOffload
+                                            : RegionMode::Checkpoint);
+    release(x); // the chain's last use: only what autograd saved keeps it
+    x = next;
+    u = last + 1;
+  }
+}
+
+StepStats TrainerCore::run(const Batch &batch, const Schedule &s,
+                           bool applyUpdate) {
+  validate(s);
+  beginStep(batch);
+  try {
+    const int64_t nt = model_->numHeads();
+    std::vector<int64_t> order;
+    for (int64_t i = 0; i < nt; ++i) {
+      const int64_t t = s.headOrder.empty() ? nt - 1 - i : s.headOrder[i];
+      if (state_->present[t])
+        order.push_back(t);
+    }
+    for (int64_t mb = 0; mb < train_.microBatches; ++mb) {
+      beginMicroBatch(mb);
+      runBackbone(s);
+      for (int64_t t = 0; t < nt; ++t)
+        forwardHead(t, s.offloadHeads);
+      // Before head i's backward, heads up to i + prefetchAhead - 1.
+      size_t prefetched = 0;
+      for (size_t i = 0; i < order.size(); ++i) {
+        if (s.offloadHeads && s.prefetchAhead > 0)
+          for (; prefetched < order.size() && prefetched < i + s.prefetchAhead;
+               ++prefetched)
+            offloader_->prefetch("head" + std::to_string(order[prefetched]));
+        backwardHead(order[i]);
+      }
+      backwardBackbone();
+    }
+  } catch (...) {
+    state_.reset();
+    throw;
+  }
+  return endStep(applyUpdate);
+}
+
+StepStats TrainerCore::computeGradients(const Batch &batch,
+                                        const Schedule &schedule) {
+  return run(batch, schedule, /*applyUpdate=*/false);
+}
+
+StepStats TrainerCore::step(const Batch &batch, const Schedule &schedule) {
+  return run(batch, schedule, /*applyUpdate=*/true);
+}
+
+//===----------------------------------------------------------------------===//
+// The torch-free facade
+//===----------------------------------------------------------------------===//
+
+struct Trainer::BatchHolder {
+  Batch batch;
+};
+
+namespace {
+/// Device memory is measured from before the parameters exist.
+const ModelConfig &withTracking(const ModelConfig &model) {
+  if (model.device == "cpu")
+    installCpuMemoryTracking();
+  return model;
+}
+} // namespace
+
+Trainer::Trainer(const ModelConfig &model, const std::vector<HeadConfig> &heads,
+                 const TrainConfig &train)
+    : core_(std::make_unique<TrainerCore>(withTracking(model), heads, train)),
+      batch_(std::make_unique<BatchHolder>()) {}
+
+Trainer::~Trainer() = default;
+
+void Trainer::useSyntheticBatch(int64_t batchSize, uint64_t seed) {
+  if (batchSize <= 0)
+    bad("batchSize", "must be positive");
+  batch_->batch = core_->model().syntheticBatch(batchSize, seed);
+}
+
+void Trainer::setBatch(int64_t batchSize, const int64_t *tokens,
+                       const std::vector<const void *> &labels) {
+  const Model &m = core_->model();
+  if (batchSize <= 0)
+    bad("batchSize", "must be positive");
+  if (!tokens)
+    bad("tokens", "must not be null");
+  if (static_cast<int64_t>(labels.size()) != m.numHeads())
+    bad("labels",
+        "needs one entry per head (" + std::to_string(m.numHeads()) + ")");
+  const int64_t s = m.config().seq;
+  Batch b;
+  b.tokens =
+      at::from_blob(const_cast<int64_t *>(tokens), {batchSize, s}, at::kLong)
+          .clone();
+  if ((b.tokens < 0).any().item<bool>() ||
+      (b.tokens >= m.config().vocab).any().item<bool>())
+    bad("tokens", "every token must be in [0, vocab)");
+  for (int64_t h = 0; h < m.numHeads(); ++h) {
+    const HeadConfig &c = m.heads()[h];
+    if (!labels[h]) {
+      b.labels.emplace_back();
+      continue;
+    }
+    void *p = const_cast<void *>(labels[h]);
+    switch (c.kind) {
+    case HeadKind::Classify:
+      b.labels.push_back(
+          c.loss == LossKind::Mse
+              ? at::from_blob(p, {batchSize, c.classes}, at::kFloat).clone()
+              : at::from_blob(p, {batchSize}, at::kLong).clone());
+      break;
+    case HeadKind::Tag:
+      b.labels.push_back(at::from_blob(p, {batchSize, s}, at::kLong).clone());
+      break;
+    case HeadKind::Span:
+      b.labels.push_back(at::from_blob(p, {batchSize, 2}, at::kLong).clone());
+      break;
+    case HeadKind::Decoder:
+      b.labels.push_back(
+          at::from_blob(p, {batchSize, c.targetSeq}, at::kLong).clone());
+      break;
+    }
+  }
+  // Label ranges, checked here so a bad file names the head, not an ATen op.
+  for (int64_t h = 0; h < m.numHeads(); ++h) {
+    const at::Tensor &l = b.labels[h];
+    const HeadConfig &c = m.heads()[h];
+    if (!l.defined() ||
+        (c.kind == HeadKind::Classify && c.loss == LossKind::Mse))
+      continue;
+    const int64_t bound = c.kind == HeadKind::Span      ? s
+                          : c.kind == HeadKind::Decoder ? c.targetVocab
+                                                        : c.classes;
+    if ((l < 0).any().item<bool>() || (l >= bound).any().item<bool>())
+      bad("labels[" + std::to_string(h) + "]",
+          "every label of head \"" + c.name + "\" must be in [0, " +
+              std::to_string(bound) + ")");
+  }
+  batch_->batch = std::move(b);
+}
+
+StepStats Trainer::step(const Schedule &schedule) {
+  if (!batch_->batch.tokens.defined())
+    throw std::runtime_error(
+        "mtprt: Trainer::step: no batch (call setBatch or useSyntheticBatch)");
+  try {
+    return core_->step(batch_->batch, schedule);
+  } catch (const c10::Error &e) {
+    // LibTorch's own failures (e.g. out of memory) leave the runtime with a
+    // clear message and no backtrace dump.
+    throw std::runtime_error(
+        std::string("mtprt: training step failed in LibTorch: ") +
+        e.what_without_backtrace());
+  }
+}
+
+void Trainer::beginStep() {
+  if (!batch_->batch.tokens.defined())
+    throw std::runtime_error("mtprt: Trainer::beginStep: no batch (call "
+                             "setBatch or useSyntheticBatch)");
+  core_->beginStep(batch_->batch);
+}
+int64_t Trainer::microBatches() const { return core_->config().microBatches; }
+void Trainer::beginMicroBatch(int64_t mb) { core_->beginMicroBatch(mb); }
+ValueId Trainer::input() { return core_->input(); }
+ValueId Trainer::forward(int64_t first, int64_t last, ValueId in,
+                         RegionMode mode) {
+  return core_->forward(first, last, in, mode);
+}
+void Trainer::release(ValueId value) { core_->release(value); }
+void Trainer::forwardHead(int64_t head, bool offload) {
+  core_->forwardHead(head, offload);
+}
+void Trainer::backwardHead(int64_t head) { core_->backwardHead(head); }
+void Trainer::backwardBackbone() { core_->backwardBackbone(); }
+StepStats Trainer::endStep(bool applyUpdate) {
+  return core_->endStep(applyUpdate);
+}
+void Trainer::prefetch(const std::string &group) {
+  core_->offloader().prefetch(group);
+}
+void Trainer::waitOffloaded(const std::string &group) {
+  core_->offloader().waitOffloaded(group);
+}
+void Trainer::setPrefetchAhead(int64_t n) {
+  if (n < 0)
+    bad("prefetchAhead", "must be >= 0");
+  core_->setPrefetchAhead(n);
+}
+
+int64_t Trainer::numParameters() const {
+  return core_->model().numParameters();
+}
+int64_t Trainer::numUnits() const { return core_->model().numUnits(); }
+std::string Trainer::unitName(int64_t unit) const {
+  return core_->model().unitName(unit);
+}
+std::vector<std::string> Trainer::taskNames() const {
+  std::vector<std::string> names;
+  for (const HeadConfig &h : core_->model().heads())
+    names.push_back(h.name);
+  return names;
+}
+
+} // namespace mtprt

@@ -1,0 +1,444 @@
+//===- ModelTest.cpp - units, checkpoint regions, offload -----------------===//
+
+#include "mtprt/torch/Model.h"
+#include "mtprt/Memory.h"
+#include "mtprt/torch/Regions.h"
+
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <functional>
+#include <stdexcept>
+
+using namespace mtprt;
+
+namespace {
+
+ModelConfig tinyConfig(double dropout) {
+  ModelConfig c;
+  c.vocab = 50;
+  c.seq = 12;
+  c.layers = 3;
+  c.hidden = 16;
+  c.heads = 2;
+  c.ffn = 32;
+  c.dropout = dropout;
+  c.seed = 7;
+  return c;
+}
+
+std::vector<HeadConfig> allHeads() {
+  std::vector<HeadConfig> h(4);
+  h[0] = {"cls", HeadKind::Classify, 1};
+  h[0].classes = 3;
+  h[1] = {"tag", HeadKind::Tag, 3};
+  h[1].classes = 5;
+  h[2] = {"span", HeadKind::Span, 2};
+  h[3] = {"gen", HeadKind::Decoder, 3};
+  h[3].targetSeq = 6;
+  h[3].targetVocab = 20;
+  return h;
+}
+
+/// Sum of every head's loss, with the backbone run as `regions` (each a
+/// checkpoint) and the heads optionally under an offload scope.
+at::Tensor totalLoss(const Model &m, const Batch &b,
+                     const std::vector<std::pair<int64_t, int64_t>> &regions,
+                     Offloader *offloader = nullptr) {
+  std::vector<at::Tensor> taps(m.config().layers + 1);
+  at::Tensor x = b.tokens;
+  int64_t u = 0;
+  auto recordTap = [&](int64_t unit, const at::Tensor &v) {
+    if (unit % 2 == 0)
+      taps[unit / 2] = v;
+  };
+  while (u < m.numUnits()) {
+    int64_t last = u;
+    for (const auto &r : regions)
+      if (r.first == u)
+        last = r.second;
+    if (last > u) {
+      // The layers the region touches (0 = the embedding tables).
+      std::vector<at::Tensor> params;
+      for (int64_t l = (u + 1) / 2; l <= (last + 1) / 2; ++l)
+        for (const at::Tensor &p : m.layerParameters(l))
+          params.push_back(p);
+      x = checkpoint(
+          [&m, u, last](const at::Tensor &in) {
+            return m.runUnits(u, last, in);
+          },
+          x, params);
+    } else {
+      x = m.unit(u, x);
+    }
+    recordTap(last, x);
+    u = last + 1;
+  }
+  at::Tensor total = at::zeros({}, at::kFloat);
+  for (int64_t h = 0; h < m.numHeads(); ++h) {
+    std::unique_ptr<Offloader::Scope> scope;
+    if (offloader)
+      scope = std::make_unique<Offloader::Scope>(*offloader,
+                                                 "head" + std::to_string(h));
+    const at::Tensor &tap = taps[m.heads()[h].tap];
+    total = total + m.loss(h, m.head(h, tap, b.labels[h]), b.labels[h]);
+  }
+  return total;
+}
+
+std::vector<at::Tensor> gradsOf(const Model &m, const at::Tensor &loss) {
+  return torch::autograd::grad({loss}, m.parameters(), {}, false, false, true);
+}
+
+void expectSameGrads(const std::vector<at::Tensor> &a,
+                     const std::vector<at::Tensor> &b, const Model &m) {
+  ASSERT_EQ(a.size(), b.size());
+  auto named = m.namedParameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].defined(), b[i].defined()) << named[i].first;
+    if (!a[i].defined())
+      continue;
+    EXPECT_TRUE(at::allclose(a[i], b[i], 1e-5, 1e-7))
+        << named[i].first << " max diff "
+        << (a[i] - b[i]).abs().max().item<float>();
+  }
+}
+
+TEST(Model, UnitsShapesAndNames) {
+  Model m(tinyConfig(0.1), allHeads());
+  EXPECT_EQ(m.numUnits(), 7);
+  EXPECT_EQ(m.unitName(0), "embed");
+  EXPECT_EQ(m.unitName(3), "layer2.attn");
+  EXPECT_EQ(m.unitName(6), "layer3.mlp");
+  Batch b = m.syntheticBatch(4, 1);
+  at::Tensor x = m.embed(b.tokens);
+  EXPECT_EQ(x.sizes(), (at::IntArrayRef{4, 12, 16}));
+  x = m.attention(1, x);
+  x = m.mlp(1, x);
+  EXPECT_EQ(x.sizes(), (at::IntArrayRef{4, 12, 16}));
+  EXPECT_EQ(m.head(0, x)[0].sizes(), (at::IntArrayRef{4, 3}));
+  EXPECT_EQ(m.head(1, x)[0].sizes(), (at::IntArrayRef{4, 12, 5}));
+  EXPECT_EQ(m.head(2, x).size(), 2u);
+  EXPECT_EQ(m.head(3, x, b.labels[3])[0].sizes(), (at::IntArrayRef{4, 6, 20}));
+  for (int64_t h = 0; h < 4; ++h) {
+    at::Tensor l = m.loss(h, m.head(h, x, b.labels[h]), b.labels[h]);
+    EXPECT_EQ(l.dim(), 0);
+    EXPECT_TRUE(std::isfinite(l.item<double>()));
+  }
+}
+
+TEST(Model, DeterministicInitAndParameterGroups) {
+  Model a(tinyConfig(0.0), allHeads()), b(tinyConfig(0.0), allHeads());
+  auto pa = a.namedParameters(), pb = b.namedParameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i].first, pb[i].first);
+    EXPECT_TRUE(at::equal(pa[i].second, pb[i].second)) << pa[i].first;
+  }
+  ModelConfig other = tinyConfig(0.0);
+  other.seed = 8;
+  Model c(other, allHeads());
+  EXPECT_FALSE(at::equal(a.parameters()[0], c.parameters()[0]));
+  int64_t total = 0;
+  for (const at::Tensor &p : a.backboneParameters())
+    total += p.numel();
+  for (int64_t h = 0; h < a.numHeads(); ++h)
+    for (const at::Tensor &p : a.headParameters(h))
+      total += p.numel();
+  EXPECT_EQ(total, a.numParameters());
+  EXPECT_EQ(a.layerParameters(2).size(), 12u);
+}
+
+TEST(Model, ConfigErrorsNameTheField) {
+  auto expectError = [](ModelConfig c, std::vector<HeadConfig> h,
+                        const std::string &field) {
+    try {
+      Model m(c, h);
+      ADD_FAILURE() << "no error for " << field;
+    } catch (const std::invalid_argument &e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos)
+          << e.what();
+    }
+  };
+  ModelConfig c = tinyConfig(0.0);
+  c.heads = 3;
+  expectError(c, allHeads(), "ModelConfig.heads");
+  c = tinyConfig(0.0);
+  c.dropout = 1.0;
+  expectError(c, allHeads(), "ModelConfig.dropout");
+  c = tinyConfig(0.0);
+  c.device = "tpu";
+  expectError(c, allHeads(), "ModelConfig.device");
+  auto h = allHeads();
+  h[1].tap = 9;
+  expectError(tinyConfig(0.0), h, "HeadConfig[1].tap");
+  h = allHeads();
+  h[2].name = "cls";
+  expectError(tinyConfig(0.0), h, "HeadConfig[2].name");
+  h = allHeads();
+  h[1].loss = LossKind::Mse;
+  expectError(tinyConfig(0.0), h, "HeadConfig[1].loss");
+}
+
+/// The saved-bytes contract of docs/runtime.md, unit by unit: bytes still
+/// allocated after a unit's forward, minus its outputs, with its input
+/// already alive. fp32, dropout on.
+TEST(Model, SavedBytesPerUnitMatchTheContract) {
+  installCpuMemoryTracking();
+  ModelConfig c = tinyConfig(0.1);
+  auto heads = allHeads();
+  for (HeadConfig &h : heads)
+    h.tap = 1;
+  Model m(c, heads);
+  const int64_t B = 4, S = c.seq, H = c.hidden, nh = c.heads, F = c.ffn, f = 4;
+  const int64_t T = heads[3].targetSeq, V = heads[3].targetVocab;
+  Batch b = m.syntheticBatch(B, 1);
+  at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
+  auto cur = [] { return cpuMemoryStats().currentBytes; };
+  auto savedBy = [&](const std::function<std::vector<at::Tensor>()> &run) {
+    const int64_t before = cur();
+    std::vector<at::Tensor> out = run();
+    int64_t outBytes = 0;
+    for (const at::Tensor &o : out)
+      outBytes += o.nbytes();
+    return cur() - before - outBytes;
+  };
+  auto attention = [&](int64_t s, int64_t kv) { // kv = key/value length
+    return 2 * B * s * f + B * s * H * f + B * s * H * f + 2 * B * kv * H * f +
+           B * nh * s * kv * (f + 1 + f) + B * s * H * f + B * s * H;
+  };
+  auto mlp = [&](int64_t s) {
+    return 2 * B * s * f + B * s * H * f + 2 * B * s * F * f + B * s * H;
+  };
+  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.embed(b.tokens)}; }),
+            B * S * H);
+  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.attention(1, x)}; }),
+            attention(S, S));
+  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.mlp(1, x)}; }),
+            mlp(S));
+  auto headAndLoss = [&](int64_t h) {
+    return [&, h] {
+      return std::vector<at::Tensor>{
+          m.loss(h, m.head(h, x, b.labels[h]), b.labels[h])};
+    };
+  };
+  const int64_t lossScalar = f; // nll's total_weight (the loss is the output)
+  const int64_t cls = heads[0].classes, tags = heads[1].classes;
+  EXPECT_EQ(savedBy(headAndLoss(0)),
+            2 * B * f + 2 * B * H * f + B * cls * f + lossScalar);
+  EXPECT_EQ(savedBy(headAndLoss(1)),
+            2 * B * S * f + B * S * H * f + B * S * tags * f + lossScalar);
+  // span: start and end log-probabilities, two nll weights, the two losses
+  // summed before the 0.5 (kept: the sum is an intermediate, not saved; the
+  // per-loss scalars are inputs of the add).
+  const int64_t span = savedBy(headAndLoss(2));
+  EXPECT_EQ(span,
+            2 * B * S * f + B * S * H * f + 2 * B * S * f + 2 * lossScalar);
+  // decoder (1 layer): its input ids and embedding mask, the embedded input,
+  // the causal mask, self-attention, the self-attention output (cross norm
+  // input), cross-attention (norms of both sides, q over T, k/v over S), the
+  // cross output (MLP input), the MLP, the MLP output (final norm input), the
+  // final norm, the log-probabilities.
+  const int64_t decoder =
+      B * T * 8 + B * T * H + B * T * H * f + T * T + attention(T, T) +
+      B * T * H * f + (attention(T, S) + 2 * B * S * f + B * S * H * f) +
+      B * T * H * f + mlp(T) + B * T * H * f + 2 * B * T * f + B * T * H * f +
+      B * T * V * f + lossScalar;
+  EXPECT_EQ(savedBy(headAndLoss(3)), decoder);
+}
+
+/// The bf16 (CPU autocast) rows: norms keep fp32 statistics and cast their
+/// output to bf16 for the next linear; everything after a linear/matmul is
+/// bf16 (q, k, v, softmax output, dropped probabilities, context, up and GELU
+/// outputs); masks stay 1 byte; the residual stream and the loss's
+/// log-probabilities stay fp32. The first forward also caches a bf16 copy of
+/// every weight and bias it casts (live until autocast's cache is cleared).
+TEST(Model, Bf16SavedBytesPerUnitMatchTheContract) {
+  installCpuMemoryTracking();
+  ModelConfig c = tinyConfig(0.1);
+  c.layers = 1;
+  std::vector<HeadConfig> heads(1);
+  heads[0] = {"tag", HeadKind::Tag, 1};
+  heads[0].classes = 5;
+  Model m(c, heads);
+  const int64_t B = 4, S = c.seq, H = c.hidden, nh = c.heads, F = c.ffn, C = 5;
+  Batch b = m.syntheticBatch(B, 1);
+  at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  auto cur = [] { return cpuMemoryStats().currentBytes; };
+  const int64_t stats = 2 * B * S * 4, act16 = B * S * H * 2;
+  const int64_t attention = stats + act16 + 3 * act16 +
+                            B * nh * S * S * (2 + 1 + 2) + act16 + B * S * H;
+  const int64_t mlp = stats + act16 + 2 * B * S * F * 2 + B * S * H;
+  const int64_t tag = stats + act16 + B * S * C * 4 + 4; // + nll weight
+  auto weights = [](const std::vector<at::Tensor> &ps, size_t from, size_t to) {
+    int64_t n = 0;
+    for (size_t i = from; i < to; ++i)
+      n += ps[i].numel() * 2;
+    return n;
+  };
+  const auto lp =
+      m.layerParameters(1); // attn: norm w,b, qkv w,b, out w,b; mlp: ...
+  for (int pass = 0; pass < 2; ++pass) {
+    int64_t before = cur();
+    at::Tensor y = m.attention(1, x);
+    EXPECT_EQ(y.scalar_type(), at::kFloat); // the residual stream stays fp32
+    EXPECT_EQ(cur() - before - y.nbytes(),
+              attention + (pass ? 0 : weights(lp, 2, 6)));
+    before = cur();
+    at::Tensor z = m.mlp(1, x);
+    EXPECT_EQ(cur() - before - z.nbytes(),
+              mlp + (pass ? 0 : weights(lp, 8, 12)));
+    before = cur();
+    at::Tensor l = m.loss(0, m.head(0, x), b.labels[0]);
+    EXPECT_EQ(cur() - before - l.nbytes(),
+              tag + (pass ? 0 : weights(m.headParameters(0), 2, 4)));
+  }
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+}
+
+TEST(Checkpoint, GradientsMatchThePlainRunWithDropout) {
+  Model m(tinyConfig(0.2), allHeads());
+  Batch b = m.syntheticBatch(4, 3);
+  at::manual_seed(11);
+  auto plain = gradsOf(m, totalLoss(m, b, {}));
+  // Every layer a region, and one region spanning embeddings + layer 1.
+  at::manual_seed(11);
+  auto perLayer = gradsOf(m, totalLoss(m, b, {{1, 2}, {3, 4}, {5, 6}}));
+  expectSameGrads(plain, perLayer, m);
+  at::manual_seed(11);
+  auto wide = gradsOf(m, totalLoss(m, b, {{0, 2}, {3, 4}, {5, 6}}));
+  expectSameGrads(plain, wide, m);
+  // The recompute replays the region's RNG without disturbing the caller's.
+  at::manual_seed(11);
+  totalLoss(m, b, {}).backward();
+  at::Tensor after = at::rand({4});
+  at::manual_seed(11);
+  totalLoss(m, b, {{1, 2}, {3, 4}, {5, 6}}).backward();
+  EXPECT_TRUE(at::equal(after, at::rand({4})));
+}
+
+TEST(Checkpoint, SavesOnlyTheBoundary) {
+  installCpuMemoryTracking();
+  ModelConfig c = tinyConfig(0.1);
+  c.layers = 1;
+  auto heads = allHeads();
+  for (HeadConfig &h : heads)
+    h.tap = 1;
+  Model m(c, heads);
+  Batch b = m.syntheticBatch(8, 3);
+  at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
+  auto params = m.layerParameters(1);
+  const int64_t before = cpuMemoryStats().currentBytes;
+  at::Tensor y = checkpoint(
+      [&](const at::Tensor &in) { return m.runUnits(1, 2, in); }, x, params);
+  const int64_t kept = cpuMemoryStats().currentBytes - before;
+  // The output, plus the saved CPU generator state (a few KB).
+  EXPECT_GE(kept, y.nbytes());
+  EXPECT_LT(kept, y.nbytes() + 8192);
+  at::Tensor plain = m.runUnits(1, 2, x);
+  EXPECT_GT(cpuMemoryStats().currentBytes - before - kept, 4 * y.nbytes());
+}
+
+TEST(Offload, GradientsMatchAndHostPoolIsNotDeviceMemory) {
+  installCpuMemoryTracking();
+  Model m(tinyConfig(0.2), allHeads());
+  Batch b = m.syntheticBatch(4, 5);
+  at::manual_seed(3);
+  auto plain = gradsOf(m, totalLoss(m, b, {}));
+  Offloader off({0.0, /*minBytes=*/512});
+  at::manual_seed(3);
+  at::Tensor loss = totalLoss(m, b, {{1, 2}}, &off);
+  off.synchronize();
+  OffloadStats s = off.stats();
+  EXPECT_GT(s.offloadedTensors, 0);
+  EXPECT_GT(s.hostBytes, 0);
+  EXPECT_EQ(s.hostBytes, hostPoolBytes());
+  for (int64_t h = 0; h < m.numHeads(); ++h)
+    off.prefetch("head" + std::to_string(h));
+  off.synchronize();
+  auto offloaded = gradsOf(m, loss);
+  expectSameGrads(plain, offloaded, m);
+  s = off.stats();
+  EXPECT_EQ(s.misses, 0) << s.hits << " hits of " << s.offloadedTensors;
+  EXPECT_GE(s.hits, s.offloadedTensors); // a copy saved twice is used twice
+  EXPECT_DOUBLE_EQ(s.hitRate(), 1.0);
+  loss.reset();
+  EXPECT_EQ(hostPoolBytes(), 0); // freed with the graph
+  // The same step again reuses the pool's buffers.
+  const int64_t reserved = hostPoolReservedBytes();
+  EXPECT_GE(reserved, s.hostPeakBytes);
+  at::manual_seed(3);
+  loss = totalLoss(m, b, {{1, 2}}, &off);
+  off.synchronize();
+  EXPECT_GT(hostPoolBytes(), 0);
+  EXPECT_EQ(hostPoolReservedBytes(), reserved);
+  loss.reset();
+  releaseHostPoolCache();
+  EXPECT_EQ(hostPoolReservedBytes(), 0);
+}
+
+TEST(Offload, SlowCopiesShowMissesAndTheWait) {
+  Model m(tinyConfig(0.0), allHeads());
+  Batch b = m.syntheticBatch(4, 5);
+  Offloader off({/*copyDelayS=*/0.005, /*minBytes=*/1024});
+  at::Tensor loss = totalLoss(m, b, {}, &off);
+  off.synchronize();
+  // Prefetch only head 0, right before the backward: too late to be ready.
+  off.prefetch("head0");
+  gradsOf(m, loss);
+  OffloadStats s = off.stats();
+  EXPECT_GT(s.misses, 0);
+  EXPECT_GE(s.waitS, 0.005 * s.misses * 0.9);
+  double maxWait = 0;
+  for (const OffloadRecord &r : off.records()) {
+    EXPECT_EQ(r.hit, r.waitS == 0.0);
+    maxWait = std::max(maxWait, r.waitS);
+  }
+  EXPECT_GE(maxWait, 0.004);
+  EXPECT_LT(s.hitRate(), 1.0);
+
+  // Prefetched early enough (and waited out before backward): all hits.
+  off.resetStats();
+  off.setCopyDelay(0.001);
+  loss = totalLoss(m, b, {}, &off);
+  for (int64_t h = 0; h < m.numHeads(); ++h)
+    off.prefetch("head" + std::to_string(h));
+  off.synchronize();
+  gradsOf(m, loss);
+  EXPECT_EQ(off.stats().misses, 0);
+  EXPECT_GT(off.stats().hits, 0);
+}
+
+TEST(Offload, RegionBoundaryOffload) {
+  Model m(tinyConfig(0.2), allHeads());
+  Batch b = m.syntheticBatch(4, 9);
+  at::manual_seed(5);
+  auto plain = gradsOf(m, totalLoss(m, b, {}));
+  // An offload scope around a checkpoint region offloads its boundary input.
+  Offloader off({0.0, 1024});
+  at::Tensor x = m.embed(b.tokens);
+  at::manual_seed(5);
+  x = m.embed(b.tokens);
+  at::Tensor h1;
+  {
+    Offloader::Scope scope(off, "region1");
+    h1 = checkpoint([&](const at::Tensor &in) { return m.runUnits(1, 2, in); },
+                    x, m.layerParameters(1));
+  }
+  EXPECT_EQ(off.stats().offloadedTensors, 1);
+  at::Tensor h2 = m.runUnits(3, 4, h1), h3 = m.runUnits(5, 6, h2);
+  std::vector<at::Tensor> taps{x, h1, h2, h3};
+  at::Tensor total = at::zeros({}, at::kFloat);
+  for (int64_t h = 0; h < m.numHeads(); ++h)
+    total = total + m.loss(h, m.head(h, taps[m.heads()[h].tap], b.labels[h]),
+                           b.labels[h]);
+  off.prefetch("region1");
+  expectSameGrads(plain, gradsOf(m, total), m);
+  EXPECT_EQ(off.stats().hits + off.stats().misses, 1);
+}
+
+} // namespace
