@@ -182,7 +182,10 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   // Saved activations and the tasks that need them.
   for (TaskOp t : tasks)
     report.taskOnlyBytes[t.getSymName()] = 0;
-  int64_t shared = 0;
+  // activation_reuse_ratio as the runtime measures it (docs/runtime.md §7):
+  // over every task, the backbone bytes it depends on, counted once per
+  // task; the share some other task depends on too.
+  double dependent = 0, reused = 0;
   llvm::DenseMap<Operation *, UnitMemory *> unitOf;
   for (FwdOp fwd : body.getOps<FwdOp>()) {
     UnitMemory unit;
@@ -205,16 +208,19 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
         continue;
       int64_t bytes = CostModel::bytes(result.getType());
       report.savedBytes += bytes;
-      if (needing.size() >= 2)
-        shared += bytes;
-      else
+      if (needing.size() == 1)
         report.taskOnlyBytes[needing.front()] += bytes;
+      auto fwd = dyn_cast<FwdOp>(&op);
+      if (fwd && !fwd.getTaskAttr()) {
+        dependent += double(bytes) * needing.size();
+        if (needing.size() >= 2)
+          reused += double(bytes) * needing.size();
+      }
       if (UnitMemory *unit = unitOf.lookup(&op))
         unit->savedBytes += bytes;
     }
   }
-  report.activationReuseRatio =
-      report.savedBytes ? double(shared) / double(report.savedBytes) : 0.0;
+  report.activationReuseRatio = dependent > 0 ? reused / dependent : 0.0;
   return report;
 }
 

@@ -44,7 +44,9 @@ struct MemoryReport {
   int64_t savedBytes = 0;
   /// Per task: saved bytes needed by that task's backward alone.
   llvm::MapVector<llvm::StringRef, int64_t> taskOnlyBytes;
-  /// Saved bytes needed by two or more tasks' backward / all saved bytes.
+  /// Over every task, the saved backbone bytes its backward depends on
+  /// (counted once per task); the share some other task depends on too —
+  /// the runtime's definition (docs/runtime.md §7).
   double activationReuseRatio = 0.0;
   /// Every forward unit in order.
   llvm::SmallVector<UnitMemory> units;

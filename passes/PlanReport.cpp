@@ -232,7 +232,7 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
      << ", workspace " << formatBytes(m.workspace) << "\n"
      << "  activation_reuse_ratio "
      << llvm::format("%.3f", report.activationReuseRatio)
-     << " (saved bytes needed by two or more tasks)\n";
+     << " (of the backbone bytes each task depends on, the share others depend on too)\n";
   for (auto &[task, bytes] : report.taskOnlyBytes)
     os << "  only for " << task << ": " << formatBytes(bytes) << "\n";
   if (!budget) {
