@@ -47,7 +47,8 @@ def MTP_WeightsOp : MTP_Op<"weights", [HasParent<"StepOp">]> {
   let assemblyFormat = "$group ($task^)? `params` $params attr-dict";
 }
 
-def MTP_FwdOp : MTP_Op<"fwd", [HasParent<"StepOp">,
+def MTP_FwdOp : MTP_Op<"fwd", [
+    ParentOneOf<["StepOp", "CheckpointOp", "RecomputeOp"]>,
     DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
   let summary = "a forward unit: its output first, then what it saves";
   let description = [{
@@ -156,6 +157,52 @@ def MTP_AllReduceOp : MTP_Op<"allreduce", [HasParent<"StepOp">]> {
     $elements `values` $groups (`compressed` $compressed^ `topk` $topk
     `block` $block `bits` $bits `decay` $decay)? attr-dict
   }];
+}
+
+def MTP_CheckpointOp : MTP_Op<"checkpoint", [HasParent<"StepOp">,
+    SingleBlockImplicitTerminator<"YieldOp">]> {
+  let summary = "a checkpoint region's forward: run, keep only the boundary";
+  let description = [{
+    The forward units of checkpoint region `region` run inside; only the
+    boundary (the operands) stays saved for the backward, and only what the
+    rest of the step reads leaves the region (the results, yielded). The
+    tensors the units would keep for their backward die inside: the
+    matching `mtp.recompute` re-creates them.
+  }];
+  let arguments = (ins MTP_NonNegativeI64Attr:$region,
+                       Variadic<AnyRankedTensor>:$boundary);
+  let results = (outs Variadic<AnyRankedTensor>:$outputs);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    $region `(` $boundary `)` attr-dict `:` functional-type($boundary, $outputs)
+    $body
+  }];
+}
+
+def MTP_RecomputeOp : MTP_Op<"recompute", [HasParent<"StepOp">,
+    SingleBlockImplicitTerminator<"YieldOp">]> {
+  let summary = "a checkpoint region's forward again, at its backward";
+  let description = [{
+    Re-runs the forward units of region `region` from its saved boundary
+    right before the region's backward and yields the tensors its backward
+    units read.
+  }];
+  let arguments = (ins MTP_NonNegativeI64Attr:$region,
+                       Variadic<AnyRankedTensor>:$boundary);
+  let results = (outs Variadic<AnyRankedTensor>:$saved);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    $region `(` $boundary `)` attr-dict `:` functional-type($boundary, $saved)
+    $body
+  }];
+}
+
+def MTP_YieldOp : MTP_Op<"yield", [Terminator,
+    ParentOneOf<["CheckpointOp", "RecomputeOp"]>]> {
+  let summary = "what a checkpoint region hands out";
+  let arguments = (ins Variadic<AnyRankedTensor>:$values);
+  let assemblyFormat = "$values attr-dict `:` type($values)";
+  let builders = [OpBuilder<(ins), [{ /* no values */ }]>];
 }
 
 def MTP_OptimizerStepOp : MTP_Op<"optimizer_step", [HasParent<"StepOp">]> {

@@ -123,27 +123,51 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   now.parameters = CostModel::kWeightBytes * params;
   now.optimizer = CostModel::kOptimizerBytes * params;
 
-  // Last use of every value, by position.
+  // The step in execution order, checkpoint and recompute bodies inline
+  // (a region op, then its units, then its yield).
+  SmallVector<Operation *> order;
+  step.getBody().walk<WalkOrder::PreOrder>([&](Operation *op) {
+    if (op != step)
+      order.push_back(op);
+  });
   llvm::DenseMap<Operation *, unsigned> position;
-  unsigned index = 0;
-  for (Operation &op : body)
-    position[&op] = index++;
-  llvm::DenseMap<Operation *, SmallVector<Value>> freedAfter;
-  for (Operation &op : body)
-    for (Value result : op.getResults()) {
-      Operation *last = &op;
-      for (Operation *user : result.getUsers())
-        if (position[user] > position[last])
-          last = user;
-      freedAfter[last].push_back(result);
+  for (auto [i, op] : llvm::enumerate(order))
+    position[op] = i;
+  // A region op's results are its yielded values handed out: no new
+  // allocation, but the yielded value lives until the result's last use.
+  llvm::DenseMap<Value, Value> aliasOf; // result -> yielded value
+  for (Operation *op : order)
+    if (auto yield = dyn_cast<YieldOp>(op))
+      for (auto [v, r] :
+           llvm::zip(yield.getValues(), yield->getParentOp()->getResults()))
+        aliasOf[r] = v;
+  auto lastUse = [&](Value v, auto &self) -> unsigned {
+    unsigned last = position[v.getDefiningOp()];
+    for (Operation *user : v.getUsers()) {
+      last = std::max(last, position[user]);
+      if (auto yield = dyn_cast<YieldOp>(user))
+        for (auto [yv, r] : llvm::zip(yield.getValues(),
+                                      yield->getParentOp()->getResults()))
+          if (yv == v)
+            last = std::max(last, self(r, self));
     }
+    return last;
+  };
+  llvm::DenseMap<Operation *, SmallVector<Value>> freedAfter;
+  for (Operation *op : order)
+    for (Value result : op->getResults())
+      if (!aliasOf.count(result))
+        freedAfter[order[lastUse(result, lastUse)]].push_back(result);
 
   auto isForwardValue = [](Value v) {
     return isa_and_nonnull<FwdOp, InputOp>(v.getDefiningOp());
   };
   llvm::StringSet<> gradAllocated;
-  for (Operation &op : body) {
+  for (Operation *opPtr : order) {
+    Operation &op = *opPtr;
     for (Value result : op.getResults()) {
+      if (aliasOf.count(result))
+        continue;
       int64_t bytes = CostModel::bytes(result.getType());
       (isForwardValue(result) ? now.activations : now.activationGrads) +=
           bytes;
@@ -187,7 +211,11 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   // task; the share some other task depends on too.
   double dependent = 0, reused = 0;
   llvm::DenseMap<Operation *, UnitMemory *> unitOf;
-  for (FwdOp fwd : body.getOps<FwdOp>()) {
+  for (Operation *op : order) {
+    auto fwd = dyn_cast<FwdOp>(op);
+    // Recomputed units are the same units again: report each once.
+    if (!fwd || isa<RecomputeOp>(fwd->getParentOp()))
+      continue;
     UnitMemory unit;
     unit.op = fwd;
     unit.tasks = servedBy(fwd);
@@ -195,15 +223,31 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   }
   for (UnitMemory &unit : report.units)
     unitOf[unit.op] = &unit;
-  for (Operation &op : body) {
+  // Backward users of a value, through the region results it is handed out
+  // as.
+  auto backwardUsers = [&](Value v, auto &self,
+                           SmallVectorImpl<Operation *> &users) -> void {
+    for (Operation *user : v.getUsers()) {
+      if (isa<BwdOp>(user))
+        users.push_back(user);
+      if (auto yield = dyn_cast<YieldOp>(user))
+        for (auto [yv, r] : llvm::zip(yield.getValues(),
+                                      yield->getParentOp()->getResults()))
+          if (yv == v)
+            self(r, self, users);
+    }
+  };
+  for (Operation *opPtr : order) {
+    Operation &op = *opPtr;
     for (Value result : op.getResults()) {
       if (!isForwardValue(result))
         continue;
       llvm::SetVector<StringRef> needing;
-      for (Operation *user : result.getUsers())
-        if (isa<BwdOp>(user))
-          for (StringRef t : servedBy(user))
-            needing.insert(t);
+      SmallVector<Operation *> users;
+      backwardUsers(result, backwardUsers, users);
+      for (Operation *user : users)
+        for (StringRef t : servedBy(user))
+          needing.insert(t);
       if (needing.empty())
         continue;
       int64_t bytes = CostModel::bytes(result.getType());

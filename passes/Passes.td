@@ -92,4 +92,16 @@ def CompressCollectives : Pass<"mtp-compress-collectives", "::mtp::ModelOp"> {
   }];
 }
 
+def MaterializeCheckpoints : Pass<"mtp-materialize-checkpoints", "::mtp::ModelOp"> {
+  let summary = "Write the planned checkpoint regions into the step";
+  let description = [{
+    For every region --mtp-plan-memory chose (`mtp.region` on its forward
+    units): the forward units move into an `mtp.checkpoint` that keeps only
+    its boundary and hands out only what the rest of the step reads, and an
+    `mtp.recompute` right before the region's backward re-creates the tensors
+    its backward units take. The memory analysis of the result is the
+    planned peak.
+  }];
+}
+
 #endif // MTP_PASSES

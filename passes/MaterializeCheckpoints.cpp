@@ -1,0 +1,134 @@
+//===- MaterializeCheckpoints.cpp - planned regions into the step ---------===//
+
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/SetVector.h"
+
+namespace mtp {
+#define GEN_PASS_DEF_MATERIALIZECHECKPOINTS
+#include "passes/Passes.h.inc"
+} // namespace mtp
+
+using namespace mlir;
+using namespace mtp;
+
+namespace {
+struct MaterializeCheckpointsPass
+    : public mtp::impl::MaterializeCheckpointsBase<MaterializeCheckpointsPass> {
+  void runOnOperation() override;
+};
+
+/// (layer, attention?) of a backbone unit, comparable between fwd and bwd.
+std::pair<uint64_t, bool> blockKey(UnitKind kind, uint64_t layer) {
+  bool attention = kind == UnitKind::attn_norm || kind == UnitKind::qkv ||
+                   kind == UnitKind::attn_core || kind == UnitKind::attn_out ||
+                   kind == UnitKind::attn_residual;
+  return {layer, attention};
+}
+} // namespace
+
+void MaterializeCheckpointsPass::runOnOperation() {
+  ModelOp model = getOperation();
+  StepOp step = model.getStep();
+  if (!step)
+    return;
+  Block &body = step.getBody().front();
+
+  llvm::MapVector<int64_t, SmallVector<FwdOp>> regions;
+  for (FwdOp fwd : body.getOps<FwdOp>())
+    if (auto r = fwd->getAttrOfType<IntegerAttr>("mtp.region"))
+      regions[r.getInt()].push_back(fwd);
+
+  OpBuilder b(model.getContext());
+  for (auto &[index, units] : regions) {
+    llvm::DenseSet<Operation *> inside;
+    std::set<std::pair<uint64_t, bool>> blocks;
+    for (FwdOp fwd : units) {
+      inside.insert(fwd);
+      blocks.insert(blockKey(fwd.getUnit(), fwd.getLayer()));
+    }
+    auto isRegionBackward = [&](Operation *op) {
+      auto bwd = dyn_cast<BwdOp>(op);
+      return bwd && !bwd.getTaskAttr() &&
+             blocks.count(blockKey(bwd.getUnit(), bwd.getLayer()));
+    };
+    // The boundary: what the units read from outside. What leaves: what
+    // anything but the region's own backward reads.
+    llvm::SetVector<Value> boundary, outputs, interiorSaved;
+    for (FwdOp fwd : units) {
+      for (Value in : fwd.getInputs())
+        if (!inside.count(in.getDefiningOp()))
+          boundary.insert(in);
+      for (Value out : fwd.getOutputs())
+        for (Operation *user : out.getUsers()) {
+          if (inside.count(user))
+            continue;
+          if (isRegionBackward(user))
+            interiorSaved.insert(out);
+          else
+            outputs.insert(out);
+        }
+    }
+    // A tensor the rest of the step keeps anyway needs no recompute.
+    SmallVector<Value> recomputed;
+    for (Value v : interiorSaved)
+      if (!outputs.contains(v))
+        recomputed.push_back(v);
+
+    // Forward: the units move into the checkpoint.
+    b.setInsertionPoint(units.front());
+    auto checkpoint = b.create<CheckpointOp>(
+        units.front().getLoc(), ValueRange(outputs.getArrayRef()).getTypes(),
+        b.getI64IntegerAttr(index), boundary.getArrayRef());
+    Block *fwdBody = new Block();
+    checkpoint.getBody().push_back(fwdBody);
+    for (FwdOp fwd : units)
+      fwd->moveBefore(fwdBody, fwdBody->end());
+    b.setInsertionPointToEnd(fwdBody);
+    b.create<YieldOp>(checkpoint.getLoc(), outputs.getArrayRef());
+    for (auto [value, result] :
+         llvm::zip(SmallVector<Value>(outputs.begin(), outputs.end()),
+                   checkpoint.getOutputs()))
+      value.replaceUsesWithIf(result, [&](OpOperand &use) {
+        return !checkpoint->isProperAncestor(use.getOwner());
+      });
+
+    // Backward: re-run the units right before the region's first backward
+    // unit and hand its backward what it saved.
+    Operation *firstBackward = nullptr;
+    for (Operation &op : body)
+      if (isRegionBackward(&op)) {
+        firstBackward = &op;
+        break;
+      }
+    if (!firstBackward || recomputed.empty())
+      continue;
+    b.setInsertionPoint(firstBackward);
+    SmallVector<Value> boundaryOutside;
+    for (Value v : boundary)
+      boundaryOutside.push_back(v);
+    auto recompute = b.create<RecomputeOp>(
+        firstBackward->getLoc(), ValueRange(recomputed).getTypes(),
+        b.getI64IntegerAttr(index), boundaryOutside);
+    Block *bwdBody = new Block();
+    recompute.getBody().push_back(bwdBody);
+    b.setInsertionPointToEnd(bwdBody);
+    IRMapping mapping;
+    for (FwdOp fwd : units) {
+      Operation *clone = b.clone(*fwd, mapping);
+      clone->removeAttr("mtp.decision");
+      clone->removeAttr("mtp.region");
+    }
+    SmallVector<Value> yielded;
+    for (Value v : recomputed)
+      yielded.push_back(mapping.lookup(v));
+    b.create<YieldOp>(recompute.getLoc(), yielded);
+    for (auto [value, result] : llvm::zip(recomputed, recompute.getSaved()))
+      value.replaceUsesWithIf(result, [&](OpOperand &use) {
+        return isRegionBackward(use.getOwner());
+      });
+  }
+}

@@ -1,0 +1,38 @@
+// RUN: mtp-opt %s --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-plan-memory,mtp-materialize-checkpoints,mtp-memory-analysis))' | FileCheck %s
+// RUN: mtp-opt %s --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-plan-memory,mtp-materialize-checkpoints))' | mtp-opt | FileCheck %s --check-prefix=ROUNDTRIP
+
+// The plan of plan-memory.mlir (7 MiB: the three attention blocks below the
+// top recomputed). Each region's forward units move into an mtp.checkpoint
+// that keeps only its boundary; an mtp.recompute before the region's
+// backward re-creates what the backward takes. The memory analysis of the
+// result is exactly the peak the planner simulated.
+// CHECK: mtp.step attributes {{{.*}}mtp.peak_bytes = [[PEAK:[0-9]+]] : i64, mtp.planned_peak_bytes = [[PEAK]] : i64,
+
+// Region 0: layer 1's attention block, from the embeddings.
+// CHECK: %[[Y1:.*]] = mtp.checkpoint 0(%embed) : (tensor<8x32x64xf32>) -> tensor<8x32x64xf32> {
+// CHECK-NEXT: mtp.fwd attn_norm[1](%embed)
+// CHECK-COUNT-4: mtp.fwd
+// CHECK-NEXT: mtp.yield %attn_residual1 : tensor<8x32x64xf32>
+// CHECK-NEXT: }
+// The rest of the step reads the region's output.
+// CHECK-NEXT: mtp.fwd mlp_norm[1](%[[Y1]])
+
+// Before layer 1's attention backward: the units again, from the boundary.
+// CHECK: %[[R:.*]]:11 = mtp.recompute 0(%embed)
+// CHECK-NEXT: mtp.fwd attn_norm[1](%embed)
+// CHECK: mtp.yield %attn_norm1{{.*}}
+// CHECK-NEXT: }
+// CHECK-NEXT: mtp.bwd attn_residual[1] {{.*}} saved(%[[R]]#10)
+
+// ROUNDTRIP: mtp.checkpoint 0
+// ROUNDTRIP: mtp.recompute 0
+mtp.model @auto {
+  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1)
+  mtp.task @pos : tag(labels = 12) from layer 2 loss cross_entropy weight 1.0
+  mtp.task @chunk : tag(labels = 8) from layer 2 loss cross_entropy weight 0.5
+  mtp.task @topic : classify(classes = 4) from pooled layer 4 loss cross_entropy weight 1.0
+  mtp.correlate @pos, @chunk = 0.8
+  mtp.correlate @pos, @topic = 0.1
+  mtp.budget device "cpu" memory 7 MiB headroom 0 B link 10 GBps gpus 1 batch 8 micro 8 precision fp32
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.5 scope features layers 1 dgfg 16 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
+}
