@@ -205,6 +205,32 @@ def MTP_YieldOp : MTP_Op<"yield", [Terminator,
   let builders = [OpBuilder<(ins), [{ /* no values */ }]>];
 }
 
+def MTP_OffloadOp : MTP_Op<"offload", [HasParent<"StepOp">,
+    AllTypesMatch<["value", "host"]>]> {
+  let summary = "copy a saved tensor to pinned host memory after its last forward use";
+  let description = [{
+    The device copy is released once the copy on stream `stream` (a
+    low-priority copy stream) completes; the result names the host copy.
+  }];
+  let arguments = (ins AnyRankedTensor:$value, MTP_NonNegativeI64Attr:$stream);
+  let results = (outs AnyRankedTensor:$host);
+  let assemblyFormat = "$value `stream` $stream attr-dict `:` type($value)";
+}
+
+def MTP_PrefetchOp : MTP_Op<"prefetch", [HasParent<"StepOp">,
+    AllTypesMatch<["value", "host"]>]> {
+  let summary = "start bringing an offloaded tensor back to the device";
+  let arguments = (ins AnyRankedTensor:$host, MTP_NonNegativeI64Attr:$stream);
+  let results = (outs AnyRankedTensor:$value);
+  let assemblyFormat = "$host `stream` $stream attr-dict `:` type($host)";
+}
+
+def MTP_WaitOp : MTP_Op<"wait", [HasParent<"StepOp">]> {
+  let summary = "the compute stream waits for a prefetch before its use";
+  let arguments = (ins AnyRankedTensor:$value);
+  let assemblyFormat = "$value attr-dict `:` type($value)";
+}
+
 def MTP_OptimizerStepOp : MTP_Op<"optimizer_step", [HasParent<"StepOp">]> {
   let summary = "AdamW over every parameter group";
   let arguments = (ins MTP_NonNegativeI64Attr:$flops);

@@ -154,19 +154,23 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
     return last;
   };
   llvm::DenseMap<Operation *, SmallVector<Value>> freedAfter;
+  // Host copies (mtp.offload) are not device memory.
+  auto onDevice = [&](Value v) {
+    return !aliasOf.count(v) && !isa_and_nonnull<OffloadOp>(v.getDefiningOp());
+  };
   for (Operation *op : order)
     for (Value result : op->getResults())
-      if (!aliasOf.count(result))
+      if (onDevice(result))
         freedAfter[order[lastUse(result, lastUse)]].push_back(result);
 
   auto isForwardValue = [](Value v) {
-    return isa_and_nonnull<FwdOp, InputOp>(v.getDefiningOp());
+    return isa_and_nonnull<FwdOp, InputOp, PrefetchOp>(v.getDefiningOp());
   };
   llvm::StringSet<> gradAllocated;
   for (Operation *opPtr : order) {
     Operation &op = *opPtr;
     for (Value result : op.getResults()) {
-      if (aliasOf.count(result))
+      if (!onDevice(result))
         continue;
       int64_t bytes = CostModel::bytes(result.getType());
       (isForwardValue(result) ? now.activations : now.activationGrads) +=

@@ -104,4 +104,16 @@ def MaterializeCheckpoints : Pass<"mtp-materialize-checkpoints", "::mtp::ModelOp
   }];
 }
 
+def MaterializeOffload : Pass<"mtp-materialize-offload", "::mtp::ModelOp"> {
+  let summary = "Write the planned offloads into the step";
+  let description = [{
+    For every unit --mtp-plan-memory offloads: each tensor only its own
+    backward reads gets an `mtp.offload` after its last forward use, an
+    `mtp.prefetch` where the backward of the unit group before it starts
+    (one group ahead, as the planner simulated), and an `mtp.wait` right
+    before its first backward use, which then reads the prefetched copy.
+    Copies run on stream 1, the low-priority copy stream.
+  }];
+}
+
 #endif // MTP_PASSES

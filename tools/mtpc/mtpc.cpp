@@ -238,8 +238,10 @@ int main(int argc, char **argv) {
       pm.addNestedPass<mtp::ModelOp>(mtp::createPlanMemory());
     // The plan table reads what each unit would keep; the emitted step shows
     // the regions written out (its analysis is then the planned peak).
-    if (command == Command::Compile)
+    if (command == Command::Compile) {
+      pm.addNestedPass<mtp::ModelOp>(mtp::createMaterializeOffload());
       pm.addNestedPass<mtp::ModelOp>(mtp::createMaterializeCheckpoints());
+    }
     pm.addNestedPass<mtp::ModelOp>(mtp::createMemoryAnalysis());
   }
   if (failed(pm.run(*module)))

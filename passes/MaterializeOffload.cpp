@@ -1,0 +1,110 @@
+//===- MaterializeOffload.cpp - planned offloads into the step ------------===//
+
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace mtp {
+#define GEN_PASS_DEF_MATERIALIZEOFFLOAD
+#include "passes/Passes.h.inc"
+} // namespace mtp
+
+using namespace mlir;
+using namespace mtp;
+
+namespace {
+struct MaterializeOffloadPass
+    : public mtp::impl::MaterializeOffloadBase<MaterializeOffloadPass> {
+  void runOnOperation() override;
+};
+
+/// Which backward unit group an op belongs to: a task's head, or a layer's
+/// attention or MLP block. Empty for anything else.
+std::string groupOf(Operation *op) {
+  UnitKind kind;
+  uint64_t layer;
+  FlatSymbolRefAttr task;
+  if (auto fwd = dyn_cast<FwdOp>(op))
+    kind = fwd.getUnit(), layer = fwd.getLayer(), task = fwd.getTaskAttr();
+  else if (auto bwd = dyn_cast<BwdOp>(op))
+    kind = bwd.getUnit(), layer = bwd.getLayer(), task = bwd.getTaskAttr();
+  else
+    return "";
+  if (task)
+    return ("task " + task.getValue()).str();
+  bool attention = kind == UnitKind::attn_norm || kind == UnitKind::qkv ||
+                   kind == UnitKind::attn_core || kind == UnitKind::attn_out ||
+                   kind == UnitKind::attn_residual;
+  if (kind == UnitKind::embed)
+    return "embed";
+  return "layer " + std::to_string(layer) + (attention ? " attn" : " mlp");
+}
+
+constexpr int64_t kCopyStream = 1;
+} // namespace
+
+void MaterializeOffloadPass::runOnOperation() {
+  ModelOp model = getOperation();
+  StepOp step = model.getStep();
+  if (!step)
+    return;
+  Block &body = step.getBody().front();
+  OpBuilder b(model.getContext());
+
+  SmallVector<FwdOp> offloaded;
+  for (FwdOp fwd : body.getOps<FwdOp>())
+    if (auto d = fwd->getAttrOfType<StringAttr>("mtp.decision"))
+      if (d.getValue() == "offload")
+        offloaded.push_back(fwd);
+
+  for (FwdOp fwd : offloaded) {
+    std::string owner = groupOf(fwd);
+    for (Value value : fwd.getOutputs()) {
+      // Only what the unit's own backward reads leaves the device.
+      Operation *lastForward = fwd, *firstBackward = nullptr;
+      bool own = true, any = false;
+      for (Operation *user : value.getUsers()) {
+        if (isa<BwdOp>(user)) {
+          any = true;
+          own &= groupOf(user) == owner;
+          if (!firstBackward || user->isBeforeInBlock(firstBackward))
+            firstBackward = user;
+        } else if (lastForward->isBeforeInBlock(user)) {
+          lastForward = user;
+        }
+      }
+      if (!any || !own || !firstBackward ||
+          firstBackward->isBeforeInBlock(lastForward))
+        continue;
+
+      b.setInsertionPointAfter(lastForward);
+      auto off = b.create<OffloadOp>(fwd.getLoc(), value.getType(), value,
+                                     b.getI64IntegerAttr(kCopyStream));
+      // One unit group ahead: where the group before this one starts its
+      // backward.
+      Operation *issue = firstBackward;
+      std::string before;
+      for (Operation *op = firstBackward->getPrevNode(); op;
+           op = op->getPrevNode()) {
+        std::string g = groupOf(op);
+        if (!isa<BwdOp>(op) || g == owner)
+          continue;
+        if (before.empty())
+          before = g;
+        if (g != before)
+          break;
+        issue = op;
+      }
+      if (issue->isBeforeInBlock(off))
+        issue = firstBackward;
+      b.setInsertionPoint(issue);
+      auto pre = b.create<PrefetchOp>(fwd.getLoc(), value.getType(), off,
+                                      b.getI64IntegerAttr(kCopyStream));
+      b.setInsertionPoint(firstBackward);
+      b.create<WaitOp>(fwd.getLoc(), pre);
+      value.replaceUsesWithIf(pre, [&](OpOperand &use) {
+        return isa<BwdOp>(use.getOwner());
+      });
+    }
+  }
+}
