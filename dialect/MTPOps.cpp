@@ -571,6 +571,10 @@ LogicalResult BudgetOp::verify() {
     return emitOpError("global batch ")
            << getGlobalBatch() << " is not a multiple of micro_batch x gpus = "
            << perStep;
+  if (std::optional<APFloat> flops = getPeakFlops())
+    if (!(flops->convertToDouble() > 0.0) || std::isinf(flops->convertToDouble()))
+      return emitOpError("peak FLOP/s must be positive, got ")
+             << flops->convertToDouble();
   if (getPrecision() == Precision::fp16 && getDevice() == "cpu")
     return emitOpError("fp16 needs a GPU (loss scaling); use bf16 or fp32 on "
                        "'cpu'");

@@ -168,7 +168,8 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
     `memory` is the per-device memory in bytes and `headroom` the part a plan
     may not use; both print with a binary unit when exact. `link` is the
     host link's bandwidth per direction in bytes per second (offload and
-    prefetch traffic). `global_batch`
+    prefetch traffic). `hbm` (device memory bandwidth, bytes/s) and `flops`
+    (peak FLOP/s at the training precision) override the device preset's. `global_batch`
     must be a whole number of `micro_batch × gpus` micro-batches (gradient
     accumulation covers the rest).
 
@@ -184,12 +185,15 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
                        MTP_PositiveI64Attr:$gpus,
                        MTP_PositiveI64Attr:$global_batch,
                        MTP_PositiveI64Attr:$micro_batch,
-                       MTP_PrecisionAttr:$precision);
+                       MTP_PrecisionAttr:$precision,
+                       OptionalAttr<MTP_PositiveI64Attr>:$memory_bandwidth,
+                       OptionalAttr<F64Attr>:$peak_flops);
   let assemblyFormat = [{
     `device` $device `memory` custom<Bytes>($memory)
     `headroom` custom<Bytes>($headroom)
     `link` custom<Bandwidth>($link_bandwidth) `gpus` $gpus
-    `batch` $global_batch `micro` $micro_batch `precision` custom<EnumKeyword>($precision) attr-dict
+    `batch` $global_batch `micro` $micro_batch `precision` custom<EnumKeyword>($precision)
+    (`hbm` $memory_bandwidth^ `Bps`)? (`flops` $peak_flops^)? attr-dict
   }];
   let hasVerifier = 1;
   let extraClassDeclaration = [{

@@ -48,7 +48,9 @@ public:
                              i64(b.memory), i64(b.headroom), i64(b.link),
                              i64(b.gpus), i64(b.globalBatch),
                              i64(b.microBatch),
-                             PrecisionAttr::get(ctx(), b.precision));
+                             PrecisionAttr::get(ctx(), b.precision),
+                             b.hbm ? i64(*b.hbm) : IntegerAttr(),
+                             b.peakFlops ? f64(*b.peakFlops) : FloatAttr());
 
     const auto &s = spec.strategy;
     builder.create<StrategyOp>(

@@ -95,8 +95,9 @@ constexpr Deferred kDeferredBudget[] = {
 constexpr StringRef kBackboneKeys[] = {"layers", "hidden", "heads", "ffn",
                                        "vocab",  "seq",    "dropout"};
 constexpr StringRef kBudgetKeys[] = {
-    "device",       "memory",      "headroom",     "host_link", "gpus",
-    "global_batch", "micro_batch", "accumulation", "precision"};
+    "device",       "memory",      "headroom",     "host_link",
+    "gpus",         "global_batch", "micro_batch", "accumulation",
+    "precision",    "hbm_bandwidth", "peak_tflops"};
 constexpr StringRef kStrategyKeys[] = {
     "checkpoint", "offload", "gfm",  "gradient_scope",
     "dgfg",       "clip",    "lr",   "collective"};
@@ -775,6 +776,11 @@ void Sema::checkBudget(const ast::Section *section, CheckedSpec &spec,
     out.headroom = bytes(*v, "headroom").value_or(out.headroom);
   if (const ast::Value *v = f.get("host_link"))
     out.link = bandwidth(*v, "host_link").value_or(out.link);
+  if (const ast::Value *v = f.get("hbm_bandwidth"))
+    out.hbm = bandwidth(*v, "hbm_bandwidth");
+  if (const ast::Value *v = f.get("peak_tflops"))
+    if (std::optional<double> t = real(*v, "peak_tflops", 0.0, 1e6, true))
+      out.peakFlops = *t * 1e12;
   if (out.memory > 0 && out.headroom >= out.memory) {
     Location l = f.get("headroom") ? f.locOf("headroom") : section->loc;
     error(l) << "headroom of " << out.headroom

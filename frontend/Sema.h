@@ -60,6 +60,8 @@ struct CheckedSpec {
     std::string device;
     int64_t memory, headroom, link, gpus, globalBatch, microBatch;
     Precision precision;
+    std::optional<int64_t> hbm;
+    std::optional<double> peakFlops;
     ast::Location loc;
   } budget;
 

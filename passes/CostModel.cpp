@@ -453,6 +453,9 @@ int64_t CostModel::allGatherBytes(int64_t payload, int64_t world) {
 //===----------------------------------------------------------------------===//
 
 double CostModel::computeSeconds(int64_t flops) const {
+  if (budget)
+    if (std::optional<APFloat> override = budget.getPeakFlops())
+      return double(flops) / override->convertToDouble();
   double peak = precision == Precision::fp32   ? preset->fp32Flops
                 : precision == Precision::bf16 ? preset->bf16Flops
                                                : preset->fp16Flops;

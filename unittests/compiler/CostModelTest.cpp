@@ -181,3 +181,14 @@ TEST(Collectives, BytesPerProcess) {
   EXPECT_EQ(CostModel::allGatherBytes(279, 1), 0);
 }
 } // namespace
+
+namespace {
+TEST_F(CostModelTest, SpecOverridesThePresetsPeak) {
+  ModelOp model = load(
+      kTinyBackbone, kTinyTasks,
+      "  mtp.budget device \"A100_40GB\" memory 40 GiB headroom 2 GiB "
+      "link 25 GBps gpus 1 batch 2 micro 2 precision bf16 hbm 2000000000000 "
+      "Bps flops 1.0e14");
+  EXPECT_DOUBLE_EQ(CostModel(model).computeSeconds(100000000000000), 1.0);
+}
+} // namespace
