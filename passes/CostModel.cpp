@@ -69,8 +69,9 @@ RankedTensorType CostModel::tensor(ArrayRef<int64_t> shape,
 }
 
 RankedTensorType CostModel::hiddenType() const {
+  // The residual stream: fp32 at every precision (autocast promotes).
   return tensor({batch, backbone.getSeq(), backbone.getHidden()},
-                activationElementType());
+                Builder(model.getContext()).getF32Type());
 }
 
 RankedTensorType CostModel::tokensType() const {
@@ -114,45 +115,61 @@ struct Dims {
 
 UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
   Builder builder(model.getContext());
+  // Under bf16/fp16 autocast, what a linear or matmul produces is 16-bit;
+  // the residual stream stays fp32 (fp32 + bf16 promotes), and so do norm
+  // statistics; a norm's output is kept as the 16-bit copy the next linear
+  // casts, and each linear keeps the 16-bit copy of its weight and bias that
+  // autocast made (docs/runtime.md §2).
   Type act = activationElementType();
   Type f32 = builder.getF32Type();
   Type mask = builder.getI1Type();
+  const bool autocast = !act.isF32();
   const int64_t b = batch, s = backbone.getSeq(), h = backbone.getHidden(),
                 a = backbone.getHeads(), d = backbone.getHeadDim(),
                 f = backbone.getFfn();
   const int64_t e = bytes(tensor({1}, act));
   const int64_t bsh = b * s * h, bass = b * a * s * s;
-  auto bshTensor = [&] { return tensor({b, s, h}, act); };
+  auto stream = [&] { return tensor({b, s, h}, f32); };
+  auto weights = [&](UnitCost &cost, int64_t out, int64_t in) {
+    if (!autocast)
+      return;
+    cost.saved.push_back({"weight", tensor({out, in}, act)});
+    cost.saved.push_back({"bias", tensor({out}, act)});
+  };
 
   UnitCost cost;
   switch (kind) {
   case UnitKind::embed:
-    cost.output = bshTensor();
+    cost.output = stream();
     if (dropout)
       cost.saved.push_back({"mask", tensor({b, s, h}, mask)});
     cost.backwardNeedsInput = true; // the token indices
     cost.fwdFlops = 2 * bsh;
     cost.bwdFlops = 2 * bsh;
     // The gathered embeddings live beside their sum until the add returns.
-    cost.fwdWorkspace = e * bsh;
+    cost.fwdWorkspace = 4 * bsh;
     return cost;
   case UnitKind::attn_norm:
   case UnitKind::mlp_norm:
-    cost.output = bshTensor();
+    cost.output = tensor({b, s, h}, act);
     cost.saved.push_back({"mean", tensor({b, s, 1}, f32)});
     cost.saved.push_back({"rstd", tensor({b, s, 1}, f32)});
     cost.backwardNeedsInput = true;
     cost.fwdFlops = 8 * bsh;
     cost.bwdFlops = 12 * bsh;
+    // The fp32 norm output until the cast copy is made.
+    if (autocast)
+      cost.fwdWorkspace = 4 * bsh;
     return cost;
   case UnitKind::qkv:
     cost.output = tensor({b, s, 3 * h}, act);
+    weights(cost, 3 * h, h);
     cost.backwardNeedsInput = true;
     cost.fwdFlops = 2 * bsh * 3 * h;
     cost.bwdFlops = 2 * cost.fwdFlops;
     return cost;
   case UnitKind::attn_core:
-    cost.output = bshTensor();
+    cost.output = tensor({b, s, h}, act);
     // q·scale, k^T and v as contiguous [B*a, ., .] bmm operands.
     cost.saved.push_back({"q", tensor({b, a, s, d}, act)});
     cost.saved.push_back({"k_t", tensor({b, a, d, s}, act)});
@@ -170,14 +187,15 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
     cost.bwdWorkspace = e * (2 * bass + 3 * bsh);
     return cost;
   case UnitKind::attn_out:
-    cost.output = bshTensor();
+    cost.output = tensor({b, s, h}, act);
+    weights(cost, h, h);
     cost.backwardNeedsInput = true;
     cost.fwdFlops = 2 * bsh * h;
     cost.bwdFlops = 4 * bsh * h;
     return cost;
   case UnitKind::attn_residual:
   case UnitKind::mlp_residual:
-    cost.output = bshTensor();
+    cost.output = stream();
     if (dropout) {
       cost.saved.push_back({"mask", tensor({b, s, h}, mask)});
       cost.fwdWorkspace = e * bsh; // the dropped branch before the add
@@ -187,6 +205,7 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
     return cost;
   case UnitKind::mlp_up:
     cost.output = tensor({b, s, f}, act);
+    weights(cost, f, h);
     cost.backwardNeedsInput = true;
     cost.fwdFlops = 2 * bsh * f;
     cost.bwdFlops = 4 * bsh * f;
@@ -198,7 +217,8 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
     cost.bwdFlops = 12 * b * s * f;
     return cost;
   case UnitKind::mlp_down:
-    cost.output = bshTensor();
+    cost.output = tensor({b, s, h}, act);
+    weights(cost, h, f);
     cost.backwardNeedsInput = true;
     cost.fwdFlops = 2 * bsh * f;
     cost.bwdFlops = 4 * bsh * f;
@@ -222,6 +242,13 @@ UnitCost CostModel::headCost(TaskOp task) const {
   const int64_t e = bytes(tensor({1}, act));
 
   UnitCost cost;
+  const bool autocast = !act.isF32();
+  auto weights = [&](int64_t out, int64_t in) {
+    if (!autocast)
+      return;
+    cost.saved.push_back({"weight", tensor({out, in}, act)});
+    cost.saved.push_back({"bias", tensor({out}, act)});
+  };
   // The head's LayerNorm keeps its input: the tap (or, for classify, a view
   // of it — which keeps the whole tap alive just the same).
   cost.backwardNeedsInput = true;
@@ -233,6 +260,8 @@ UnitCost CostModel::headCost(TaskOp task) const {
                   {"rstd", tensor({b, 1}, f32)},
                   {"normed", tensor({b, h}, act)},
                   {"pooled", tensor({b, h}, act)}};
+    weights(h, h);
+    weights(c, h);
     cost.fwdFlops = 2 * b * h * h + 2 * b * h * c + 12 * b * h;
     cost.bwdFlops = 2 * cost.fwdFlops;
     cost.fwdWorkspace = e * b * h; // the pooler's pre-tanh output
@@ -245,6 +274,7 @@ UnitCost CostModel::headCost(TaskOp task) const {
     cost.saved = {{"mean", tensor({b, s, 1}, f32)},
                   {"rstd", tensor({b, s, 1}, f32)},
                   {"normed", tensor({b, s, h}, act)}};
+    weights(c, h);
     cost.fwdFlops = 2 * b * s * h * c + 8 * b * s * h;
     cost.bwdFlops = 2 * cost.fwdFlops;
     return cost;

@@ -71,7 +71,7 @@ public:
   static int64_t bytes(mlir::Type type);
   int64_t microBatch() const { return batch; }
   mlir::Type activationElementType() const;
-  /// [micro batch, seq, hidden] in the activation element type.
+  /// [micro batch, seq, hidden] of the residual stream (fp32 throughout).
   mlir::RankedTensorType hiddenType() const;
   mlir::RankedTensorType tokensType() const;
   /// The labels a task's loss consumes.
