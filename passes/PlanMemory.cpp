@@ -509,6 +509,16 @@ double MemoryPlanner::addedSeconds(ArrayRef<Decision> d) const {
 bool MemoryPlanner::latencyOk(ArrayRef<Decision> d) const {
   return impl->latencyOk(d);
 }
+std::vector<PlanResult::Offload>
+MemoryPlanner::offloads(ArrayRef<Decision> d) const {
+  std::vector<PlanResult::Offload> out;
+  std::vector<double> waits = impl->transfers(d).second;
+  for (size_t c = 0; c < d.size(); ++c)
+    if (d[c] == Decision::Offload)
+      out.push_back({c, impl->candOffloadBytes[c], waits[c]});
+  return out;
+}
+
 const std::vector<Candidate> &MemoryPlanner::getCandidates() const {
   return impl->candidates;
 }
@@ -523,6 +533,7 @@ void finish(const MemoryPlanner &planner, PlanResult &r,
   r.addedSeconds = planner.addedSeconds(r.decisions);
   r.fits = r.peakBytes <= planner.budget();
   r.regions = regions(r.decisions);
+  r.offloads = planner.offloads(r.decisions);
 }
 } // namespace
 
@@ -835,6 +846,15 @@ void mtp::attachPlan(ModelOp model, const PlanResult &result) {
   step->setAttr("mtp.uniform_added_seconds",
                 b.getF64FloatAttr(result.uniformSeconds));
   step->setAttr("mtp.minimal_peak_bytes", b.getI64IntegerAttr(result.minimalPeak));
+  SmallVector<Attribute> schedule;
+  for (const PlanResult::Offload &o : result.offloads)
+    schedule.push_back(b.getDictionaryAttr(
+        {b.getNamedAttr("unit",
+                        b.getStringAttr(result.candidates[o.candidate].name)),
+         b.getNamedAttr("bytes", b.getI64IntegerAttr(o.bytes)),
+         b.getNamedAttr("stream", b.getI64IntegerAttr(1)),
+         b.getNamedAttr("exposed_wait_s", b.getF64FloatAttr(o.exposedWait))}));
+  step->setAttr("mtp.offload_schedule", b.getArrayAttr(schedule));
   SmallVector<Attribute> regions;
   for (auto [first, last] : result.regions)
     regions.push_back(b.getDenseI64ArrayAttr({first, last}));

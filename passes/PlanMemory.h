@@ -55,6 +55,14 @@ struct PlanResult {
   int64_t minimalPeak = 0;
   /// Checkpoint regions in runtime block numbers, inclusive.
   std::vector<std::pair<int64_t, int64_t>> regions;
+  /// Per offloaded candidate: bytes moved each way and the backward's wait
+  /// for its prefetch (0 when the copy is hidden).
+  struct Offload {
+    size_t candidate;
+    int64_t bytes;
+    double exposedWait;
+  };
+  std::vector<Offload> offloads;
 };
 
 class MemoryPlanner {
@@ -74,6 +82,9 @@ public:
   /// Whether every offload in `decisions` keeps its exposed prefetch
   /// latency under the strategy's bound.
   bool latencyOk(llvm::ArrayRef<Decision> decisions) const;
+  /// The offloads of an assignment with their exposed prefetch waits.
+  std::vector<PlanResult::Offload>
+  offloads(llvm::ArrayRef<Decision> decisions) const;
   const std::vector<Candidate> &getCandidates() const;
   int64_t budget() const;
 

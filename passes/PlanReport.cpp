@@ -272,6 +272,24 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
       os << " [" << block(range[0]) << " .. " << block(range[1]) << "]";
     }
     os << "\n";
+    if (auto schedule = step->getAttrOfType<ArrayAttr>("mtp.offload_schedule");
+        schedule && !schedule.empty()) {
+      double bound = 0;
+      if (StrategyOp strategy = model.getStrategy())
+        bound = strategy.getMaxOffloadLatency().convertToDouble();
+      os << "  offload (stream 1, low priority; prefetch one unit group ahead, "
+            "wait bound "
+         << microseconds(bound) << "):\n";
+      for (Attribute a : schedule) {
+        auto entry = cast<DictionaryAttr>(a);
+        os << llvm::formatv(
+            "    {0,-24} {1,12} each way, exposed wait {2}\n",
+            cast<StringAttr>(entry.get("unit")).getValue(),
+            formatBytes(cast<IntegerAttr>(entry.get("bytes")).getInt()),
+            microseconds(
+                cast<FloatAttr>(entry.get("exposed_wait_s")).getValueAsDouble()));
+      }
+    }
     os << llvm::formatv("\n  {0,-26} {1,12} {2,14}\n", "plan", "peak",
                         "added time");
     os << llvm::formatv("  {0,-26} {1,12} {2,14}\n", "keep everything",
@@ -347,7 +365,19 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
         auto range = cast<DenseI64ArrayAttr>(r).asArrayRef();
         regions.push_back(Array{range[0], range[1]});
       }
+    Array offloads;
+    if (auto schedule = step->getAttrOfType<ArrayAttr>("mtp.offload_schedule"))
+      for (Attribute a : schedule) {
+        auto entry = cast<DictionaryAttr>(a);
+        offloads.push_back(Object{
+            {"unit", cast<StringAttr>(entry.get("unit")).getValue()},
+            {"bytes", cast<IntegerAttr>(entry.get("bytes")).getInt()},
+            {"stream", cast<IntegerAttr>(entry.get("stream")).getInt()},
+            {"exposed_wait_s",
+             cast<FloatAttr>(entry.get("exposed_wait_s")).getValueAsDouble()}});
+      }
     out["plan"] = Object{
+        {"offloads", std::move(offloads)},
         {"planned_peak_bytes", planned},
         {"added_seconds", stepFloat(step, "mtp.added_seconds")},
         {"keep_peak_bytes", stepInt(step, "mtp.keep_peak_bytes")},
