@@ -22,6 +22,7 @@
 
 #include <antlr4-runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 using namespace mtp;
@@ -161,8 +162,15 @@ bool checkBytes(Reporter &reporter, const ParseLimits &limits) {
 // ANTLR error listener
 //===----------------------------------------------------------------------===//
 
-/// Readable names for ANTLR's token names in messages.
+/// Readable names for ANTLR's token names in messages; an expected-set of
+/// more than a handful of alternatives says nothing a person can act on, so
+/// it is dropped ("extraneous input '~'" is enough with the caret).
 std::string humanize(std::string message) {
+  // The set ends the message (and may itself contain '}').
+  size_t open = message.find(" expecting {");
+  if (open != std::string::npos &&
+      std::count(message.begin() + open, message.end(), ',') >= 4)
+    message.erase(open);
   for (size_t pos; (pos = message.find("'<EOF>'")) != std::string::npos;)
     message.replace(pos, 7, "end of file");
   static const std::pair<const char *, const char *> names[] = {

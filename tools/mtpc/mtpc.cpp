@@ -93,6 +93,22 @@ static void printSummary(llvm::raw_ostream &os, StringRef file,
        << " layers, " << humanCount(params.total()) << " parameters (backbone "
        << humanCount(params.backbone) << ", heads " << humanCount(params.heads)
        << ", gate " << humanCount(params.gate) << ")\n";
+    if (model.getStep()) {
+      mtp::MemoryReport memory = mtp::analyzeMemory(model);
+      os << "  memory: " << mtp::formatBytes(memory.peakBytes)
+         << " peak keeping every activation";
+      if (mtp::BudgetOp budget = model.getBudget()) {
+        int64_t usable = budget.getUsableBytes();
+        os << ", " << mtp::formatBytes(usable) << " usable on "
+           << budget.getDevice() << ": ";
+        if (memory.peakBytes <= usable)
+          os << "fits";
+        else
+          os << "over by " << mtp::formatBytes(memory.peakBytes - usable)
+             << " — `mtpc plan` decides what to recompute or offload";
+      }
+      os << "\n";
+    }
     if (!verbose)
       continue;
     os << "  backbone  " << mtp::stringifyBackboneKind(bb.getKind()) << ": "
@@ -227,9 +243,14 @@ int main(int argc, char **argv) {
     return kUsageError;
   pm.enableTiming(timing);
   pm.addNestedPass<mtp::ModelOp>(mtp::createNormalizeSpec());
-  bool wantStep = command == Command::Plan ||
+  bool wantStep = command == Command::Plan || command == Command::Check ||
                   (command == Command::Compile && emitAction == Emit::Step);
-  if (wantStep) {
+  if (command == Command::Check) {
+    // The memory estimate of the summary: the step as written, no plan.
+    pm.addNestedPass<mtp::ModelOp>(mtp::createExpandTrainingStep());
+    pm.addNestedPass<mtp::ModelOp>(mtp::createFuseTaskGradients());
+    pm.addNestedPass<mtp::ModelOp>(mtp::createMemoryAnalysis());
+  } else if (wantStep) {
     pm.addNestedPass<mtp::ModelOp>(mtp::createExpandTrainingStep());
     pm.addNestedPass<mtp::ModelOp>(mtp::createFuseTaskGradients());
     pm.addNestedPass<mtp::ModelOp>(mtp::createCompressCollectives());
