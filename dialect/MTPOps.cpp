@@ -672,6 +672,37 @@ void StepOp::build(OpBuilder &builder, OperationState &state) {
   body->push_back(new Block());
 }
 
+std::optional<UnitRef> mtp::getUnitRef(Operation *op) {
+  if (auto fwd = dyn_cast<FwdOp>(op))
+    return UnitRef{fwd.getUnit(), fwd.getLayer(), fwd.getTaskAttr()};
+  if (auto bwd = dyn_cast<BwdOp>(op))
+    return UnitRef{bwd.getUnit(), bwd.getLayer(), bwd.getTaskAttr()};
+  return std::nullopt;
+}
+
+int64_t mtp::getBlockNumber(UnitKind kind, uint64_t layer) {
+  switch (kind) {
+  case UnitKind::embed:
+    return 0;
+  case UnitKind::head:
+  case UnitKind::loss:
+    return -1;
+  case UnitKind::attn_norm:
+  case UnitKind::qkv:
+  case UnitKind::attn_core:
+  case UnitKind::attn_out:
+  case UnitKind::attn_residual:
+    return 2 * int64_t(layer) - 1;
+  case UnitKind::mlp_norm:
+  case UnitKind::mlp_up:
+  case UnitKind::mlp_act:
+  case UnitKind::mlp_down:
+  case UnitKind::mlp_residual:
+    return 2 * int64_t(layer);
+  }
+  llvm_unreachable("unknown unit kind");
+}
+
 std::string FwdOp::getUnitName() {
   std::string name = stringifyUnitKind(getUnit()).str();
   if (FlatSymbolRefAttr task = getTaskAttr())

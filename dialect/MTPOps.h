@@ -43,4 +43,19 @@ class TaskOp;
 #define GET_OP_CLASSES
 #include "dialect/MTPOps.h.inc"
 
+namespace mtp {
+/// Which unit a forward or backward op runs.
+struct UnitRef {
+  UnitKind kind;
+  uint64_t layer;
+  mlir::FlatSymbolRefAttr task; ///< heads and losses
+};
+/// The unit of an `mtp.fwd` or `mtp.bwd`; nullopt for any other op.
+std::optional<UnitRef> getUnitRef(mlir::Operation *op);
+/// The runtime's block number of a backbone unit (SPEC.md §5 granularity):
+/// 2l-1 for layer l's attention sub-blocks, 2l for its MLP sub-blocks, 0 for
+/// the embeddings; -1 for heads and losses.
+int64_t getBlockNumber(UnitKind kind, uint64_t layer);
+} // namespace mtp
+
 #endif // MTPC_DIALECT_MTPOPS_H

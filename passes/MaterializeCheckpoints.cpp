@@ -21,13 +21,6 @@ struct MaterializeCheckpointsPass
   void runOnOperation() override;
 };
 
-/// (layer, attention?) of a backbone unit, comparable between fwd and bwd.
-std::pair<uint64_t, bool> blockKey(UnitKind kind, uint64_t layer) {
-  bool attention = kind == UnitKind::attn_norm || kind == UnitKind::qkv ||
-                   kind == UnitKind::attn_core || kind == UnitKind::attn_out ||
-                   kind == UnitKind::attn_residual;
-  return {layer, attention};
-}
 } // namespace
 
 void MaterializeCheckpointsPass::runOnOperation() {
@@ -45,15 +38,15 @@ void MaterializeCheckpointsPass::runOnOperation() {
   OpBuilder b(model.getContext());
   for (auto &[index, units] : regions) {
     llvm::DenseSet<Operation *> inside;
-    std::set<std::pair<uint64_t, bool>> blocks;
+    llvm::DenseSet<int64_t> blocks;
     for (FwdOp fwd : units) {
       inside.insert(fwd);
-      blocks.insert(blockKey(fwd.getUnit(), fwd.getLayer()));
+      blocks.insert(getBlockNumber(fwd.getUnit(), fwd.getLayer()));
     }
     auto isRegionBackward = [&](Operation *op) {
       auto bwd = dyn_cast<BwdOp>(op);
       return bwd && !bwd.getTaskAttr() &&
-             blocks.count(blockKey(bwd.getUnit(), bwd.getLayer()));
+             blocks.count(getBlockNumber(bwd.getUnit(), bwd.getLayer()));
     };
     // The boundary: what the units read from outside. What leaves: what
     // anything but the region's own backward reads.

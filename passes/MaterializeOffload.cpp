@@ -18,26 +18,15 @@ struct MaterializeOffloadPass
   void runOnOperation() override;
 };
 
-/// Which backward unit group an op belongs to: a task's head, or a layer's
-/// attention or MLP block. Empty for anything else.
+/// The unit group an op belongs to: a task's head, or one backbone block.
+/// Empty for anything but a forward or backward unit.
 std::string groupOf(Operation *op) {
-  UnitKind kind;
-  uint64_t layer;
-  FlatSymbolRefAttr task;
-  if (auto fwd = dyn_cast<FwdOp>(op))
-    kind = fwd.getUnit(), layer = fwd.getLayer(), task = fwd.getTaskAttr();
-  else if (auto bwd = dyn_cast<BwdOp>(op))
-    kind = bwd.getUnit(), layer = bwd.getLayer(), task = bwd.getTaskAttr();
-  else
+  std::optional<UnitRef> unit = getUnitRef(op);
+  if (!unit)
     return "";
-  if (task)
-    return ("task " + task.getValue()).str();
-  bool attention = kind == UnitKind::attn_norm || kind == UnitKind::qkv ||
-                   kind == UnitKind::attn_core || kind == UnitKind::attn_out ||
-                   kind == UnitKind::attn_residual;
-  if (kind == UnitKind::embed)
-    return "embed";
-  return "layer " + std::to_string(layer) + (attention ? " attn" : " mlp");
+  if (unit->task)
+    return ("task " + unit->task.getValue()).str();
+  return "block " + std::to_string(getBlockNumber(unit->kind, unit->layer));
 }
 
 constexpr int64_t kCopyStream = 1;

@@ -46,20 +46,15 @@ std::string MemoryReport::describe(Operation *op) {
     return "-";
   std::string text;
   llvm::raw_string_ostream os(text);
-  auto unit = [&](StringRef dir, UnitKind kind, uint64_t layer,
-                  FlatSymbolRefAttr task) {
-    os << dir << ' ' << stringifyUnitKind(kind);
-    if (task)
-      os << " @" << task.getValue();
+  if (std::optional<UnitRef> unit = getUnitRef(op)) {
+    os << (isa<FwdOp>(op) ? "fwd " : "bwd ") << stringifyUnitKind(unit->kind);
+    if (unit->task)
+      os << " @" << unit->task.getValue();
     else
-      os << '[' << layer << ']';
-  };
-  if (auto fwd = dyn_cast<FwdOp>(op))
-    unit("fwd", fwd.getUnit(), fwd.getLayer(), fwd.getTaskAttr());
-  else if (auto bwd = dyn_cast<BwdOp>(op))
-    unit("bwd", bwd.getUnit(), bwd.getLayer(), bwd.getTaskAttr());
-  else
+      os << '[' << unit->layer << ']';
+  } else {
     os << op->getName().getStringRef();
+  }
   return text;
 }
 
@@ -90,21 +85,15 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   SmallVector<TaskOp> tasks(model.getTasks());
   auto servedBy = [&](Operation *op) {
     SmallVector<StringRef> served;
-    UnitKind kind;
-    uint64_t layer;
-    FlatSymbolRefAttr task;
-    if (auto fwd = dyn_cast<FwdOp>(op))
-      kind = fwd.getUnit(), layer = fwd.getLayer(), task = fwd.getTaskAttr();
-    else if (auto bwd = dyn_cast<BwdOp>(op))
-      kind = bwd.getUnit(), layer = bwd.getLayer(), task = bwd.getTaskAttr();
-    else
+    std::optional<UnitRef> unit = getUnitRef(op);
+    if (!unit)
       return served;
-    if (task) {
-      served.push_back(task.getValue());
+    if (unit->task) {
+      served.push_back(unit->task.getValue());
       return served;
     }
     for (TaskOp t : tasks)
-      if (kind == UnitKind::embed || t.getTapLayer() >= layer)
+      if (unit->kind == UnitKind::embed || t.getTapLayer() >= unit->layer)
         served.push_back(t.getSymName());
     return served;
   };

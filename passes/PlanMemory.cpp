@@ -72,27 +72,6 @@ std::vector<SmallVector<StringRef>> mtp::taskGroups(ModelOp model,
   return groups;
 }
 
-namespace {
-/// Block number of a backbone unit: 2l-1 attention, 2l MLP, 0 embeddings;
-/// -1 for heads and losses.
-int64_t blockOf(UnitKind kind, uint64_t layer) {
-  switch (kind) {
-  case UnitKind::embed:
-    return 0;
-  case UnitKind::head:
-  case UnitKind::loss:
-    return -1;
-  case UnitKind::attn_norm:
-  case UnitKind::qkv:
-  case UnitKind::attn_core:
-  case UnitKind::attn_out:
-  case UnitKind::attn_residual:
-    return 2 * int64_t(layer) - 1;
-  default:
-    return 2 * int64_t(layer);
-  }
-}
-} // namespace
 
 struct MemoryPlanner::Impl {
   struct ValueInfo {
@@ -268,7 +247,7 @@ void MemoryPlanner::Impl::build() {
     if (auto fwd = dyn_cast<FwdOp>(&op)) {
       workspace[pos] = fwd.getWorkspace();
       fwdS = cost.computeSeconds(fwd.getFlops());
-      int64_t b = blockOf(fwd.getUnit(), fwd.getLayer());
+      int64_t b = getBlockNumber(fwd.getUnit(), fwd.getLayer());
       if (b > 0) {
         blockFlops[b] += fwd.getFlops();
         blockWorkspace[b] = std::max<int64_t>(blockWorkspace[b], fwd.getWorkspace());
@@ -279,7 +258,7 @@ void MemoryPlanner::Impl::build() {
     } else if (auto bwd = dyn_cast<BwdOp>(&op)) {
       workspace[pos] = bwd.getWorkspace();
       bwdS = cost.computeSeconds(bwd.getFlops());
-      int64_t b = blockOf(bwd.getUnit(), bwd.getLayer());
+      int64_t b = getBlockNumber(bwd.getUnit(), bwd.getLayer());
       if (b > 0) {
         if (!blockBwdStart.count(b))
           blockBwdStart[b] = pos;
@@ -332,10 +311,10 @@ void MemoryPlanner::Impl::build() {
         if (auto bwd = dyn_cast<BwdOp>(user))
           info.bwdBlocks.push_back(bwd.getTaskAttr()
                                        ? -1
-                                       : blockOf(bwd.getUnit(), bwd.getLayer()));
+                                       : getBlockNumber(bwd.getUnit(), bwd.getLayer()));
       }
       if (auto fwd = dyn_cast<FwdOp>(&op)) {
-        info.block = blockOf(fwd.getUnit(), fwd.getLayer());
+        info.block = getBlockNumber(fwd.getUnit(), fwd.getLayer());
         info.owner = ownerOf(info.block, fwd.getTaskAttr());
         if (info.owner >= 0 && !info.bwdBlocks.empty()) {
           candLastFwd[info.owner] =
@@ -828,7 +807,7 @@ void mtp::attachPlan(ModelOp model, const PlanResult &result) {
     int64_t region = -1;
     if (FlatSymbolRefAttr task = fwd.getTaskAttr()) {
       d = headDecision.lookup(task.getValue());
-    } else if (auto it = blockDecision.find(blockOf(fwd.getUnit(), fwd.getLayer()));
+    } else if (auto it = blockDecision.find(getBlockNumber(fwd.getUnit(), fwd.getLayer()));
                it != blockDecision.end()) {
       d = it->second.first;
       region = it->second.second;

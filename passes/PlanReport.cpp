@@ -42,25 +42,6 @@ std::string microseconds(double seconds) {
   return llvm::formatv("{0:f1} us", seconds * 1e6).str();
 }
 
-StringRef blockOf(UnitKind kind) {
-  switch (kind) {
-  case UnitKind::attn_norm:
-  case UnitKind::qkv:
-  case UnitKind::attn_core:
-  case UnitKind::attn_out:
-  case UnitKind::attn_residual:
-    return "attention";
-  case UnitKind::mlp_norm:
-  case UnitKind::mlp_up:
-  case UnitKind::mlp_act:
-  case UnitKind::mlp_down:
-  case UnitKind::mlp_residual:
-    return "mlp";
-  default:
-    return "";
-  }
-}
-
 std::string taskList(ArrayRef<StringRef> tasks, size_t all) {
   if (tasks.empty())
     return "-";
@@ -167,8 +148,9 @@ SmallVector<Row> rowsOf(ModelOp model, const MemoryReport &report) {
     else if (FlatSymbolRefAttr task = op.getTaskAttr())
       name = (stringifyUnitKind(op.getUnit()) + " " + task.getValue()).str();
     else
-      name = "layer " + std::to_string(op.getLayer()) + " " +
-             blockOf(op.getUnit()).str();
+      name = "layer " + std::to_string(op.getLayer()) +
+             (getBlockNumber(op.getUnit(), op.getLayer()) % 2 ? " attention"
+                                                               : " mlp");
     auto [it, inserted] = index.try_emplace(name, rows.size());
     if (inserted) {
       rows.emplace_back();
