@@ -296,41 +296,33 @@ UnitCost CostModel::headCost(TaskOp task) const {
     int64_t flops = 2 * b * t * h;
     for (int64_t l = 1; l <= layers; ++l) {
       std::string p = "l" + std::to_string(l) + ".";
-      // Self-attention (the residual input is the previous block's output).
-      add(p + "self.mean", tensor({b, t, 1}, f32));
-      add(p + "self.rstd", tensor({b, t, 1}, f32));
-      add(p + "self.normed", tensor({b, t, h}, act));
-      add(p + "self.q", tensor({b, a, t, d}, act));
-      add(p + "self.k_t", tensor({b, a, d, t}, act));
-      add(p + "self.probs", tensor({b, a, t, t}, act));
-      if (dropout) {
-        add(p + "self.probs_mask", tensor({b, a, t, t}, mask));
-        add(p + "self.probs_dropped", tensor({b, a, t, t}, act));
-      }
-      add(p + "self.v", tensor({b, a, t, d}, act));
-      add(p + "self.context", tensor({b, t, h}, act));
-      if (dropout)
-        add(p + "self.mask", tensor({b, t, h}, mask));
-      add(p + "self.out", tensor({b, t, h}, act));
-      // Cross-attention: keys and values from the normed tap.
+      // Attention of t queries over k keys: the query side's norm, q, k^T,
+      // the core, v, the context, the residual mask and the block's output.
+      auto attention = [&](const std::string &q, int64_t k) {
+        add(q + "mean", tensor({b, t, 1}, f32));
+        add(q + "rstd", tensor({b, t, 1}, f32));
+        add(q + "normed", tensor({b, t, h}, act));
+        add(q + "q", tensor({b, a, t, d}, act));
+        add(q + "k_t", tensor({b, a, d, k}, act));
+        add(q + "probs", tensor({b, a, t, k}, act));
+        if (dropout) {
+          add(q + "probs_mask", tensor({b, a, t, k}, mask));
+          add(q + "probs_dropped", tensor({b, a, t, k}, act));
+        }
+        add(q + "v", tensor({b, a, k, d}, act));
+        add(q + "context", tensor({b, t, h}, act));
+        if (dropout)
+          add(q + "mask", tensor({b, t, h}, mask));
+        add(q + "out", tensor({b, t, h}, act));
+      };
+      // Causal self-attention (its input, the previous block's output, is
+      // counted there), then cross-attention with keys and values from the
+      // normed tap.
+      attention(p + "self.", t);
       add(p + "cross.mem_mean", tensor({b, s, 1}, f32));
       add(p + "cross.mem_rstd", tensor({b, s, 1}, f32));
       add(p + "cross.memory", tensor({b, s, h}, act));
-      add(p + "cross.mean", tensor({b, t, 1}, f32));
-      add(p + "cross.rstd", tensor({b, t, 1}, f32));
-      add(p + "cross.normed", tensor({b, t, h}, act));
-      add(p + "cross.q", tensor({b, a, t, d}, act));
-      add(p + "cross.k_t", tensor({b, a, d, s}, act));
-      add(p + "cross.probs", tensor({b, a, t, s}, act));
-      if (dropout) {
-        add(p + "cross.probs_mask", tensor({b, a, t, s}, mask));
-        add(p + "cross.probs_dropped", tensor({b, a, t, s}, act));
-      }
-      add(p + "cross.v", tensor({b, a, s, d}, act));
-      add(p + "cross.context", tensor({b, t, h}, act));
-      if (dropout)
-        add(p + "cross.mask", tensor({b, t, h}, mask));
-      add(p + "cross.out", tensor({b, t, h}, act));
+      attention(p + "cross.", s);
       // MLP.
       add(p + "mlp.mean", tensor({b, t, 1}, f32));
       add(p + "mlp.rstd", tensor({b, t, 1}, f32));
