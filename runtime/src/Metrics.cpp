@@ -68,7 +68,13 @@ std::string toJsonLine(const StepStats &s) {
   out += ",\"offload_misses\":" + std::to_string(s.offloadMisses);
   out += ",\"offload_wait_s\":" + number(s.offloadWaitS);
   out += ",\"measured_peak_bytes\":" + std::to_string(s.measuredPeakBytes);
+  out += ",\"predicted_peak_bytes\":" +
+         (s.predictedPeakBytes < 0 ? std::string("null")
+                                   : std::to_string(s.predictedPeakBytes));
   out += ",\"host_pool_bytes\":" + std::to_string(s.hostPoolBytes);
+  out += ",\"bytes_sent\":" + std::to_string(s.bytesSent);
+  out += ",\"bytes_sent_uncompressed\":" +
+         std::to_string(s.bytesSentUncompressed);
   out += ",\"step_time_s\":" + number(s.stepTimeS);
   out += ",\"samples_per_s\":" + number(s.samplesPerS);
   if (s.lossScale != 1.0)

@@ -691,6 +691,9 @@ StepStats TrainerCore::endStep(bool applyUpdate) {
     stats.alpha.push_back(st.alpha.empty() ? 0.0 : st.alpha[t]);
   }
 
+  if (applyUpdate && beforeUpdate)
+    beforeUpdate(stats);
+
   if (applyUpdate) {
     // TaskLRAdapter: each group's own schedule.
     auto &groups = optimizer_->param_groups();
