@@ -930,6 +930,10 @@ void Trainer::setBatch(int64_t batchSize, const int64_t *tokens,
   batch_->batch = std::move(b);
 }
 
+void Trainer::setBatch(const Batch &batch) {
+  batch_->batch = batch.to(core_->model().device());
+}
+
 StepStats Trainer::step(const Schedule &schedule) {
   if (!batch_->batch.tokens.defined())
     throw std::runtime_error(

@@ -110,6 +110,8 @@ public:
     goodSteps_ = goodSteps;
   }
   double lossScale() const { return lossScale_; }
+  /// The cosine matrix the gate reads between measurements (checkpointed).
+  std::vector<std::vector<double>> &lastCosines() { return lastCosines_; }
   int64_t goodSteps() const { return goodSteps_; }
 
   /// The last step's processed per-task gradients ĝ_t (features: each task's
