@@ -19,6 +19,14 @@
 
 namespace mtprt {
 
+namespace detail {
+#ifdef MTPRT_HAVE_NCCL
+c10::intrusive_ptr<c10d::Backend>
+makeNcclBackend(const c10::intrusive_ptr<c10d::Store> &store, int rank,
+                int world, std::chrono::milliseconds timeout);
+#endif
+} // namespace detail
+
 namespace {
 
 int envInt(const char *name, int fallback, int lo, int hi) {
@@ -68,8 +76,15 @@ Communicator::Communicator(const DistOptions &o, bool serveStore)
     throw std::invalid_argument("mtprt: master port " +
                                 std::to_string(o.masterPort) +
                                 " is not in [1, 65535]");
-  if (o.worldSize == 1)
+  if (o.worldSize == 1 && !o.alwaysGroup)
     return; // SPEC §5: at world size 1 the collective does nothing
+  const bool cuda = o.device.rfind("cuda", 0) == 0;
+#ifndef MTPRT_HAVE_NCCL
+  if (cuda)
+    throw std::invalid_argument("mtprt: device " + o.device +
+                                " needs the NCCL process group, and this "
+                                "runtime was built without LibTorch-CUDA");
+#endif
   const std::chrono::milliseconds timeout(int64_t(o.timeoutS) * 1000);
   const std::string where = o.masterAddr + ":" + std::to_string(o.masterPort);
   try {
@@ -79,6 +94,13 @@ Communicator::Communicator(const DistOptions &o, bool serveStore)
     so.waitWorkers = false;
     so.timeout = timeout;
     impl_->store = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
+#ifdef MTPRT_HAVE_NCCL
+    if (cuda) {
+      impl_->backend = detail::makeNcclBackend(impl_->store, o.rank,
+                                               o.worldSize, timeout);
+      return;
+    }
+#endif
     auto go = c10d::ProcessGroupGloo::Options::create(timeout);
     // Bind where the master is reachable from: loopback for a one-machine
     // run, the host's address (or GLOO_SOCKET_IFNAME) otherwise.
@@ -102,6 +124,17 @@ Communicator::Communicator(const DistOptions &o, bool serveStore)
 }
 
 Communicator::~Communicator() = default;
+
+bool Communicator::active() const { return static_cast<bool>(impl_->backend); }
+
+at::Device Communicator::device() const {
+  return options_.device.rfind("cuda", 0) == 0 ? at::Device(options_.device)
+                                               : at::Device(at::kCPU);
+}
+
+std::string Communicator::backendName() const {
+  return impl_->backend ? impl_->backend->getBackendName() : "none";
+}
 
 void Communicator::allReduceSum(std::vector<at::Tensor> &tensors) {
   if (!impl_->backend)
@@ -204,6 +237,8 @@ bool onCudaKernels(const at::Tensor &t) {
 } // namespace
 
 at::Tensor gscEncode(const at::Tensor &values, const GscOptions &o) {
+  if (!values.is_cpu() && !onCudaKernels(values)) // no kernel for the device
+    return gscEncode(values.cpu(), o).to(values.device());
   at::Tensor v = values.to(at::kFloat).contiguous().view({-1});
   const GscLayout l = gscLayout(v.numel(), o);
   at::Tensor payload = at::zeros({l.bytes}, v.options().dtype(at::kByte));
@@ -253,6 +288,8 @@ at::Tensor gscDecode(const at::Tensor &payload, int64_t n,
         "mtprt: GSC payload of " + std::to_string(payload.numel()) +
         " bytes does not encode " + std::to_string(n) + " values (expected " +
         std::to_string(l.bytes) + ")");
+  if (!payload.is_cpu() && !onCudaKernels(payload))
+    return gscDecode(payload.cpu(), n, o).to(payload.device());
   at::Tensor p = payload.contiguous();
   at::Tensor out = at::zeros({n}, p.options().dtype(at::kFloat));
   if (l.k == 0)
@@ -310,7 +347,7 @@ GradExchange::GradExchange(Communicator *comm, bool compress, GscOptions o)
 
 GradExchange::Result GradExchange::sum(at::Tensor &flat) {
   Result r;
-  if (!comm_ || comm_->worldSize() == 1)
+  if (!comm_ || !comm_->active())
     return r;
   const int64_t n = flat.numel();
   r.bytesSentUncompressed = 4 * n;
@@ -354,11 +391,12 @@ GradExchange::Result GradExchange::sum(at::Tensor &flat) {
 
 GradExchange::Result
 GradExchange::averageGradients(const std::vector<at::Tensor> &params) {
-  if (!comm_ || comm_->worldSize() == 1)
+  if (!comm_ || !comm_->active())
     return {};
   // Which parameters have a gradient on some rank (a task whose labels are
   // missing everywhere leaves its head untouched, as on one process).
   at::Tensor has = at::empty({int64_t(params.size())}, at::kFloat);
+  // (Filled on the CPU, moved to the collectives' device below.)
   std::vector<at::Tensor> parts;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor &g = params[i].grad();
@@ -368,9 +406,10 @@ GradExchange::averageGradients(const std::vector<at::Tensor> &params) {
                         : at::zeros({params[i].numel()},
                                     params[i].options().dtype(at::kFloat)));
   }
-  std::vector<at::Tensor> flags{has};
+  std::vector<at::Tensor> flags{has.to(comm_->device())};
   comm_->allReduceSum(flags);
-  at::Tensor flat = at::cat(parts);
+  has = flags[0].cpu();
+  at::Tensor flat = at::cat(parts).to(comm_->device());
   Result r = sum(flat);
   r.bytesSent += 4 * has.numel();
   r.bytesSentUncompressed += 4 * has.numel();
@@ -379,7 +418,8 @@ GradExchange::averageGradients(const std::vector<at::Tensor> &params) {
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor p = params[i];
     const int64_t len = p.numel();
-    at::Tensor avg = flat.narrow(0, off, len).view(p.sizes()).to(p.dtype());
+    at::Tensor avg =
+        flat.narrow(0, off, len).view(p.sizes()).to(p.device(), p.scalar_type());
     off += len;
     if (has[i].item<float>() == 0.0f)
       continue;

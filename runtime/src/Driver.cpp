@@ -358,6 +358,11 @@ std::string duration(double s) {
   return buf;
 }
 
+int envLocalRank(int rank) {
+  const char *v = std::getenv("LOCAL_RANK");
+  return v && *v ? std::atoi(v) : rank;
+}
+
 int train(const Program &p, const Options &o) {
   DistOptions d;
   d = distOptionsFromEnv(d);
@@ -396,6 +401,10 @@ int train(const Program &p, const Options &o) {
     g.set_current_seed(o.seed * 7919 + static_cast<uint64_t>(d.rank));
   }
 
+  // One GPU per rank on this machine.
+  if (mc.device == "cuda" && d.worldSize > 1)
+    mc.device = "cuda:" + std::to_string(envLocalRank(d.rank));
+  d.device = mc.device;
   Trainer trainer(mc, p.heads, tc);
   TrainerCore &core = trainer.core();
   const bool served = std::getenv("MTPRT_STORE_SERVED") != nullptr;
@@ -433,8 +442,9 @@ int train(const Program &p, const Options &o) {
         std::fprintf(stderr, "[rank %d] skipping %s\n", d.rank, e.what());
       }
     }
-    at::Tensor all =
-        at::cat(comm.allGather(at::tensor({chosen}, at::kLong)));
+    at::Tensor all = at::cat(comm.allGather(
+                                 at::tensor({chosen}, at::kLong).to(comm.device())))
+                         .cpu();
     const int64_t agreed = all.min().item<int64_t>();
     if (agreed >= 0) {
       const std::string path =
@@ -505,8 +515,9 @@ int train(const Program &p, const Options &o) {
           v[nt + t] = 1.0;
         }
       v[2 * nt] = interrupted ? 1.0 : 0.0;
-      std::vector<at::Tensor> one{v};
+      std::vector<at::Tensor> one{v.to(comm.device())};
       comm.allReduceSum(one);
+      v = one[0].cpu();
       for (int64_t t = 0; t < nt; ++t) {
         const double n = v[nt + t].item<double>();
         s.loss[t] = n > 0 ? v[t].item<double>() / n : std::nan("");

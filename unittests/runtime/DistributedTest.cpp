@@ -9,6 +9,7 @@
 
 #include "MultiProcess.h"
 
+#include "mtprt/Memory.h"
 #include "mtprt/torch/Distributed.h"
 #include "mtprt/torch/Trainer.h"
 
@@ -249,4 +250,41 @@ TEST(Distributed, TwoProcessTrainingMatchesOneProcess) {
   // The compressed run learns too (the untrained model is near log(classes)).
   EXPECT_LT(compressed, 1.0);
   EXPECT_LT(c0[1].item<double>(), 0.3 * c0[2].item<double>());
+}
+
+//===----------------------------------------------------------------------===//
+// CUDA: the GSC kernels path and the NCCL process group (GPU machine only)
+//===----------------------------------------------------------------------===//
+
+TEST(Cuda, GscOnTheDeviceMatchesTheCpuAndNcclRunsTheExchange) {
+#if defined(MTPRT_TORCH_CUDA)
+  if (!cudaMemoryStatsAvailable())
+    GTEST_SKIP() << "no CUDA device (or built without the LibTorch-CUDA parts)";
+  const GscOptions o = testGsc();
+  at::Tensor g = testGradient(0, kN, 100);
+  at::Tensor pc = gscEncode(g, o), pd = gscEncode(g.cuda(), o);
+  EXPECT_TRUE(pd.is_cuda());
+  EXPECT_TRUE(at::equal(pc, pd.cpu()));
+  EXPECT_TRUE(at::equal(gscDecode(pc, kN, o), gscDecode(pd, kN, o).cpu()));
+  // One GPU: an NCCL group of world size 1 still runs the collective path.
+  StoreServer server(0, 60);
+  DistOptions d;
+  d.masterPort = server.port();
+  d.device = "cuda:0";
+  d.alwaysGroup = true;
+  Communicator comm(d, /*serveStore=*/false);
+  ASSERT_EQ(comm.backendName(), "nccl");
+  GradExchange ex(&comm, true, o);
+  at::Tensor s = g.cuda();
+  GradExchange::Result r = ex.sum(s);
+  EXPECT_TRUE(at::equal(s.cpu(), gscDecode(pc, kN, o)));
+  EXPECT_TRUE(at::equal(ex.residual().cpu(), g - gscDecode(pc, kN, o)));
+  EXPECT_GT(r.bytesSent, 0);
+  GradExchange plain(&comm, false);
+  at::Tensor u = g.cuda();
+  plain.sum(u);
+  EXPECT_TRUE(at::equal(u.cpu(), g));
+#else
+  GTEST_SKIP() << "built without the LibTorch-CUDA parts";
+#endif
 }

@@ -30,6 +30,11 @@ struct DistOptions {
   std::string masterAddr = "127.0.0.1";
   int masterPort = 29500;
   int timeoutS = 120; ///< rendezvous and collective timeout
+  /// "cpu": gloo; "cuda[:N]": NCCL (built with MTPRT_TORCH_CUDA only).
+  std::string device = "cpu";
+  /// Make the group even at world size 1 (device checks of the collective
+  /// path on a one-GPU machine); normally world size 1 has none.
+  bool alwaysGroup = false;
 };
 
 /// `defaults` overridden by the standard launcher variables RANK, WORLD_SIZE,
@@ -49,6 +54,12 @@ public:
 
   int rank() const { return options_.rank; }
   int worldSize() const { return options_.worldSize; }
+  /// A process group exists (world size > 1, or alwaysGroup).
+  bool active() const;
+  /// Where tensors handed to the collectives must live.
+  at::Device device() const;
+  /// "gloo", "nccl" or "none".
+  std::string backendName() const;
 
   /// In place: every tensor becomes the sum over ranks.
   void allReduceSum(std::vector<at::Tensor> &tensors);
