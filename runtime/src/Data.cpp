@@ -209,8 +209,12 @@ private:
 class JsonLines : public DataSource {
 public:
   JsonLines(const std::string &path, const ModelConfig &m,
-            const std::vector<HeadConfig> &h)
+            const std::vector<HeadConfig> &h, bool binary = false)
       : path_(path), m_(m), h_(h) {
+    if (binary) {
+      readShard();
+      return;
+    }
     std::ifstream in(path);
     if (!in)
       throw std::runtime_error("mtprt: data file " + path +
@@ -264,7 +268,150 @@ public:
     return path_ + " (" + std::to_string(records_) + " records)";
   }
 
+  /// The binary shard (docs/runtime-services.md §4): header, then tokens as
+  /// int32, then per task a presence byte per record and fp32 labels.
+  void writeShard(const std::string &out) const {
+    std::ofstream f(out, std::ios::binary | std::ios::trunc);
+    if (!f)
+      throw std::runtime_error("mtprt: shard " + out + ": cannot be created");
+    auto put = [&](const void *p, size_t n) {
+      f.write(static_cast<const char *>(p), static_cast<std::streamsize>(n));
+    };
+    const uint32_t version = 1, tasks = static_cast<uint32_t>(h_.size());
+    put(kShardMagic, 8);
+    put(&version, 4);
+    put(&tasks, 4);
+    put(&records_, 8);
+    put(&m_.seq, 8);
+    for (size_t t = 0; t < h_.size(); ++t) {
+      const uint32_t len = static_cast<uint32_t>(h_[t].name.size());
+      const int64_t width = labels_[t].size(1);
+      put(&len, 4);
+      put(h_[t].name.data(), len);
+      put(&width, 8);
+    }
+    at::Tensor tok = tokens_.to(at::kInt).contiguous();
+    put(tok.data_ptr(), tok.nbytes());
+    for (size_t t = 0; t < h_.size(); ++t) {
+      std::vector<uint8_t> present(present_[t].begin(), present_[t].end());
+      put(present.data(), present.size());
+      at::Tensor l = labels_[t].contiguous();
+      put(l.data_ptr(), l.nbytes());
+    }
+    f.flush();
+    if (!f)
+      throw std::runtime_error("mtprt: shard " + out + ": write failed");
+  }
+
+  static constexpr char kShardMagic[9] = "MTPRTSHD";
+
 private:
+  void readShard() {
+    std::ifstream f(path_, std::ios::binary);
+    if (!f)
+      throw std::runtime_error("mtprt: data file " + path_ +
+                               ": cannot be opened");
+    auto badShard = [&](const std::string &what) {
+      throw std::runtime_error("mtprt: data file " + path_ + ": " + what);
+    };
+    auto get = [&](void *p, size_t n, const std::string &section) {
+      f.read(static_cast<char *>(p), static_cast<std::streamsize>(n));
+      if (static_cast<size_t>(f.gcount()) != n)
+        badShard("truncated in " + section);
+    };
+    char magic[8];
+    uint32_t version = 0, tasks = 0;
+    int64_t seq = 0;
+    get(magic, 8, "the header");
+    if (std::string(magic, 8) != kShardMagic)
+      badShard("not an mtprt shard (bad magic)");
+    get(&version, 4, "the header");
+    if (version != 1)
+      badShard("shard version " + std::to_string(version) + " (expected 1)");
+    get(&tasks, 4, "the header");
+    get(&records_, 8, "the header");
+    get(&seq, 8, "the header");
+    if (seq != m_.seq)
+      badShard("field seq: " + std::to_string(seq) + ", the model has " +
+               std::to_string(m_.seq));
+    if (records_ <= 0 || records_ > (int64_t(1) << 40))
+      badShard("field records: " + std::to_string(records_));
+    std::vector<int64_t> order(tasks), widths(tasks);
+    for (uint32_t i = 0; i < tasks; ++i) {
+      uint32_t len = 0;
+      get(&len, 4, "the task table");
+      if (len > 4096)
+        badShard("task table entry " + std::to_string(i) + ": bad name length");
+      std::string name(len, '\0');
+      get(name.data(), len, "the task table");
+      get(&widths[i], 8, "the task table");
+      size_t t = 0;
+      while (t < h_.size() && h_[t].name != name)
+        ++t;
+      if (t == h_.size())
+        badShard("task '" + name + "': no task of that name in the program");
+      order[i] = static_cast<int64_t>(t);
+    }
+    at::Tensor tok = at::empty({records_, seq}, at::kInt);
+    get(tok.data_ptr(), tok.nbytes(), "the tokens");
+    tokens_ = tok.to(at::kLong);
+    if (tokens_.lt(0).any().item<bool>() ||
+        tokens_.ge(m_.vocab).any().item<bool>()) {
+      const int64_t r =
+          (tokens_.lt(0) | tokens_.ge(m_.vocab)).any(1).nonzero()[0][0]
+              .item<int64_t>();
+      throw std::runtime_error("mtprt: data file " + path_ + ", record " +
+                               std::to_string(r) +
+                               ", field tokens: id out of [0, " +
+                               std::to_string(m_.vocab) + ")");
+    }
+    labels_.assign(h_.size(), at::Tensor());
+    present_.assign(h_.size(), std::vector<bool>(records_, false));
+    for (uint32_t i = 0; i < tasks; ++i) {
+      const int64_t t = order[i];
+      std::vector<uint8_t> present(records_);
+      get(present.data(), present.size(), "task " + h_[t].name);
+      at::Tensor l = at::empty({records_, widths[i]}, at::kFloat);
+      get(l.data_ptr(), l.nbytes(), "task " + h_[t].name);
+      for (int64_t r = 0; r < records_; ++r)
+        present_[t][r] = present[r] != 0;
+      labels_[t] = l;
+    }
+    if (f.peek() != std::char_traits<char>::eof())
+      badShard("trailing bytes after the last task");
+    for (size_t t = 0; t < h_.size(); ++t) {
+      const HeadConfig &c = h_[t];
+      const int64_t width =
+          c.kind == HeadKind::Classify
+              ? (c.loss == LossKind::Mse ? c.classes : 1)
+              : c.kind == HeadKind::Tag  ? m_.seq
+              : c.kind == HeadKind::Span ? 2
+                                         : c.targetSeq;
+      if (!labels_[t].defined()) { // the shard has no labels for this task
+        labels_[t] = at::zeros({records_, width}, at::kFloat);
+        continue;
+      }
+      if (labels_[t].size(1) != width)
+        badShard("task " + c.name + ": label width " +
+                 std::to_string(labels_[t].size(1)) + ", expected " +
+                 std::to_string(width));
+      if (c.kind == HeadKind::Classify && c.loss == LossKind::Mse)
+        continue;
+      const int64_t hi = c.kind == HeadKind::Classify || c.kind == HeadKind::Tag
+                             ? c.classes
+                         : c.kind == HeadKind::Span ? m_.seq
+                                                    : targetVocab(c, m_);
+      at::Tensor l = labels_[t];
+      at::Tensor badRows = (l.lt(0) | l.ge(hi) | l.ne(l.floor())).any(1);
+      for (int64_t r = 0; r < records_; ++r)
+        if (present_[t][r] && badRows[r].item<bool>())
+          throw std::runtime_error(
+              "mtprt: data file " + path_ + ", record " + std::to_string(r) +
+              ", field labels." + c.name + ": expected integers in [0, " +
+              std::to_string(hi) + ")");
+    }
+  }
+
   [[noreturn]] void bad(int64_t line, const std::string &field,
                         const std::string &what) {
     throw std::runtime_error("mtprt: data file " + path_ + ", record on line " +
@@ -408,6 +555,29 @@ std::unique_ptr<DataSource> loadJsonLines(const std::string &path,
                                           const ModelConfig &model,
                                           const std::vector<HeadConfig> &heads) {
   return std::make_unique<JsonLines>(path, model, heads);
+}
+
+std::unique_ptr<DataSource> loadShard(const std::string &path,
+                                      const ModelConfig &model,
+                                      const std::vector<HeadConfig> &heads) {
+  return std::make_unique<JsonLines>(path, model, heads, /*binary=*/true);
+}
+
+std::unique_ptr<DataSource> loadData(const std::string &path,
+                                     const ModelConfig &model,
+                                     const std::vector<HeadConfig> &heads) {
+  std::ifstream f(path, std::ios::binary);
+  char magic[8] = {0};
+  f.read(magic, 8);
+  return f.gcount() == 8 && std::string(magic, 8) == JsonLines::kShardMagic
+             ? loadShard(path, model, heads)
+             : loadJsonLines(path, model, heads);
+}
+
+void writeShard(const std::string &jsonLines, const std::string &out,
+                const ModelConfig &model,
+                const std::vector<HeadConfig> &heads) {
+  JsonLines(jsonLines, model, heads).writeShard(out);
 }
 
 } // namespace mtprt

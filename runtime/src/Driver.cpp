@@ -57,6 +57,7 @@ struct Options {
   int64_t block = 256;
   std::string progress = "auto";
   int threads = 0;
+  std::string writeShard;
 };
 
 /// The flag table: name, value placeholder (empty = no value), help.
@@ -67,10 +68,12 @@ const Flag kFlags[] = {
     {"--steps", "N", "optimizer steps to reach in total (a resumed run "
                      "continues to N; one already there exits 0)"},
     {"--batch-size", "B", "global batch size, split evenly over the ranks"},
-    {"--data", "PATH", "JSON Lines data file (docs/runtime-services.md), or "
+    {"--data", "PATH", "JSON Lines file or binary shard (docs/runtime-services.md), or "
                        "'synthetic' (default)"},
     {"--relatedness", "X", "synthetic data: how much the tasks share, 0..1 "
                            "(default 0.5)"},
+    {"--write-shard", "OUT", "convert the --data JSON Lines file into a binary "
+                             "shard at OUT and exit"},
     {"--metrics", "FILE", "append one JSON Lines record per logged step"},
     {"--log-every", "N", "log metrics every N steps (default 1)"},
     {"--checkpoint-dir", "DIR", "where checkpoints go (one file per rank "
@@ -180,6 +183,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.data = value;
     else if (arg == "--relatedness")
       o.relatedness = toDouble(arg, value, 0, 1);
+    else if (arg == "--write-shard")
+      o.writeShard = value;
     else if (arg == "--metrics")
       o.metrics = value;
     else if (arg == "--log-every")
@@ -237,6 +242,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
   if ((o.resume || o.checkpointEvery > 0) && o.checkpointDir.empty())
     throw UsageError(std::string(o.resume ? "--resume" : "--checkpoint-every") +
                      " needs --checkpoint-dir");
+  if (!o.writeShard.empty() && o.data == "synthetic")
+    throw UsageError("--write-shard needs --data FILE.jsonl");
   if (o.resumeFallback && !o.resume)
     throw UsageError("--resume-fallback needs --resume");
   if (o.nproc > 1 && (o.rank || o.worldSize))
@@ -422,7 +429,7 @@ int train(const Program &p, const Options &o) {
   std::unique_ptr<DataSource> data =
       o.data == "synthetic"
           ? syntheticData(mc, p.heads, o.seed, o.relatedness)
-          : loadJsonLines(o.data, mc, p.heads);
+          : loadData(o.data, mc, p.heads);
 
   // Resume: each rank picks its newest good checkpoint; the ranks agree on
   // the oldest of those steps.
@@ -614,6 +621,11 @@ int runDriver(int argc, char **argv, const Program &program) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   try {
+    if (!o.writeShard.empty()) {
+      writeShard(o.data, o.writeShard, program.model, program.heads);
+      std::printf("wrote %s\n", o.writeShard.c_str());
+      return 0;
+    }
     const bool launcher = o.nproc > 1 && !std::getenv("MTPRT_STORE_SERVED");
     return launcher ? launch(argc, argv, o) : train(program, o);
   } catch (const UsageError &e) {

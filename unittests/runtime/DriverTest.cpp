@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "mtprt/Driver.h"
 #include "mtprt/Runtime.h"
 #include "mtprt/torch/Checkpoint.h"
 #include "mtprt/torch/Data.h"
@@ -361,6 +362,67 @@ TEST(Driver, TwoProcessesWithCompressedExchange) {
       << out;
 }
 
+TEST(Driver, UnitGrainStepProgramEqualsTheScheduledOne) {
+  // What a generated main does: a Program whose step is written unit by unit.
+  Program p;
+  p.model.vocab = 32;
+  p.model.seq = 8;
+  p.model.hidden = 16;
+  p.model.heads = 2;
+  p.model.ffn = 32;
+  HeadConfig cls{"cls", HeadKind::Classify, 1};
+  cls.classes = 4;
+  HeadConfig tag{"tag", HeadKind::Tag, 2};
+  tag.classes = 6;
+  p.heads = {cls, tag};
+  p.batchSize = 8;
+  int calls = 0;
+  auto unitGrain = [&](Trainer &t) {
+    ++calls;
+    t.beginStep();
+    for (int64_t mb = 0; mb < t.microBatches(); ++mb) {
+      t.beginMicroBatch(mb);
+      ValueId v = t.input();
+      ValueId h0 = t.forward(0, 0, v, RegionMode::Keep);
+      t.release(v);
+      ValueId h1 = t.forward(1, 2, h0, RegionMode::Checkpoint); // cls taps 1
+      t.release(h0);
+      ValueId h2 = t.forward(3, 4, h1, RegionMode::Keep); // tag taps 2
+      t.release(h1);
+      t.release(h2);
+      t.forwardHead(0, false);
+      t.forwardHead(1, false);
+      t.backwardHead(1);
+      t.backwardHead(0);
+      t.backwardBackbone();
+    }
+    return t.endStep();
+  };
+  TempDir d;
+  auto runWith = [&](bool unit, const std::string &dir) {
+    Program q = p;
+    if (unit)
+      q.step = unitGrain;
+    q.schedule.regions = {{1, 2}};
+    std::vector<std::string> args = {"prog", "--steps", "3", "--threads", "1",
+                                      "--progress", "off",
+                                      "--checkpoint-dir", dir};
+    std::vector<char *> argv;
+    for (std::string &a : args)
+      argv.push_back(a.data());
+    return runDriver(static_cast<int>(argv.size()), argv.data(), q);
+  };
+  ASSERT_EQ(runWith(true, d.path + "/unit"), 0);
+  EXPECT_EQ(calls, 3);
+  ASSERT_EQ(runWith(false, d.path + "/sched"), 0);
+  auto pu = checkpointParameters(checkpointPath(d.path + "/unit", 3, 0));
+  auto ps = checkpointParameters(checkpointPath(d.path + "/sched", 3, 0));
+  ASSERT_EQ(pu.size(), ps.size());
+  for (size_t i = 0; i < pu.size(); ++i)
+    EXPECT_TRUE(at::allclose(pu[i].second, ps[i].second, 1e-5, 1e-7))
+        << pu[i].first;
+}
+
 //===----------------------------------------------------------------------===//
 // Data
 //===----------------------------------------------------------------------===//
@@ -447,6 +509,48 @@ TEST(Data, BadFilesNameTheFileTheRecordAndTheField) {
   EXPECT_NE(loadError(d.path, ok + "\n" + R"({"tokens":[1,2)")
                 .find("record on line 2: malformed JSON"),
             std::string::npos);
+}
+
+TEST(Data, BinaryShardRoundTripsAndRejectsBadFiles) {
+  TempDir d;
+  const std::string jsonl = MTPRT_EXAMPLES_DIR "/data/sample.jsonl";
+  const std::string shard = d.path + "/sample.shard";
+  writeShard(jsonl, shard, demoModel(), demoHeads());
+  auto a = loadJsonLines(jsonl, demoModel(), demoHeads());
+  auto b = loadData(shard, demoModel(), demoHeads()); // found by its magic
+  ASSERT_EQ(b->size(), 24);
+  for (int64_t pos : {0, 1, 5}) {
+    Batch x = a->batch(pos, 4), y = b->batch(pos, 4);
+    EXPECT_TRUE(at::equal(x.tokens, y.tokens));
+    for (size_t t = 0; t < x.labels.size(); ++t) {
+      ASSERT_EQ(x.labels[t].defined(), y.labels[t].defined());
+      if (x.labels[t].defined())
+        EXPECT_TRUE(at::equal(x.labels[t], y.labels[t]));
+    }
+  }
+  // Truncated: the error names the file and the section.
+  const std::string bytes = readFile(shard);
+  std::ofstream(d.path + "/cut.shard", std::ios::binary)
+      << bytes.substr(0, bytes.size() - 10);
+  try {
+    loadShard(d.path + "/cut.shard", demoModel(), demoHeads());
+    ADD_FAILURE() << "a truncated shard loaded";
+  } catch (const std::runtime_error &e) {
+    EXPECT_EQ(std::string(e.what()), "mtprt: data file " + d.path +
+                                         "/cut.shard: truncated in task qa");
+  }
+  // A model with a smaller vocabulary: the record and field are named.
+  ModelConfig small = demoModel();
+  small.vocab = 8;
+  try {
+    loadShard(shard, small, demoHeads());
+    ADD_FAILURE() << "out-of-range tokens loaded";
+  } catch (const std::runtime_error &e) {
+    EXPECT_NE(std::string(e.what()).find(", record 0, field tokens: id out "
+                                         "of [0, 8)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Data, SyntheticIsSeededAndRelatednessControlsSharing) {

@@ -51,6 +51,20 @@ std::unique_ptr<DataSource> loadJsonLines(const std::string &path,
                                           const ModelConfig &model,
                                           const std::vector<HeadConfig> &heads);
 
+/// The compact binary shard (docs/runtime-services.md §4): the same records
+/// as a JSON Lines file, loaded without parsing. Errors name the file and the
+/// section (truncated in the tokens, ...) or the record and field.
+std::unique_ptr<DataSource> loadShard(const std::string &path,
+                                      const ModelConfig &model,
+                                      const std::vector<HeadConfig> &heads);
+/// A shard or a JSON Lines file, by the file's first bytes.
+std::unique_ptr<DataSource> loadData(const std::string &path,
+                                     const ModelConfig &model,
+                                     const std::vector<HeadConfig> &heads);
+/// Validates a JSON Lines file and writes it as a shard.
+void writeShard(const std::string &jsonLines, const std::string &out,
+                const ModelConfig &model, const std::vector<HeadConfig> &heads);
+
 } // namespace mtprt
 
 #endif // MTPRT_TORCH_DATA_H
