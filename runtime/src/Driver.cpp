@@ -414,7 +414,10 @@ int train(const Program &p, const Options &o) {
   d.device = mc.device;
   Trainer trainer(mc, p.heads, tc);
   TrainerCore &core = trainer.core();
-  const bool served = std::getenv("MTPRT_STORE_SERVED") != nullptr;
+  // Our --nproc launcher, or torchrun's agent, already serves the store.
+  const char *agentStore = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool served = std::getenv("MTPRT_STORE_SERVED") != nullptr ||
+                      (agentStore && std::string(agentStore) == "True");
   Communicator comm(d, /*serveStore=*/!served);
   GscOptions gsc;
   gsc.topK = o.topK;
@@ -557,8 +560,11 @@ int train(const Program &p, const Options &o) {
       line << "step " << done << "/" << o.steps << "  loss";
       for (size_t t = 0; t < s.tasks.size(); ++t) {
         char buf[64];
-        std::snprintf(buf, sizeof buf, " %s=%.4f", s.tasks[t].c_str(),
-                      s.loss[t]);
+        if (std::isfinite(s.loss[t]))
+          std::snprintf(buf, sizeof buf, " %s=%.4f", s.tasks[t].c_str(),
+                        s.loss[t]);
+        else // no labels for the task in this batch
+          std::snprintf(buf, sizeof buf, " %s=-", s.tasks[t].c_str());
         line << buf;
       }
       char buf[96];

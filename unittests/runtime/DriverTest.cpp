@@ -22,6 +22,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fstream>
+#include <pty.h>
 #include <sstream>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -305,6 +306,38 @@ TEST(Driver, CtrlCSavesACheckpointAndExits) {
   ASSERT_EQ(saved.size(), 1u);
   EXPECT_GE(saved[0].first, 3);
   verifyCheckpoint(saved[0].second);
+}
+
+TEST(Driver, LiveProgressLineOnATerminal) {
+  // On a pseudo-terminal: one line redrawn in place with step/total, per-task
+  // loss, samples/s, peak memory and ETA.
+  int master = -1;
+  const pid_t pid = forkpty(&master, nullptr, nullptr, nullptr);
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl(MTPRT_DEMO, MTPRT_DEMO, "--steps", "5", "--threads", "1",
+          static_cast<char *>(nullptr));
+    _exit(127);
+  }
+  std::string out;
+  char buf[4096];
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    const ssize_t n = ::read(master, buf, sizeof buf); // EIO once it exits
+    if (n <= 0 || std::chrono::steady_clock::now() > deadline)
+      break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::kill(pid, SIGKILL);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ::close(master);
+  EXPECT_NE(out.find("\r\033[Kstep 1/5  loss cls="), std::string::npos) << out;
+  EXPECT_NE(out.find("\r\033[Kstep 5/5  loss cls="), std::string::npos) << out;
+  for (const char *part : {" tag=", " qa=", " samples/s", "  peak ", " MiB",
+                           "  ETA "})
+    EXPECT_NE(out.find(part), std::string::npos) << part;
 }
 
 TEST(Driver, MetricsRecordsHaveTheSpecNames) {
