@@ -465,7 +465,8 @@ int train(const Program &p, const Options &o) {
         std::fprintf(stderr, "resumed from %s (step %lld)\n", path.c_str(),
                      static_cast<long long>(agreed));
     } else if (rank0) {
-      std::fprintf(stderr, "no checkpoint in %s: starting fresh\n",
+      std::fprintf(stderr, "no checkpoint %sin %s: starting fresh\n",
+                   d.worldSize > 1 ? "that every rank has " : "",
                    o.checkpointDir.c_str());
     }
   }
@@ -624,6 +625,7 @@ int runDriver(int argc, char **argv, const Program &program) {
   }
   struct sigaction sa {};
   sa.sa_handler = onInterrupt;
+  sa.sa_flags = SA_RESTART; // the collectives' blocking calls carry on
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   try {

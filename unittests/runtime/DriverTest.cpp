@@ -340,6 +340,26 @@ TEST(Driver, LiveProgressLineOnATerminal) {
     EXPECT_NE(out.find(part), std::string::npos) << part;
 }
 
+TEST(Driver, CtrlCToTheLauncherStopsEveryRankAtTheSameStep) {
+  TempDir d;
+  const std::string c = d.path + "/c", m = d.path + "/m.jsonl";
+  Child child({"--nproc", "2", "--steps", "1000000", "--checkpoint-dir", c,
+               "--metrics", m},
+              d.path + "/out.txt");
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (readFile(m).find("\"step\":2,") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  child.kill(SIGINT); // the launcher forwards it
+  ASSERT_EQ(child.wait(60), 130) << child.output();
+  auto r0 = listCheckpoints(c, 0), r1 = listCheckpoints(c, 1);
+  ASSERT_EQ(r0.size(), 1u) << child.output();
+  ASSERT_EQ(r1.size(), 1u) << child.output();
+  EXPECT_EQ(r0[0].first, r1[0].first); // the ranks agreed on the step
+  expectSameParameters(r0[0].second, r1[0].second);
+}
+
 TEST(Driver, MetricsRecordsHaveTheSpecNames) {
   TempDir d;
   const std::string m = d.path + "/m.jsonl";
