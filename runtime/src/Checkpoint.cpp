@@ -86,8 +86,9 @@ std::pair<Header, std::string> readVerified(const std::string &path) {
   Header h;
   char crc[16] = {0};
   long long step, rank, world, bytes;
-  if (std::sscanf(line.c_str(), "step %lld rank %lld world %lld bytes %lld "
-                                "crc32 %8s",
+  if (std::sscanf(line.c_str(),
+                  "step %lld rank %lld world %lld bytes %lld "
+                  "crc32 %8s",
                   &step, &rank, &world, &bytes, crc) != 5)
     fail(path, "malformed header '" + line + "'");
   h.step = step;
@@ -105,8 +106,8 @@ std::pair<Header, std::string> readVerified(const std::string &path) {
   const uint32_t got = crc32(payload.data(), payload.size());
   if (got != h.crc) {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "checksum mismatch (crc32 %08x, header %08x)",
-                  got, h.crc);
+    std::snprintf(buf, sizeof buf,
+                  "checksum mismatch (crc32 %08x, header %08x)", got, h.crc);
     fail(path, buf);
   }
   return {h, std::move(payload)};
@@ -134,15 +135,13 @@ listCheckpoints(const std::string &dir, int rank) {
     const std::string name = e->d_name;
     long long step;
     if (name.rfind("step-", 0) == 0 && name.size() > suffix.size() &&
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) ==
-            0 &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
         std::sscanf(name.c_str(), "step-%lld.", &step) == 1)
       out.emplace_back(step, dir + "/" + name);
   }
   closedir(d);
-  std::sort(out.begin(), out.end(), [](auto &a, auto &b) {
-    return a.first > b.first;
-  });
+  std::sort(out.begin(), out.end(),
+            [](auto &a, auto &b) { return a.first > b.first; });
   return out;
 }
 
@@ -151,8 +150,8 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
                            const CheckpointExtra &extra, int64_t keep,
                            const std::function<void()> &duringWrite) {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    fail(dir, std::string("cannot create the directory: ") +
-                  std::strerror(errno));
+    fail(dir,
+         std::string("cannot create the directory: ") + std::strerror(errno));
   torch::serialize::OutputArchive ar;
   {
     torch::serialize::OutputArchive model;
@@ -205,8 +204,7 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
                 static_cast<long long>(core.stepsTaken()), rank, world,
                 payload.size(), crc32(payload.data(), payload.size()));
   const std::string path = checkpointPath(dir, core.stepsTaken(), rank);
-  const std::string tmp = dir + "/.tmp-" +
-                          path.substr(dir.size() + 1) + "." +
+  const std::string tmp = dir + "/.tmp-" + path.substr(dir.size() + 1) + "." +
                           std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0)
@@ -274,9 +272,8 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
       at::Tensor v;
       model.read(name, v);
       if (!v.sizes().equals(p.sizes()))
-        fail(path, "parameter " + name + " has shape " +
-                       c10::str(v.sizes()) + ", the model " +
-                       c10::str(p.sizes()));
+        fail(path, "parameter " + name + " has shape " + c10::str(v.sizes()) +
+                       ", the model " + c10::str(p.sizes()));
       p.copy_(v);
     }
     torch::serialize::InputArchive opt;

@@ -53,9 +53,13 @@ public:
         else
           out.labels.push_back(key % c.classes);
         break;
-      case HeadKind::Tag:
-        out.labels.push_back(mapped % c.classes);
+      case HeadKind::Tag: {
+        // A tag depends on the token and its left neighbour (context).
+        at::Tensor left = at::zeros_like(out.tokens);
+        left.narrow(1, 1, s - 1).copy_(out.tokens.narrow(1, 0, s - 1));
+        out.labels.push_back((mapped + left) % c.classes);
         break;
+      }
       case HeadKind::Span: {
         at::Tensor start = key % s;
         at::Tensor end =
@@ -232,12 +236,10 @@ public:
       ++records_;
     }
     if (records_ == 0)
-      throw std::runtime_error("mtprt: data file " + path +
-                               ": no records");
+      throw std::runtime_error("mtprt: data file " + path + ": no records");
     tokens_ = at::tensor(tokens, at::kLong).view({records_, m.seq});
     for (size_t t = 0; t < h.size(); ++t)
-      labels_.push_back(at::tensor(labels[t], at::kFloat)
-                            .view({records_, -1}));
+      labels_.push_back(at::tensor(labels[t], at::kFloat).view({records_, -1}));
   }
 
   Batch batch(int64_t pos, int64_t b) override {
@@ -357,13 +359,13 @@ private:
     tokens_ = tok.to(at::kLong);
     if (tokens_.lt(0).any().item<bool>() ||
         tokens_.ge(m_.vocab).any().item<bool>()) {
-      const int64_t r =
-          (tokens_.lt(0) | tokens_.ge(m_.vocab)).any(1).nonzero()[0][0]
-              .item<int64_t>();
-      throw std::runtime_error("mtprt: data file " + path_ + ", record " +
-                               std::to_string(r) +
-                               ", field tokens: id out of [0, " +
-                               std::to_string(m_.vocab) + ")");
+      const int64_t r = (tokens_.lt(0) | tokens_.ge(m_.vocab))
+                            .any(1)
+                            .nonzero()[0][0]
+                            .item<int64_t>();
+      throw std::runtime_error(
+          "mtprt: data file " + path_ + ", record " + std::to_string(r) +
+          ", field tokens: id out of [0, " + std::to_string(m_.vocab) + ")");
     }
     labels_.assign(h_.size(), at::Tensor());
     present_.assign(h_.size(), std::vector<bool>(records_, false));
@@ -381,12 +383,11 @@ private:
       badShard("trailing bytes after the last task");
     for (size_t t = 0; t < h_.size(); ++t) {
       const HeadConfig &c = h_[t];
-      const int64_t width =
-          c.kind == HeadKind::Classify
-              ? (c.loss == LossKind::Mse ? c.classes : 1)
-              : c.kind == HeadKind::Tag  ? m_.seq
-              : c.kind == HeadKind::Span ? 2
-                                         : c.targetSeq;
+      const int64_t width = c.kind == HeadKind::Classify
+                                ? (c.loss == LossKind::Mse ? c.classes : 1)
+                            : c.kind == HeadKind::Tag  ? m_.seq
+                            : c.kind == HeadKind::Span ? 2
+                                                       : c.targetSeq;
       if (!labels_[t].defined()) { // the shard has no labels for this task
         labels_[t] = at::zeros({records_, width}, at::kFloat);
         continue;
@@ -405,10 +406,10 @@ private:
       at::Tensor badRows = (l.lt(0) | l.ge(hi) | l.ne(l.floor())).any(1);
       for (int64_t r = 0; r < records_; ++r)
         if (present_[t][r] && badRows[r].item<bool>())
-          throw std::runtime_error(
-              "mtprt: data file " + path_ + ", record " + std::to_string(r) +
-              ", field labels." + c.name + ": expected integers in [0, " +
-              std::to_string(hi) + ")");
+          throw std::runtime_error("mtprt: data file " + path_ + ", record " +
+                                   std::to_string(r) + ", field labels." +
+                                   c.name + ": expected integers in [0, " +
+                                   std::to_string(hi) + ")");
     }
   }
 
@@ -425,11 +426,12 @@ private:
             const std::string &field, std::vector<float> *out,
             std::vector<int64_t> *outInt = nullptr) {
     if (v.kind != Json::Array)
-      bad(line, field, "expected an array of " + std::to_string(n) +
-                           " integers");
+      bad(line, field,
+          "expected an array of " + std::to_string(n) + " integers");
     if (static_cast<int64_t>(v.arr.size()) != n)
-      bad(line, field, "has " + std::to_string(v.arr.size()) +
-                           " values, expected " + std::to_string(n));
+      bad(line, field,
+          "has " + std::to_string(v.arr.size()) + " values, expected " +
+              std::to_string(n));
     for (size_t i = 0; i < v.arr.size(); ++i) {
       const Json &x = v.arr[i];
       if (x.kind != Json::Number || x.num != std::floor(x.num) || x.num < 0 ||
@@ -486,12 +488,11 @@ private:
       const bool has = v && v->kind != Json::Null;
       present_[t].push_back(has);
       std::vector<float> &out = labels[t];
-      const int64_t width =
-          c.kind == HeadKind::Classify
-              ? (c.loss == LossKind::Mse ? c.classes : 1)
-              : c.kind == HeadKind::Tag    ? m_.seq
-              : c.kind == HeadKind::Span   ? 2
-                                           : c.targetSeq;
+      const int64_t width = c.kind == HeadKind::Classify
+                                ? (c.loss == LossKind::Mse ? c.classes : 1)
+                            : c.kind == HeadKind::Tag  ? m_.seq
+                            : c.kind == HeadKind::Span ? 2
+                                                       : c.targetSeq;
       if (!has) {
         out.insert(out.end(), width, 0.f);
         continue;
@@ -551,9 +552,9 @@ std::unique_ptr<DataSource> syntheticData(const ModelConfig &model,
   return std::make_unique<Synthetic>(model, heads, seed, relatedness);
 }
 
-std::unique_ptr<DataSource> loadJsonLines(const std::string &path,
-                                          const ModelConfig &model,
-                                          const std::vector<HeadConfig> &heads) {
+std::unique_ptr<DataSource>
+loadJsonLines(const std::string &path, const ModelConfig &model,
+              const std::vector<HeadConfig> &heads) {
   return std::make_unique<JsonLines>(path, model, heads);
 }
 

@@ -96,16 +96,16 @@ Communicator::Communicator(const DistOptions &o, bool serveStore)
     impl_->store = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
 #ifdef MTPRT_HAVE_NCCL
     if (cuda) {
-      impl_->backend = detail::makeNcclBackend(impl_->store, o.rank,
-                                               o.worldSize, timeout);
+      impl_->backend =
+          detail::makeNcclBackend(impl_->store, o.rank, o.worldSize, timeout);
       return;
     }
 #endif
     auto go = c10d::ProcessGroupGloo::Options::create(timeout);
     // Bind where the master is reachable from: loopback for a one-machine
     // run, the host's address (or GLOO_SOCKET_IFNAME) otherwise.
-    if (const char *ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname &&
-                                                                *ifname)
+    if (const char *ifname = std::getenv("GLOO_SOCKET_IFNAME");
+        ifname && *ifname)
       go->devices.push_back(
           c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
     else if (o.masterAddr == "127.0.0.1" || o.masterAddr == "localhost")
@@ -270,9 +270,8 @@ at::Tensor gscEncode(const at::Tensor &values, const GscOptions &o) {
   if (l.bitmap) {
     at::Tensor bits = at::zeros({l.indexBytes * 8}, index.options());
     bits.index_fill_(0, idx, 1);
-    index.copy_((bits.view({-1, 8}) * bitWeights(v.device()))
-                    .sum(1)
-                    .to(at::kByte));
+    index.copy_(
+        (bits.view({-1, 8}) * bitWeights(v.device())).sum(1).to(at::kByte));
   } else {
     index.view(at::kInt).copy_(idx.to(at::kInt));
   }
@@ -324,9 +323,8 @@ at::Tensor gscDecode(const at::Tensor &payload, int64_t n,
               .view({-1});
   else
     idx = index.view(at::kInt).to(at::kLong);
-  if (idx.numel() != l.k ||
-      (!l.bitmap && (idx.min().item<int64_t>() < 0 ||
-                     idx.max().item<int64_t>() >= n)))
+  if (idx.numel() != l.k || (!l.bitmap && (idx.min().item<int64_t>() < 0 ||
+                                           idx.max().item<int64_t>() >= n)))
     throw std::invalid_argument("mtprt: corrupt GSC payload (positions)");
   out.index_copy_(0, idx, vals);
   return out;
@@ -380,8 +378,8 @@ GradExchange::Result GradExchange::sum(at::Tensor &flat) {
   for (const at::Tensor &p : all) {
     int64_t lo = 0, off = 0;
     for (const GscLayout &l : layouts) {
-      flat.narrow(0, lo, l.n).add_(
-          gscDecode(p.narrow(0, off, l.bytes), l.n, options_));
+      flat.narrow(0, lo, l.n)
+          .add_(gscDecode(p.narrow(0, off, l.bytes), l.n, options_));
       lo += l.n;
       off += l.bytes;
     }
@@ -418,8 +416,9 @@ GradExchange::averageGradients(const std::vector<at::Tensor> &params) {
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor p = params[i];
     const int64_t len = p.numel();
-    at::Tensor avg =
-        flat.narrow(0, off, len).view(p.sizes()).to(p.device(), p.scalar_type());
+    at::Tensor avg = flat.narrow(0, off, len)
+                         .view(p.sizes())
+                         .to(p.device(), p.scalar_type());
     off += len;
     if (has[i].item<float>() == 0.0f)
       continue;

@@ -65,47 +65,61 @@ struct Flag {
   const char *name, *value, *help;
 };
 const Flag kFlags[] = {
-    {"--steps", "N", "optimizer steps to reach in total (a resumed run "
-                     "continues to N; one already there exits 0)"},
+    {"--steps", "N",
+     "optimizer steps to reach in total (a resumed run "
+     "continues to N; one already there exits 0)"},
     {"--batch-size", "B", "global batch size, split evenly over the ranks"},
-    {"--data", "PATH", "JSON Lines file or binary shard (docs/runtime-services.md), or "
-                       "'synthetic' (default)"},
-    {"--relatedness", "X", "synthetic data: how much the tasks share, 0..1 "
-                           "(default 0.5)"},
-    {"--write-shard", "OUT", "convert the --data JSON Lines file into a binary "
-                             "shard at OUT and exit"},
+    {"--data", "PATH",
+     "JSON Lines file or binary shard (docs/runtime-services.md), or "
+     "'synthetic' (default)"},
+    {"--relatedness", "X",
+     "synthetic data: how much the tasks share, 0..1 "
+     "(default 0.5)"},
+    {"--write-shard", "OUT",
+     "convert the --data JSON Lines file into a binary "
+     "shard at OUT and exit"},
     {"--metrics", "FILE", "append one JSON Lines record per logged step"},
     {"--log-every", "N", "log metrics every N steps (default 1)"},
-    {"--checkpoint-dir", "DIR", "where checkpoints go (one file per rank "
-                                "and step)"},
-    {"--checkpoint-every", "N", "checkpoint every N steps (0: only at the "
-                                "end and on Ctrl-C; default 0)"},
-    {"--keep", "K", "keep the newest K checkpoints per rank (default 3; 0 = "
-                    "all)"},
-    {"--resume", "", "continue from the newest checkpoint in "
-                     "--checkpoint-dir (fresh start when there is none)"},
-    {"--resume-fallback", "", "with --resume: skip a corrupt newest "
-                              "checkpoint and use the previous good one"},
-    {"--nproc", "N", "start N processes on this machine (rendezvous on "
-                     "127.0.0.1)"},
+    {"--checkpoint-dir", "DIR",
+     "where checkpoints go (one file per rank "
+     "and step)"},
+    {"--checkpoint-every", "N",
+     "checkpoint every N steps (0: only at the "
+     "end and on Ctrl-C; default 0)"},
+    {"--keep", "K",
+     "keep the newest K checkpoints per rank (default 3; 0 = "
+     "all)"},
+    {"--resume", "",
+     "continue from the newest checkpoint in "
+     "--checkpoint-dir (fresh start when there is none)"},
+    {"--resume-fallback", "",
+     "with --resume: skip a corrupt newest "
+     "checkpoint and use the previous good one"},
+    {"--nproc", "N",
+     "start N processes on this machine (rendezvous on "
+     "127.0.0.1)"},
     {"--rank", "R", "this process's rank in a launched run (else $RANK)"},
     {"--world-size", "W", "processes in the run (else $WORLD_SIZE, or 1)"},
-    {"--master-addr", "ADDR", "rendezvous host (else $MASTER_ADDR, or "
-                              "127.0.0.1)"},
-    {"--master-port", "PORT", "rendezvous port (else $MASTER_PORT, or 29500; "
-                              "with --nproc, 0 picks a free one)"},
+    {"--master-addr", "ADDR",
+     "rendezvous host (else $MASTER_ADDR, or "
+     "127.0.0.1)"},
+    {"--master-port", "PORT",
+     "rendezvous port (else $MASTER_PORT, or 29500; "
+     "with --nproc, 0 picks a free one)"},
     {"--device", "DEV", "cpu or cuda[:N] (default: the program's)"},
     {"--precision", "P", "fp32, bf16 or fp16 (fp16: cuda only)"},
     {"--seed", "S", "seed for the model, the data and dropout (default 0)"},
-    {"--compress", "", "GSC-compressed gradient exchange (top-k, 8-bit "
-                       "blocks, error feedback)"},
+    {"--compress", "",
+     "GSC-compressed gradient exchange (top-k, 8-bit "
+     "blocks, error feedback)"},
     {"--no-compress", "", "plain all-reduce of fp32 gradients"},
     {"--compress-topk", "F", "kept fraction per bucket (default 0.15)"},
     {"--compress-decay", "D", "residual feedback decay (default 0.8)"},
     {"--compress-block", "N", "values per quantization block (default 256)"},
     {"--threads", "N", "intra-op CPU threads (default: LibTorch's)"},
-    {"--progress", "MODE", "auto (live line on a terminal, plain lines "
-                           "otherwise), plain or off"},
+    {"--progress", "MODE",
+     "auto (live line on a terminal, plain lines "
+     "otherwise), plain or off"},
     {"--help", "", "this text"},
 };
 
@@ -430,9 +444,8 @@ int train(const Program &p, const Options &o) {
   };
 
   std::unique_ptr<DataSource> data =
-      o.data == "synthetic"
-          ? syntheticData(mc, p.heads, o.seed, o.relatedness)
-          : loadData(o.data, mc, p.heads);
+      o.data == "synthetic" ? syntheticData(mc, p.heads, o.seed, o.relatedness)
+                            : loadData(o.data, mc, p.heads);
 
   // Resume: each rank picks its newest good checkpoint; the ranks agree on
   // the oldest of those steps.
@@ -452,15 +465,15 @@ int train(const Program &p, const Options &o) {
         std::fprintf(stderr, "[rank %d] skipping %s\n", d.rank, e.what());
       }
     }
-    at::Tensor all = at::cat(comm.allGather(
-                                 at::tensor({chosen}, at::kLong).to(comm.device())))
-                         .cpu();
+    at::Tensor all =
+        at::cat(
+            comm.allGather(at::tensor({chosen}, at::kLong).to(comm.device())))
+            .cpu();
     const int64_t agreed = all.min().item<int64_t>();
     if (agreed >= 0) {
-      const std::string path =
-          checkpointPath(o.checkpointDir, agreed, d.rank);
-      position = loadCheckpoint(path, d.worldSize, core, &exchange)
-                     .dataPosition;
+      const std::string path = checkpointPath(o.checkpointDir, agreed, d.rank);
+      position =
+          loadCheckpoint(path, d.worldSize, core, &exchange).dataPosition;
       if (rank0)
         std::fprintf(stderr, "resumed from %s (step %lld)\n", path.c_str(),
                      static_cast<long long>(agreed));
@@ -498,8 +511,8 @@ int train(const Program &p, const Options &o) {
         for (;;)
           ::pause();
       };
-    return saveCheckpoint(o.checkpointDir, d.rank, d.worldSize, core,
-                          &exchange, CheckpointExtra{position}, o.keep, hook);
+    return saveCheckpoint(o.checkpointDir, d.rank, d.worldSize, core, &exchange,
+                          CheckpointExtra{position}, o.keep, hook);
   };
 
   const int64_t local = o.batchSize / d.worldSize;
@@ -586,8 +599,8 @@ int train(const Program &p, const Options &o) {
     }
     if (interrupted) {
       if (rank0)
-        std::fprintf(stderr, "%sinterrupted at step %lld%s\n",
-                     tty ? "\n" : "", static_cast<long long>(done),
+        std::fprintf(stderr, "%sinterrupted at step %lld%s\n", tty ? "\n" : "",
+                     static_cast<long long>(done),
                      o.checkpointDir.empty()
                          ? " (no --checkpoint-dir: nothing saved)"
                          : "; checkpoint saved");

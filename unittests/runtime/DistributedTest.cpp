@@ -59,7 +59,8 @@ TEST(Gsc, EncodeDecodeKeepsTheTopKQuantized) {
     // tiny), each within half a quantization step of its value.
     at::Tensor kept = std::get<1>(at::topk(g.abs(), l.k));
     at::Tensor mask = at::zeros({g.numel()}, at::kBool).index_fill_(0, kept, 1);
-    EXPECT_TRUE(at::equal(d.masked_select(~mask), at::zeros({g.numel() - l.k})));
+    EXPECT_TRUE(
+        at::equal(d.masked_select(~mask), at::zeros({g.numel() - l.k})));
     const float scale = g.abs().max().item<float>() / 127.5f;
     EXPECT_LE((d - g).masked_select(mask).abs().max().item<float>(),
               scale / 2 + 1e-6f);
@@ -114,8 +115,8 @@ TEST(DistWorker, DISABLED_Exchange) {
   GradExchange::Result ru = plain.sum(u);
   mp::saveTensor("plain", rank, u);
   mp::saveTensor("bytes", rank,
-                 at::tensor({r.bytesSent, r.bytesSentUncompressed,
-                             ru.bytesSent, ru.bytesSentUncompressed}));
+                 at::tensor({r.bytesSent, r.bytesSentUncompressed, ru.bytesSent,
+                             ru.bytesSentUncompressed}));
 }
 
 TEST(Distributed, TwoProcessExchange) {
@@ -146,14 +147,13 @@ TEST(Distributed, TwoProcessExchange) {
           .copy_(gscDecode(gscEncode(gin.narrow(0, lo, len), o), len, o));
     }
     EXPECT_TRUE(at::equal(own2[r], expect));
-    at::Tensor noFeedback = gscDecode(gscEncode(g2.narrow(0, 0, kBucket), o),
-                                      kBucket, o);
+    at::Tensor noFeedback =
+        gscDecode(gscEncode(g2.narrow(0, 0, kBucket), o), kBucket, o);
     EXPECT_FALSE(at::equal(own2[r].narrow(0, 0, kBucket), noFeedback));
     // Uncompressed: the true sum.
-    EXPECT_TRUE(at::allclose(launch.load("plain", r),
-                             testGradient(0, kN, 100) +
-                                 testGradient(1, kN, 100),
-                             1e-6, 1e-7));
+    EXPECT_TRUE(at::allclose(
+        launch.load("plain", r),
+        testGradient(0, kN, 100) + testGradient(1, kN, 100), 1e-6, 1e-7));
     // Bytes: compressed = the payloads; uncompressed = fp32.
     at::Tensor b = launch.load("bytes", r);
     int64_t payload = 0;
@@ -197,7 +197,8 @@ ModelConfig trainModel() {
 /// returns the final model's mean task loss on a fixed evaluation batch, and
 /// the last step's bytes.
 std::vector<double> trainShard(Communicator *comm, bool compress) {
-  const int rank = comm ? comm->rank() : 0, world = comm ? comm->worldSize() : 1;
+  const int rank = comm ? comm->rank() : 0,
+            world = comm ? comm->worldSize() : 1;
   TrainConfig tc;
   tc.gate = false; // α uniform on every rank (the gate is per process)
   tc.backboneLr.lr = 3e-3;

@@ -67,8 +67,8 @@ struct Child {
   Child(const std::vector<std::string> &args, const std::string &outFile,
         const std::vector<std::string> &env = {})
       : out(outFile) {
-    std::vector<std::string> av = {MTPRT_DEMO, "--threads", "1",
-                                   "--progress", "plain"};
+    std::vector<std::string> av = {MTPRT_DEMO, "--threads", "1", "--progress",
+                                   "plain"};
     av.insert(av.end(), args.begin(), args.end());
     std::vector<char *> avp;
     for (std::string &s : av)
@@ -179,9 +179,9 @@ TEST(Driver, HelpAndBadCommandLines) {
   EXPECT_EQ(run({"--resume"}, d, &out), 2);
   EXPECT_NE(out.find("--resume needs --checkpoint-dir"), std::string::npos);
   EXPECT_EQ(run({"--steps"}, d, &out), 2);
-  EXPECT_EQ(run({"--batch-size", "7", "--world-size", "2", "--rank", "0"}, d,
-                &out),
-            2);
+  EXPECT_EQ(
+      run({"--batch-size", "7", "--world-size", "2", "--rank", "0"}, d, &out),
+      2);
   EXPECT_NE(out.find("does not split evenly"), std::string::npos) << out;
   EXPECT_EQ(run({"--data", d.path + "/missing.jsonl", "--steps", "1"}, d, &out),
             1);
@@ -257,9 +257,9 @@ TEST(Driver, KilledInsideACheckpointWriteResumesFromThePreviousOne) {
   TempDir d;
   const std::string c = d.path + "/c";
   {
-    Child child({"--steps", "20", "--checkpoint-dir", c, "--checkpoint-every",
-                 "5"},
-                d.path + "/out.txt", {"MTPRT_TEST_PAUSE_IN_CHECKPOINT=10"});
+    Child child(
+        {"--steps", "20", "--checkpoint-dir", c, "--checkpoint-every", "5"},
+        d.path + "/out.txt", {"MTPRT_TEST_PAUSE_IN_CHECKPOINT=10"});
     ASSERT_TRUE(waitFor(c + "/paused", 60)) << child.output();
     child.kill(SIGKILL);
   }
@@ -335,8 +335,8 @@ TEST(Driver, LiveProgressLineOnATerminal) {
   ::close(master);
   EXPECT_NE(out.find("\r\033[Kstep 1/5  loss cls="), std::string::npos) << out;
   EXPECT_NE(out.find("\r\033[Kstep 5/5  loss cls="), std::string::npos) << out;
-  for (const char *part : {" tag=", " qa=", " samples/s", "  peak ", " MiB",
-                           "  ETA "})
+  for (const char *part :
+       {" tag=", " qa=", " samples/s", "  peak ", " MiB", "  ETA "})
     EXPECT_NE(out.find(part), std::string::npos) << part;
 }
 
@@ -457,9 +457,9 @@ TEST(Driver, UnitGrainStepProgramEqualsTheScheduledOne) {
     if (unit)
       q.step = unitGrain;
     q.schedule.regions = {{1, 2}};
-    std::vector<std::string> args = {"prog", "--steps", "3", "--threads", "1",
-                                      "--progress", "off",
-                                      "--checkpoint-dir", dir};
+    std::vector<std::string> args = {
+        "prog", "--steps",          "3", "--threads", "1", "--progress",
+        "off",  "--checkpoint-dir", dir};
     std::vector<char *> argv;
     for (std::string &a : args)
       argv.push_back(a.data());
@@ -512,8 +512,8 @@ std::string loadError(const std::string &dir, const std::string &text) {
 } // namespace
 
 TEST(Data, LoadsTheShippedSample) {
-  auto src = loadJsonLines(MTPRT_EXAMPLES_DIR "/data/sample.jsonl",
-                           demoModel(), demoHeads());
+  auto src = loadJsonLines(MTPRT_EXAMPLES_DIR "/data/sample.jsonl", demoModel(),
+                           demoHeads());
   EXPECT_EQ(src->size(), 24);
   Batch b = src->batch(0, 4);
   ASSERT_EQ(b.tokens.sizes(), at::IntArrayRef({4, 8}));
@@ -532,33 +532,30 @@ TEST(Data, LoadsTheShippedSample) {
 TEST(Data, BadFilesNameTheFileTheRecordAndTheField) {
   TempDir d;
   const std::string f = d.path + "/bad.jsonl";
-  const std::string ok =
-      R"({"tokens":[1,2,3,4,5,6,7,8],"labels":{"cls":1}})";
-  EXPECT_EQ(loadError(d.path, ok + "\n" +
-                                  R"({"tokens":[1,2,3],"labels":{}})"),
+  const std::string ok = R"({"tokens":[1,2,3,4,5,6,7,8],"labels":{"cls":1}})";
+  EXPECT_EQ(loadError(d.path, ok + "\n" + R"({"tokens":[1,2,3],"labels":{}})"),
             "mtprt: data file " + f +
                 ", record on line 2, field tokens: has 3 values, expected 8");
   EXPECT_EQ(loadError(d.path, R"({"labels":{}})"),
             "mtprt: data file " + f +
                 ", record on line 1, field tokens: missing");
-  EXPECT_EQ(loadError(d.path,
-                      R"({"tokens":[1,2,3,4,5,6,7,99]})"),
+  EXPECT_EQ(loadError(d.path, R"({"tokens":[1,2,3,4,5,6,7,99]})"),
             "mtprt: data file " + f +
                 ", record on line 1, field tokens[7]: expected an integer "
                 "in [0, 32)");
-  EXPECT_EQ(loadError(d.path,
-                      R"({"tokens":[1,2,3,4,5,6,7,8],"labels":{"cls":4}})"),
-            "mtprt: data file " + f +
-                ", record on line 1, field labels.cls: expected a class in "
-                "[0, 4)");
+  EXPECT_EQ(
+      loadError(d.path, R"({"tokens":[1,2,3,4,5,6,7,8],"labels":{"cls":4}})"),
+      "mtprt: data file " + f +
+          ", record on line 1, field labels.cls: expected a class in "
+          "[0, 4)");
   EXPECT_EQ(loadError(d.path,
                       R"({"tokens":[1,2,3,4,5,6,7,8],"labels":{"qa":[5,2]}})"),
             "mtprt: data file " + f +
                 ", record on line 1, field labels.qa: start is after end");
-  EXPECT_EQ(loadError(d.path,
-                      R"({"tokens":[1,2,3,4,5,6,7,8],"labels":{"ner":1}})"),
-            "mtprt: data file " + f +
-                ", record on line 1, field labels.ner: no task of that name");
+  EXPECT_EQ(
+      loadError(d.path, R"({"tokens":[1,2,3,4,5,6,7,8],"labels":{"ner":1}})"),
+      "mtprt: data file " + f +
+          ", record on line 1, field labels.ner: no task of that name");
   EXPECT_NE(loadError(d.path, ok + "\n" + R"({"tokens":[1,2)")
                 .find("record on line 2: malformed JSON"),
             std::string::npos);
@@ -614,8 +611,8 @@ TEST(Data, SyntheticIsSeededAndRelatednessControlsSharing) {
     Batch x = src->batch(0, 4000);
     return x.labels[0].eq(x.labels[1]).to(at::kDouble).mean().item<double>();
   };
-  EXPECT_EQ(agreement(1.0), 1.0);           // same feature, same labels
-  EXPECT_NEAR(agreement(0.0), 0.25, 0.03);  // independent features: chance
+  EXPECT_EQ(agreement(1.0), 1.0);          // same feature, same labels
+  EXPECT_NEAR(agreement(0.0), 0.25, 0.03); // independent features: chance
   EXPECT_NEAR(agreement(0.5), 0.25 + 0.75 * 0.25, 0.04); // both shared: 1/4
   auto s = syntheticData(demoModel(), demoHeads(), 5, 0.5);
   EXPECT_TRUE(at::equal(s->batch(7, 8).tokens, s->batch(7, 8).tokens));
@@ -652,10 +649,9 @@ TEST(Recalibration, ResetPutsTheGateBackToItsInitialState) {
   const std::vector<std::vector<double>> cos{
       {1, 0.9, -0.9}, {0.9, 1, -0.9}, {-0.9, -0.9, 1}};
   const std::vector<bool> present{true, true, true};
-  at::Tensor gram = at::tensor({1.0, 0.9, -0.9, 0.9, 1.0, -0.9, -0.9, -0.9,
-                                1.0},
-                               at::kDouble)
-                        .view({3, 3});
+  at::Tensor gram =
+      at::tensor({1.0, 0.9, -0.9, 0.9, 1.0, -0.9, -0.9, -0.9, 1.0}, at::kDouble)
+          .view({3, 3});
   for (int i = 0; i < 20; ++i)
     g.update(losses, norms, cos, present, gram);
   const auto before = fresh.alpha(losses, norms, cos, present);

@@ -1,4 +1,5 @@
-//===- MultiProcess.h - run worker processes of this test binary -*- C++ -*-===//
+//===- MultiProcess.h - run worker processes of this test binary -*- C++
+//-*-===//
 //
 // A test starts `world` copies of this binary running one DISABLED_ worker
 // test each, with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set
@@ -17,8 +18,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
-#include <fcntl.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -72,8 +73,8 @@ public:
         args_(std::move(args)) {
     // (No std::filesystem: libtorch.so exports an incompatible copy of it.)
     const char *tmp = std::getenv("TMPDIR");
-    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") +
-                       "/mtprt-mp-XXXXXX";
+    std::string tmpl =
+        std::string(tmp && *tmp ? tmp : "/tmp") + "/mtprt-mp-XXXXXX";
     if (!mkdtemp(tmpl.data()))
       throw std::runtime_error("mkdtemp failed");
     dir_ = tmpl;
@@ -107,7 +108,7 @@ public:
     const std::string self(buf, len);
     for (int r = 0; r < world_; ++r) {
       std::vector<std::string> argv = {self, "--gtest_filter=" + test_,
-                                        "--gtest_also_run_disabled_tests"};
+                                       "--gtest_also_run_disabled_tests"};
       argv.insert(argv.end(), args_.begin(), args_.end());
       std::vector<std::string> envs;
       // Not the runner's GTEST_* settings (lit shards the suite: a worker

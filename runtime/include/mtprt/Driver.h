@@ -36,8 +36,8 @@ struct Program {
   std::vector<HeadConfig> heads;
   TrainConfig train;
   Schedule schedule;
-  int64_t batchSize = 16; ///< the global batch (split over the ranks)
-  int64_t steps = 100;    ///< default for --steps
+  int64_t batchSize = 16;          ///< the global batch (split over the ranks)
+  int64_t steps = 100;             ///< default for --steps
   int64_t predictedPeakBytes = -1; ///< the plan's prediction, logged
   /// GSC defaults (SPEC.md §3 C10); --compress / --no-compress override.
   bool compress = false;

@@ -1,4 +1,5 @@
-//===- Data.h - multi-task data sources --------------------------*- C++ -*-===//
+//===- Data.h - multi-task data sources --------------------------*- C++
+//-*-===//
 //
 // A source maps a position (the number of global batches consumed so far,
 // which checkpoints save) to a global batch, deterministically, so a resumed
@@ -31,12 +32,12 @@ public:
 };
 
 /// The built-in synthetic multi-task data, seeded and learnable: each label is
-/// a fixed function of the tokens. `relatedness` in [0, 1] is, per record and
-/// task, the probability that the task's label is computed from the feature
-/// every task shares (the first token; the token itself for tags) rather than
-/// from a feature private to the task (its own token position; a
-/// task-specific token map for tags and targets): 1 = all tasks share their
-/// structure, 0 = none do.
+/// a fixed function of the tokens (a tag: of its token and the one before).
+/// `relatedness` in [0, 1] is, per record and task, the probability that the
+/// task's label is computed from the feature every task shares (the first
+/// token; the token itself for tags) rather than from a feature private to the
+/// task (its own token position; a task-specific token map for tags and
+/// targets): 1 = all tasks share their structure, 0 = none do.
 std::unique_ptr<DataSource> syntheticData(const ModelConfig &model,
                                           const std::vector<HeadConfig> &heads,
                                           uint64_t seed, double relatedness);

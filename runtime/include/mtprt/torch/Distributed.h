@@ -1,4 +1,5 @@
-//===- Distributed.h - process groups and compressed collectives -*- C++ -*-===//
+//===- Distributed.h - process groups and compressed collectives -*- C++
+//-*-===//
 //
 // Data parallelism over LibTorch's c10d: a process group (gloo on CPU; NCCL
 // would serve CUDA tensors) joined through a TCPStore rendezvous, and the
@@ -89,9 +90,9 @@ private:
 
 /// GSC knobs (SPEC.md §3 C10 defaults).
 struct GscOptions {
-  double topK = 0.15;   ///< kept fraction of each bucket, by |g|
-  int64_t block = 256;  ///< values per quantization block
-  double decay = 0.8;   ///< residual feedback: g_in = g + decay · r
+  double topK = 0.15;       ///< kept fraction of each bucket, by |g|
+  int64_t block = 256;      ///< values per quantization block
+  double decay = 0.8;       ///< residual feedback: g_in = g + decay · r
   int64_t bucket = 1 << 20; ///< values per bucket
 };
 
