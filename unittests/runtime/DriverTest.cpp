@@ -413,6 +413,16 @@ TEST(Driver, TwoProcessesWithCompressedExchange) {
   EXPECT_NE(out.find("resumed from " + checkpointPath(c, 4, 0)),
             std::string::npos)
       << out;
+  // 4 + resume to 6 equals 6 straight, bit for bit: the GSC residuals (and
+  // each rank's RNG and the data position) were restored.
+  const std::string straight = d.path + "/s";
+  ASSERT_EQ(run({"--nproc", "2", "--steps", "6", "--compress",
+                 "--checkpoint-dir", straight},
+                d, &out),
+            0)
+      << out;
+  for (int r = 0; r < 2; ++r)
+    expectSameParameters(checkpointPath(c, 6, r), checkpointPath(straight, 6, r));
 }
 
 TEST(Driver, UnitGrainStepProgramEqualsTheScheduledOne) {
