@@ -653,6 +653,53 @@ TEST(Recalibration, FiresOnlyForLowReuseAndSpreadCosines) {
   EXPECT_FALSE(needsGateRecalibration(s));
 }
 
+TEST(Recalibration, TheDriverLogsTheEventOnlyWhenTheRuleHolds) {
+  // The step program reports a low reuse ratio and spread cosines at step 1
+  // (as a plan whose tasks tap far apart would); the other steps are real.
+  Program p;
+  p.model.vocab = 32;
+  p.model.seq = 8;
+  p.model.hidden = 16;
+  p.model.heads = 2;
+  p.model.ffn = 32;
+  HeadConfig cls{"cls", HeadKind::Classify, 1};
+  cls.classes = 4;
+  HeadConfig tag{"tag", HeadKind::Tag, 2};
+  tag.classes = 6;
+  p.heads = {cls, tag};
+  p.batchSize = 8;
+  p.step = [](Trainer &t) {
+    StepStats s = t.step(Schedule{});
+    if (s.step == 1) {
+      s.activationReuseRatio = 0.1;
+      s.gradientCosineSimMatrix = {{1, -0.6}, {-0.6, 1}};
+    }
+    return s;
+  };
+  TempDir d;
+  const std::string m = d.path + "/m.jsonl";
+  std::vector<std::string> args = {"prog", "--steps", "4", "--threads", "1",
+                                    "--progress", "off", "--metrics", m};
+  std::vector<char *> argv;
+  for (std::string &a : args)
+    argv.push_back(a.data());
+  ASSERT_EQ(runDriver(static_cast<int>(argv.size()), argv.data(), p), 0);
+  std::istringstream in(readFile(m));
+  std::string line;
+  std::vector<std::string> events;
+  int records = 0;
+  while (std::getline(in, line)) {
+    if (line.find("\"event\"") != std::string::npos)
+      events.push_back(line);
+    else
+      ++records;
+  }
+  EXPECT_EQ(records, 4);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0], "{\"event\":\"dgfg_recalibrated\",\"step\":1,"
+                       "\"activation_reuse_ratio\":0.1,\"cosine_std\":0.8}");
+}
+
 TEST(Recalibration, ResetPutsTheGateBackToItsInitialState) {
   Gate g(4, 0.05, 0.2), fresh(4, 0.05, 0.2);
   const std::vector<double> losses{1.0, 1.0, 1.0}, norms{1.0, 1.0, 1.0};
