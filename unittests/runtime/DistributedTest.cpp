@@ -242,8 +242,8 @@ TEST(Distributed, TwoProcessTrainingMatchesOneProcess) {
   // Both ranks hold the same model.
   EXPECT_EQ(p0[0].item<double>(), p1[0].item<double>());
   const double two = p0[0].item<double>(), compressed = c0[0].item<double>();
-  std::printf("[ loss ] 1 process %.6f, 2 processes %.6f (%.3f%%), 2 "
-              "processes GSC %.6f; bytes/step per rank: %.0f GSC vs %.0f "
+  std::printf("[ loss ] 1 process %.9f, 2 processes %.9f (%.2e%%), 2 "
+              "processes GSC %.9f; bytes/step per rank: %.0f GSC vs %.0f "
               "uncompressed\n",
               one, two, 100 * std::abs(two - one) / one, compressed,
               c0[1].item<double>(), c0[2].item<double>());
