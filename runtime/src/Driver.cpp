@@ -54,7 +54,7 @@ struct Options {
   uint64_t seed = 0;
   bool compress = false;
   double topK = 0.15, decay = 0.8;
-  int64_t block = 256;
+  int64_t block = 256, bucket = 1 << 20;
   std::string progress = "auto";
   int threads = 0;
   std::string writeShard;
@@ -116,6 +116,7 @@ const Flag kFlags[] = {
     {"--compress-topk", "F", "kept fraction per bucket (default 0.15)"},
     {"--compress-decay", "D", "residual feedback decay (default 0.8)"},
     {"--compress-block", "N", "values per quantization block (default 256)"},
+    {"--compress-bucket", "N", "values per bucket (default 1048576)"},
     {"--threads", "N", "intra-op CPU threads (default: LibTorch's)"},
     {"--progress", "MODE",
      "auto (live line on a terminal, plain lines "
@@ -245,6 +246,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.decay = toDouble(arg, value, 0, 1);
     else if (arg == "--compress-block")
       o.block = toInt(arg, value, 1, 1 << 20);
+    else if (arg == "--compress-bucket")
+      o.bucket = toInt(arg, value, 1, big);
     else if (arg == "--threads")
       o.threads = static_cast<int>(toInt(arg, value, 1, 1024));
     else if (arg == "--progress") {
@@ -437,6 +440,7 @@ int train(const Program &p, const Options &o) {
   gsc.topK = o.topK;
   gsc.decay = o.decay;
   gsc.block = o.block;
+  gsc.bucket = o.bucket;
   GradExchange exchange(&comm, o.compress, gsc);
   GradExchange::Result sent;
   core.beforeUpdate = [&](StepStats &) {

@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 
@@ -78,6 +79,29 @@ TEST(Gsc, WorldSizeOneDoesNothingAndCountsNothing) {
   EXPECT_EQ(r.bytesSent, 0);
   EXPECT_EQ(r.bytesSentUncompressed, 0);
   EXPECT_FALSE(ex.residual().defined());
+}
+
+TEST(Distributed, UnreachableMasterIsAClearErrorNotAHang) {
+  DistOptions d;
+  d.rank = 1;
+  d.worldSize = 2;
+  d.masterPort = 1; // nothing listens there
+  d.timeoutS = 1;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    Communicator comm(d);
+    ADD_FAILURE() << "joined a group without a master";
+  } catch (const std::runtime_error &e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 of 2 could not join the "
+                                         "process group at 127.0.0.1:1"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                          start)
+                .count(),
+            30.0);
+  EXPECT_THROW(Communicator(DistOptions{3, 2}), std::invalid_argument);
 }
 
 //===----------------------------------------------------------------------===//
