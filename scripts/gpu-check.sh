@@ -32,3 +32,15 @@ if [ -n "$skipped" ]; then
   exit 1
 fi
 echo "[gpu-check] all gtests ran, CUDA ones included"
+
+# The training driver on the GPU: the demo step program on CUDA, checkpointed
+# and resumed (the NCCL exchange itself runs in the gtest above at world size
+# 1: one GPU cannot host two NCCL ranks).
+demo=/tmp/mtprt-gpu/tools/mtprt-demo
+rm -rf /tmp/mtprt-gpu-ckpt
+$demo --device cuda --steps 10 --checkpoint-dir /tmp/mtprt-gpu-ckpt --checkpoint-every 5 \
+  --metrics "$out/demo-metrics.jsonl" --progress plain 2>&1 | tee "$out/demo.log"
+$demo --device cuda --steps 15 --checkpoint-dir /tmp/mtprt-gpu-ckpt --resume \
+  --progress plain 2>&1 | tee -a "$out/demo.log"
+grep -q "resumed from /tmp/mtprt-gpu-ckpt/step-000000010.rank0.ckpt" "$out/demo.log"
+echo "[gpu-check] driver on CUDA: trained, checkpointed and resumed"

@@ -6,6 +6,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim/adam.h>
+#include <torch/serialize/archive.h>
 
 #ifdef MTPRT_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -171,6 +172,20 @@ struct Gate::Impl {
   at::Tensor w1, b1, w2, b2;
   std::unique_ptr<torch::optim::Adam> opt;
   double entropy;
+  uint64_t seed;
+  double lr;
+
+  void init() {
+    at::NoGradGuard noGrad;
+    at::Generator gen =
+        at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x9a7e5eedULL);
+    w1 = at::empty({32, 4}).normal_(0, 0.5, gen).requires_grad_(true);
+    b1 = at::zeros({32}).requires_grad_(true);
+    w2 = at::empty({1, 32}).normal_(0, 0.1, gen).requires_grad_(true);
+    b2 = at::zeros({1}).requires_grad_(true);
+    opt = std::make_unique<torch::optim::Adam>(
+        std::vector<at::Tensor>{w1, b1, w2, b2}, torch::optim::AdamOptions(lr));
+  }
 
   at::Tensor features(const std::vector<double> &losses,
                       const std::vector<double> &norms,
@@ -215,16 +230,37 @@ Gate::Gate(uint64_t seed, double lr, double entropyWeight)
     throw std::invalid_argument("mtprt: TrainConfig.gateLr must be positive");
   if (entropyWeight < 0)
     throw std::invalid_argument("mtprt: TrainConfig.gateEntropy must be >= 0");
-  at::Generator gen =
-      at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x9a7e5eedULL);
-  impl_->w1 = at::empty({32, 4}).normal_(0, 0.5, gen).requires_grad_(true);
-  impl_->b1 = at::zeros({32}).requires_grad_(true);
-  impl_->w2 = at::empty({1, 32}).normal_(0, 0.1, gen).requires_grad_(true);
-  impl_->b2 = at::zeros({1}).requires_grad_(true);
-  impl_->opt = std::make_unique<torch::optim::Adam>(
-      std::vector<at::Tensor>{impl_->w1, impl_->b1, impl_->w2, impl_->b2},
-      torch::optim::AdamOptions(lr));
+  impl_->seed = seed;
+  impl_->lr = lr;
   impl_->entropy = entropyWeight;
+  impl_->init();
+}
+
+void Gate::reset() { impl_->init(); }
+
+void Gate::save(torch::serialize::OutputArchive &archive) const {
+  archive.write("w1", impl_->w1);
+  archive.write("b1", impl_->b1);
+  archive.write("w2", impl_->w2);
+  archive.write("b2", impl_->b2);
+  torch::serialize::OutputArchive opt;
+  impl_->opt->save(opt);
+  archive.write("adam", opt);
+}
+
+void Gate::load(torch::serialize::InputArchive &archive) {
+  at::NoGradGuard noGrad;
+  for (auto [name, t] : {std::pair<const char *, at::Tensor *>{"w1", &impl_->w1},
+                         {"b1", &impl_->b1},
+                         {"w2", &impl_->w2},
+                         {"b2", &impl_->b2}}) {
+    at::Tensor v;
+    archive.read(name, v);
+    t->copy_(v);
+  }
+  torch::serialize::InputArchive opt;
+  archive.read("adam", opt);
+  impl_->opt->load(opt);
 }
 
 Gate::~Gate() = default;

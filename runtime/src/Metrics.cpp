@@ -3,6 +3,7 @@
 #include "mtprt/Runtime.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -68,7 +69,13 @@ std::string toJsonLine(const StepStats &s) {
   out += ",\"offload_misses\":" + std::to_string(s.offloadMisses);
   out += ",\"offload_wait_s\":" + number(s.offloadWaitS);
   out += ",\"measured_peak_bytes\":" + std::to_string(s.measuredPeakBytes);
+  out += ",\"predicted_peak_bytes\":" +
+         (s.predictedPeakBytes < 0 ? std::string("null")
+                                   : std::to_string(s.predictedPeakBytes));
   out += ",\"host_pool_bytes\":" + std::to_string(s.hostPoolBytes);
+  out += ",\"bytes_sent\":" + std::to_string(s.bytesSent);
+  out += ",\"bytes_sent_uncompressed\":" +
+         std::to_string(s.bytesSentUncompressed);
   out += ",\"step_time_s\":" + number(s.stepTimeS);
   out += ",\"samples_per_s\":" + number(s.samplesPerS);
   if (s.lossScale != 1.0)
@@ -76,6 +83,34 @@ std::string toJsonLine(const StepStats &s) {
   if (s.skipped)
     out += ",\"skipped\":true";
   return out + "}";
+}
+
+double cosineMatrixStd(const StepStats &s) {
+  const auto &m = s.gradientCosineSimMatrix;
+  double sum = 0, sq = 0;
+  int64_t n = 0;
+  for (const auto &row : m)
+    for (double v : row) {
+      sum += v;
+      sq += v * v;
+      ++n;
+    }
+  if (n == 0)
+    return std::nan("");
+  const double mean = sum / n;
+  return std::sqrt(std::max(0.0, sq / n - mean * mean));
+}
+
+bool needsGateRecalibration(const StepStats &s) {
+  const double sd = cosineMatrixStd(s);
+  return std::isfinite(sd) && s.activationReuseRatio < 0.15 && sd > 0.4;
+}
+
+std::string recalibrationJsonLine(const StepStats &s) {
+  return "{\"event\":\"dgfg_recalibrated\",\"step\":" +
+         std::to_string(s.step) +
+         ",\"activation_reuse_ratio\":" + number(s.activationReuseRatio) +
+         ",\"cosine_std\":" + number(cosineMatrixStd(s)) + "}";
 }
 
 } // namespace mtprt

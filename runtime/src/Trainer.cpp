@@ -691,6 +691,9 @@ StepStats TrainerCore::endStep(bool applyUpdate) {
     stats.alpha.push_back(st.alpha.empty() ? 0.0 : st.alpha[t]);
   }
 
+  if (applyUpdate && beforeUpdate)
+    beforeUpdate(stats);
+
   if (applyUpdate) {
     // TaskLRAdapter: each group's own schedule.
     auto &groups = optimizer_->param_groups();
@@ -925,6 +928,10 @@ void Trainer::setBatch(int64_t batchSize, const int64_t *tokens,
               std::to_string(bound) + ")");
   }
   batch_->batch = std::move(b);
+}
+
+void Trainer::setBatch(const Batch &batch) {
+  batch_->batch = batch.to(core_->model().device());
 }
 
 StepStats Trainer::step(const Schedule &schedule) {

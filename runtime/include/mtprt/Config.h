@@ -136,6 +136,11 @@ struct StepStats {
   int64_t measuredCurrentBytes = 0; ///< device bytes at the end of the step
   int64_t measuredStartBytes = 0;   ///< device bytes when the step began
   int64_t hostPoolBytes = 0;        ///< host-pool peak in the step
+  /// Gradient exchange (data parallel): this rank's bytes handed to the
+  /// collectives, and the same gradients' fp32 size; 0 at world size 1.
+  int64_t bytesSent = 0, bytesSentUncompressed = 0;
+  /// The plan's predicted peak (set by the driver from the plan); -1 unknown.
+  int64_t predictedPeakBytes = -1;
   double stepTimeS = 0.0;
   double samplesPerS = 0.0;
   double lossScale = 1.0; ///< fp16 only

@@ -20,6 +20,7 @@
 namespace mtprt {
 
 class TrainerCore;
+struct Batch;
 
 class Trainer {
 public:
@@ -37,6 +38,9 @@ public:
   /// float for mse) or is null when the batch has none. Copied.
   void setBatch(int64_t batchSize, const int64_t *tokens,
                 const std::vector<const void *> &labels);
+  /// A batch already in tensors (LibTorch callers: the driver); copied to
+  /// the model's device.
+  void setBatch(const Batch &batch);
   /// One optimizer step on the current batch, as `schedule` says.
   StepStats step(const Schedule &schedule);
 
@@ -89,6 +93,16 @@ private:
 
 /// One JSON Lines record (no newline) with the metric names of SPEC.md §5.
 std::string toJsonLine(const StepStats &stats);
+
+/// The population standard deviation of all T×T entries of the step's cosine
+/// matrix (diagonal included); NaN when it was not measured.
+double cosineMatrixStd(const StepStats &stats);
+/// SPEC.md §3 B8: the DGFG gate is recalibrated when the tasks share little
+/// (activation_reuse_ratio < 0.15) and their gradients disagree in a spread
+/// way (cosine matrix std > 0.4). Needs a measured matrix.
+bool needsGateRecalibration(const StepStats &stats);
+/// The event record the driver logs when it recalibrates.
+std::string recalibrationJsonLine(const StepStats &stats);
 
 } // namespace mtprt
 

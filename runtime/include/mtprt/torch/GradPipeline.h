@@ -17,6 +17,11 @@
 #include <memory>
 #include <vector>
 
+namespace torch::serialize {
+class OutputArchive;
+class InputArchive;
+} // namespace torch::serialize
+
 namespace mtprt {
 
 using GradList = std::vector<at::Tensor>;
@@ -80,6 +85,14 @@ public:
                 const std::vector<std::vector<double>> &cosines,
                 const std::vector<bool> &present, const at::Tensor &gram);
   int64_t numParameters() const;
+
+  /// Checkpointing: the MLP's parameters and its Adam state.
+  void save(torch::serialize::OutputArchive &archive) const;
+  void load(torch::serialize::InputArchive &archive);
+  /// SPEC.md §3 B8 recalibration: back to the initial (seeded) weights with a
+  /// fresh Adam state, so α restarts near uniform and re-learns from the
+  /// gradient conflict as it is now rather than as it was when it collapsed.
+  void reset();
 
 private:
   struct Impl;

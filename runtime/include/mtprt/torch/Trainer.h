@@ -19,6 +19,7 @@
 #include "mtprt/torch/Model.h"
 #include "mtprt/torch/Regions.h"
 
+#include <functional>
 #include <memory>
 
 namespace torch::optim {
@@ -96,6 +97,22 @@ public:
   Gate &gate() { return *gate_; }
   torch::optim::AdamW &optimizer() { return *optimizer_; }
   int64_t stepsTaken() const { return step_; }
+
+  /// Called by endStep(applyUpdate = true) once every parameter's .grad is
+  /// final (fused, unscaled) and before the optimizer step: the data-parallel
+  /// gradient exchange plugs in here and records its bytes in the stats.
+  std::function<void(StepStats &)> beforeUpdate;
+
+  /// Restores the counters a checkpoint saves (steps taken, fp16 loss scale).
+  void restoreCounters(int64_t steps, double lossScale, int64_t goodSteps) {
+    step_ = steps;
+    lossScale_ = lossScale;
+    goodSteps_ = goodSteps;
+  }
+  double lossScale() const { return lossScale_; }
+  /// The cosine matrix the gate reads between measurements (checkpointed).
+  std::vector<std::vector<double>> &lastCosines() { return lastCosines_; }
+  int64_t goodSteps() const { return goodSteps_; }
 
   /// The last step's processed per-task gradients ĝ_t (features: each task's
   /// tap gradient; params: its top-k layer gradients), α, and for params the

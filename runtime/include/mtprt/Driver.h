@@ -1,0 +1,58 @@
+//===- Driver.h - the training program around a step ------------*- C++ -*-===//
+//
+// Everything a training executable needs besides its step: command line,
+// data, the process group (one process, `--nproc N` on this machine, or a
+// rank of a launcher's run), compressed gradient exchange, checkpoints and
+// resume, metrics, progress and Ctrl-C. A step program (mtpc's generated
+// `main`, or a hand-written one) fills in a Program and calls runDriver:
+//
+//   int main(int argc, char **argv) {
+//     mtprt::Program p;
+//     p.name = "glue_mt"; p.model = ...; p.heads = ...; p.train = ...;
+//     p.schedule = ...;            // or p.step = [](mtprt::Trainer &t) {...}
+//     return mtprt::runDriver(argc, argv, p);
+//   }
+//
+// Torch-free.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPRT_DRIVER_H
+#define MTPRT_DRIVER_H
+
+#include "mtprt/Config.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace mtprt {
+
+class Trainer;
+
+struct Program {
+  std::string name = "mtprt-train";
+  ModelConfig model;
+  std::vector<HeadConfig> heads;
+  TrainConfig train;
+  Schedule schedule;
+  int64_t batchSize = 16;          ///< the global batch (split over the ranks)
+  int64_t steps = 100;             ///< default for --steps
+  int64_t predictedPeakBytes = -1; ///< the plan's prediction, logged
+  /// GSC defaults (SPEC.md §3 C10); --compress / --no-compress override.
+  bool compress = false;
+  double compressTopK = 0.15, compressDecay = 0.8;
+  int64_t compressBlock = 256;
+  /// One step at the unit grain, on the batch the driver set (generated
+  /// programs); unset = trainer.step(schedule).
+  std::function<StepStats(Trainer &)> step;
+};
+
+/// Parses argv, runs, and returns the process exit code: 0 done (or already
+/// at --steps), 1 runtime error (message on stderr), 2 bad command line,
+/// 130 interrupted (a checkpoint was saved when --checkpoint-dir is set).
+int runDriver(int argc, char **argv, const Program &program);
+
+} // namespace mtprt
+
+#endif // MTPRT_DRIVER_H

@@ -1,0 +1,152 @@
+//===- Distributed.h - process groups and compressed collectives -*- C++
+//-*-===//
+//
+// Data parallelism over LibTorch's c10d: a process group (gloo on CPU; NCCL
+// would serve CUDA tensors) joined through a TCPStore rendezvous, and the
+// gradient exchange of SPEC.md §3 C10 / §5 "Compression (GSC)": plain
+// all-reduce, or top-k + 8-bit block quantization with error feedback, the
+// payloads all-gathered through the process group, decoded and summed locally
+// in fp32.
+//
+// Internal API (LibTorch).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPRT_TORCH_DISTRIBUTED_H
+#define MTPRT_TORCH_DISTRIBUTED_H
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mtprt {
+
+/// Where this process sits in a run.
+struct DistOptions {
+  int rank = 0;
+  int worldSize = 1;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 29500;
+  int timeoutS = 120; ///< rendezvous and collective timeout
+  /// "cpu": gloo; "cuda[:N]": NCCL (built with MTPRT_TORCH_CUDA only).
+  std::string device = "cpu";
+  /// Make the group even at world size 1 (device checks of the collective
+  /// path on a one-GPU machine); normally world size 1 has none.
+  bool alwaysGroup = false;
+};
+
+/// `defaults` overridden by the standard launcher variables RANK, WORLD_SIZE,
+/// MASTER_ADDR and MASTER_PORT where they are set (torchrun, SLURM wrappers).
+/// Throws std::invalid_argument naming the variable when one is malformed.
+DistOptions distOptionsFromEnv(DistOptions defaults);
+
+/// A c10d process group: TCPStore rendezvous at masterAddr:masterPort (rank 0
+/// serves it unless `serveStore` is false because a launcher already does),
+/// then ProcessGroupGloo. World size 1 makes no store and no group.
+class Communicator {
+public:
+  explicit Communicator(const DistOptions &options, bool serveStore = true);
+  ~Communicator();
+  Communicator(const Communicator &) = delete;
+  Communicator &operator=(const Communicator &) = delete;
+
+  int rank() const { return options_.rank; }
+  int worldSize() const { return options_.worldSize; }
+  /// A process group exists (world size > 1, or alwaysGroup).
+  bool active() const;
+  /// Where tensors handed to the collectives must live.
+  at::Device device() const;
+  /// "gloo", "nccl" or "none".
+  std::string backendName() const;
+
+  /// In place: every tensor becomes the sum over ranks.
+  void allReduceSum(std::vector<at::Tensor> &tensors);
+  /// Every rank's `t` (same shape and dtype on every rank), in rank order.
+  std::vector<at::Tensor> allGather(const at::Tensor &t);
+  void broadcast(at::Tensor &t, int root);
+  void barrier();
+
+private:
+  DistOptions options_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// A TCPStore server a launcher hosts for the processes it starts (port 0:
+/// the system picks a free one); they join with serveStore = false.
+class StoreServer {
+public:
+  explicit StoreServer(int port = 0, int timeoutS = 120);
+  ~StoreServer();
+  int port() const;
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// GSC knobs (SPEC.md §3 C10 defaults).
+struct GscOptions {
+  double topK = 0.15;       ///< kept fraction of each bucket, by |g|
+  int64_t block = 256;      ///< values per quantization block
+  double decay = 0.8;       ///< residual feedback: g_in = g + decay · r
+  int64_t bucket = 1 << 20; ///< values per bucket
+};
+
+/// The encoding of one bucket of n values: k = ceil(topK · n) kept values,
+/// their positions as k int32 indices or an n-bit bitmap (whichever is
+/// smaller), then k int8 codes and numBlocks(k, block) fp32 scales. Layout of
+/// the byte payload: [scales][indices or bitmap][codes]. Every rank encodes a
+/// bucket to the same number of bytes, so payloads all-gather as equal-sized
+/// byte tensors.
+struct GscLayout {
+  int64_t n = 0, k = 0, blocks = 0;
+  bool bitmap = false;
+  int64_t indexBytes = 0, bytes = 0;
+};
+GscLayout gscLayout(int64_t n, const GscOptions &options);
+/// Encodes a flat fp32 bucket (CPU or CUDA) into a uint8 payload.
+at::Tensor gscEncode(const at::Tensor &values, const GscOptions &options);
+/// Decodes a payload of an n-value bucket to n fp32 values (zeros where not
+/// kept), on the payload's device.
+at::Tensor gscDecode(const at::Tensor &payload, int64_t n,
+                     const GscOptions &options);
+
+/// The gradient exchange of one data-parallel step.
+class GradExchange {
+public:
+  /// compress = false: plain all-reduce. `comm` may be null (world size 1).
+  GradExchange(Communicator *comm, bool compress, GscOptions options = {});
+
+  struct Result {
+    int64_t bytesSent = 0;             ///< this rank's contribution
+    int64_t bytesSentUncompressed = 0; ///< the same gradients as fp32
+  };
+  /// Replaces each defined gradient by the mean over ranks (undefined ones
+  /// count as zeros on every rank and are written back as zeros only where
+  /// another rank had one). World size 1: nothing happens, nothing counted.
+  Result averageGradients(const std::vector<at::Tensor> &params);
+  /// The collective itself on one flat fp32 vector: the sum over ranks
+  /// (compressed: Σ_rank decode(encode(g + decay·r))), residual updated.
+  Result sum(at::Tensor &flat);
+
+  bool compressed() const { return compress_; }
+  const GscOptions &options() const { return options_; }
+  /// Error-feedback state (flat, fp32; undefined before the first step).
+  at::Tensor &residual() { return residual_; }
+  /// This rank's decoded payload of the last compressed call (for tests).
+  at::Tensor lastOwnDecoded;
+
+private:
+  Communicator *comm_;
+  bool compress_;
+  GscOptions options_;
+  at::Tensor residual_;
+};
+
+} // namespace mtprt
+
+#endif // MTPRT_TORCH_DISTRIBUTED_H

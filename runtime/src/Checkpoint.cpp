@@ -1,0 +1,345 @@
+//===- Checkpoint.cpp - training state on disk, crash-safe ----------------===//
+
+#include "mtprt/torch/Checkpoint.h"
+
+#include "mtprt/torch/Distributed.h"
+#include "mtprt/torch/Trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/ivalue.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize/archive.h>
+
+#ifdef MTPRT_TORCH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace mtprt {
+
+namespace {
+
+constexpr const char *kMagic = "MTPRTCKPT 1\n";
+
+uint32_t crc32(const char *data, size_t n) {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k)
+        c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i)
+    c = table[(c ^ static_cast<uint8_t>(data[i])) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+[[noreturn]] void fail(const std::string &path, const std::string &what) {
+  throw std::runtime_error("mtprt: checkpoint " + path + ": " + what);
+}
+
+void writeAll(int fd, const char *p, size_t n, const std::string &path) {
+  while (n) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      fail(path, std::string("write failed: ") + std::strerror(errno));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+struct Header {
+  int64_t step = -1, rank = -1, world = -1, bytes = -1;
+  uint32_t crc = 0;
+};
+
+/// Reads and checks the file; returns the header and the payload.
+std::pair<Header, std::string> readVerified(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    fail(path, "cannot be opened");
+  std::string magic(std::strlen(kMagic), '\0');
+  in.read(magic.data(), magic.size());
+  if (!in || magic != kMagic)
+    fail(path, "not an mtprt checkpoint (bad magic)");
+  std::string line;
+  if (!std::getline(in, line))
+    fail(path, "truncated header");
+  Header h;
+  char crc[16] = {0};
+  long long step, rank, world, bytes;
+  if (std::sscanf(line.c_str(),
+                  "step %lld rank %lld world %lld bytes %lld "
+                  "crc32 %8s",
+                  &step, &rank, &world, &bytes, crc) != 5)
+    fail(path, "malformed header '" + line + "'");
+  h.step = step;
+  h.rank = rank;
+  h.world = world;
+  h.bytes = bytes;
+  h.crc = static_cast<uint32_t>(std::strtoul(crc, nullptr, 16));
+  std::string payload(static_cast<size_t>(h.bytes), '\0');
+  in.read(payload.data(), h.bytes);
+  if (in.gcount() != h.bytes)
+    fail(path, "truncated: " + std::to_string(in.gcount()) + " of " +
+                   std::to_string(h.bytes) + " payload bytes");
+  if (in.peek() != std::char_traits<char>::eof())
+    fail(path, "trailing bytes after the payload");
+  const uint32_t got = crc32(payload.data(), payload.size());
+  if (got != h.crc) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf,
+                  "checksum mismatch (crc32 %08x, header %08x)", got, h.crc);
+    fail(path, buf);
+  }
+  return {h, std::move(payload)};
+}
+
+at::Generator cpuGenerator() { return at::detail::getDefaultCPUGenerator(); }
+
+} // namespace
+
+std::string checkpointPath(const std::string &dir, int64_t step, int rank) {
+  char name[64];
+  std::snprintf(name, sizeof name, "step-%09lld.rank%d.ckpt",
+                static_cast<long long>(step), rank);
+  return dir + "/" + name;
+}
+
+std::vector<std::pair<int64_t, std::string>>
+listCheckpoints(const std::string &dir, int rank) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  DIR *d = opendir(dir.c_str());
+  if (!d)
+    return out;
+  const std::string suffix = ".rank" + std::to_string(rank) + ".ckpt";
+  while (dirent *e = readdir(d)) {
+    const std::string name = e->d_name;
+    long long step;
+    if (name.rfind("step-", 0) == 0 && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        std::sscanf(name.c_str(), "step-%lld.", &step) == 1)
+      out.emplace_back(step, dir + "/" + name);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end(),
+            [](auto &a, auto &b) { return a.first > b.first; });
+  return out;
+}
+
+std::string saveCheckpoint(const std::string &dir, int rank, int world,
+                           TrainerCore &core, GradExchange *exchange,
+                           const CheckpointExtra &extra, int64_t keep,
+                           const std::function<void()> &duringWrite) {
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    fail(dir,
+         std::string("cannot create the directory: ") + std::strerror(errno));
+  torch::serialize::OutputArchive ar;
+  {
+    torch::serialize::OutputArchive model;
+    for (const auto &[name, p] : core.model().namedParameters())
+      model.write(name, p);
+    ar.write("model", model);
+  }
+  {
+    torch::serialize::OutputArchive opt;
+    core.optimizer().save(opt);
+    ar.write("optimizer", opt);
+  }
+  {
+    torch::serialize::OutputArchive gate;
+    core.gate().save(gate);
+    ar.write("gate", gate);
+  }
+  if (exchange && exchange->residual().defined())
+    ar.write("gsc_residual", exchange->residual());
+  ar.write("rng_cpu", cpuGenerator().get_state());
+#ifdef MTPRT_TORCH_CUDA
+  if (core.model().device().is_cuda())
+    ar.write("rng_cuda", at::cuda::detail::getDefaultCUDAGenerator(
+                             core.model().device().index() < 0
+                                 ? 0
+                                 : core.model().device().index())
+                             .get_state());
+#endif
+  ar.write("step", c10::IValue(core.stepsTaken()));
+  ar.write("loss_scale", c10::IValue(core.lossScale()));
+  ar.write("good_steps", c10::IValue(core.goodSteps()));
+  ar.write("data_position", c10::IValue(extra.dataPosition));
+  ar.write("world", c10::IValue(int64_t(world)));
+  {
+    const auto &cos = core.lastCosines();
+    const int64_t t = static_cast<int64_t>(cos.size());
+    at::Tensor c = at::zeros({t, t}, at::kDouble);
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < t; ++j)
+        c[i][j] = cos[i][j];
+    ar.write("last_cosines", c);
+  }
+  std::ostringstream payloadStream;
+  ar.save_to(payloadStream);
+  const std::string payload = payloadStream.str();
+
+  char header[160];
+  std::snprintf(header, sizeof header,
+                "%sstep %lld rank %d world %d bytes %zu crc32 %08x\n", kMagic,
+                static_cast<long long>(core.stepsTaken()), rank, world,
+                payload.size(), crc32(payload.data(), payload.size()));
+  const std::string path = checkpointPath(dir, core.stepsTaken(), rank);
+  const std::string tmp = dir + "/.tmp-" + path.substr(dir.size() + 1) + "." +
+                          std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0)
+    fail(tmp, std::string("cannot be created: ") + std::strerror(errno));
+  try {
+    writeAll(fd, header, std::strlen(header), tmp);
+    const size_t half = payload.size() / 2;
+    writeAll(fd, payload.data(), half, tmp);
+    if (duringWrite)
+      duringWrite();
+    writeAll(fd, payload.data() + half, payload.size() - half, tmp);
+    if (::fsync(fd) != 0)
+      fail(tmp, std::string("fsync failed: ") + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0)
+    fail(path, std::string("rename failed: ") + std::strerror(errno));
+  if (int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
+    ::fsync(dfd); // the rename itself is durable
+    ::close(dfd);
+  }
+  // Keep the newest `keep`; remove temporaries a killed writer left behind.
+  auto all = listCheckpoints(dir, rank);
+  for (size_t i = keep > 0 ? static_cast<size_t>(keep) : all.size();
+       i < all.size(); ++i)
+    ::unlink(all[i].second.c_str());
+  if (DIR *d = opendir(dir.c_str())) {
+    const std::string mine = ".rank" + std::to_string(rank) + ".ckpt.";
+    while (dirent *e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.rfind(".tmp-step-", 0) == 0 &&
+          name.find(mine) != std::string::npos)
+        ::unlink((dir + "/" + name).c_str());
+    }
+    closedir(d);
+  }
+  return path;
+}
+
+void verifyCheckpoint(const std::string &path) { readVerified(path); }
+
+CheckpointExtra loadCheckpoint(const std::string &path, int world,
+                               TrainerCore &core, GradExchange *exchange) {
+  auto [header, payload] = readVerified(path);
+  if (header.world != world)
+    fail(path, "written by a run of world size " +
+                   std::to_string(header.world) + ", this run has " +
+                   std::to_string(world));
+  torch::serialize::InputArchive ar;
+  try {
+    ar.load_from(payload.data(), payload.size());
+  } catch (const std::exception &e) {
+    fail(path, std::string("unreadable archive: ") + e.what());
+  }
+  CheckpointExtra extra;
+  try {
+    at::NoGradGuard noGrad;
+    torch::serialize::InputArchive model;
+    ar.read("model", model);
+    for (auto &[name, p] : core.model().namedParameters()) {
+      at::Tensor v;
+      model.read(name, v);
+      if (!v.sizes().equals(p.sizes()))
+        fail(path, "parameter " + name + " has shape " + c10::str(v.sizes()) +
+                       ", the model " + c10::str(p.sizes()));
+      p.copy_(v);
+    }
+    torch::serialize::InputArchive opt;
+    ar.read("optimizer", opt);
+    core.optimizer().load(opt);
+    torch::serialize::InputArchive gate;
+    ar.read("gate", gate);
+    core.gate().load(gate);
+    if (exchange) {
+      at::Tensor r;
+      if (ar.try_read("gsc_residual", r))
+        exchange->residual() = r.to(core.model().device());
+      else
+        exchange->residual() = at::Tensor();
+    }
+    at::Tensor rng;
+    ar.read("rng_cpu", rng);
+    at::Generator cpu = cpuGenerator();
+    cpu.set_state(rng);
+#ifdef MTPRT_TORCH_CUDA
+    if (core.model().device().is_cuda()) {
+      at::Tensor cr;
+      if (ar.try_read("rng_cuda", cr)) {
+        at::Generator g = at::cuda::detail::getDefaultCUDAGenerator(
+            core.model().device().index() < 0 ? 0
+                                              : core.model().device().index());
+        g.set_state(cr);
+      }
+    }
+#endif
+    c10::IValue step, scale, good, pos;
+    ar.read("step", step);
+    ar.read("loss_scale", scale);
+    ar.read("good_steps", good);
+    ar.read("data_position", pos);
+    core.restoreCounters(step.toInt(), scale.toDouble(), good.toInt());
+    extra.dataPosition = pos.toInt();
+    at::Tensor c;
+    ar.read("last_cosines", c);
+    auto &cos = core.lastCosines();
+    cos.assign(c.size(0), std::vector<double>(c.size(0)));
+    for (int64_t i = 0; i < c.size(0); ++i)
+      for (int64_t j = 0; j < c.size(0); ++j)
+        cos[i][j] = c[i][j].item<double>();
+  } catch (const std::exception &e) {
+    if (std::string(e.what()).rfind("mtprt: checkpoint", 0) == 0)
+      throw;
+    fail(path, std::string("does not fit this program: ") + e.what());
+  }
+  return extra;
+}
+
+std::vector<std::pair<std::string, at::Tensor>>
+checkpointParameters(const std::string &path) {
+  auto [header, payload] = readVerified(path);
+  torch::serialize::InputArchive ar;
+  ar.load_from(payload.data(), payload.size());
+  torch::serialize::InputArchive model;
+  ar.read("model", model);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const std::string &k : model.keys()) {
+    at::Tensor t;
+    model.read(k, t);
+    out.emplace_back(k, t);
+  }
+  return out;
+}
+
+} // namespace mtprt

@@ -1,0 +1,433 @@
+//===- Distributed.cpp - c10d process groups, GSC gradient exchange -------===//
+
+#include "mtprt/torch/Distributed.h"
+
+#include "mtprt/kernels/BlockQuant.h"
+
+// Built with USE_C10D_GLOO and the declarations in gloo-shim/ (see there).
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace mtprt {
+
+namespace detail {
+#ifdef MTPRT_HAVE_NCCL
+c10::intrusive_ptr<c10d::Backend>
+makeNcclBackend(const c10::intrusive_ptr<c10d::Store> &store, int rank,
+                int world, std::chrono::milliseconds timeout);
+#endif
+} // namespace detail
+
+namespace {
+
+int envInt(const char *name, int fallback, int lo, int hi) {
+  const char *v = std::getenv(name);
+  if (!v || !*v)
+    return fallback;
+  char *end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end || x < lo || x > hi)
+    throw std::invalid_argument(std::string("mtprt: environment variable ") +
+                                name + "='" + v + "' is not an integer in [" +
+                                std::to_string(lo) + ", " + std::to_string(hi) +
+                                "]");
+  return static_cast<int>(x);
+}
+
+} // namespace
+
+DistOptions distOptionsFromEnv(DistOptions d) {
+  d.rank = envInt("RANK", d.rank, 0, 1 << 20);
+  d.worldSize = envInt("WORLD_SIZE", d.worldSize, 1, 1 << 20);
+  if (const char *a = std::getenv("MASTER_ADDR"); a && *a)
+    d.masterAddr = a;
+  d.masterPort = envInt("MASTER_PORT", d.masterPort, 1, 65535);
+  return d;
+}
+
+//===----------------------------------------------------------------------===//
+// Communicator
+//===----------------------------------------------------------------------===//
+
+struct Communicator::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+};
+
+Communicator::Communicator(const DistOptions &o, bool serveStore)
+    : options_(o), impl_(std::make_unique<Impl>()) {
+  if (o.worldSize < 1)
+    throw std::invalid_argument("mtprt: world size must be >= 1, got " +
+                                std::to_string(o.worldSize));
+  if (o.rank < 0 || o.rank >= o.worldSize)
+    throw std::invalid_argument("mtprt: rank " + std::to_string(o.rank) +
+                                " is not in [0, " +
+                                std::to_string(o.worldSize) + ")");
+  if (o.masterPort < 1 || o.masterPort > 65535)
+    throw std::invalid_argument("mtprt: master port " +
+                                std::to_string(o.masterPort) +
+                                " is not in [1, 65535]");
+  if (o.worldSize == 1 && !o.alwaysGroup)
+    return; // SPEC §5: at world size 1 the collective does nothing
+  const bool cuda = o.device.rfind("cuda", 0) == 0;
+#ifndef MTPRT_HAVE_NCCL
+  if (cuda)
+    throw std::invalid_argument("mtprt: device " + o.device +
+                                " needs the NCCL process group, and this "
+                                "runtime was built without LibTorch-CUDA");
+#endif
+  const std::chrono::milliseconds timeout(int64_t(o.timeoutS) * 1000);
+  const std::string where = o.masterAddr + ":" + std::to_string(o.masterPort);
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(o.masterPort);
+    so.isServer = serveStore && o.rank == 0;
+    so.waitWorkers = false;
+    so.timeout = timeout;
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
+#ifdef MTPRT_HAVE_NCCL
+    if (cuda) {
+      impl_->backend =
+          detail::makeNcclBackend(impl_->store, o.rank, o.worldSize, timeout);
+      return;
+    }
+#endif
+    auto go = c10d::ProcessGroupGloo::Options::create(timeout);
+    // Bind where the master is reachable from: loopback for a one-machine
+    // run, the host's address (or GLOO_SOCKET_IFNAME) otherwise.
+    if (const char *ifname = std::getenv("GLOO_SOCKET_IFNAME");
+        ifname && *ifname)
+      go->devices.push_back(
+          c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    else if (o.masterAddr == "127.0.0.1" || o.masterAddr == "localhost")
+      go->devices.push_back(
+          c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    else
+      go->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    impl_->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        impl_->store, o.rank, o.worldSize, go);
+  } catch (const std::exception &e) {
+    throw std::runtime_error("mtprt: rank " + std::to_string(o.rank) + " of " +
+                             std::to_string(o.worldSize) +
+                             " could not join the process group at " + where +
+                             ": " + e.what());
+  }
+}
+
+Communicator::~Communicator() = default;
+
+bool Communicator::active() const { return static_cast<bool>(impl_->backend); }
+
+at::Device Communicator::device() const {
+  return options_.device.rfind("cuda", 0) == 0 ? at::Device(options_.device)
+                                               : at::Device(at::kCPU);
+}
+
+std::string Communicator::backendName() const {
+  return impl_->backend ? impl_->backend->getBackendName() : "none";
+}
+
+void Communicator::allReduceSum(std::vector<at::Tensor> &tensors) {
+  if (!impl_->backend)
+    return;
+  for (at::Tensor &t : tensors) {
+    std::vector<at::Tensor> one{t};
+    impl_->backend->allreduce(one)->wait();
+  }
+}
+
+std::vector<at::Tensor> Communicator::allGather(const at::Tensor &t) {
+  if (!impl_->backend)
+    return {t};
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < worldSize(); ++r)
+    out[0].push_back(at::empty_like(t));
+  std::vector<at::Tensor> in{t.contiguous()};
+  impl_->backend->allgather(out, in)->wait();
+  return out[0];
+}
+
+void Communicator::broadcast(at::Tensor &t, int root) {
+  if (!impl_->backend)
+    return;
+  std::vector<at::Tensor> one{t};
+  c10d::BroadcastOptions bo;
+  bo.rootRank = root;
+  impl_->backend->broadcast(one, bo)->wait();
+}
+
+void Communicator::barrier() {
+  if (impl_->backend)
+    impl_->backend->barrier()->wait();
+}
+
+struct StoreServer::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+};
+
+StoreServer::StoreServer(int port, int timeoutS)
+    : impl_(std::make_unique<Impl>()) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = true;
+  so.waitWorkers = false;
+  so.timeout = std::chrono::milliseconds(int64_t(timeoutS) * 1000);
+  try {
+    impl_->store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  } catch (const std::exception &e) {
+    throw std::runtime_error("mtprt: cannot serve the rendezvous store on "
+                             "127.0.0.1:" +
+                             std::to_string(port) + ": " + e.what());
+  }
+}
+
+StoreServer::~StoreServer() = default;
+
+int StoreServer::port() const { return impl_->store->getPort(); }
+
+//===----------------------------------------------------------------------===//
+// GSC encoding
+//===----------------------------------------------------------------------===//
+
+GscLayout gscLayout(int64_t n, const GscOptions &o) {
+  if (!(o.topK > 0 && o.topK <= 1))
+    throw std::invalid_argument("mtprt: compression top-k fraction must be in "
+                                "(0, 1], got " +
+                                std::to_string(o.topK));
+  if (o.block < 1)
+    throw std::invalid_argument("mtprt: compression block must be >= 1");
+  GscLayout l;
+  l.n = n;
+  l.k = n == 0 ? 0
+               : std::min<int64_t>(
+                     n, std::max<int64_t>(
+                            1, static_cast<int64_t>(std::ceil(o.topK * n))));
+  l.blocks = kernels::numBlocks(l.k, o.block);
+  const int64_t bitmapBytes = (n + 7) / 8;
+  l.bitmap = bitmapBytes < 4 * l.k;
+  l.indexBytes = l.bitmap ? bitmapBytes : 4 * l.k;
+  l.bytes = 4 * l.blocks + l.indexBytes + l.k;
+  return l;
+}
+
+namespace {
+
+at::Tensor bitWeights(const at::Device &d) {
+  return at::tensor({1, 2, 4, 8, 16, 32, 64, 128}, at::kByte).to(d);
+}
+
+bool onCudaKernels(const at::Tensor &t) {
+#if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
+  return t.is_cuda();
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+} // namespace
+
+at::Tensor gscEncode(const at::Tensor &values, const GscOptions &o) {
+  if (!values.is_cpu() && !onCudaKernels(values)) // no kernel for the device
+    return gscEncode(values.cpu(), o).to(values.device());
+  at::Tensor v = values.to(at::kFloat).contiguous().view({-1});
+  const GscLayout l = gscLayout(v.numel(), o);
+  at::Tensor payload = at::zeros({l.bytes}, v.options().dtype(at::kByte));
+  if (l.k == 0)
+    return payload;
+  // Top-k by |g|: exactly k positions, so every rank's payload for the bucket
+  // has the same size. Ascending order makes the bitmap and indices agree.
+  at::Tensor idx = std::get<1>(at::topk(v.abs(), l.k, 0, true, false));
+  idx = std::get<0>(at::sort(idx));
+  at::Tensor kept = v.index_select(0, idx).contiguous();
+  at::Tensor scales = payload.narrow(0, 0, 4 * l.blocks).view(at::kFloat);
+  at::Tensor codes =
+      payload.narrow(0, 4 * l.blocks + l.indexBytes, l.k).view(at::kChar);
+  if (onCudaKernels(v)) {
+#if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
+    int err = kernels::blockQuantizeCuda(
+        kept.data_ptr<float>(), l.k, o.block, codes.data_ptr<int8_t>(),
+        scales.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream());
+    if (err)
+      throw std::runtime_error("mtprt: CUDA blockQuantize failed: " +
+                               std::to_string(err));
+#endif
+  } else {
+    kernels::blockQuantizeCpu(kept.data_ptr<float>(), l.k, o.block,
+                              codes.data_ptr<int8_t>(),
+                              scales.data_ptr<float>());
+  }
+  at::Tensor index = payload.narrow(0, 4 * l.blocks, l.indexBytes);
+  if (l.bitmap) {
+    at::Tensor bits = at::zeros({l.indexBytes * 8}, index.options());
+    bits.index_fill_(0, idx, 1);
+    index.copy_(
+        (bits.view({-1, 8}) * bitWeights(v.device())).sum(1).to(at::kByte));
+  } else {
+    index.view(at::kInt).copy_(idx.to(at::kInt));
+  }
+  return payload;
+}
+
+at::Tensor gscDecode(const at::Tensor &payload, int64_t n,
+                     const GscOptions &o) {
+  const GscLayout l = gscLayout(n, o);
+  if (payload.scalar_type() != at::kByte || payload.dim() != 1 ||
+      payload.numel() != l.bytes)
+    throw std::invalid_argument(
+        "mtprt: GSC payload of " + std::to_string(payload.numel()) +
+        " bytes does not encode " + std::to_string(n) + " values (expected " +
+        std::to_string(l.bytes) + ")");
+  if (!payload.is_cpu() && !onCudaKernels(payload))
+    return gscDecode(payload.cpu(), n, o).to(payload.device());
+  at::Tensor p = payload.contiguous();
+  at::Tensor out = at::zeros({n}, p.options().dtype(at::kFloat));
+  if (l.k == 0)
+    return out;
+  at::Tensor scales = p.narrow(0, 0, 4 * l.blocks).view(at::kFloat);
+  at::Tensor codes =
+      p.narrow(0, 4 * l.blocks + l.indexBytes, l.k).view(at::kChar);
+  at::Tensor vals = at::empty({l.k}, out.options());
+  if (onCudaKernels(p)) {
+#if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
+    int err = kernels::blockDequantizeCuda(
+        codes.data_ptr<int8_t>(), scales.data_ptr<float>(), l.k, o.block,
+        vals.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream());
+    if (err)
+      throw std::runtime_error("mtprt: CUDA blockDequantize failed: " +
+                               std::to_string(err));
+#endif
+  } else {
+    kernels::blockDequantizeCpu(codes.data_ptr<int8_t>(),
+                                scales.data_ptr<float>(), l.k, o.block,
+                                vals.data_ptr<float>());
+  }
+  at::Tensor index = p.narrow(0, 4 * l.blocks, l.indexBytes);
+  at::Tensor idx;
+  if (l.bitmap)
+    idx = index.unsqueeze(1)
+              .bitwise_and(bitWeights(p.device()))
+              .ne(0)
+              .view({-1})
+              .narrow(0, 0, n)
+              .nonzero()
+              .view({-1});
+  else
+    idx = index.view(at::kInt).to(at::kLong);
+  if (idx.numel() != l.k || (!l.bitmap && (idx.min().item<int64_t>() < 0 ||
+                                           idx.max().item<int64_t>() >= n)))
+    throw std::invalid_argument("mtprt: corrupt GSC payload (positions)");
+  out.index_copy_(0, idx, vals);
+  return out;
+}
+
+//===----------------------------------------------------------------------===//
+// GradExchange
+//===----------------------------------------------------------------------===//
+
+GradExchange::GradExchange(Communicator *comm, bool compress, GscOptions o)
+    : comm_(comm), compress_(compress), options_(o) {
+  gscLayout(1, o); // validates the knobs
+  if (!(o.decay >= 0 && o.decay <= 1))
+    throw std::invalid_argument("mtprt: compression decay must be in [0, 1]");
+  if (o.bucket < 1)
+    throw std::invalid_argument("mtprt: compression bucket must be >= 1");
+}
+
+GradExchange::Result GradExchange::sum(at::Tensor &flat) {
+  Result r;
+  if (!comm_ || !comm_->active())
+    return r;
+  const int64_t n = flat.numel();
+  r.bytesSentUncompressed = 4 * n;
+  if (!compress_) {
+    std::vector<at::Tensor> one{flat};
+    comm_->allReduceSum(one);
+    r.bytesSent = 4 * n;
+    return r;
+  }
+  if (!residual_.defined() || residual_.numel() != n)
+    residual_ = at::zeros({n}, flat.options());
+  at::Tensor gin = flat + options_.decay * residual_;
+  std::vector<at::Tensor> payloads;
+  std::vector<GscLayout> layouts;
+  at::Tensor own = at::empty({n}, flat.options());
+  for (int64_t lo = 0; lo < n; lo += options_.bucket) {
+    const int64_t len = std::min(options_.bucket, n - lo);
+    payloads.push_back(gscEncode(gin.narrow(0, lo, len), options_));
+    layouts.push_back(gscLayout(len, options_));
+    own.narrow(0, lo, len).copy_(gscDecode(payloads.back(), len, options_));
+  }
+  // The residual covers the dropped values and the quantization error alike.
+  residual_ = gin - own;
+  lastOwnDecoded = own;
+  at::Tensor mine = at::cat(payloads);
+  r.bytesSent = mine.numel();
+  std::vector<at::Tensor> all = comm_->allGather(mine);
+  // Every rank sums the same decoded payloads in rank order: identical bits.
+  flat.zero_();
+  for (const at::Tensor &p : all) {
+    int64_t lo = 0, off = 0;
+    for (const GscLayout &l : layouts) {
+      flat.narrow(0, lo, l.n)
+          .add_(gscDecode(p.narrow(0, off, l.bytes), l.n, options_));
+      lo += l.n;
+      off += l.bytes;
+    }
+  }
+  return r;
+}
+
+GradExchange::Result
+GradExchange::averageGradients(const std::vector<at::Tensor> &params) {
+  if (!comm_ || !comm_->active())
+    return {};
+  // Which parameters have a gradient on some rank (a task whose labels are
+  // missing everywhere leaves its head untouched, as on one process).
+  at::Tensor has = at::empty({int64_t(params.size())}, at::kFloat);
+  // (Filled on the CPU, moved to the collectives' device below.)
+  std::vector<at::Tensor> parts;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor &g = params[i].grad();
+    has[i] = g.defined() ? 1.0 : 0.0;
+    parts.push_back(g.defined()
+                        ? g.to(at::kFloat).reshape({-1})
+                        : at::zeros({params[i].numel()},
+                                    params[i].options().dtype(at::kFloat)));
+  }
+  std::vector<at::Tensor> flags{has.to(comm_->device())};
+  comm_->allReduceSum(flags);
+  has = flags[0].cpu();
+  at::Tensor flat = at::cat(parts).to(comm_->device());
+  Result r = sum(flat);
+  r.bytesSent += 4 * has.numel();
+  r.bytesSentUncompressed += 4 * has.numel();
+  flat.div_(comm_->worldSize());
+  int64_t off = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor p = params[i];
+    const int64_t len = p.numel();
+    at::Tensor avg = flat.narrow(0, off, len)
+                         .view(p.sizes())
+                         .to(p.device(), p.scalar_type());
+    off += len;
+    if (has[i].item<float>() == 0.0f)
+      continue;
+    if (p.grad().defined())
+      p.mutable_grad().copy_(avg);
+    else
+      p.mutable_grad() = avg.clone();
+  }
+  return r;
+}
+
+} // namespace mtprt

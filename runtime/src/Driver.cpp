@@ -1,0 +1,666 @@
+//===- Driver.cpp - the training program around a step --------------------===//
+
+#include "mtprt/Driver.h"
+
+#include "mtprt/Runtime.h"
+#include "mtprt/torch/Checkpoint.h"
+#include "mtprt/torch/Data.h"
+#include "mtprt/torch/Distributed.h"
+#include "mtprt/torch/Trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+extern char **environ;
+
+namespace mtprt {
+
+namespace {
+
+volatile std::sig_atomic_t interrupted = 0;
+extern "C" void onInterrupt(int) { interrupted = 1; }
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  int64_t steps = 0, batchSize = 0, logEvery = 1;
+  std::string data = "synthetic";
+  double relatedness = 0.5;
+  std::string metrics, checkpointDir;
+  int64_t checkpointEvery = 0, keep = 3;
+  bool resume = false, resumeFallback = false;
+  int nproc = 1;
+  std::optional<int> rank, worldSize, masterPort;
+  std::optional<std::string> masterAddr;
+  std::optional<std::string> device, precision;
+  uint64_t seed = 0;
+  bool compress = false;
+  double topK = 0.15, decay = 0.8;
+  int64_t block = 256, bucket = 1 << 20;
+  std::string progress = "auto";
+  int threads = 0;
+  std::string writeShard;
+};
+
+/// The flag table: name, value placeholder (empty = no value), help.
+struct Flag {
+  const char *name, *value, *help;
+};
+const Flag kFlags[] = {
+    {"--steps", "N",
+     "optimizer steps to reach in total (a resumed run "
+     "continues to N; one already there exits 0)"},
+    {"--batch-size", "B", "global batch size, split evenly over the ranks"},
+    {"--data", "PATH",
+     "JSON Lines file or binary shard (docs/runtime-services.md), or "
+     "'synthetic' (default)"},
+    {"--relatedness", "X",
+     "synthetic data: how much the tasks share, 0..1 "
+     "(default 0.5)"},
+    {"--write-shard", "OUT",
+     "convert the --data JSON Lines file into a binary "
+     "shard at OUT and exit"},
+    {"--metrics", "FILE", "append one JSON Lines record per logged step"},
+    {"--log-every", "N", "log metrics every N steps (default 1)"},
+    {"--checkpoint-dir", "DIR",
+     "where checkpoints go (one file per rank "
+     "and step)"},
+    {"--checkpoint-every", "N",
+     "checkpoint every N steps (0: only at the "
+     "end and on Ctrl-C; default 0)"},
+    {"--keep", "K",
+     "keep the newest K checkpoints per rank (default 3; 0 = "
+     "all)"},
+    {"--resume", "",
+     "continue from the newest checkpoint in "
+     "--checkpoint-dir (fresh start when there is none)"},
+    {"--resume-fallback", "",
+     "with --resume: skip a corrupt newest "
+     "checkpoint and use the previous good one"},
+    {"--nproc", "N",
+     "start N processes on this machine (rendezvous on "
+     "127.0.0.1)"},
+    {"--rank", "R", "this process's rank in a launched run (else $RANK)"},
+    {"--world-size", "W", "processes in the run (else $WORLD_SIZE, or 1)"},
+    {"--master-addr", "ADDR",
+     "rendezvous host (else $MASTER_ADDR, or "
+     "127.0.0.1)"},
+    {"--master-port", "PORT",
+     "rendezvous port (else $MASTER_PORT, or 29500; "
+     "with --nproc, 0 picks a free one)"},
+    {"--device", "DEV", "cpu or cuda[:N] (default: the program's)"},
+    {"--precision", "P", "fp32, bf16 or fp16 (fp16: cuda only)"},
+    {"--seed", "S", "seed for the model, the data and dropout (default 0)"},
+    {"--compress", "",
+     "GSC-compressed gradient exchange (top-k, 8-bit "
+     "blocks, error feedback)"},
+    {"--no-compress", "", "plain all-reduce of fp32 gradients"},
+    {"--compress-topk", "F", "kept fraction per bucket (default 0.15)"},
+    {"--compress-decay", "D", "residual feedback decay (default 0.8)"},
+    {"--compress-block", "N", "values per quantization block (default 256)"},
+    {"--compress-bucket", "N", "values per bucket (default 1048576)"},
+    {"--threads", "N", "intra-op CPU threads (default: LibTorch's)"},
+    {"--progress", "MODE",
+     "auto (live line on a terminal, plain lines "
+     "otherwise), plain or off"},
+    {"--help", "", "this text"},
+};
+
+void printHelp(const std::string &name) {
+  std::printf("usage: %s [flags]\n\nTrains the program's multi-task model "
+              "(mtprt runtime).\n\n",
+              name.c_str());
+  for (const Flag &f : kFlags) {
+    std::string left = std::string(f.name) + (*f.value ? " " : "") + f.value;
+    std::printf("  %-24s %s\n", left.c_str(), f.help);
+  }
+  std::printf("\nExit codes: 0 done, 1 error, 2 bad command line, 130 "
+              "interrupted (checkpoint saved).\n");
+}
+
+int64_t toInt(const std::string &flag, const std::string &v, int64_t lo,
+              int64_t hi) {
+  char *end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end || errno || x < lo || x > hi)
+    throw UsageError(flag + " expects an integer in [" + std::to_string(lo) +
+                     ", " + std::to_string(hi) + "], got '" + v + "'");
+  return x;
+}
+
+double toDouble(const std::string &flag, const std::string &v, double lo,
+                double hi) {
+  char *end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end || !(x >= lo && x <= hi))
+    throw UsageError(flag + " expects a number in [" + std::to_string(lo) +
+                     ", " + std::to_string(hi) + "], got '" + v + "'");
+  return x;
+}
+
+/// Parses argv; returns false for --help.
+bool parse(int argc, char **argv, const Program &p, Options &o) {
+  o.steps = p.steps;
+  o.batchSize = p.batchSize;
+  o.compress = p.compress;
+  o.topK = p.compressTopK;
+  o.decay = p.compressDecay;
+  o.block = p.compressBlock;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i], value;
+    const size_t eq = arg.find('=');
+    bool inlineValue = false;
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      inlineValue = true;
+    }
+    const Flag *flag = nullptr;
+    for (const Flag &f : kFlags)
+      if (arg == f.name)
+        flag = &f;
+    if (!flag)
+      throw UsageError("unknown flag '" + arg + "'");
+    if (*flag->value && !inlineValue) {
+      if (i + 1 >= argc)
+        throw UsageError(arg + " needs a value (" + flag->value + ")");
+      value = argv[++i];
+    } else if (!*flag->value && inlineValue) {
+      throw UsageError(arg + " takes no value");
+    }
+    const int64_t big = int64_t(1) << 40;
+    if (arg == "--help")
+      return false;
+    if (arg == "--steps")
+      o.steps = toInt(arg, value, 0, big);
+    else if (arg == "--batch-size")
+      o.batchSize = toInt(arg, value, 1, big);
+    else if (arg == "--data")
+      o.data = value;
+    else if (arg == "--relatedness")
+      o.relatedness = toDouble(arg, value, 0, 1);
+    else if (arg == "--write-shard")
+      o.writeShard = value;
+    else if (arg == "--metrics")
+      o.metrics = value;
+    else if (arg == "--log-every")
+      o.logEvery = toInt(arg, value, 1, big);
+    else if (arg == "--checkpoint-dir")
+      o.checkpointDir = value;
+    else if (arg == "--checkpoint-every")
+      o.checkpointEvery = toInt(arg, value, 0, big);
+    else if (arg == "--keep")
+      o.keep = toInt(arg, value, 0, big);
+    else if (arg == "--resume")
+      o.resume = true;
+    else if (arg == "--resume-fallback")
+      o.resumeFallback = true;
+    else if (arg == "--nproc")
+      o.nproc = static_cast<int>(toInt(arg, value, 1, 4096));
+    else if (arg == "--rank")
+      o.rank = static_cast<int>(toInt(arg, value, 0, 1 << 20));
+    else if (arg == "--world-size")
+      o.worldSize = static_cast<int>(toInt(arg, value, 1, 1 << 20));
+    else if (arg == "--master-addr")
+      o.masterAddr = value;
+    else if (arg == "--master-port")
+      o.masterPort = static_cast<int>(toInt(arg, value, 0, 65535));
+    else if (arg == "--device") {
+      if (value != "cpu" && value.rfind("cuda", 0) != 0)
+        throw UsageError("--device expects cpu or cuda[:N], got '" + value +
+                         "'");
+      o.device = value;
+    } else if (arg == "--precision") {
+      if (value != "fp32" && value != "bf16" && value != "fp16")
+        throw UsageError("--precision expects fp32, bf16 or fp16, got '" +
+                         value + "'");
+      o.precision = value;
+    } else if (arg == "--seed")
+      o.seed = static_cast<uint64_t>(toInt(arg, value, 0, big));
+    else if (arg == "--compress")
+      o.compress = true;
+    else if (arg == "--no-compress")
+      o.compress = false;
+    else if (arg == "--compress-topk")
+      o.topK = toDouble(arg, value, 1e-6, 1);
+    else if (arg == "--compress-decay")
+      o.decay = toDouble(arg, value, 0, 1);
+    else if (arg == "--compress-block")
+      o.block = toInt(arg, value, 1, 1 << 20);
+    else if (arg == "--compress-bucket")
+      o.bucket = toInt(arg, value, 1, big);
+    else if (arg == "--threads")
+      o.threads = static_cast<int>(toInt(arg, value, 1, 1024));
+    else if (arg == "--progress") {
+      if (value != "auto" && value != "plain" && value != "off")
+        throw UsageError("--progress expects auto, plain or off");
+      o.progress = value;
+    }
+  }
+  if ((o.resume || o.checkpointEvery > 0) && o.checkpointDir.empty())
+    throw UsageError(std::string(o.resume ? "--resume" : "--checkpoint-every") +
+                     " needs --checkpoint-dir");
+  if (!o.writeShard.empty() && o.data == "synthetic")
+    throw UsageError("--write-shard needs --data FILE.jsonl");
+  if (o.resumeFallback && !o.resume)
+    throw UsageError("--resume-fallback needs --resume");
+  if (o.nproc > 1 && (o.rank || o.worldSize))
+    throw UsageError("--nproc starts its own ranks; drop --rank/--world-size");
+  return true;
+}
+
+//===----------------------------------------------------------------------===//
+// --nproc: start the ranks, wait for them
+//===----------------------------------------------------------------------===//
+
+int launch(int argc, char **argv, const Options &o) {
+  StoreServer server(o.masterPort.value_or(0));
+  const int port = server.port();
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--nproc" || a == "--master-port") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) == 0 || a.rfind("--master-port=", 0) == 0)
+      continue;
+    args.push_back(a);
+  }
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0)
+    throw std::runtime_error("cannot find this executable (/proc/self/exe)");
+  self[len] = 0;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < o.nproc; ++r) {
+    std::vector<std::string> env;
+    for (char **e = environ; *e; ++e) {
+      const std::string s = *e;
+      if (s.rfind("RANK=", 0) && s.rfind("WORLD_SIZE=", 0) &&
+          s.rfind("LOCAL_RANK=", 0) && s.rfind("MASTER_ADDR=", 0) &&
+          s.rfind("MASTER_PORT=", 0))
+        env.push_back(s);
+    }
+    env.push_back("RANK=" + std::to_string(r));
+    env.push_back("LOCAL_RANK=" + std::to_string(r));
+    env.push_back("WORLD_SIZE=" + std::to_string(o.nproc));
+    env.push_back("MASTER_ADDR=127.0.0.1");
+    env.push_back("MASTER_PORT=" + std::to_string(port));
+    env.push_back("MTPRT_STORE_SERVED=1");
+    std::vector<std::string> av = args;
+    std::vector<char *> avp, envp;
+    for (std::string &s : av)
+      avp.push_back(s.data());
+    avp.push_back(nullptr);
+    for (std::string &s : env)
+      envp.push_back(s.data());
+    envp.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execve(self, avp.data(), envp.data());
+      _exit(127);
+    }
+    if (pid < 0)
+      throw std::runtime_error("fork failed");
+    pids.push_back(pid);
+  }
+  // Ctrl-C reaches every rank through the terminal's process group; a signal
+  // sent to the launcher alone is forwarded.
+  int code = 0;
+  size_t left = pids.size();
+  bool forwarded = false;
+  while (left) {
+    if (interrupted && !forwarded) {
+      for (pid_t p : pids)
+        if (p > 0)
+          ::kill(p, SIGINT);
+      forwarded = true;
+    }
+    int st = 0;
+    const pid_t done = waitpid(-1, &st, WNOHANG);
+    if (done <= 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    for (pid_t &p : pids)
+      if (p == done) {
+        p = 0;
+        --left;
+        const int c = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (c != 0 && code == 0) {
+          code = c;
+          // One rank failed: the others would wait on it until the timeout.
+          if (c != 130)
+            for (pid_t q : pids)
+              if (q > 0)
+                ::kill(q, SIGTERM);
+        }
+      }
+  }
+  return code;
+}
+
+//===----------------------------------------------------------------------===//
+// One rank
+//===----------------------------------------------------------------------===//
+
+std::string human(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return buf;
+}
+
+std::string duration(double s) {
+  char buf[32];
+  if (!std::isfinite(s) || s < 0)
+    return "?";
+  const long t = static_cast<long>(s + 0.5);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, t / 60 % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  return buf;
+}
+
+int envLocalRank(int rank) {
+  const char *v = std::getenv("LOCAL_RANK");
+  return v && *v ? std::atoi(v) : rank;
+}
+
+int train(const Program &p, const Options &o) {
+  DistOptions d;
+  d = distOptionsFromEnv(d);
+  if (o.rank)
+    d.rank = *o.rank;
+  if (o.worldSize)
+    d.worldSize = *o.worldSize;
+  if (o.masterAddr)
+    d.masterAddr = *o.masterAddr;
+  if (o.masterPort)
+    d.masterPort = *o.masterPort;
+  if (d.rank >= d.worldSize)
+    throw UsageError("rank " + std::to_string(d.rank) +
+                     " is not below the world size " +
+                     std::to_string(d.worldSize));
+  if (o.batchSize % d.worldSize != 0)
+    throw UsageError("--batch-size " + std::to_string(o.batchSize) +
+                     " does not split evenly over " +
+                     std::to_string(d.worldSize) + " ranks");
+  const bool rank0 = d.rank == 0;
+  if (o.threads > 0)
+    at::set_num_threads(o.threads);
+
+  ModelConfig mc = p.model;
+  TrainConfig tc = p.train;
+  if (o.device)
+    mc.device = *o.device;
+  if (o.precision)
+    tc.precision = *o.precision == "fp32"   ? Precision::Fp32
+                   : *o.precision == "bf16" ? Precision::Bf16
+                                            : Precision::Fp16;
+  mc.seed = p.model.seed + o.seed;
+  // Dropout differs per rank (different rows), reproducibly.
+  {
+    at::Generator g = at::detail::getDefaultCPUGenerator();
+    g.set_current_seed(o.seed * 7919 + static_cast<uint64_t>(d.rank));
+  }
+
+  // One GPU per rank on this machine.
+  if (mc.device == "cuda" && d.worldSize > 1)
+    mc.device = "cuda:" + std::to_string(envLocalRank(d.rank));
+  d.device = mc.device;
+  Trainer trainer(mc, p.heads, tc);
+  TrainerCore &core = trainer.core();
+  // Our --nproc launcher, or torchrun's agent, already serves the store.
+  const char *agentStore = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool served = std::getenv("MTPRT_STORE_SERVED") != nullptr ||
+                      (agentStore && std::string(agentStore) == "True");
+  Communicator comm(d, /*serveStore=*/!served);
+  GscOptions gsc;
+  gsc.topK = o.topK;
+  gsc.decay = o.decay;
+  gsc.block = o.block;
+  gsc.bucket = o.bucket;
+  GradExchange exchange(&comm, o.compress, gsc);
+  GradExchange::Result sent;
+  core.beforeUpdate = [&](StepStats &) {
+    sent = exchange.averageGradients(core.model().parameters());
+  };
+
+  std::unique_ptr<DataSource> data =
+      o.data == "synthetic" ? syntheticData(mc, p.heads, o.seed, o.relatedness)
+                            : loadData(o.data, mc, p.heads);
+
+  // Resume: each rank picks its newest good checkpoint; the ranks agree on
+  // the oldest of those steps.
+  int64_t position = 0;
+  if (o.resume) {
+    int64_t chosen = -1;
+    for (const auto &[step, path] : listCheckpoints(o.checkpointDir, d.rank)) {
+      try {
+        verifyCheckpoint(path);
+        chosen = step;
+        break;
+      } catch (const std::runtime_error &e) {
+        if (!o.resumeFallback)
+          throw std::runtime_error(std::string(e.what()) +
+                                   " (--resume-fallback uses the previous "
+                                   "good checkpoint)");
+        std::fprintf(stderr, "[rank %d] skipping %s\n", d.rank, e.what());
+      }
+    }
+    at::Tensor all =
+        at::cat(
+            comm.allGather(at::tensor({chosen}, at::kLong).to(comm.device())))
+            .cpu();
+    const int64_t agreed = all.min().item<int64_t>();
+    if (agreed >= 0) {
+      const std::string path = checkpointPath(o.checkpointDir, agreed, d.rank);
+      position =
+          loadCheckpoint(path, d.worldSize, core, &exchange).dataPosition;
+      if (rank0)
+        std::fprintf(stderr, "resumed from %s (step %lld)\n", path.c_str(),
+                     static_cast<long long>(agreed));
+    } else if (rank0) {
+      std::fprintf(stderr, "no checkpoint %sin %s: starting fresh\n",
+                   d.worldSize > 1 ? "that every rank has " : "",
+                   o.checkpointDir.c_str());
+    }
+  }
+  if (core.stepsTaken() >= o.steps) {
+    if (rank0)
+      std::printf("already at step %lld of %lld: nothing to do\n",
+                  static_cast<long long>(core.stepsTaken()),
+                  static_cast<long long>(o.steps));
+    return 0;
+  }
+
+  std::ofstream metrics;
+  if (rank0 && !o.metrics.empty()) {
+    metrics.open(o.metrics, std::ios::app);
+    if (!metrics)
+      throw std::runtime_error("cannot open --metrics file " + o.metrics);
+  }
+  const bool tty = o.progress == "auto" && isatty(STDERR_FILENO);
+  const bool plain = o.progress == "plain" || (o.progress == "auto" && !tty);
+  const int64_t plainEvery = std::max<int64_t>(1, o.steps / 10);
+
+  // The crash test's hook: pause inside the write of step N's checkpoint.
+  const char *pauseAt = std::getenv("MTPRT_TEST_PAUSE_IN_CHECKPOINT");
+  auto save = [&]() {
+    std::function<void()> hook;
+    if (pauseAt && std::atoll(pauseAt) == core.stepsTaken())
+      hook = [&] {
+        std::ofstream(o.checkpointDir + "/paused").put('1');
+        for (;;)
+          ::pause();
+      };
+    return saveCheckpoint(o.checkpointDir, d.rank, d.worldSize, core, &exchange,
+                          CheckpointExtra{position}, o.keep, hook);
+  };
+
+  const int64_t local = o.batchSize / d.worldSize;
+  const int64_t first = core.stepsTaken();
+  const auto start = std::chrono::steady_clock::now();
+  int64_t lastSaved = -1;
+  while (core.stepsTaken() < o.steps) {
+    Batch global = data->batch(position, o.batchSize);
+    trainer.setBatch(global.slice(d.rank * local, (d.rank + 1) * local));
+    StepStats s = p.step ? p.step(trainer) : trainer.step(p.schedule);
+    ++position;
+    s.bytesSent = sent.bytesSent;
+    s.bytesSentUncompressed = sent.bytesSentUncompressed;
+    s.predictedPeakBytes = p.predictedPeakBytes;
+    s.samplesPerS *= d.worldSize; // the global batch went through
+    if (d.worldSize > 1) {
+      // Report the global batch's loss: the mean over the ranks that had
+      // each task's labels. One small collective also agrees on Ctrl-C.
+      const int64_t nt = static_cast<int64_t>(s.loss.size());
+      at::Tensor v = at::zeros({2 * nt + 1}, at::kDouble);
+      for (int64_t t = 0; t < nt; ++t)
+        if (std::isfinite(s.loss[t])) {
+          v[t] = s.loss[t];
+          v[nt + t] = 1.0;
+        }
+      v[2 * nt] = interrupted ? 1.0 : 0.0;
+      std::vector<at::Tensor> one{v.to(comm.device())};
+      comm.allReduceSum(one);
+      v = one[0].cpu();
+      for (int64_t t = 0; t < nt; ++t) {
+        const double n = v[nt + t].item<double>();
+        s.loss[t] = n > 0 ? v[t].item<double>() / n : std::nan("");
+      }
+      if (v[2 * nt].item<double>() > 0)
+        interrupted = 1;
+    }
+    // SPEC B8: every rank decides alike (the matrix and ratio are per rank
+    // but the gate is too); logged by rank 0.
+    if (needsGateRecalibration(s)) {
+      core.gate().reset();
+      const std::string ev = recalibrationJsonLine(s);
+      if (rank0) {
+        std::fprintf(stderr, "%s%s\n", tty ? "\n" : "", ev.c_str());
+        if (metrics.is_open())
+          metrics << ev << '\n' << std::flush;
+      }
+    }
+    const int64_t done = core.stepsTaken();
+    if (rank0 && metrics.is_open() &&
+        (done % o.logEvery == 0 || done == o.steps))
+      metrics << toJsonLine(s) << '\n' << std::flush;
+    if (rank0 && (tty || plain) &&
+        (tty || done % plainEvery == 0 || done == o.steps)) {
+      const double el = std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - start)
+                            .count();
+      const double eta = el / double(done - first) * double(o.steps - done);
+      std::ostringstream line;
+      line << "step " << done << "/" << o.steps << "  loss";
+      for (size_t t = 0; t < s.tasks.size(); ++t) {
+        char buf[64];
+        if (std::isfinite(s.loss[t]))
+          std::snprintf(buf, sizeof buf, " %s=%.4f", s.tasks[t].c_str(),
+                        s.loss[t]);
+        else // no labels for the task in this batch
+          std::snprintf(buf, sizeof buf, " %s=-", s.tasks[t].c_str());
+        line << buf;
+      }
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "  %.0f samples/s  peak %s  ETA %s",
+                    s.samplesPerS, human(double(s.measuredPeakBytes)).c_str(),
+                    duration(eta).c_str());
+      line << buf;
+      if (tty)
+        std::fprintf(stderr, "\r\033[K%s", line.str().c_str());
+      else
+        std::fprintf(stderr, "%s\n", line.str().c_str());
+    }
+    if (!o.checkpointDir.empty() &&
+        ((o.checkpointEvery > 0 && done % o.checkpointEvery == 0) ||
+         interrupted)) {
+      save();
+      lastSaved = done;
+    }
+    if (interrupted) {
+      if (rank0)
+        std::fprintf(stderr, "%sinterrupted at step %lld%s\n", tty ? "\n" : "",
+                     static_cast<long long>(done),
+                     o.checkpointDir.empty()
+                         ? " (no --checkpoint-dir: nothing saved)"
+                         : "; checkpoint saved");
+      return 130;
+    }
+  }
+  if (tty && rank0)
+    std::fprintf(stderr, "\n");
+  if (!o.checkpointDir.empty() && lastSaved != core.stepsTaken()) {
+    const std::string path = save();
+    if (rank0)
+      std::fprintf(stderr, "saved %s\n", path.c_str());
+  }
+  if (rank0)
+    std::printf("done: step %lld of %lld\n",
+                static_cast<long long>(core.stepsTaken()),
+                static_cast<long long>(o.steps));
+  return 0;
+}
+
+} // namespace
+
+int runDriver(int argc, char **argv, const Program &program) {
+  const std::string name = argc > 0 ? argv[0] : program.name;
+  Options o;
+  try {
+    if (!parse(argc, argv, program, o)) {
+      printHelp(name);
+      return 0;
+    }
+  } catch (const UsageError &e) {
+    std::fprintf(stderr, "%s: error: %s (see --help)\n", name.c_str(),
+                 e.what());
+    return 2;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = onInterrupt;
+  sa.sa_flags = SA_RESTART; // the collectives' blocking calls carry on
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  try {
+    if (!o.writeShard.empty()) {
+      writeShard(o.data, o.writeShard, program.model, program.heads);
+      std::printf("wrote %s\n", o.writeShard.c_str());
+      return 0;
+    }
+    const bool launcher = o.nproc > 1 && !std::getenv("MTPRT_STORE_SERVED");
+    return launcher ? launch(argc, argv, o) : train(program, o);
+  } catch (const UsageError &e) {
+    std::fprintf(stderr, "%s: error: %s (see --help)\n", name.c_str(),
+                 e.what());
+    return 2;
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
+    return 1;
+  }
+}
+
+} // namespace mtprt

@@ -1,0 +1,2 @@
+// See README.md: declarations for c10d/ProcessGroupGloo.hpp only.
+#pragma once

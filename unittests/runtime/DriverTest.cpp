@@ -1,0 +1,718 @@
+//===- DriverTest.cpp - the training driver as a real executable ----------===//
+//
+// Runs runtime/tools/mtprt-demo (a hand-written step program on the driver)
+// as a child process: command line, checkpoints and resume, a SIGKILL in the
+// middle of a checkpoint write, Ctrl-C, metrics, --nproc 2. Every child is
+// killed after a timeout. Also the data sources and the DGFG recalibration
+// rule.
+//
+//===----------------------------------------------------------------------===//
+
+#include "mtprt/Driver.h"
+#include "mtprt/Runtime.h"
+#include "mtprt/torch/Checkpoint.h"
+#include "mtprt/torch/Data.h"
+#include "mtprt/torch/GradPipeline.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <dirent.h>
+#include <fcntl.h>
+#include <fstream>
+#include <pty.h>
+#include <sstream>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+extern char **environ;
+
+using namespace mtprt;
+
+namespace {
+
+std::string readFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+bool exists(const std::string &path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+/// A temporary directory, removed (one level deep plus subdirectories one
+/// level) at the end.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string t = "/tmp/mtprt-driver-XXXXXX";
+    path = mkdtemp(t.data());
+  }
+  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+};
+
+/// The demo as a child process; output (stdout + stderr) to a file.
+struct Child {
+  pid_t pid = -1;
+  std::string out;
+  int rc = -1;
+
+  Child(const std::vector<std::string> &args, const std::string &outFile,
+        const std::vector<std::string> &env = {})
+      : out(outFile) {
+    std::vector<std::string> av = {MTPRT_DEMO, "--threads", "1", "--progress",
+                                   "plain"};
+    av.insert(av.end(), args.begin(), args.end());
+    std::vector<char *> avp;
+    for (std::string &s : av)
+      avp.push_back(s.data());
+    avp.push_back(nullptr);
+    std::vector<std::string> ev;
+    for (char **e = environ; *e; ++e)
+      ev.push_back(*e);
+    ev.insert(ev.end(), env.begin(), env.end());
+    std::vector<char *> evp;
+    for (std::string &s : ev)
+      evp.push_back(s.data());
+    evp.push_back(nullptr);
+    const int fd = ::open(outFile.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid = fork();
+    if (pid == 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      execve(avp[0], avp.data(), evp.data());
+      _exit(127);
+    }
+    ::close(fd);
+  }
+  ~Child() { kill(SIGKILL); }
+
+  void kill(int sig) {
+    if (pid > 0) {
+      ::kill(pid, sig);
+      if (sig == SIGKILL) {
+        waitpid(pid, nullptr, 0);
+        pid = -1;
+      }
+    }
+  }
+  /// Waits up to timeoutS; returns the exit code (-1 killed on timeout).
+  int wait(int timeoutS = 60) {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(timeoutS);
+    while (pid > 0) {
+      int st = 0;
+      if (waitpid(pid, &st, WNOHANG) == pid) {
+        pid = -1;
+        rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(SIGKILL);
+        rc = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return rc;
+  }
+  std::string output() const { return readFile(out); }
+};
+
+int run(const std::vector<std::string> &args, const TempDir &dir,
+        std::string *output = nullptr,
+        const std::vector<std::string> &env = {}) {
+  Child c(args, dir.path + "/out.txt", env);
+  const int rc = c.wait(90);
+  if (output)
+    *output = c.output();
+  return rc;
+}
+
+bool waitFor(const std::string &path, int timeoutS) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(timeoutS);
+  while (!exists(path)) {
+    if (std::chrono::steady_clock::now() > deadline)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+void expectSameParameters(const std::string &a, const std::string &b) {
+  auto pa = checkpointParameters(a), pb = checkpointParameters(b);
+  ASSERT_EQ(pa.size(), pb.size());
+  ASSERT_GT(pa.size(), 10u);
+  for (size_t i = 0; i < pa.size(); ++i) {
+    ASSERT_EQ(pa[i].first, pb[i].first);
+    EXPECT_TRUE(at::equal(pa[i].second, pb[i].second))
+        << pa[i].first << " differs between " << a << " and " << b;
+  }
+}
+
+} // namespace
+
+TEST(Driver, HelpAndBadCommandLines) {
+  TempDir d;
+  std::string out;
+  ASSERT_EQ(run({"--help"}, d, &out), 0) << out;
+  for (const char *flag :
+       {"--steps", "--data", "--metrics", "--checkpoint-dir",
+        "--checkpoint-every", "--keep", "--resume", "--nproc", "--rank",
+        "--world-size", "--master-addr", "--master-port", "--device",
+        "--precision", "--seed"})
+    EXPECT_NE(out.find(std::string("  ") + flag + " "), std::string::npos)
+        << flag;
+  EXPECT_EQ(run({"--bogus"}, d, &out), 2);
+  EXPECT_NE(out.find("unknown flag '--bogus'"), std::string::npos) << out;
+  EXPECT_EQ(run({"--steps", "-3"}, d, &out), 2);
+  EXPECT_NE(out.find("--steps expects an integer"), std::string::npos) << out;
+  EXPECT_EQ(run({"--precision", "fp8"}, d, &out), 2);
+  EXPECT_EQ(run({"--resume"}, d, &out), 2);
+  EXPECT_NE(out.find("--resume needs --checkpoint-dir"), std::string::npos);
+  EXPECT_EQ(run({"--steps"}, d, &out), 2);
+  EXPECT_EQ(
+      run({"--batch-size", "7", "--world-size", "2", "--rank", "0"}, d, &out),
+      2);
+  EXPECT_NE(out.find("does not split evenly"), std::string::npos) << out;
+  EXPECT_EQ(run({"--data", d.path + "/missing.jsonl", "--steps", "1"}, d, &out),
+            1);
+  EXPECT_NE(out.find(d.path + "/missing.jsonl: cannot be opened"),
+            std::string::npos)
+      << out;
+}
+
+TEST(Driver, ResumeIsBitIdenticalAndCorruptionIsRefused) {
+  TempDir d;
+  const std::string a = d.path + "/a", b = d.path + "/b";
+  std::string out;
+  ASSERT_EQ(run({"--steps", "12", "--checkpoint-dir", a}, d, &out), 0) << out;
+  ASSERT_EQ(run({"--steps", "6", "--checkpoint-dir", b}, d, &out), 0) << out;
+  ASSERT_EQ(run({"--steps", "12", "--checkpoint-dir", b, "--resume"}, d, &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("resumed from " + checkpointPath(b, 6, 0)),
+            std::string::npos)
+      << out;
+  // Dropout, AdamW moments, the gate and the data position all continue.
+  expectSameParameters(checkpointPath(a, 12, 0), checkpointPath(b, 12, 0));
+  auto p6 = checkpointParameters(checkpointPath(b, 6, 0));
+  auto p12 = checkpointParameters(checkpointPath(b, 12, 0));
+  EXPECT_FALSE(at::equal(p6[0].second, p12[0].second));
+
+  ASSERT_EQ(run({"--steps", "12", "--checkpoint-dir", b, "--resume"}, d, &out),
+            0);
+  EXPECT_NE(out.find("already at step 12 of 12"), std::string::npos) << out;
+
+  // One flipped byte: refused, naming the file; the previous one if asked.
+  const std::string last = checkpointPath(b, 12, 0);
+  {
+    std::fstream f(last, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-100, std::ios::end);
+    char c;
+    f.seekg(-100, std::ios::end);
+    f.get(c);
+    f.seekp(-100, std::ios::end);
+    f.put(static_cast<char>(c ^ 0x40));
+  }
+  ASSERT_EQ(run({"--steps", "14", "--checkpoint-dir", b, "--resume"}, d, &out),
+            1);
+  EXPECT_NE(out.find("checkpoint " + last + ": checksum mismatch"),
+            std::string::npos)
+      << out;
+  ASSERT_EQ(run({"--steps", "14", "--checkpoint-dir", b, "--resume",
+                 "--resume-fallback"},
+                d, &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("resumed from " + checkpointPath(b, 6, 0)),
+            std::string::npos)
+      << out;
+  // Truncated files are refused too.
+  const std::string f14 = checkpointPath(b, 14, 0);
+  ASSERT_EQ(::truncate(f14.c_str(), 300), 0);
+  EXPECT_THROW(
+      {
+        try {
+          verifyCheckpoint(f14);
+        } catch (const std::runtime_error &e) {
+          EXPECT_NE(std::string(e.what()).find(f14 + ": truncated"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      std::runtime_error);
+}
+
+TEST(Driver, KilledInsideACheckpointWriteResumesFromThePreviousOne) {
+  TempDir d;
+  const std::string c = d.path + "/c";
+  {
+    Child child(
+        {"--steps", "20", "--checkpoint-dir", c, "--checkpoint-every", "5"},
+        d.path + "/out.txt", {"MTPRT_TEST_PAUSE_IN_CHECKPOINT=10"});
+    ASSERT_TRUE(waitFor(c + "/paused", 60)) << child.output();
+    child.kill(SIGKILL);
+  }
+  // Step 5's checkpoint is complete; step 10's only exists as a temporary.
+  EXPECT_TRUE(exists(checkpointPath(c, 5, 0)));
+  EXPECT_FALSE(exists(checkpointPath(c, 10, 0)));
+  std::string out;
+  ASSERT_EQ(run({"--steps", "20", "--checkpoint-dir", c, "--checkpoint-every",
+                 "5", "--resume"},
+                d, &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("resumed from " + checkpointPath(c, 5, 0)),
+            std::string::npos)
+      << out;
+  EXPECT_TRUE(exists(checkpointPath(c, 20, 0)));
+  // The killed writer's temporary is gone; the newest three are kept.
+  int temps = 0, files = 0;
+  DIR *dir = opendir(c.c_str());
+  while (dirent *e = readdir(dir)) {
+    temps += std::string(e->d_name).rfind(".tmp-", 0) == 0;
+    files += std::string(e->d_name).rfind("step-", 0) == 0;
+  }
+  closedir(dir);
+  EXPECT_EQ(temps, 0);
+  EXPECT_EQ(files, 3);
+}
+
+TEST(Driver, CtrlCSavesACheckpointAndExits) {
+  TempDir d;
+  const std::string c = d.path + "/c", m = d.path + "/m.jsonl";
+  Child child({"--steps", "1000000", "--checkpoint-dir", c, "--metrics", m},
+              d.path + "/out.txt");
+  // Wait until it trains.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (readFile(m).find("\"step\":2,") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  child.kill(SIGINT);
+  ASSERT_EQ(child.wait(60), 130) << child.output();
+  EXPECT_NE(child.output().find("checkpoint saved"), std::string::npos);
+  auto saved = listCheckpoints(c, 0);
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_GE(saved[0].first, 3);
+  verifyCheckpoint(saved[0].second);
+}
+
+TEST(Driver, LiveProgressLineOnATerminal) {
+  // On a pseudo-terminal: one line redrawn in place with step/total, per-task
+  // loss, samples/s, peak memory and ETA.
+  int master = -1;
+  const pid_t pid = forkpty(&master, nullptr, nullptr, nullptr);
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl(MTPRT_DEMO, MTPRT_DEMO, "--steps", "5", "--threads", "1",
+          static_cast<char *>(nullptr));
+    _exit(127);
+  }
+  std::string out;
+  char buf[4096];
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    const ssize_t n = ::read(master, buf, sizeof buf); // EIO once it exits
+    if (n <= 0 || std::chrono::steady_clock::now() > deadline)
+      break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::kill(pid, SIGKILL);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ::close(master);
+  EXPECT_NE(out.find("\r\033[Kstep 1/5  loss cls="), std::string::npos) << out;
+  EXPECT_NE(out.find("\r\033[Kstep 5/5  loss cls="), std::string::npos) << out;
+  for (const char *part :
+       {" tag=", " qa=", " samples/s", "  peak ", " MiB", "  ETA "})
+    EXPECT_NE(out.find(part), std::string::npos) << part;
+}
+
+TEST(Driver, CtrlCToTheLauncherStopsEveryRankAtTheSameStep) {
+  TempDir d;
+  const std::string c = d.path + "/c", m = d.path + "/m.jsonl";
+  Child child({"--nproc", "2", "--steps", "1000000", "--checkpoint-dir", c,
+               "--metrics", m},
+              d.path + "/out.txt");
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (readFile(m).find("\"step\":2,") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  child.kill(SIGINT); // the launcher forwards it
+  ASSERT_EQ(child.wait(60), 130) << child.output();
+  auto r0 = listCheckpoints(c, 0), r1 = listCheckpoints(c, 1);
+  ASSERT_EQ(r0.size(), 1u) << child.output();
+  ASSERT_EQ(r1.size(), 1u) << child.output();
+  EXPECT_EQ(r0[0].first, r1[0].first); // the ranks agreed on the step
+  expectSameParameters(r0[0].second, r1[0].second);
+}
+
+TEST(Driver, MetricsRecordsHaveTheSpecNames) {
+  TempDir d;
+  const std::string m = d.path + "/m.jsonl";
+  std::string out;
+  ASSERT_EQ(run({"--steps", "4", "--metrics", m}, d, &out), 0) << out;
+  std::istringstream in(readFile(m));
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    for (const char *k :
+         {"\"step\":", "\"loss\":{\"cls\":", "\"alpha\":",
+          "\"gradient_cosine_sim_matrix\":", "\"activation_reuse_ratio\":",
+          "\"checkpoint_hit_rate\":", "\"measured_peak_bytes\":",
+          "\"predicted_peak_bytes\":", "\"host_pool_bytes\":",
+          "\"bytes_sent\":0", "\"bytes_sent_uncompressed\":0",
+          "\"step_time_s\":", "\"samples_per_s\":"})
+      EXPECT_NE(line.find(k), std::string::npos) << k << " in " << line;
+  }
+  EXPECT_EQ(n, 4);
+}
+
+TEST(Driver, TwoProcessesWithCompressedExchange) {
+  TempDir d;
+  const std::string m = d.path + "/m.jsonl", c = d.path + "/c";
+  std::string out;
+  ASSERT_EQ(run({"--nproc", "2", "--steps", "4", "--compress", "--metrics", m,
+                 "--checkpoint-dir", c},
+                d, &out),
+            0)
+      << out;
+  std::string last, line;
+  std::istringstream in(readFile(m));
+  while (std::getline(in, line))
+    last = line;
+  long long sent = -1, full = -1;
+  ASSERT_EQ(std::sscanf(last.substr(last.find("\"bytes_sent\":")).c_str(),
+                        "\"bytes_sent\":%lld,\"bytes_sent_uncompressed\":%lld",
+                        &sent, &full),
+            2)
+      << last;
+  EXPECT_GT(sent, 0);
+  EXPECT_LT(sent, full / 3);
+  // Each rank checkpointed; both hold the same model.
+  expectSameParameters(checkpointPath(c, 4, 0), checkpointPath(c, 4, 1));
+  ASSERT_EQ(run({"--nproc", "2", "--steps", "6", "--compress",
+                 "--checkpoint-dir", c, "--resume"},
+                d, &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("resumed from " + checkpointPath(c, 4, 0)),
+            std::string::npos)
+      << out;
+  // 4 + resume to 6 equals 6 straight, bit for bit: the GSC residuals (and
+  // each rank's RNG and the data position) were restored.
+  const std::string straight = d.path + "/s";
+  ASSERT_EQ(run({"--nproc", "2", "--steps", "6", "--compress",
+                 "--checkpoint-dir", straight},
+                d, &out),
+            0)
+      << out;
+  for (int r = 0; r < 2; ++r)
+    expectSameParameters(checkpointPath(c, 6, r), checkpointPath(straight, 6, r));
+}
+
+TEST(Driver, UnitGrainStepProgramEqualsTheScheduledOne) {
+  // What a generated main does: a Program whose step is written unit by unit.
+  Program p;
+  p.model.vocab = 32;
+  p.model.seq = 8;
+  p.model.hidden = 16;
+  p.model.heads = 2;
+  p.model.ffn = 32;
+  HeadConfig cls{"cls", HeadKind::Classify, 1};
+  cls.classes = 4;
+  HeadConfig tag{"tag", HeadKind::Tag, 2};
+  tag.classes = 6;
+  p.heads = {cls, tag};
+  p.batchSize = 8;
+  int calls = 0;
+  auto unitGrain = [&](Trainer &t) {
+    ++calls;
+    t.beginStep();
+    for (int64_t mb = 0; mb < t.microBatches(); ++mb) {
+      t.beginMicroBatch(mb);
+      ValueId v = t.input();
+      ValueId h0 = t.forward(0, 0, v, RegionMode::Keep);
+      t.release(v);
+      ValueId h1 = t.forward(1, 2, h0, RegionMode::Checkpoint); // cls taps 1
+      t.release(h0);
+      ValueId h2 = t.forward(3, 4, h1, RegionMode::Keep); // tag taps 2
+      t.release(h1);
+      t.release(h2);
+      t.forwardHead(0, false);
+      t.forwardHead(1, false);
+      t.backwardHead(1);
+      t.backwardHead(0);
+      t.backwardBackbone();
+    }
+    return t.endStep();
+  };
+  TempDir d;
+  auto runWith = [&](bool unit, const std::string &dir) {
+    Program q = p;
+    if (unit)
+      q.step = unitGrain;
+    q.schedule.regions = {{1, 2}};
+    std::vector<std::string> args = {
+        "prog", "--steps",          "3", "--threads", "1", "--progress",
+        "off",  "--checkpoint-dir", dir};
+    std::vector<char *> argv;
+    for (std::string &a : args)
+      argv.push_back(a.data());
+    return runDriver(static_cast<int>(argv.size()), argv.data(), q);
+  };
+  ASSERT_EQ(runWith(true, d.path + "/unit"), 0);
+  EXPECT_EQ(calls, 3);
+  ASSERT_EQ(runWith(false, d.path + "/sched"), 0);
+  auto pu = checkpointParameters(checkpointPath(d.path + "/unit", 3, 0));
+  auto ps = checkpointParameters(checkpointPath(d.path + "/sched", 3, 0));
+  ASSERT_EQ(pu.size(), ps.size());
+  for (size_t i = 0; i < pu.size(); ++i)
+    EXPECT_TRUE(at::allclose(pu[i].second, ps[i].second, 1e-5, 1e-7))
+        << pu[i].first;
+}
+
+//===----------------------------------------------------------------------===//
+// Data
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+ModelConfig demoModel() {
+  ModelConfig m;
+  m.vocab = 32;
+  m.seq = 8;
+  return m;
+}
+
+std::vector<HeadConfig> demoHeads() {
+  HeadConfig cls{"cls", HeadKind::Classify, 1};
+  cls.classes = 4;
+  HeadConfig tag{"tag", HeadKind::Tag, 2};
+  tag.classes = 6;
+  HeadConfig qa{"qa", HeadKind::Span, 2};
+  return {cls, tag, qa};
+}
+
+std::string loadError(const std::string &dir, const std::string &text) {
+  const std::string path = dir + "/bad.jsonl";
+  std::ofstream(path) << text;
+  try {
+    loadJsonLines(path, demoModel(), demoHeads());
+  } catch (const std::runtime_error &e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+} // namespace
+
+TEST(Data, LoadsTheShippedSample) {
+  auto src = loadJsonLines(MTPRT_EXAMPLES_DIR "/data/sample.jsonl", demoModel(),
+                           demoHeads());
+  EXPECT_EQ(src->size(), 24);
+  Batch b = src->batch(0, 4);
+  ASSERT_EQ(b.tokens.sizes(), at::IntArrayRef({4, 8}));
+  EXPECT_EQ(b.tokens[0][0].item<int64_t>(), 20); // the file's first record
+  EXPECT_EQ(b.labels[0].sizes(), at::IntArrayRef({4}));
+  EXPECT_EQ(b.labels[1].sizes(), at::IntArrayRef({4, 8}));
+  EXPECT_EQ(b.labels[2].sizes(), at::IntArrayRef({4, 2}));
+  EXPECT_TRUE(at::equal(b.labels[0], b.tokens.select(1, 0) % 4));
+  // Record 6 (index 5) has no span label: batch 1 of 4 includes it.
+  EXPECT_FALSE(src->batch(1, 4).labels[2].defined());
+  EXPECT_TRUE(src->batch(1, 4).labels[0].defined());
+  // Wraps around: batch 6 of 4 is records 0..3 again.
+  EXPECT_TRUE(at::equal(src->batch(6, 4).tokens, b.tokens));
+}
+
+TEST(Data, BadFilesNameTheFileTheRecordAndTheField) {
+  TempDir d;
+  const std::string f = d.path + "/bad.jsonl";
+  const std::string ok = R"({"tokens":[1,2,3,4,5,6,7,8],"labels":{"cls":1}})";
+  EXPECT_EQ(loadError(d.path, ok + "\n" + R"({"tokens":[1,2,3],"labels":{}})"),
+            "mtprt: data file " + f +
+                ", record on line 2, field tokens: has 3 values, expected 8");
+  EXPECT_EQ(loadError(d.path, R"({"labels":{}})"),
+            "mtprt: data file " + f +
+                ", record on line 1, field tokens: missing");
+  EXPECT_EQ(loadError(d.path, R"({"tokens":[1,2,3,4,5,6,7,99]})"),
+            "mtprt: data file " + f +
+                ", record on line 1, field tokens[7]: expected an integer "
+                "in [0, 32)");
+  EXPECT_EQ(
+      loadError(d.path, R"({"tokens":[1,2,3,4,5,6,7,8],"labels":{"cls":4}})"),
+      "mtprt: data file " + f +
+          ", record on line 1, field labels.cls: expected a class in "
+          "[0, 4)");
+  EXPECT_EQ(loadError(d.path,
+                      R"({"tokens":[1,2,3,4,5,6,7,8],"labels":{"qa":[5,2]}})"),
+            "mtprt: data file " + f +
+                ", record on line 1, field labels.qa: start is after end");
+  EXPECT_EQ(
+      loadError(d.path, R"({"tokens":[1,2,3,4,5,6,7,8],"labels":{"ner":1}})"),
+      "mtprt: data file " + f +
+          ", record on line 1, field labels.ner: no task of that name");
+  EXPECT_NE(loadError(d.path, ok + "\n" + R"({"tokens":[1,2)")
+                .find("record on line 2: malformed JSON"),
+            std::string::npos);
+}
+
+TEST(Data, BinaryShardRoundTripsAndRejectsBadFiles) {
+  TempDir d;
+  const std::string jsonl = MTPRT_EXAMPLES_DIR "/data/sample.jsonl";
+  const std::string shard = d.path + "/sample.shard";
+  writeShard(jsonl, shard, demoModel(), demoHeads());
+  auto a = loadJsonLines(jsonl, demoModel(), demoHeads());
+  auto b = loadData(shard, demoModel(), demoHeads()); // found by its magic
+  ASSERT_EQ(b->size(), 24);
+  for (int64_t pos : {0, 1, 5}) {
+    Batch x = a->batch(pos, 4), y = b->batch(pos, 4);
+    EXPECT_TRUE(at::equal(x.tokens, y.tokens));
+    for (size_t t = 0; t < x.labels.size(); ++t) {
+      ASSERT_EQ(x.labels[t].defined(), y.labels[t].defined());
+      if (x.labels[t].defined())
+        EXPECT_TRUE(at::equal(x.labels[t], y.labels[t]));
+    }
+  }
+  // Truncated: the error names the file and the section.
+  const std::string bytes = readFile(shard);
+  std::ofstream(d.path + "/cut.shard", std::ios::binary)
+      << bytes.substr(0, bytes.size() - 10);
+  try {
+    loadShard(d.path + "/cut.shard", demoModel(), demoHeads());
+    ADD_FAILURE() << "a truncated shard loaded";
+  } catch (const std::runtime_error &e) {
+    EXPECT_EQ(std::string(e.what()), "mtprt: data file " + d.path +
+                                         "/cut.shard: truncated in task qa");
+  }
+  // A model with a smaller vocabulary: the record and field are named.
+  ModelConfig small = demoModel();
+  small.vocab = 8;
+  try {
+    loadShard(shard, small, demoHeads());
+    ADD_FAILURE() << "out-of-range tokens loaded";
+  } catch (const std::runtime_error &e) {
+    EXPECT_NE(std::string(e.what()).find(", record 0, field tokens: id out "
+                                         "of [0, 8)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Data, SyntheticIsSeededAndRelatednessControlsSharing) {
+  HeadConfig a{"a", HeadKind::Classify, 1}, b{"b", HeadKind::Classify, 1};
+  a.classes = b.classes = 4;
+  auto agreement = [&](double r) {
+    auto src = syntheticData(demoModel(), {a, b}, 3, r);
+    Batch x = src->batch(0, 4000);
+    return x.labels[0].eq(x.labels[1]).to(at::kDouble).mean().item<double>();
+  };
+  EXPECT_EQ(agreement(1.0), 1.0);          // same feature, same labels
+  EXPECT_NEAR(agreement(0.0), 0.25, 0.03); // independent features: chance
+  EXPECT_NEAR(agreement(0.5), 0.25 + 0.75 * 0.25, 0.04); // both shared: 1/4
+  auto s = syntheticData(demoModel(), demoHeads(), 5, 0.5);
+  EXPECT_TRUE(at::equal(s->batch(7, 8).tokens, s->batch(7, 8).tokens));
+  EXPECT_FALSE(at::equal(s->batch(7, 8).tokens, s->batch(8, 8).tokens));
+}
+
+//===----------------------------------------------------------------------===//
+// DGFG recalibration (SPEC.md §3 B8)
+//===----------------------------------------------------------------------===//
+
+TEST(Recalibration, FiresOnlyForLowReuseAndSpreadCosines) {
+  StepStats s;
+  s.step = 9;
+  // Two tasks at cos -0.6: entries {1, -0.6, -0.6, 1}, std 0.8.
+  s.gradientCosineSimMatrix = {{1, -0.6}, {-0.6, 1}};
+  s.activationReuseRatio = 0.1;
+  EXPECT_NEAR(cosineMatrixStd(s), 0.8, 1e-12);
+  EXPECT_TRUE(needsGateRecalibration(s));
+  EXPECT_EQ(recalibrationJsonLine(s),
+            "{\"event\":\"dgfg_recalibrated\",\"step\":9,"
+            "\"activation_reuse_ratio\":0.1,\"cosine_std\":0.8}");
+  s.activationReuseRatio = 0.2; // tasks share enough
+  EXPECT_FALSE(needsGateRecalibration(s));
+  s.activationReuseRatio = 0.1;
+  s.gradientCosineSimMatrix = {{1, 0.5}, {0.5, 1}}; // std 0.25
+  EXPECT_FALSE(needsGateRecalibration(s));
+  s.gradientCosineSimMatrix.clear(); // not measured this step
+  EXPECT_FALSE(needsGateRecalibration(s));
+}
+
+TEST(Recalibration, TheDriverLogsTheEventOnlyWhenTheRuleHolds) {
+  // The step program reports a low reuse ratio and spread cosines at step 1
+  // (as a plan whose tasks tap far apart would); the other steps are real.
+  Program p;
+  p.model.vocab = 32;
+  p.model.seq = 8;
+  p.model.hidden = 16;
+  p.model.heads = 2;
+  p.model.ffn = 32;
+  HeadConfig cls{"cls", HeadKind::Classify, 1};
+  cls.classes = 4;
+  HeadConfig tag{"tag", HeadKind::Tag, 2};
+  tag.classes = 6;
+  p.heads = {cls, tag};
+  p.batchSize = 8;
+  p.step = [](Trainer &t) {
+    StepStats s = t.step(Schedule{});
+    if (s.step == 1) {
+      s.activationReuseRatio = 0.1;
+      s.gradientCosineSimMatrix = {{1, -0.6}, {-0.6, 1}};
+    }
+    return s;
+  };
+  TempDir d;
+  const std::string m = d.path + "/m.jsonl";
+  std::vector<std::string> args = {"prog", "--steps", "4", "--threads", "1",
+                                    "--progress", "off", "--metrics", m};
+  std::vector<char *> argv;
+  for (std::string &a : args)
+    argv.push_back(a.data());
+  ASSERT_EQ(runDriver(static_cast<int>(argv.size()), argv.data(), p), 0);
+  std::istringstream in(readFile(m));
+  std::string line;
+  std::vector<std::string> events;
+  int records = 0;
+  while (std::getline(in, line)) {
+    if (line.find("\"event\"") != std::string::npos)
+      events.push_back(line);
+    else
+      ++records;
+  }
+  EXPECT_EQ(records, 4);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0], "{\"event\":\"dgfg_recalibrated\",\"step\":1,"
+                       "\"activation_reuse_ratio\":0.1,\"cosine_std\":0.8}");
+}
+
+TEST(Recalibration, ResetPutsTheGateBackToItsInitialState) {
+  Gate g(4, 0.05, 0.2), fresh(4, 0.05, 0.2);
+  const std::vector<double> losses{1.0, 1.0, 1.0}, norms{1.0, 1.0, 1.0};
+  const std::vector<std::vector<double>> cos{
+      {1, 0.9, -0.9}, {0.9, 1, -0.9}, {-0.9, -0.9, 1}};
+  const std::vector<bool> present{true, true, true};
+  at::Tensor gram =
+      at::tensor({1.0, 0.9, -0.9, 0.9, 1.0, -0.9, -0.9, -0.9, 1.0}, at::kDouble)
+          .view({3, 3});
+  for (int i = 0; i < 20; ++i)
+    g.update(losses, norms, cos, present, gram);
+  const auto before = fresh.alpha(losses, norms, cos, present);
+  EXPECT_NE(g.alpha(losses, norms, cos, present), before);
+  g.reset();
+  EXPECT_EQ(g.alpha(losses, norms, cos, present), before);
+}
