@@ -532,6 +532,10 @@ int train(const Program &p, const Options &o) {
     s.bytesSentUncompressed = sent.bytesSentUncompressed;
     s.predictedPeakBytes = p.predictedPeakBytes;
     s.samplesPerS *= d.worldSize; // the global batch went through
+    // Read the Ctrl-C flag once: a signal landing after the ranks agreed
+    // must wait for the next step's agreement, or one rank would stop while
+    // the other runs into a collective with a peer that is gone.
+    bool stop = interrupted;
     if (d.worldSize > 1) {
       // Report the global batch's loss: the mean over the ranks that had
       // each task's labels. One small collective also agrees on Ctrl-C.
@@ -542,7 +546,7 @@ int train(const Program &p, const Options &o) {
           v[t] = s.loss[t];
           v[nt + t] = 1.0;
         }
-      v[2 * nt] = interrupted ? 1.0 : 0.0;
+      v[2 * nt] = stop ? 1.0 : 0.0;
       std::vector<at::Tensor> one{v.to(comm.device())};
       comm.allReduceSum(one);
       v = one[0].cpu();
@@ -550,8 +554,7 @@ int train(const Program &p, const Options &o) {
         const double n = v[nt + t].item<double>();
         s.loss[t] = n > 0 ? v[t].item<double>() / n : std::nan("");
       }
-      if (v[2 * nt].item<double>() > 0)
-        interrupted = 1;
+      stop = v[2 * nt].item<double>() > 0;
     }
     // SPEC B8: every rank decides alike (the matrix and ratio are per rank
     // but the gate is too); logged by rank 0.
@@ -596,12 +599,11 @@ int train(const Program &p, const Options &o) {
         std::fprintf(stderr, "%s\n", line.str().c_str());
     }
     if (!o.checkpointDir.empty() &&
-        ((o.checkpointEvery > 0 && done % o.checkpointEvery == 0) ||
-         interrupted)) {
+        ((o.checkpointEvery > 0 && done % o.checkpointEvery == 0) || stop)) {
       save();
       lastSaved = done;
     }
-    if (interrupted) {
+    if (stop) {
       if (rank0)
         std::fprintf(stderr, "%sinterrupted at step %lld%s\n", tty ? "\n" : "",
                      static_cast<long long>(done),
