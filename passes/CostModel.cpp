@@ -392,6 +392,8 @@ UnitCost CostModel::lossCost(TaskOp task) const {
   }
   cost.fwdFlops = 5 * rows * classes;
   cost.bwdFlops = 3 * rows * classes;
+  // nll_loss's input gradient beside log_softmax's (docs/runtime.md §2).
+  cost.bwdWorkspace = 4 * rows * classes;
   return cost;
 }
 
