@@ -231,6 +231,19 @@ def MTP_WaitOp : MTP_Op<"wait", [HasParent<"StepOp">]> {
   let assemblyFormat = "$value attr-dict `:` type($value)";
 }
 
+def MTP_ReleaseOp : MTP_Op<"release", [HasParent<"StepOp">]> {
+  let summary = "where the runtime lets go of tensors it holds";
+  let description = [{
+    Marks the end of tensors' lives that no unit reads but the runtime
+    still holds: the taps and the fused tap gradients, which the one
+    backbone backward keeps as its roots and `grad_outputs` until it
+    returns, and a checkpoint region's re-created output, held until the
+    region's backward ends.
+  }];
+  let arguments = (ins Variadic<AnyRankedTensor>:$values);
+  let assemblyFormat = "$values attr-dict `:` type($values)";
+}
+
 def MTP_OptimizerStepOp : MTP_Op<"optimizer_step", [HasParent<"StepOp">]> {
   let summary = "AdamW over every parameter group";
   let arguments = (ins MTP_NonNegativeI64Attr:$flops);

@@ -4,6 +4,7 @@
 #include "passes/Passes.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/SetVector.h"
 
 #include <cmath>
 
@@ -83,4 +84,21 @@ void FuseTaskGradientsPass::runOnOperation() {
       attrs.getI64IntegerAttr(workspace));
   for (auto [g, fused] : llvm::zip(grads, fuse.getFused()))
     g.replaceAllUsesExcept(fused, fuse);
+
+  // The runtime runs the backbone backward as one call whose roots are the
+  // taps and whose grad_outputs are the fused gradients: it holds them all
+  // until the backbone backward returns, after the embeddings' backward.
+  Operation *last = nullptr;
+  for (BwdOp bwd : body.getOps<BwdOp>())
+    if (!bwd.getTaskAttr())
+      last = bwd;
+  if (!last)
+    return;
+  llvm::SetVector<Value> held;
+  for (BwdOp head : heads)
+    held.insert(head.getSaved().front()); // the head's input: its tap
+  for (Value g : fuse.getFused())
+    held.insert(g);
+  b.setInsertionPointAfter(last);
+  b.create<ReleaseOp>(last->getLoc(), held.getArrayRef());
 }

@@ -70,6 +70,9 @@ void MaterializeCheckpointsPass::runOnOperation() {
     for (Value v : interiorSaved)
       if (!outputs.contains(v))
         recomputed.push_back(v);
+    // The re-run also re-creates the region's output, which its backward
+    // holds (as the root it differentiates) until it ends.
+    Value regionOutput = units.back().getOutput();
 
     // Forward: the units move into the checkpoint.
     b.setInsertionPoint(units.front());
@@ -103,9 +106,12 @@ void MaterializeCheckpointsPass::runOnOperation() {
     SmallVector<Value> boundaryOutside;
     for (Value v : boundary)
       boundaryOutside.push_back(v);
-    auto recompute = b.create<RecomputeOp>(
-        firstBackward->getLoc(), ValueRange(recomputed).getTypes(),
-        b.getI64IntegerAttr(index), boundaryOutside);
+    // Yielded: what the backward takes, then the re-created output.
+    SmallVector<Type> types(ValueRange(recomputed).getTypes());
+    types.push_back(regionOutput.getType());
+    auto recompute = b.create<RecomputeOp>(firstBackward->getLoc(), types,
+                                           b.getI64IntegerAttr(index),
+                                           boundaryOutside);
     Block *bwdBody = new Block();
     recompute.getBody().push_back(bwdBody);
     b.setInsertionPointToEnd(bwdBody);
@@ -118,10 +124,18 @@ void MaterializeCheckpointsPass::runOnOperation() {
     SmallVector<Value> yielded;
     for (Value v : recomputed)
       yielded.push_back(mapping.lookup(v));
+    yielded.push_back(mapping.lookup(regionOutput));
     b.create<YieldOp>(recompute.getLoc(), yielded);
     for (auto [value, result] : llvm::zip(recomputed, recompute.getSaved()))
       value.replaceUsesWithIf(result, [&](OpOperand &use) {
         return isRegionBackward(use.getOwner());
       });
+    Operation *lastBackward = firstBackward;
+    for (Operation *op = firstBackward; op; op = op->getNextNode())
+      if (isRegionBackward(op))
+        lastBackward = op;
+    b.setInsertionPointAfter(lastBackward);
+    b.create<ReleaseOp>(recompute.getLoc(),
+                        ValueRange{recompute.getSaved().back()});
   }
 }

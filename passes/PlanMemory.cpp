@@ -94,9 +94,9 @@ struct MemoryPlanner::Impl {
   std::vector<ValueInfo> values;
   std::vector<Candidate> candidates;
   /// Per block: the candidate owning it; its forward FLOPs; its output's
-  /// bytes; the first position of its backward; its largest forward workspace.
+  /// bytes; the first and last positions of its backward.
   llvm::DenseMap<int64_t, int> blockOwner;
-  llvm::DenseMap<int64_t, int64_t> blockFlops, blockOutputBytes, blockWorkspace;
+  llvm::DenseMap<int64_t, int64_t> blockFlops, blockOutputBytes;
   llvm::DenseMap<int64_t, int> blockBwdStart, blockBwdEnd;
   /// Per candidate: first backward position, prefetch position, last forward
   /// position, offloadable bytes.
@@ -250,7 +250,6 @@ void MemoryPlanner::Impl::build() {
       int64_t b = getBlockNumber(fwd.getUnit(), fwd.getLayer());
       if (b > 0) {
         blockFlops[b] += fwd.getFlops();
-        blockWorkspace[b] = std::max<int64_t>(blockWorkspace[b], fwd.getWorkspace());
         if (fwd.getUnit() == UnitKind::attn_residual ||
             fwd.getUnit() == UnitKind::mlp_residual)
           blockOutputBytes[b] = CostModel::bytes(fwd.getOutput().getType());
@@ -368,13 +367,10 @@ int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions) const {
   for (auto [first, last] : regions(decisions)) {
     for (int64_t b = first; b <= last; ++b)
       regionOf[b] = {first, last};
-    // The region re-runs at the start of its backward: its widest
-    // temporary and its re-created output come on top.
+    // The region re-runs at the start of its backward and holds the output
+    // it re-creates until its backward ends (the materialized step's
+    // mtp.release).
     int start = blockBwdStart.lookup(last), end = blockBwdEnd.lookup(first);
-    int64_t ws = 0;
-    for (int64_t b = first; b <= last; ++b)
-      ws = std::max(ws, blockWorkspace.lookup(b));
-    extra[start] += ws;
     live(start, end, blockOutputBytes.lookup(last));
   }
   for (const ValueInfo &v : values) {

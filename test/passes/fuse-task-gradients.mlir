@@ -9,6 +9,10 @@
 // CHECK-NEXT: %[[F:.*]]:2 = mtp.fuse_task_grads [@hi, @lo](%[[HI]], %[[LO]]) scope features gfm 3.000000e-01 clip 1.000000e+00 gate 32 flops {{[0-9]+}} workspace 512 : (tensor<2x4x8xf32>, tensor<2x4x8xf32>) -> (tensor<2x4x8xf32>, tensor<2x4x8xf32>)
 // CHECK-NEXT: mtp.bwd mlp_residual[2] grads(%[[F]]#0)
 // CHECK: mtp.add_grads %{{.*}}, %[[F]]#1
+// The one backbone backward holds its roots (the taps) and grad_outputs
+// until it returns: released after the embeddings' backward.
+// CHECK: mtp.bwd embed[0]
+// CHECK-NEXT: mtp.release %mlp_residual2, %mlp_residual1, %[[F]]#0, %[[F]]#1
 // CHECK-NOT: %[[LO]]
 mtp.model @features {
   mtp.backbone transformer(layers = 2, hidden = 8, heads = 2, ffn = 16, vocab = 10, seq = 4, dropout = 0.1)

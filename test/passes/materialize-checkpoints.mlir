@@ -17,12 +17,16 @@
 // The rest of the step reads the region's output.
 // CHECK-NEXT: mtp.fwd mlp_norm[1](%[[Y1]])
 
-// Before layer 1's attention backward: the units again, from the boundary.
-// CHECK: %[[R:.*]]:11 = mtp.recompute 0(%embed)
+// Before layer 1's attention backward: the units again, from the boundary;
+// it yields what the backward takes and, last, the re-created output, held
+// until the region's backward ends.
+// CHECK: %[[R:.*]]:12 = mtp.recompute 0(%embed)
 // CHECK-NEXT: mtp.fwd attn_norm[1](%embed)
-// CHECK: mtp.yield %attn_norm1{{.*}}
+// CHECK: mtp.yield %attn_norm1{{.*}}, %attn_residual1 :
 // CHECK-NEXT: }
 // CHECK-NEXT: mtp.bwd attn_residual[1] {{.*}} saved(%[[R]]#10)
+// CHECK: mtp.bwd attn_norm[1]
+// CHECK-NEXT: mtp.release %[[R]]#11 : tensor<8x32x64xf32>
 
 // ROUNDTRIP: mtp.checkpoint 0
 // ROUNDTRIP: mtp.recompute 0
