@@ -175,6 +175,16 @@ void TrainerCore::validate(const Schedule &s) const {
                    ") before its end; end the region at the tap");
     }
   }
+  for (size_t i = 0; i < s.offloadUnits.size(); ++i) {
+    const int64_t u = s.offloadUnits[i];
+    const std::string f = "Schedule.offloadUnits[" + std::to_string(i) + "]";
+    if (u < 1 || u >= units)
+      bad(f, "must be a backbone unit within [1, " + std::to_string(units - 1) +
+                 "], got " + std::to_string(u));
+    if (used[u])
+      bad(f, "unit " + std::to_string(u) +
+                 " is inside a checkpoint region; offload its boundary instead");
+  }
   if (s.prefetchAhead < 0)
     bad("Schedule.prefetchAhead", "must be >= 0");
   std::vector<bool> seen(model_->numHeads(), false);
@@ -395,7 +405,43 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       st.unitBytes[u] += now - before;
     before = now;
   };
-  if (mode == RegionMode::Keep) {
+  // When the backward reaches `out`, bring back `group` and the
+  // prefetchAhead - 1 offloaded groups below it.
+  auto armPrefetch = [&](const at::Tensor &out, const std::string &group) {
+    if (st.offloadedRegions.empty() || prefetchAhead_ <= 0 ||
+        !out.requires_grad())
+      return;
+    std::vector<std::string> fetch;
+    const bool mine = st.offloadedRegions.back() == group;
+    int64_t n = mine ? prefetchAhead_ : prefetchAhead_ - 1;
+    for (auto it = st.offloadedRegions.rbegin();
+         it != st.offloadedRegions.rend() && n > 0; ++it, --n)
+      fetch.push_back(*it);
+    if (fetch.empty())
+      return;
+    Offloader *off = offloader_.get();
+    const_cast<at::Tensor &>(out).register_hook(
+        [off, fetch](const at::Tensor &) {
+          for (const std::string &g : fetch)
+            off->prefetch(g);
+        });
+  };
+  if (mode == RegionMode::KeepOffload) {
+    for (int64_t u = first; u <= last; ++u) {
+      const std::string group = "unit" + std::to_string(u);
+      {
+        // The unit's input is the unit before's output: it stays.
+        Offloader::Scope scope(*offloader_, group, {x});
+        x = m.unit(u, x);
+      }
+      offloader_->waitOffloaded(group);
+      st.offloadedRegions.push_back(group);
+      armPrefetch(x, group);
+      account(u);
+      if (isTap[u])
+        st.taps[u / 2] = x;
+    }
+  } else if (mode == RegionMode::Keep) {
     for (int64_t u = first; u <= last; ++u) {
       x = m.unit(u, x);
       account(u);
@@ -431,22 +477,7 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
     }
     // When the backward reaches this region, bring back its boundary and the
     // prefetchAhead - 1 offloaded ones below.
-    if (!st.offloadedRegions.empty() && prefetchAhead_ > 0 &&
-        x.requires_grad()) {
-      std::vector<std::string> fetch;
-      const bool mine = st.offloadedRegions.back() == group;
-      int64_t n = mine ? prefetchAhead_ : prefetchAhead_ - 1;
-      for (auto it = st.offloadedRegions.rbegin();
-           it != st.offloadedRegions.rend() && n > 0; ++it, --n)
-        fetch.push_back(*it);
-      if (!fetch.empty()) {
-        Offloader *off = offloader_.get();
-        x.register_hook([off, fetch](const at::Tensor &) {
-          for (const std::string &g : fetch)
-            off->prefetch(g);
-        });
-      }
-    }
+    armPrefetch(x, group);
     account(last);
     if (isTap[last])
       st.taps[last / 2] = x;
@@ -781,13 +812,18 @@ void TrainerCore::runBackbone(const Schedule &s) {
     regionEnd[r.first] = r.second;
   prefetchAhead_ = s.prefetchAhead;
   ValueId x = input();
+  std::vector<bool> offloadUnit(model_->numUnits(), false);
+  for (int64_t u : s.offloadUnits)
+    offloadUnit[u] = true;
   for (int64_t u = 0; u < model_->numUnits();) {
     const int64_t last = regionEnd[u] < 0 ? u : regionEnd[u];
     const ValueId next =
         forward(u, last, x,
-                regionEnd[u] < 0            ? RegionMode::Keep
-                : s.offloadRegionBoundaries ? RegionMode::CheckpointOffload
-                                            : RegionMode::Checkpoint);
+                regionEnd[u] >= 0 ? (s.offloadRegionBoundaries
+                                         ? RegionMode::CheckpointOffload
+                                         : RegionMode::Checkpoint)
+                : offloadUnit[u] ? RegionMode::KeepOffload
+                                 : RegionMode::Keep);
     release(x); // the chain's last use: only what autograd saved keeps it
     x = next;
     u = last + 1;

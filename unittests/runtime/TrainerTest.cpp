@@ -231,9 +231,15 @@ TEST(Schedules, CheckpointedAndOffloadedStepsGiveThePlainGradients) {
     both.offloadHeads = true;
     both.offloadRegionBoundaries = true;
     both.headOrder = {1, 0, 2};
+    // The compiler's per-block offload, alone and beside a region.
+    Schedule units;
+    units.offloadUnits = {1, 2, 3};
+    Schedule unitsAndRegion;
+    unitsAndRegion.regions = {{3, 4}};
+    unitsAndRegion.offloadUnits = {1, 2, 5};
     const auto names = Model(small(0.2), threeTasks()).namedParameters();
     int which = 0;
-    for (const Schedule *s : {&regions, &offload, &both}) {
+    for (const Schedule *s : {&regions, &offload, &both, &units, &unitsAndRegion}) {
       const auto g = gradsAfter(*s, scope);
       ++which;
       for (size_t i = 0; i < g.size(); ++i)
@@ -242,6 +248,53 @@ TEST(Schedules, CheckpointedAndOffloadedStepsGiveThePlainGradients) {
             << " max diff " << (g[i] - plain[i]).abs().max().item<float>();
     }
   }
+}
+
+TEST(Schedules, OffloadedUnitsLowerThePeakAndUseTheHostPool) {
+  installCpuMemoryTracking();
+  std::vector<Schedule> schedules(2);
+  // Every block below the lowest tap (cls reads layer 2: units 1..4) but the
+  // first keeps its saved tensors on the host until its backward.
+  schedules[1].offloadUnits = {1, 2, 3};
+  std::vector<StepStats> stats;
+  for (const Schedule &s : schedules) {
+    TrainConfig tc;
+    tc.scope = GradScope::Features;
+    tc.cosineEvery = 0;
+    TrainerCore core(memModel(), memHeads(), tc);
+    Batch b = core.model().syntheticBatch(kB, 1);
+    core.computeGradients(b, s);
+    stats.push_back(core.computeGradients(b, s));
+  }
+  auto peak = [&](int i) {
+    return stats[i].measuredPeakBytes - stats[i].measuredStartBytes;
+  };
+  std::printf("[ measured ] kept %lld, units 1-3 offloaded %lld, host pool "
+              "%lld\n",
+              (long long)peak(0), (long long)peak(1),
+              (long long)stats[1].hostPoolBytes);
+  EXPECT_LT(peak(1), peak(0));
+  EXPECT_GT(stats[1].hostPoolBytes, 0);
+  EXPECT_EQ(stats[0].hostPoolBytes, 0);
+  EXPECT_GT(stats[1].offloadHits + stats[1].offloadMisses, 0);
+}
+
+TEST(Schedules, OffloadUnitsAreChecked) {
+  TrainerCore core(memModel(), memHeads(), TrainConfig());
+  Batch b = core.model().syntheticBatch(2, 1);
+  Schedule s;
+  s.offloadUnits = {0};
+  try {
+    core.computeGradients(b, s);
+    ADD_FAILURE() << "unit 0 accepted";
+  } catch (const std::invalid_argument &e) {
+    EXPECT_NE(std::string(e.what()).find("Schedule.offloadUnits[0]"),
+              std::string::npos)
+        << e.what();
+  }
+  s.offloadUnits = {3};
+  s.regions = {{3, 4}};
+  EXPECT_THROW(core.computeGradients(b, s), std::invalid_argument);
 }
 
 TEST(Schedules, CheckpointReplaysBf16Autocast) {

@@ -93,6 +93,11 @@ struct Schedule {
   /// Offload the saved boundary input of every checkpoint region (except the
   /// token ids and boundaries that are taps, which stay on the device).
   bool offloadRegionBoundaries = false;
+  /// Backbone units (outside regions) whose saved tensors go to the host pool
+  /// after their forward — all but their input, which the unit before owns —
+  /// and come back when the backward reaches them (prefetchAhead applies):
+  /// the compiler's per-block offload decision.
+  std::vector<int64_t> offloadUnits;
   /// Heads run their backward in this order (head indices; empty = the
   /// reverse of their forward order, autograd's natural order). With the heads
   /// offloaded, the largest head first keeps only its own tensors on the device
@@ -112,9 +117,10 @@ struct Schedule {
 using ValueId = int64_t;
 
 /// How a forward range of units runs: kept (every unit's saved tensors stay),
-/// as one checkpoint region, or as a checkpoint region whose saved boundary
-/// input goes to the host pool.
-enum class RegionMode { Keep, Checkpoint, CheckpointOffload };
+/// as one checkpoint region, as a checkpoint region whose saved boundary
+/// input goes to the host pool, or kept with each unit's saved tensors (but
+/// its input) on the host pool until its backward.
+enum class RegionMode { Keep, Checkpoint, CheckpointOffload, KeepOffload };
 
 /// One step's measurements, named as SPEC.md §5's metrics.
 struct StepStats {
