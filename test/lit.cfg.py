@@ -23,6 +23,8 @@ llvm_config.with_system_environment(["HOME", "INCLUDE", "LIB", "TMP", "TEMP"])
 llvm_config.use_default_substitutions()
 
 tool_dirs = [config.mtpc_tools_dir, config.llvm_tools_dir]
+# The driver's path, for scripts that run it themselves.
+config.substitutions.append(("%mtpc", os.path.join(config.mtpc_tools_dir, "mtpc")))
 tools = ["mtp-opt", "mtpc"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 
