@@ -175,6 +175,10 @@ void TrainerCore::validate(const Schedule &s) const {
                    ") before its end; end the region at the tap");
     }
   }
+  for (size_t i = 0; i < s.offloadHeadList.size(); ++i)
+    if (s.offloadHeadList[i] < 0 || s.offloadHeadList[i] >= model_->numHeads())
+      bad("Schedule.offloadHeadList[" + std::to_string(i) + "]",
+          "head " + std::to_string(s.offloadHeadList[i]) + " out of range");
   for (size_t i = 0; i < s.offloadUnits.size(); ++i) {
     const int64_t u = s.offloadUnits[i];
     const std::string f = "Schedule.offloadUnits[" + std::to_string(i) + "]";
@@ -845,15 +849,19 @@ StepStats TrainerCore::run(const Batch &batch, const Schedule &s,
     for (int64_t mb = 0; mb < train_.microBatches; ++mb) {
       beginMicroBatch(mb);
       runBackbone(s);
+      std::vector<bool> offloaded(nt, s.offloadHeads);
+      for (int64_t t : s.offloadHeadList)
+        offloaded[t] = true;
       for (int64_t t = 0; t < nt; ++t)
-        forwardHead(t, s.offloadHeads);
+        forwardHead(t, offloaded[t]);
       // Before head i's backward, heads up to i + prefetchAhead - 1.
       size_t prefetched = 0;
       for (size_t i = 0; i < order.size(); ++i) {
-        if (s.offloadHeads && s.prefetchAhead > 0)
+        if (s.prefetchAhead > 0)
           for (; prefetched < order.size() && prefetched < i + s.prefetchAhead;
                ++prefetched)
-            offloader_->prefetch("head" + std::to_string(order[prefetched]));
+            if (offloaded[order[prefetched]])
+              offloader_->prefetch("head" + std::to_string(order[prefetched]));
         backwardHead(order[i]);
       }
       backwardBackbone();

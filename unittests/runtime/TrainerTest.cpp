@@ -237,6 +237,7 @@ TEST(Schedules, CheckpointedAndOffloadedStepsGiveThePlainGradients) {
     Schedule unitsAndRegion;
     unitsAndRegion.regions = {{3, 4}};
     unitsAndRegion.offloadUnits = {1, 2, 5};
+    unitsAndRegion.offloadHeadList = {1}; // one head of three
     const auto names = Model(small(0.2), threeTasks()).namedParameters();
     int which = 0;
     for (const Schedule *s : {&regions, &offload, &both, &units, &unitsAndRegion}) {
@@ -295,6 +296,31 @@ TEST(Schedules, OffloadUnitsAreChecked) {
   s.offloadUnits = {3};
   s.regions = {{3, 4}};
   EXPECT_THROW(core.computeGradients(b, s), std::invalid_argument);
+  Schedule h;
+  h.offloadHeadList = {7};
+  EXPECT_THROW(core.computeGradients(b, h), std::invalid_argument);
+}
+
+TEST(Schedules, OneOffloadedHeadUsesTheHostPoolForItAlone) {
+  installCpuMemoryTracking();
+  int64_t pool[2] = {0, 0};
+  for (int run = 0; run < 2; ++run) {
+    TrainConfig tc;
+    tc.cosineEvery = 0;
+    TrainerCore core(memModel(), memHeads(), tc);
+    Batch b = core.model().syntheticBatch(kB, 1);
+    Schedule s;
+    if (run == 0)
+      s.offloadHeadList = {1}; // pos
+    else
+      s.offloadHeads = true;
+    core.computeGradients(b, s);
+    pool[run] = core.computeGradients(b, s).hostPoolBytes;
+  }
+  // pos alone moves its norm output and log-probabilities; all heads move
+  // ner's too (cls's tensors are under the 4 KiB threshold).
+  EXPECT_GT(pool[0], 0);
+  EXPECT_LT(pool[0], pool[1]);
 }
 
 TEST(Schedules, CheckpointReplaysBf16Autocast) {

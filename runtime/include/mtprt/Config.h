@@ -90,6 +90,9 @@ struct Schedule {
   /// Offload every tensor a head (and its loss) saves for backward to the host
   /// pool, and prefetch it before the head's backward.
   bool offloadHeads = false;
+  /// The same for these heads only (head indices): the compiler's per-head
+  /// offload decision.
+  std::vector<int64_t> offloadHeadList;
   /// Offload the saved boundary input of every checkpoint region (except the
   /// token ids and boundaries that are taps, which stay on the device).
   bool offloadRegionBoundaries = false;
