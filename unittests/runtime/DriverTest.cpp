@@ -158,6 +158,23 @@ void expectSameParameters(const std::string &a, const std::string &b) {
   }
 }
 
+// A small two-task program; the tests set its step.
+Program twoTaskProgram() {
+  Program p;
+  p.model.vocab = 32;
+  p.model.seq = 8;
+  p.model.hidden = 16;
+  p.model.heads = 2;
+  p.model.ffn = 32;
+  HeadConfig cls{"cls", HeadKind::Classify, 1};
+  cls.classes = 4;
+  HeadConfig tag{"tag", HeadKind::Tag, 2};
+  tag.classes = 6;
+  p.heads = {cls, tag};
+  p.batchSize = 8;
+  return p;
+}
+
 } // namespace
 
 TEST(Driver, HelpAndBadCommandLines) {
@@ -427,18 +444,7 @@ TEST(Driver, TwoProcessesWithCompressedExchange) {
 
 TEST(Driver, UnitGrainStepProgramEqualsTheScheduledOne) {
   // What a generated main does: a Program whose step is written unit by unit.
-  Program p;
-  p.model.vocab = 32;
-  p.model.seq = 8;
-  p.model.hidden = 16;
-  p.model.heads = 2;
-  p.model.ffn = 32;
-  HeadConfig cls{"cls", HeadKind::Classify, 1};
-  cls.classes = 4;
-  HeadConfig tag{"tag", HeadKind::Tag, 2};
-  tag.classes = 6;
-  p.heads = {cls, tag};
-  p.batchSize = 8;
+  Program p = twoTaskProgram();
   int calls = 0;
   auto unitGrain = [&](Trainer &t) {
     ++calls;
@@ -656,18 +662,7 @@ TEST(Recalibration, FiresOnlyForLowReuseAndSpreadCosines) {
 TEST(Recalibration, TheDriverLogsTheEventOnlyWhenTheRuleHolds) {
   // The step program reports a low reuse ratio and spread cosines at step 1
   // (as a plan whose tasks tap far apart would); the other steps are real.
-  Program p;
-  p.model.vocab = 32;
-  p.model.seq = 8;
-  p.model.hidden = 16;
-  p.model.heads = 2;
-  p.model.ffn = 32;
-  HeadConfig cls{"cls", HeadKind::Classify, 1};
-  cls.classes = 4;
-  HeadConfig tag{"tag", HeadKind::Tag, 2};
-  tag.classes = 6;
-  p.heads = {cls, tag};
-  p.batchSize = 8;
+  Program p = twoTaskProgram();
   p.step = [](Trainer &t) {
     StepStats s = t.step(Schedule{});
     if (s.step == 1) {
