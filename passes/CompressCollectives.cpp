@@ -3,6 +3,7 @@
 #include "passes/Passes.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/Support/FormatVariadic.h"
 
 namespace mtp {
 #define GEN_PASS_DEF_COMPRESSCOLLECTIVES
@@ -15,6 +16,7 @@ using namespace mtp;
 namespace {
 struct CompressCollectivesPass
     : public mtp::impl::CompressCollectivesBase<CompressCollectivesPass> {
+  using CompressCollectivesBase::CompressCollectivesBase;
   void runOnOperation() override {
     ModelOp model = getOperation();
     StepOp step = model.getStep();
@@ -26,10 +28,26 @@ struct CompressCollectivesPass
     CollectivePolicy policy = strategy.getCollective();
     bool compress = policy == CollectivePolicy::compressed ||
                     (policy == CollectivePolicy::automatic && world > 1);
-    if (!compress)
+    auto buckets = step.getBody().front().getOps<AllReduceOp>();
+    if (!compress) {
+      if (remarks)
+        model.emitRemark() << "left " << llvm::range_size(buckets)
+                           << " gradient buckets uncompressed (collective = "
+                           << stringifyCollectivePolicy(policy) << ", "
+                           << world << " devices)";
       return;
+    }
     Builder b(model.getContext());
-    for (AllReduceOp op : step.getBody().front().getOps<AllReduceOp>()) {
+    if (remarks)
+      model.emitRemark() << "compressed " << llvm::range_size(buckets)
+                         << " gradient buckets: top-k "
+                         << llvm::formatv("{0:P}",
+                                          strategy.getTopk().convertToDouble())
+                                .str()
+                         << ", "
+                         << strategy.getQuantBits() << "-bit blocks of "
+                         << strategy.getQuantBlock();
+    for (AllReduceOp op : buckets) {
       op.setCompressed(true);
       op.setTopkAttr(b.getF64FloatAttr(strategy.getTopk().convertToDouble()));
       op.setBlockAttr(b.getI64IntegerAttr(strategy.getQuantBlock()));

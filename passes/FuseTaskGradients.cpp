@@ -19,6 +19,7 @@ using namespace mtp;
 namespace {
 struct FuseTaskGradientsPass
     : public mtp::impl::FuseTaskGradientsBase<FuseTaskGradientsPass> {
+  using FuseTaskGradientsBase::FuseTaskGradientsBase;
   void runOnOperation() override;
 };
 } // namespace
@@ -84,6 +85,16 @@ void FuseTaskGradientsPass::runOnOperation() {
       attrs.getI64IntegerAttr(workspace));
   for (auto [g, fused] : llvm::zip(grads, fuse.getFused()))
     g.replaceAllUsesExcept(fused, fuse);
+  if (remarks)
+    model.emitRemark() << "fused the gradients of " << heads.size()
+                       << " tasks at their taps (scope "
+                       << stringifyGradientScope(strategy.getGradientScope())
+                       << (keep ? ", GFM" : "")
+                       << (strategy.getClip() == ClipPolicy::per_task
+                               ? ", per-task clipping"
+                               : "")
+                       << "): " << flops << " FLOPs, " << workspace
+                       << " bytes of workspace";
 
   // The runtime runs the backbone backward as one call whose roots are the
   // taps and whose grad_outputs are the fused gradients: it holds them all

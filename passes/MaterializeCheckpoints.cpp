@@ -18,6 +18,7 @@ using namespace mtp;
 namespace {
 struct MaterializeCheckpointsPass
     : public mtp::impl::MaterializeCheckpointsBase<MaterializeCheckpointsPass> {
+  using MaterializeCheckpointsBase::MaterializeCheckpointsBase;
   void runOnOperation() override;
 };
 
@@ -36,7 +37,9 @@ void MaterializeCheckpointsPass::runOnOperation() {
       regions[r.getInt()].push_back(fwd);
 
   OpBuilder b(model.getContext());
+  int64_t movedUnits = 0, recomputedTensors = 0;
   for (auto &[index, units] : regions) {
+    movedUnits += units.size();
     llvm::DenseSet<Operation *> inside;
     llvm::DenseSet<int64_t> blocks;
     for (FwdOp fwd : units) {
@@ -102,6 +105,7 @@ void MaterializeCheckpointsPass::runOnOperation() {
       }
     if (!firstBackward || recomputed.empty())
       continue;
+    recomputedTensors += recomputed.size();
     b.setInsertionPoint(firstBackward);
     SmallVector<Value> boundaryOutside;
     for (Value v : boundary)
@@ -138,4 +142,9 @@ void MaterializeCheckpointsPass::runOnOperation() {
     b.create<ReleaseOp>(recompute.getLoc(),
                         ValueRange{recompute.getSaved().back()});
   }
+  if (remarks)
+    model.emitRemark() << "materialized " << regions.size()
+                       << " checkpoint regions: " << movedUnits
+                       << " forward units, " << recomputedTensors
+                       << " saved tensors recomputed before their backward";
 }

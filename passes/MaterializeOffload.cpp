@@ -1,5 +1,6 @@
 //===- MaterializeOffload.cpp - planned offloads into the step ------------===//
 
+#include "passes/CostModel.h"
 #include "passes/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -15,6 +16,7 @@ using namespace mtp;
 namespace {
 struct MaterializeOffloadPass
     : public mtp::impl::MaterializeOffloadBase<MaterializeOffloadPass> {
+  using MaterializeOffloadBase::MaterializeOffloadBase;
   void runOnOperation() override;
 };
 
@@ -46,6 +48,7 @@ void MaterializeOffloadPass::runOnOperation() {
       if (d.getValue() == "offload")
         offloaded.push_back(fwd);
 
+  int64_t tensors = 0, bytes = 0;
   for (FwdOp fwd : offloaded) {
     std::string owner = groupOf(fwd);
     for (Value value : fwd.getOutputs()) {
@@ -94,6 +97,13 @@ void MaterializeOffloadPass::runOnOperation() {
       value.replaceUsesWithIf(pre, [&](OpOperand &use) {
         return isa<BwdOp>(use.getOwner());
       });
+      ++tensors;
+      bytes += CostModel::bytes(cast<RankedTensorType>(value.getType()));
     }
   }
+  if (remarks)
+    model.emitRemark() << "offloaded " << tensors << " tensors (" << bytes
+                       << " bytes) of " << offloaded.size()
+                       << " units on stream " << kCopyStream
+                       << ", each prefetched one unit group ahead";
 }

@@ -80,6 +80,11 @@ def FuseTaskGradients : Pass<"mtp-fuse-task-gradients", "::mtp::ModelOp"> {
     layers (k layers × tasks of gradient memory, k layers of backward per
     task), which the plan shows next to the `features` scope.
   }];
+  let options = [
+    Option<"remarks", "remarks", "bool", /*default=*/"false",
+           "Emit a remark on the model saying what the pass did (MLIR's "
+           "pass statistics are compiled out of release LLVM builds)">
+  ];
 }
 
 def CompressCollectives : Pass<"mtp-compress-collectives", "::mtp::ModelOp"> {
@@ -90,6 +95,11 @@ def CompressCollectives : Pass<"mtp-compress-collectives", "::mtp::ModelOp"> {
     compressed`, or `auto` with more than one device. The plan reports the
     bytes each process sends per step, compressed and not.
   }];
+  let options = [
+    Option<"remarks", "remarks", "bool", /*default=*/"false",
+           "Emit a remark on the model saying what the pass did (MLIR's "
+           "pass statistics are compiled out of release LLVM builds)">
+  ];
 }
 
 def MaterializeCheckpoints : Pass<"mtp-materialize-checkpoints", "::mtp::ModelOp"> {
@@ -102,6 +112,11 @@ def MaterializeCheckpoints : Pass<"mtp-materialize-checkpoints", "::mtp::ModelOp
     its backward units take. The memory analysis of the result is the
     planned peak.
   }];
+  let options = [
+    Option<"remarks", "remarks", "bool", /*default=*/"false",
+           "Emit a remark on the model saying what the pass did (MLIR's "
+           "pass statistics are compiled out of release LLVM builds)">
+  ];
 }
 
 def MaterializeOffload : Pass<"mtp-materialize-offload", "::mtp::ModelOp"> {
@@ -114,6 +129,11 @@ def MaterializeOffload : Pass<"mtp-materialize-offload", "::mtp::ModelOp"> {
     before its first backward use, which then reads the prefetched copy.
     Copies run on stream 1, the low-priority copy stream.
   }];
+  let options = [
+    Option<"remarks", "remarks", "bool", /*default=*/"false",
+           "Emit a remark on the model saying what the pass did (MLIR's "
+           "pass statistics are compiled out of release LLVM builds)">
+  ];
 }
 
 #endif // MTP_PASSES

@@ -1,4 +1,8 @@
 // RUN: mtp-opt %s -split-input-file --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-compress-collectives))' | FileCheck %s
+// RUN: mtp-opt %s -split-input-file -mlir-print-op-on-diagnostic=false --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-compress-collectives{remarks=true}))' 2>&1 >/dev/null | FileCheck %s --check-prefix=REMARK
+
+// REMARK: remark: compressed 1 gradient buckets: top-k 15.00%, 8-bit blocks of 256
+// REMARK: remark: left 1 gradient buckets uncompressed (collective = auto, 1 devices)
 
 // collective = compressed: every bucket carries the GSC settings.
 // CHECK-LABEL: mtp.model @compressed

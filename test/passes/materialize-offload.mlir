@@ -1,5 +1,10 @@
 // RUN: mtp-opt %s --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-plan-memory,mtp-materialize-offload,mtp-memory-analysis))' | FileCheck %s
 // RUN: mtp-opt %s --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-plan-memory,mtp-materialize-offload))' | mtp-opt | FileCheck %s --check-prefix=ROUNDTRIP
+// RUN: mtp-opt %s -mlir-print-op-on-diagnostic=false --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-plan-memory,mtp-materialize-offload{remarks=true}))' 2>&1 | FileCheck %s --check-prefix=REMARK
+
+// REMARK: remark: offloaded 22 tensors (1282048 bytes) of 10 units on stream 1, each prefetched one unit group ahead
+// REMARK-COUNT-22: mtp.offload {{.*}} stream 1
+// REMARK-NOT: mtp.offload 
 
 // Recompute is off, so the plan offloads (8 MiB; keeping everything peaks at
 // 8.74 MiB). Each tensor only its unit's backward reads leaves after its last
