@@ -2,6 +2,8 @@
 //
 //   mtpc check FILE [-v]          check a spec: errors, or a one-line summary
 //   mtpc plan FILE [--format=json] the memory plan against the budget
+//   mtpc plan FILE --format=fb -o PLAN  the plan as a flatbuffer
+//   mtpc inspect PLAN             verify a flatbuffer plan and print it
 //   mtpc FILE --emit=ast|mlir|step print the AST, the spec-level IR, or the
 //                                 expanded training step
 //
@@ -18,6 +20,7 @@
 #include "frontend/Sema.h"
 #include "passes/CostModel.h"
 #include "passes/MemoryAnalysis.h"
+#include "passes/PlanFile.h"
 #include "passes/PlanReport.h"
 #include "passes/Passes.h"
 
@@ -42,9 +45,9 @@ using namespace mlir;
 namespace cl = llvm::cl;
 
 namespace {
-enum class Command { Compile, Check, Plan };
+enum class Command { Compile, Check, Plan, Inspect };
 enum class Emit { AST, MLIR, Step };
-enum class Format { Text, Json };
+enum class Format { Text, Json, Fb };
 enum ExitCode { kOk = 0, kSpecError = 1, kUsageError = 2 };
 
 cl::opt<std::string> inputFilename(cl::Positional, cl::desc("<spec file>"),
@@ -62,7 +65,10 @@ cl::opt<Format> format(
     "format", cl::desc("plan: output format"), cl::init(Format::Text),
     cl::values(clEnumValN(Format::Text, "text", "a table for the terminal"),
                clEnumValN(Format::Json, "json",
-                          "JSON, schema mtpc.plan/1 (docs/plan-format.md)")));
+                          "JSON, schema mtpc.plan/1 (docs/plan-format.md)"),
+               clEnumValN(Format::Fb, "fb",
+                          "a flatbuffer (runtime/schema/plan.fbs) for the "
+                          "runtime and `mtpc inspect`")));
 cl::opt<bool> verbose("v", cl::desc("check: print every task, correlation "
                                     "and the budget, not only the summary"));
 
@@ -148,6 +154,7 @@ int main(int argc, char **argv) {
         llvm::StringSwitch<std::optional<Command>>(args[1])
             .Case("check", Command::Check)
             .Case("plan", Command::Plan)
+            .Case("inspect", Command::Inspect)
             .Default(std::nullopt);
     if (sub) {
       command = *sub;
@@ -164,6 +171,8 @@ int main(int argc, char **argv) {
           "mtpc: multi-task training pipeline compiler\n\n"
           "  mtpc check FILE [-v]            check a spec and summarize it\n"
           "  mtpc plan FILE [--format=json]  the memory plan against the budget\n"
+          "  mtpc plan FILE --format=fb -o PLAN   the plan as a flatbuffer\n"
+          "  mtpc inspect PLAN               verify a flatbuffer plan, print it\n"
           "  mtpc FILE --emit=ast|mlir|step  print the syntax tree or the IR\n\n"
           "FILE is a .mtp spec or spec-level IR (.mlir).\n"
           "Exit codes: 0 ok, 1 the spec has errors, 2 wrong usage.\n",
@@ -176,6 +185,21 @@ int main(int argc, char **argv) {
   if (!input) {
     usageError() << errorMessage << "\n";
     return kUsageError;
+  }
+  if (command == Command::Inspect) {
+    std::unique_ptr<llvm::ToolOutputFile> output =
+        openOutputFile(outputFilename, &errorMessage);
+    if (!output) {
+      usageError() << errorMessage << "\n";
+      return kUsageError;
+    }
+    if (llvm::Error err = mtp::printPlanFile(input->getBuffer(), output->os())) {
+      usageError() << inputFilename << ": " << llvm::toString(std::move(err))
+                   << "\n";
+      return kSpecError;
+    }
+    output->keep();
+    return kOk;
   }
   bool isMlir = llvm::sys::path::extension(inputFilename) == ".mlir";
   if (isMlir && emitAction == Emit::AST) {
@@ -275,12 +299,16 @@ int main(int argc, char **argv) {
   case Command::Plan:
     for (auto model : module->getOps<mtp::ModelOp>()) {
       mtp::MemoryReport report = mtp::analyzeMemory(model);
-      if (format == Format::Json)
+      if (format == Format::Fb)
+        output->os() << mtp::serializePlan(model, report, inputFilename);
+      else if (format == Format::Json)
         output->os() << llvm::formatv("{0:2}", mtp::planToJson(model, report))
                      << "\n";
       else
         mtp::printPlan(model, report, output->os());
     }
+    break;
+  case Command::Inspect: // handled before parsing
     break;
   case Command::Compile:
     module->print(output->os());

@@ -1,0 +1,211 @@
+//===- PlanFile.cpp - the plan as a flatbuffer ----------------------------===//
+
+#include "passes/PlanFile.h"
+
+#include "schema/plan_generated.h"
+
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace mlir;
+using namespace mtp;
+
+namespace {
+int64_t stepInt(StepOp step, StringRef name, int64_t otherwise) {
+  auto attr = step->getAttrOfType<IntegerAttr>(name);
+  return attr ? attr.getInt() : otherwise;
+}
+
+fb::Decision decisionOf(FwdOp op) {
+  auto d = op->getAttrOfType<StringAttr>("mtp.decision");
+  if (!d)
+    return fb::Decision::Keep;
+  if (d.getValue() == "recompute")
+    return fb::Decision::Recompute;
+  if (d.getValue() == "offload")
+    return fb::Decision::Offload;
+  return fb::Decision::Keep;
+}
+
+llvm::StringRef str(const flatbuffers::String *s) {
+  return s ? llvm::StringRef(s->c_str(), s->size()) : llvm::StringRef();
+}
+} // namespace
+
+std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
+                               StringRef source) {
+  flatbuffers::FlatBufferBuilder b;
+  StepOp step = model.getStep();
+
+  BackboneOp bb = model.getBackbone();
+  auto backbone = fb::CreateBackbone(
+      b, b.CreateString(stringifyBackboneKind(bb.getKind()).str()),
+      bb.getLayers(), bb.getHidden(), bb.getHeads(), bb.getFfn(),
+      bb.getVocab(), bb.getSeq(), bb.getDropout().convertToDouble());
+
+  std::vector<flatbuffers::Offset<fb::Task>> tasks;
+  for (TaskOp t : model.getTasks())
+    tasks.push_back(fb::CreateTask(
+        b, b.CreateString(t.getSymName().str()),
+        b.CreateString(stringifyHeadKind(t.getHead()).str()), t.getTapLayer(),
+        t.getPooled(), t.getClasses().value_or(t.getLabels().value_or(0)),
+        t.getLayers().value_or(0), t.getVocab().value_or(0),
+        t.getTargetSeq().value_or(0), t.getWeight().convertToDouble()));
+
+  std::vector<flatbuffers::Offset<fb::Unit>> units;
+  for (const UnitMemory &unit : report.units) {
+    FwdOp op = unit.op;
+    StringRef task = op.getTaskAttr() ? op.getTaskAttr().getValue() : "";
+    units.push_back(fb::CreateUnit(
+        b, b.CreateString(op.getUnitName()),
+        b.CreateString(stringifyUnitKind(op.getUnit()).str()), op.getLayer(),
+        b.CreateString(task.str()), unit.savedBytes, op.getFlops(),
+        decisionOf(op)));
+  }
+
+  std::vector<fb::Region> regions;
+  if (auto attr = step->getAttrOfType<ArrayAttr>("mtp.regions"))
+    for (Attribute r : attr) {
+      auto range = cast<DenseI64ArrayAttr>(r).asArrayRef();
+      regions.emplace_back(range[0], range[1]);
+    }
+
+  std::vector<flatbuffers::Offset<fb::Offload>> offloads;
+  if (auto schedule = step->getAttrOfType<ArrayAttr>("mtp.offload_schedule"))
+    for (Attribute a : schedule) {
+      auto entry = cast<DictionaryAttr>(a);
+      offloads.push_back(fb::CreateOffload(
+          b, b.CreateString(cast<StringAttr>(entry.get("unit")).str()),
+          cast<IntegerAttr>(entry.get("bytes")).getInt(),
+          cast<IntegerAttr>(entry.get("stream")).getInt(),
+          cast<FloatAttr>(entry.get("exposed_wait_s")).getValueAsDouble()));
+    }
+
+  std::vector<flatbuffers::Offset<fb::Bucket>> buckets;
+  for (AllReduceOp op : step.getBody().front().getOps<AllReduceOp>()) {
+    bool compressed = op.getCompressed();
+    buckets.push_back(fb::CreateBucket(
+        b, op.getElements(), compressed,
+        compressed ? op.getTopk()->convertToDouble() : 1.0,
+        compressed ? int64_t(*op.getBlock()) : 0,
+        compressed ? int64_t(*op.getBits()) : 32,
+        compressed ? op.getDecay()->convertToDouble() : 0.0));
+  }
+
+  flatbuffers::Offset<fb::Target> target;
+  if (BudgetOp budget = model.getBudget())
+    target = fb::CreateTarget(
+        b, b.CreateString(budget.getDevice().str()),
+        b.CreateString(stringifyPrecision(budget.getPrecision()).str()),
+        budget.getMemory(), budget.getUsableBytes(), budget.getGpus(),
+        budget.getMicroBatch());
+
+  auto plan = fb::CreatePlan(
+      b, kPlanVersion, b.CreateString(model.getSymName().str()),
+      b.CreateString(source.str()), target, backbone, b.CreateVector(tasks),
+      b.CreateVector(units), b.CreateVectorOfStructs(regions),
+      b.CreateVector(offloads), b.CreateVector(buckets),
+      stepInt(step, "mtp.planned_peak_bytes", report.peakBytes),
+      stepInt(step, "mtp.keep_peak_bytes", report.peakBytes),
+      stepInt(step, "mtp.uniform_peak_bytes", -1),
+      step->getAttrOfType<FloatAttr>("mtp.added_seconds")
+          ? step->getAttrOfType<FloatAttr>("mtp.added_seconds")
+                .getValueAsDouble()
+          : 0.0);
+  fb::FinishPlanBuffer(b, plan);
+  return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()),
+                     b.GetSize());
+}
+
+llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
+  auto fail = [](const llvm::Twine &why) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), why);
+  };
+  const auto *data = reinterpret_cast<const uint8_t *>(bytes.data());
+  if (bytes.size() < 8 || !fb::PlanBufferHasIdentifier(data))
+    return fail("not an mtpc plan (no 'MTPP' identifier); write one with "
+                "`mtpc plan SPEC --format=fb -o PLAN`");
+  flatbuffers::Verifier verifier(data, bytes.size());
+  if (!fb::VerifyPlanBuffer(verifier))
+    return fail("the plan is corrupt (the flatbuffers verifier rejects it); "
+                "write it again with `mtpc plan SPEC --format=fb -o PLAN`");
+  const fb::Plan *plan = fb::GetPlan(data);
+  if (plan->version() != kPlanVersion)
+    return fail("plan version " + llvm::Twine(plan->version()) +
+                ", this mtpc reads version " + llvm::Twine(kPlanVersion) +
+                "; re-plan the spec with this mtpc");
+
+  os << "plan v" << plan->version() << " for model '" << str(plan->model())
+     << "' from " << str(plan->source()) << "\n";
+  if (const fb::Target *t = plan->target())
+    os << "  target   " << str(t->device()) << ", " << str(t->precision())
+       << ", " << t->gpus() << " GPU(s), micro-batch " << t->micro_batch()
+       << ", " << formatBytes(t->usable_bytes()) << " usable of "
+       << formatBytes(t->memory_bytes()) << "\n";
+  if (const fb::Backbone *bb = plan->backbone())
+    os << "  backbone " << str(bb->kind()) << ": " << bb->layers()
+       << " layers, hidden " << bb->hidden() << ", " << bb->heads()
+       << " heads, ffn " << bb->ffn() << ", vocab " << bb->vocab() << ", seq "
+       << bb->seq() << ", dropout " << llvm::format("%g", bb->dropout())
+       << "\n";
+  if (plan->tasks())
+    for (const fb::Task *t : *plan->tasks())
+      os << "  task     " << str(t->name()) << ": " << str(t->head())
+         << " from " << (t->pooled() ? "pooled " : "") << "layer "
+         << t->tap_layer() << ", weight " << llvm::format("%g", t->weight())
+         << "\n";
+  if (plan->units()) {
+    os << "  units    (name, saved bytes, decision)\n";
+    for (const fb::Unit *u : *plan->units()) {
+      std::string name = str(u->name()).str();
+      if (u->task() && u->task()->size())
+        name += " @" + str(u->task()).str();
+      os << llvm::formatv("    {0,-24} {1,12}  {2}\n", name, u->saved_bytes(),
+                          fb::EnumNameDecision(u->decision()));
+    }
+  }
+  if (plan->regions() && plan->regions()->size()) {
+    os << "  regions ";
+    for (const fb::Region *r : *plan->regions())
+      os << " [" << r->first_block() << ", " << r->last_block() << "]";
+    os << " (runtime block numbers)\n";
+  }
+  if (plan->offloads())
+    for (const fb::Offload *o : *plan->offloads())
+      os << "  offload  " << str(o->unit()) << ": " << o->bytes()
+         << " B on stream " << o->stream() << ", exposed wait "
+         << llvm::formatv("{0:f1} us", o->exposed_wait_s() * 1e6) << "\n";
+  if (plan->buckets()) {
+    // Runs of equal buckets (one per layer) print as one line.
+    auto same = [](const fb::Bucket *a, const fb::Bucket *b) {
+      return a->elements() == b->elements() &&
+             a->compressed() == b->compressed() && a->topk() == b->topk() &&
+             a->block() == b->block() && a->bits() == b->bits() &&
+             a->decay() == b->decay();
+    };
+    const auto &buckets = *plan->buckets();
+    for (unsigned i = 0, e = buckets.size(); i < e;) {
+      const fb::Bucket *bk = buckets.Get(i);
+      unsigned run = 1;
+      while (i + run < e && same(bk, buckets.Get(i + run)))
+        ++run;
+      os << "  bucket   " << bk->elements() << " values";
+      if (run > 1)
+        os << " x" << run;
+      if (bk->compressed())
+        os << ", compressed: top-k " << llvm::format("%g", bk->topk()) << ", "
+           << bk->bits() << "-bit blocks of " << bk->block() << ", decay "
+           << llvm::format("%g", bk->decay());
+      os << "\n";
+      i += run;
+    }
+  }
+  os << "  peak     " << plan->predicted_peak_bytes() << " B predicted ("
+     << formatBytes(plan->predicted_peak_bytes()) << "); keeping everything "
+     << formatBytes(plan->keep_peak_bytes());
+  if (plan->uniform_peak_bytes() >= 0)
+    os << ", uniform checkpointing " << formatBytes(plan->uniform_peak_bytes());
+  os << "; added "
+     << llvm::formatv("{0:f3} ms", plan->added_seconds() * 1e3) << " per step\n";
+  return llvm::Error::success();
+}
