@@ -50,7 +50,8 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         b.CreateString(stringifyHeadKind(t.getHead()).str()), t.getTapLayer(),
         t.getPooled(), t.getClasses().value_or(t.getLabels().value_or(0)),
         t.getLayers().value_or(0), t.getVocab().value_or(0),
-        t.getTargetSeq().value_or(0), t.getWeight().convertToDouble()));
+        t.getTargetSeq().value_or(0), t.getWeight().convertToDouble(),
+        b.CreateString(stringifyLossKind(t.getLoss()).str())));
 
   std::vector<flatbuffers::Offset<fb::Unit>> units;
   for (const UnitMemory &unit : report.units) {
@@ -59,7 +60,7 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
     units.push_back(fb::CreateUnit(
         b, b.CreateString(op.getUnitName()),
         b.CreateString(stringifyUnitKind(op.getUnit()).str()), op.getLayer(),
-        b.CreateString(task.str()), unit.savedBytes, op.getFlops(),
+        getBlockNumber(op.getUnit(), op.getLayer()), b.CreateString(task.str()), unit.savedBytes, op.getFlops(),
         decisionOf(op)));
   }
 
@@ -98,7 +99,7 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         b, b.CreateString(budget.getDevice().str()),
         b.CreateString(stringifyPrecision(budget.getPrecision()).str()),
         budget.getMemory(), budget.getUsableBytes(), budget.getGpus(),
-        budget.getMicroBatch());
+        budget.getMicroBatch(), budget.getGlobalBatch());
 
   auto plan = fb::CreatePlan(
       b, kPlanVersion, b.CreateString(model.getSymName().str()),

@@ -38,3 +38,9 @@ fuzzer = os.path.join(config.mtpc_obj_root, "fuzz", "mtp-fuzz-frontend")
 if os.path.exists(fuzzer):
     config.available_features.add("fuzzer")
     config.substitutions.append(("%mtp-fuzz-frontend", fuzzer))
+
+# The runtime's plan runner, when scripts/build.sh built the runtime.
+plan_runner = os.path.join(config.mtpc_obj_root, "runtime", "tools", "mtprt-run")
+if os.path.exists(plan_runner):
+    config.available_features.add("runtime")
+    config.substitutions.append(("%mtprt-run", plan_runner))

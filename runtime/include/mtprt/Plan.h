@@ -1,0 +1,54 @@
+//===- Plan.h - the compiler's plan, read by the runtime ---------*- C++ -*-===//
+//
+// The flatbuffer `mtpc plan --format=fb` writes (runtime/schema/plan.fbs),
+// verified and turned into what a step needs: the model, the heads and the
+// Schedule carrying the planner's decisions. Torch-free.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPRT_PLAN_H
+#define MTPRT_PLAN_H
+
+#include "mtprt/Config.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mtprt {
+
+/// The plan version this runtime reads (mtpc's kPlanVersion).
+constexpr unsigned kPlanVersion = 1;
+
+struct Plan {
+  std::string modelName, source;
+  std::string device, precision; ///< the target the plan was made for
+  int64_t gpus = 1, microBatch = 1, globalBatch = 1, memoryBytes = 0,
+          usableBytes = 0;
+  ModelConfig model;
+  std::vector<HeadConfig> heads; ///< in the spec's task order
+  std::vector<double> lossWeights;
+  /// regions, offloadUnits and offloadHeadList from the decisions.
+  Schedule schedule;
+  int64_t predictedPeakBytes = 0, keepPeakBytes = 0, uniformPeakBytes = -1;
+  double addedSeconds = 0.0;
+};
+
+/// Verifies `size` bytes at `data` — the 'MTPP' identifier, the flatbuffers
+/// verifier, the version, then every field the runtime uses — and reads
+/// them. Throws std::runtime_error naming `name` (the file), what is wrong
+/// and what to do; never reads outside the buffer.
+Plan readPlan(const void *data, size_t size, const std::string &name);
+
+/// readPlan on a file's contents.
+Plan loadPlan(const std::string &path);
+
+struct Program;
+/// The driver's program for a plan: its model, heads, schedule, precision,
+/// batch and micro-batches, and the predicted peak to log beside the measured.
+Program programFromPlan(const Plan &plan);
+
+} // namespace mtprt
+
+#endif // MTPRT_PLAN_H

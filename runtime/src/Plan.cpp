@@ -1,0 +1,169 @@
+//===- Plan.cpp - the compiler's plan, read by the runtime ----------------===//
+
+#include "mtprt/Plan.h"
+#include "mtprt/Driver.h"
+
+#include "schema/plan_generated.h"
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+namespace mtprt {
+namespace {
+
+[[noreturn]] void fail(const std::string &name, const std::string &why) {
+  throw std::runtime_error("mtprt: plan " + name + ": " + why);
+}
+
+std::string str(const flatbuffers::String *s) {
+  return s ? s->str() : std::string();
+}
+
+HeadKind headKind(const std::string &name, const std::string &head,
+                  const std::string &task) {
+  if (head == "classify")
+    return HeadKind::Classify;
+  if (head == "tag")
+    return HeadKind::Tag;
+  if (head == "span")
+    return HeadKind::Span;
+  if (head == "decoder")
+    return HeadKind::Decoder;
+  fail(name, "task '" + task + "' has head kind '" + head +
+                 "', which this runtime does not know; re-plan the spec "
+                 "with the mtpc that matches this runtime");
+}
+
+} // namespace
+
+Plan readPlan(const void *data, size_t size, const std::string &name) {
+  const auto *bytes = static_cast<const uint8_t *>(data);
+  const std::string again =
+      "; write it again with `mtpc plan SPEC --format=fb -o PLAN`";
+  if (size < 8 || !mtp::fb::PlanBufferHasIdentifier(bytes))
+    fail(name, "not an mtpc plan (no 'MTPP' identifier)" + again);
+  flatbuffers::Verifier verifier(bytes, size);
+  if (!mtp::fb::VerifyPlanBuffer(verifier))
+    fail(name, "the plan is corrupt (the flatbuffers verifier rejects it)" +
+                   again);
+  const mtp::fb::Plan *fb = mtp::fb::GetPlan(bytes);
+  if (fb->version() != kPlanVersion)
+    fail(name, "plan version " + std::to_string(fb->version()) +
+                   ", this runtime reads version " +
+                   std::to_string(kPlanVersion) +
+                   "; re-plan the spec with the matching mtpc");
+  if (!fb->backbone() || !fb->tasks() || !fb->units())
+    fail(name, "the plan has no backbone, tasks or units" + again);
+
+  Plan plan;
+  plan.modelName = str(fb->model());
+  plan.source = str(fb->source());
+  if (const auto *t = fb->target()) {
+    plan.device = str(t->device());
+    plan.precision = str(t->precision());
+    plan.gpus = t->gpus();
+    plan.microBatch = t->micro_batch();
+    plan.globalBatch = t->global_batch();
+    plan.memoryBytes = t->memory_bytes();
+    plan.usableBytes = t->usable_bytes();
+  }
+  const auto *bb = fb->backbone();
+  plan.model.vocab = bb->vocab();
+  plan.model.seq = bb->seq();
+  plan.model.layers = bb->layers();
+  plan.model.hidden = bb->hidden();
+  plan.model.heads = bb->heads();
+  plan.model.ffn = bb->ffn();
+  plan.model.dropout = bb->dropout();
+  if (plan.model.layers < 1 || plan.model.hidden < 1 || plan.model.heads < 1 ||
+      plan.model.hidden % plan.model.heads || plan.model.vocab < 1 ||
+      plan.model.seq < 1 || plan.model.ffn < 1)
+    fail(name, "backbone dimensions are not a valid transformer" + again);
+
+  for (const mtp::fb::Task *t : *fb->tasks()) {
+    HeadConfig h;
+    h.name = str(t->name());
+    h.kind = headKind(name, str(t->head()), h.name);
+    h.tap = t->tap_layer();
+    if (h.tap < 0 || h.tap > plan.model.layers)
+      fail(name, "task '" + h.name + "' reads layer " + std::to_string(h.tap) +
+                     " of " + std::to_string(plan.model.layers) + again);
+    h.loss = str(t->loss()) == "mse" ? LossKind::Mse : LossKind::CrossEntropy;
+    if (t->classes() > 0)
+      h.classes = t->classes();
+    if (h.kind == HeadKind::Decoder) {
+      h.decoderLayers = t->decoder_layers();
+      h.targetVocab = t->target_vocab();
+      h.targetSeq = t->target_seq();
+    }
+    plan.heads.push_back(h);
+    plan.lossWeights.push_back(t->weight());
+  }
+
+  // Decisions: offloaded backbone blocks and heads; recompute comes as the
+  // regions.
+  for (const mtp::fb::Unit *u : *fb->units()) {
+    if (u->decision() != mtp::fb::Decision::Offload)
+      continue;
+    std::string task = str(u->task());
+    if (task.empty()) {
+      int64_t block = u->block();
+      if (block < 0 || block > 2 * plan.model.layers)
+        fail(name, "unit '" + str(u->name()) + "' has block " +
+                       std::to_string(block) + again);
+      auto &units = plan.schedule.offloadUnits;
+      if (units.empty() || units.back() != block)
+        units.push_back(block);
+      continue;
+    }
+    int64_t index = -1;
+    for (size_t i = 0; i < plan.heads.size(); ++i)
+      if (plan.heads[i].name == task)
+        index = int64_t(i);
+    if (index < 0)
+      fail(name, "unit '" + str(u->name()) + "' belongs to no task '" + task +
+                     "'" + again);
+    auto &heads = plan.schedule.offloadHeadList;
+    if (heads.empty() || heads.back() != index)
+      heads.push_back(index);
+  }
+  if (fb->regions())
+    for (const mtp::fb::Region *r : *fb->regions())
+      plan.schedule.regions.emplace_back(r->first_block(), r->last_block());
+
+  plan.predictedPeakBytes = fb->predicted_peak_bytes();
+  plan.keepPeakBytes = fb->keep_peak_bytes();
+  plan.uniformPeakBytes = fb->uniform_peak_bytes();
+  plan.addedSeconds = fb->added_seconds();
+  return plan;
+}
+
+Program programFromPlan(const Plan &plan) {
+  Program p;
+  p.name = plan.modelName;
+  p.model = plan.model;
+  p.heads = plan.heads;
+  p.schedule = plan.schedule;
+  p.predictedPeakBytes = plan.predictedPeakBytes;
+  p.train.precision = plan.precision == "bf16"   ? Precision::Bf16
+                      : plan.precision == "fp16" ? Precision::Fp16
+                                                 : Precision::Fp32;
+  int64_t perStep = std::max<int64_t>(1, plan.microBatch * plan.gpus);
+  p.batchSize = std::max(plan.globalBatch, perStep);
+  p.train.microBatches = std::max<int64_t>(1, p.batchSize / perStep);
+  return p;
+}
+
+Plan loadPlan(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    fail(path, "cannot open it; write one with `mtpc plan SPEC --format=fb -o " +
+                   path + "`");
+  std::string bytes((std::istreambuf_iterator<char>(in)),
+                    std::istreambuf_iterator<char>());
+  return readPlan(bytes.data(), bytes.size(), path);
+}
+
+} // namespace mtprt
