@@ -6,7 +6,7 @@
 # pinned-memory offload on low-priority streams, fp16 loss scaling) run instead
 # of skipping; it fails if any of them skipped.
 #
-# Here, first:   scripts/gpu-carry.sh        (copies GoogleTest into .carry/)
+# Here, first:   scripts/gpu-carry.sh        (GoogleTest, flatbuffers into .carry/)
 # Then:          device run with carry [".carry"] and
 #                command "scripts/gpu-check.sh"
 set -euo pipefail
@@ -18,7 +18,8 @@ torch_dir=$(python3 -c 'import torch,os; print(os.path.join(torch.utils.cmake_pr
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"
 cmake -G Ninja -S "$root/runtime" -B /tmp/mtprt-gpu -DCMAKE_BUILD_TYPE=Release \
   -DTorch_DIR="$torch_dir" -DMTPRT_TORCH_CUDA=ON \
-  -DMTPRT_GTEST_SOURCE_DIR="$root/.carry/googletest" 2>&1 | tail -3
+  -DMTPRT_GTEST_SOURCE_DIR="$root/.carry/googletest" \
+  -DMTPRT_FLATBUFFERS_ROOT="$root/.carry/flatbuffers" 2>&1 | tail -3
 cmake --build /tmp/mtprt-gpu -j 16 2>&1 | tail -3
 set -o pipefail
 /tmp/mtprt-gpu/unittests/MTPRTTests --gtest_output=json:"$out/gtest.json" 2>&1 | tee "$out/gtest.log"
