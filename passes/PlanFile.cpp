@@ -11,6 +11,8 @@ using namespace mlir;
 using namespace mtp;
 
 namespace {
+constexpr unsigned kPlanVersion = unsigned(fb::PlanVersion::Current);
+
 int64_t stepInt(StepOp step, StringRef name, int64_t otherwise) {
   auto attr = step->getAttrOfType<IntegerAttr>(name);
   return attr ? attr.getInt() : otherwise;
@@ -101,6 +103,8 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         budget.getMemory(), budget.getUsableBytes(), budget.getGpus(),
         budget.getMicroBatch(), budget.getGlobalBatch());
 
+  auto added = step->getAttrOfType<FloatAttr>("mtp.added_seconds");
+  double addedSeconds = added ? added.getValueAsDouble() : 0.0;
   auto plan = fb::CreatePlan(
       b, kPlanVersion, b.CreateString(model.getSymName().str()),
       b.CreateString(source.str()), target, backbone, b.CreateVector(tasks),
@@ -108,11 +112,7 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
       b.CreateVector(offloads), b.CreateVector(buckets),
       stepInt(step, "mtp.planned_peak_bytes", report.peakBytes),
       stepInt(step, "mtp.keep_peak_bytes", report.peakBytes),
-      stepInt(step, "mtp.uniform_peak_bytes", -1),
-      step->getAttrOfType<FloatAttr>("mtp.added_seconds")
-          ? step->getAttrOfType<FloatAttr>("mtp.added_seconds")
-                .getValueAsDouble()
-          : 0.0);
+      stepInt(step, "mtp.uniform_peak_bytes", -1), addedSeconds);
   fb::FinishPlanBuffer(b, plan);
   return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()),
                      b.GetSize());

@@ -19,9 +19,6 @@
 
 namespace mtp {
 
-/// Bump on any schema change an older reader would misread.
-constexpr unsigned kPlanVersion = 1;
-
 /// The planned model as a flatbuffer; `source` names the spec.
 std::string serializePlan(ModelOp model, const MemoryReport &report,
                           llvm::StringRef source);

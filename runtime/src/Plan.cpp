@@ -13,6 +13,9 @@
 namespace mtprt {
 namespace {
 
+/// The version this runtime reads: the schema's, as mtpc writes it.
+constexpr unsigned kPlanVersion = unsigned(mtp::fb::PlanVersion::Current);
+
 [[noreturn]] void fail(const std::string &name, const std::string &why) {
   throw std::runtime_error("mtprt: plan " + name + ": " + why);
 }

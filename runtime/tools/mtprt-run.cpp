@@ -23,8 +23,13 @@ int main(int argc, char **argv) {
   std::string planPath;
   std::vector<char *> rest = {argv[0]};
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--plan") && i + 1 < argc)
+    if (!std::strcmp(argv[i], "--plan")) {
+      if (i + 1 == argc) {
+        std::cerr << "mtprt-run: error: --plan needs a file\n";
+        return 2;
+      }
       planPath = argv[++i];
+    }
     else if (!std::strncmp(argv[i], "--plan=", 7))
       planPath = argv[i] + 7;
     else

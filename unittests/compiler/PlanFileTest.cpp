@@ -65,7 +65,7 @@ TEST_F(PlanFileTest, RoundTripsTheModelAndTheUnits) {
       reinterpret_cast<const uint8_t *>(bytes.data()), bytes.size());
   ASSERT_TRUE(fb::VerifyPlanBuffer(verifier));
   const fb::Plan *plan = fb::GetPlan(bytes.data());
-  EXPECT_EQ(plan->version(), kPlanVersion);
+  EXPECT_EQ(plan->version(), unsigned(fb::PlanVersion::Current));
   EXPECT_EQ(plan->backbone()->hidden(), 8);
   ASSERT_EQ(plan->tasks()->size(), 2u);
   EXPECT_EQ(plan->tasks()->Get(1)->name()->str(), "hi");
@@ -87,7 +87,7 @@ TEST_F(PlanFileTest, RoundTripsTheModelAndTheUnits) {
 
 TEST_F(PlanFileTest, AnotherVersionIsRefused) {
   flatbuffers::FlatBufferBuilder b;
-  fb::FinishPlanBuffer(b, fb::CreatePlan(b, kPlanVersion + 1));
+  fb::FinishPlanBuffer(b, fb::CreatePlan(b, unsigned(fb::PlanVersion::Current) + 1));
   std::string error;
   printed(llvm::StringRef(reinterpret_cast<const char *>(b.GetBufferPointer()),
                           b.GetSize()),

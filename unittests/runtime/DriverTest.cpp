@@ -136,15 +136,27 @@ int run(const std::vector<std::string> &args, const TempDir &dir,
   return rc;
 }
 
-bool waitFor(const std::string &path, int timeoutS) {
+/// Polls `done` every 10 ms for up to `timeoutS` seconds.
+template <typename Done> bool waitUntil(Done done, int timeoutS) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(timeoutS);
-  while (!exists(path)) {
+  while (!done()) {
     if (std::chrono::steady_clock::now() > deadline)
       return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return true;
+}
+
+bool waitFor(const std::string &path, int timeoutS) {
+  return waitUntil([&] { return exists(path); }, timeoutS);
+}
+
+/// Until the metrics file `m` has a record of step 2: the run trains.
+bool waitForStep2(const std::string &m) {
+  return waitUntil(
+      [&] { return readFile(m).find("\"step\":2,") != std::string::npos; },
+      60);
 }
 
 void expectSameParameters(const std::string &a, const std::string &b) {
@@ -310,12 +322,7 @@ TEST(Driver, CtrlCSavesACheckpointAndExits) {
   const std::string c = d.path + "/c", m = d.path + "/m.jsonl";
   Child child({"--steps", "1000000", "--checkpoint-dir", c, "--metrics", m},
               d.path + "/out.txt");
-  // Wait until it trains.
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (readFile(m).find("\"step\":2,") == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  waitForStep2(m);
   child.kill(SIGINT);
   ASSERT_EQ(child.wait(60), 130) << child.output();
   EXPECT_NE(child.output().find("checkpoint saved"), std::string::npos);
@@ -363,11 +370,7 @@ TEST(Driver, CtrlCToTheLauncherStopsEveryRankAtTheSameStep) {
   Child child({"--nproc", "2", "--steps", "1000000", "--checkpoint-dir", c,
                "--metrics", m},
               d.path + "/out.txt");
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (readFile(m).find("\"step\":2,") == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  waitForStep2(m);
   child.kill(SIGINT); // the launcher forwards it
   ASSERT_EQ(child.wait(60), 130) << child.output();
   auto r0 = listCheckpoints(c, 0), r1 = listCheckpoints(c, 1);

@@ -17,7 +17,8 @@ namespace {
 
 /// A plan as mtpc writes it: 2 layers, two tasks; layer 1's attention
 /// offloaded, the tag head offloaded, layer 2 a checkpoint region.
-std::string makePlan(unsigned version = kPlanVersion, int64_t tap = 1) {
+std::string makePlan(unsigned version = unsigned(fb::PlanVersion::Current),
+                     int64_t tap = 1) {
   flatbuffers::FlatBufferBuilder b;
   auto backbone = fb::CreateBackbone(b, b.CreateString("transformer"), 2, 16,
                                      2, 32, 40, 12, 0.1);
@@ -91,7 +92,7 @@ TEST(Plan, BadFilesAreRefusedWithWhatToDo) {
   EXPECT_NE(errorOf(makePlan(2)).find(
                 "plan p.mtpplan: plan version 2, this runtime reads version 1"),
             std::string::npos);
-  EXPECT_NE(errorOf(makePlan(kPlanVersion, 7))
+  EXPECT_NE(errorOf(makePlan(unsigned(fb::PlanVersion::Current), 7))
                 .find("task 'tag' reads layer 7 of 2"),
             std::string::npos);
   EXPECT_NE(errorOf("layers = 2").find("not an mtpc plan"), std::string::npos);

@@ -18,9 +18,6 @@
 
 namespace mtprt {
 
-/// The plan version this runtime reads (mtpc's kPlanVersion).
-constexpr unsigned kPlanVersion = 1;
-
 struct Plan {
   std::string modelName, source;
   std::string device, precision; ///< the target the plan was made for
