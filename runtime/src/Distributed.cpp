@@ -3,6 +3,7 @@
 #include "mtprt/torch/Distributed.h"
 
 #include "mtprt/kernels/BlockQuant.h"
+#include "mtprt/kernels/Specialized.h"
 
 // Built with USE_C10D_GLOO and the declarations in gloo-shim/ (see there).
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -254,13 +255,29 @@ at::Tensor gscEncode(const at::Tensor &values, const GscOptions &o) {
       payload.narrow(0, 4 * l.blocks + l.indexBytes, l.k).view(at::kChar);
   if (onCudaKernels(v)) {
 #if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
-    int err = kernels::blockQuantizeCuda(
-        kept.data_ptr<float>(), l.k, o.block, codes.data_ptr<int8_t>(),
-        scales.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream());
+    const kernels::Specialized &sk = kernels::specialized();
+    void *stream = at::cuda::getCurrentCUDAStream().stream();
+    int err;
+    if (sk.quantBlock == o.block && sk.blockQuantizeCuda) {
+      kernels::countSpecializedLaunch();
+      err = sk.blockQuantizeCuda(kept.data_ptr<float>(), l.k,
+                                 codes.data_ptr<int8_t>(),
+                                 scales.data_ptr<float>(), stream);
+    } else {
+      err = kernels::blockQuantizeCuda(
+          kept.data_ptr<float>(), l.k, o.block, codes.data_ptr<int8_t>(),
+          scales.data_ptr<float>(), stream);
+    }
     if (err)
       throw std::runtime_error("mtprt: CUDA blockQuantize failed: " +
                                std::to_string(err));
 #endif
+  } else if (const kernels::Specialized &sk = kernels::specialized();
+             sk.quantBlock == o.block && sk.blockQuantizeCpu) {
+    // The program's quantizer, specialized with its spec's block.
+    kernels::countSpecializedLaunch();
+    sk.blockQuantizeCpu(kept.data_ptr<float>(), l.k, codes.data_ptr<int8_t>(),
+                        scales.data_ptr<float>());
   } else {
     kernels::blockQuantizeCpu(kept.data_ptr<float>(), l.k, o.block,
                               codes.data_ptr<int8_t>(),
@@ -299,13 +316,28 @@ at::Tensor gscDecode(const at::Tensor &payload, int64_t n,
   at::Tensor vals = at::empty({l.k}, out.options());
   if (onCudaKernels(p)) {
 #if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
-    int err = kernels::blockDequantizeCuda(
-        codes.data_ptr<int8_t>(), scales.data_ptr<float>(), l.k, o.block,
-        vals.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream());
+    const kernels::Specialized &sk = kernels::specialized();
+    void *stream = at::cuda::getCurrentCUDAStream().stream();
+    int err;
+    if (sk.quantBlock == o.block && sk.blockDequantizeCuda) {
+      kernels::countSpecializedLaunch();
+      err = sk.blockDequantizeCuda(codes.data_ptr<int8_t>(),
+                                   scales.data_ptr<float>(), l.k,
+                                   vals.data_ptr<float>(), stream);
+    } else {
+      err = kernels::blockDequantizeCuda(
+          codes.data_ptr<int8_t>(), scales.data_ptr<float>(), l.k, o.block,
+          vals.data_ptr<float>(), stream);
+    }
     if (err)
       throw std::runtime_error("mtprt: CUDA blockDequantize failed: " +
                                std::to_string(err));
 #endif
+  } else if (const kernels::Specialized &sk = kernels::specialized();
+             sk.quantBlock == o.block && sk.blockDequantizeCpu) {
+    kernels::countSpecializedLaunch();
+    sk.blockDequantizeCpu(codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
+                          l.k, vals.data_ptr<float>());
   } else {
     kernels::blockDequantizeCpu(codes.data_ptr<int8_t>(),
                                 scales.data_ptr<float>(), l.k, o.block,

@@ -3,6 +3,7 @@
 #include "mtprt/torch/GradPipeline.h"
 
 #include "mtprt/kernels/GradFuse.h"
+#include "mtprt/kernels/Specialized.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim/adam.h>
@@ -42,18 +43,31 @@ at::Tensor gfm(const at::Tensor &g, double keep) {
   at::Tensor spec = at::fft_rfft(g.to(at::kFloat), n, -1).contiguous();
   float *data = reinterpret_cast<float *>(spec.data_ptr());
   const int64_t rows = spec.numel() / bins;
+  // The program's kernel, specialized with its spec's hidden size and keep.
+  const kernels::Specialized &sk = kernels::specialized();
+  const bool mine = sk.gfmBins == bins && sk.gfmKeep == kept;
 #if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
   if (spec.is_cuda()) {
-    checkCuda(kernels::maskBinsCuda(data, rows, bins, kept,
-                                    at::cuda::getCurrentCUDAStream().stream()),
-              "maskBins");
+    void *stream = at::cuda::getCurrentCUDAStream().stream();
+    if (mine && sk.maskBinsCuda) {
+      kernels::countSpecializedLaunch();
+      checkCuda(sk.maskBinsCuda(data, rows, stream), "maskBins (specialized)");
+    } else {
+      checkCuda(kernels::maskBinsCuda(data, rows, bins, kept, stream),
+                "maskBins");
+    }
     return at::fft_irfft(spec, n, -1).to(g.scalar_type());
   }
 #endif
   if (!spec.is_cpu())
     throw std::runtime_error("mtprt: gfm: no kernel for device " +
                              spec.device().str());
-  kernels::maskBinsCpu(data, rows, bins, kept);
+  if (mine && sk.maskBinsCpu) {
+    kernels::countSpecializedLaunch();
+    sk.maskBinsCpu(data, rows);
+  } else {
+    kernels::maskBinsCpu(data, rows, bins, kept);
+  }
   return at::fft_irfft(spec, n, -1).to(g.scalar_type());
 }
 

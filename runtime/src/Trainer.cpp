@@ -259,6 +259,13 @@ struct TrainerCore::StepState {
   std::vector<GradList> taskGrads;
   std::vector<bool> headForward, headBackward;
   bool backboneDone = false;
+  /// fuseTaskGradients ran: the backbone backward's roots and their
+  /// gradients (features: the taps and Σ α_t ĝ_t; sum / params: one loss).
+  bool fused = false;
+  std::vector<at::Tensor> rootOuts, rootGrads;
+  /// The step's end phases: gradients final (fused, unscaled, statistics
+  /// filled), exchanged with the other ranks, the optimizer stepped.
+  bool finalized = false, exchanged = false, updated = false;
   std::vector<std::string> offloadedRegions; ///< bottom to top
   /// Device bytes each backbone unit left live in the forward (a region's
   /// go to its last unit), summed over micro-batches.
@@ -378,6 +385,9 @@ void TrainerCore::beginMicroBatch(int64_t mb) {
   st.headForward.assign(nt, false);
   st.headBackward.assign(nt, false);
   st.backboneDone = false;
+  st.fused = false;
+  st.rootOuts.clear();
+  st.rootGrads.clear();
   st.offloadedRegions.clear();
 }
 
@@ -563,19 +573,19 @@ void TrainerCore::backwardHead(int64_t t) {
   }
 }
 
-void TrainerCore::backwardBackbone() {
-  StepState &st = state("backwardBackbone", true);
+void TrainerCore::fuseTaskGradients() {
+  StepState &st = state("fuseTaskGradients", true);
   Model &m = *model_;
   const int64_t nt = m.numHeads();
   for (int64_t t = 0; t < nt; ++t)
     if (st.present[t] && !st.headBackward[t])
-      throw std::logic_error("mtprt: backwardBackbone: head \"" +
+      throw std::logic_error("mtprt: fuseTaskGradients: head \"" +
                              m.heads()[t].name +
                              "\" has no backward yet (backwardHead first)");
-  if (st.backboneDone)
+  if (st.fused)
     throw std::logic_error(
-        "mtprt: backwardBackbone: already run for this micro-batch");
-  st.backboneDone = true;
+        "mtprt: fuseTaskGradients: already run for this micro-batch");
+  st.fused = true;
   std::vector<int64_t> order;
   for (int64_t t = 0; t < nt; ++t)
     if (st.present[t])
@@ -585,7 +595,7 @@ void TrainerCore::backwardBackbone() {
     at::Tensor total;
     for (int64_t t : order)
       total = total.defined() ? total + st.loss[t] : st.loss[t];
-    total.backward();
+    st.rootOuts = {total};
     st.alpha.assign(nt, 0.0);
     for (int64_t t : order)
       st.alpha[t] = 1.0 / static_cast<double>(st.npresent);
@@ -647,8 +657,8 @@ void TrainerCore::backwardBackbone() {
       lastProcessed = tg;
     tg.assign(nt, {}); // only the fused grad_outputs live through the backward
     st.loss.assign(nt, at::Tensor());
-    if (!outs.empty())
-      torch::autograd::backward(outs, gradOuts);
+    st.rootOuts = std::move(outs);
+    st.rootGrads = std::move(gradOuts);
     return;
   }
 
@@ -677,15 +687,37 @@ void TrainerCore::backwardBackbone() {
                                   : st.alpha[t] * st.loss[t];
   st.loss.assign(nt, at::Tensor());
   if (!st.lower.empty())
-    torch::autograd::backward({weighted}, {}, /*retain_graph=*/false, false,
-                              st.lower);
+    st.rootOuts = {weighted};
 }
 
-StepStats TrainerCore::endStep(bool applyUpdate) {
-  StepState &st = state("endStep", false);
+void TrainerCore::backwardBackbone() {
+  StepState &st = state("backwardBackbone", true);
+  if (st.backboneDone)
+    throw std::logic_error(
+        "mtprt: backwardBackbone: already run for this micro-batch");
+  if (!st.fused)
+    fuseTaskGradients();
+  st.backboneDone = true;
+  // Moved out so the roots and their gradients die with the backward.
+  std::vector<at::Tensor> outs = std::move(st.rootOuts);
+  std::vector<at::Tensor> grads = std::move(st.rootGrads);
+  if (outs.empty())
+    return;
+  if (train_.scope == GradScope::Params)
+    torch::autograd::backward(outs, {}, /*retain_graph=*/false, false,
+                              st.lower);
+  else
+    torch::autograd::backward(outs, grads);
+}
+
+void TrainerCore::finalizeGradients() {
+  StepState &st = state("exchangeGradients", false);
   if (st.mb != train_.microBatches - 1 || !st.backboneDone)
-    throw std::logic_error("mtprt: endStep: every micro-batch needs its "
+    throw std::logic_error("mtprt: the step's end: every micro-batch needs its "
                            "forward and backward first");
+  if (st.finalized)
+    return;
+  st.finalized = true;
   Model &m = *model_;
   const int64_t nt = m.numHeads();
   if (train_.scope == GradScope::Params) {
@@ -704,6 +736,7 @@ StepStats TrainerCore::endStep(bool applyUpdate) {
       lastFused = fused;
       lastParamsScopeParams = st.topk;
     }
+    st.accum.assign(nt, {});
   }
   // Unscale what autograd accumulated with the fp16 loss scale.
   if (st.scale != 1.0)
@@ -713,7 +746,7 @@ StepStats TrainerCore::endStep(bool applyUpdate) {
   if (keepDebug)
     lastAlpha = st.alpha;
 
-  StepStats stats = std::move(st.stats);
+  StepStats &stats = st.stats;
   std::vector<int64_t> tapUnits;
   for (int64_t t = 0; t < nt; ++t)
     if (st.present[t])
@@ -725,39 +758,65 @@ StepStats TrainerCore::endStep(bool applyUpdate) {
                              : std::numeric_limits<double>::quiet_NaN());
     stats.alpha.push_back(st.alpha.empty() ? 0.0 : st.alpha[t]);
   }
+}
 
-  if (applyUpdate && beforeUpdate)
-    beforeUpdate(stats);
+void TrainerCore::exchangeGradients() {
+  finalizeGradients();
+  StepState &st = *state_;
+  if (st.exchanged)
+    throw std::logic_error(
+        "mtprt: exchangeGradients: already run for this step");
+  st.exchanged = true;
+  if (beforeUpdate)
+    beforeUpdate(st.stats);
+}
 
-  if (applyUpdate) {
-    // TaskLRAdapter: each group's own schedule.
-    auto &groups = optimizer_->param_groups();
-    for (size_t g = 0; g < groups.size(); ++g) {
-      const LrConfig &c = g == 0 || train_.headLr.empty()
-                              ? train_.backboneLr
-                              : train_.headLr[g - 1];
-      static_cast<torch::optim::AdamWOptions &>(groups[g].options())
-          .lr(scheduledLr(c, step_));
-    }
-    bool finite = true;
-    if (train_.precision == Precision::Fp16) {
-      for (const at::Tensor &p : m.parameters())
-        if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) {
-          finite = false;
-          break;
-        }
-      if (!finite) {
-        lossScale_ /= 2.0;
-        goodSteps_ = 0;
-      } else if (++goodSteps_ % 2000 == 0) {
-        lossScale_ *= 2.0;
-      }
-    }
-    stats.skipped = !finite;
-    if (finite)
-      optimizer_->step();
-    ++step_;
+void TrainerCore::optimizerStep() {
+  StepState &st = state("optimizerStep", false);
+  if (st.updated)
+    throw std::logic_error("mtprt: optimizerStep: already run for this step");
+  if (!st.exchanged)
+    exchangeGradients();
+  st.updated = true;
+  Model &m = *model_;
+  // TaskLRAdapter: each group's own schedule.
+  auto &groups = optimizer_->param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const LrConfig &c = g == 0 || train_.headLr.empty() ? train_.backboneLr
+                                                        : train_.headLr[g - 1];
+    static_cast<torch::optim::AdamWOptions &>(groups[g].options())
+        .lr(scheduledLr(c, step_));
   }
+  bool finite = true;
+  if (train_.precision == Precision::Fp16) {
+    for (const at::Tensor &p : m.parameters())
+      if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) {
+        finite = false;
+        break;
+      }
+    if (!finite) {
+      lossScale_ /= 2.0;
+      goodSteps_ = 0;
+    } else if (++goodSteps_ % 2000 == 0) {
+      lossScale_ *= 2.0;
+    }
+  }
+  st.stats.skipped = !finite;
+  if (finite)
+    optimizer_->step();
+  ++step_;
+}
+
+StepStats TrainerCore::endStep(bool applyUpdate) {
+  StepState &st = state("endStep", false);
+  if (applyUpdate && !st.updated)
+    optimizerStep();
+  else if (!applyUpdate && st.updated)
+    throw std::logic_error(
+        "mtprt: endStep(applyUpdate = false) after optimizerStep");
+  finalizeGradients();
+  Model &m = *model_;
+  StepStats stats = std::move(st.stats);
 
   offloader_->synchronize();
   const OffloadStats os = offloader_->stats();
@@ -1011,7 +1070,10 @@ void Trainer::forwardHead(int64_t head, bool offload) {
   core_->forwardHead(head, offload);
 }
 void Trainer::backwardHead(int64_t head) { core_->backwardHead(head); }
+void Trainer::fuseTaskGradients() { core_->fuseTaskGradients(); }
 void Trainer::backwardBackbone() { core_->backwardBackbone(); }
+void Trainer::exchangeGradients() { core_->exchangeGradients(); }
+void Trainer::optimizerStep() { core_->optimizerStep(); }
 StepStats Trainer::endStep(bool applyUpdate) {
   return core_->endStep(applyUpdate);
 }

@@ -4,8 +4,12 @@
 //   mtpc plan FILE [--format=json] the memory plan against the budget
 //   mtpc plan FILE --format=fb -o PLAN  the plan as a flatbuffer
 //   mtpc inspect PLAN             verify a flatbuffer plan and print it
-//   mtpc FILE --emit=ast|mlir|step print the AST, the spec-level IR, or the
-//                                 expanded training step
+//   mtpc build FILE -o BINARY     the training binary (--emit-project DIR
+//                                 stops at the generated CMake project)
+//   mtpc FILE --emit=ast|mlir|step|cpp|cuda|plan
+//                                 print the AST, the spec-level IR, the
+//                                 planned step, the C++ step program, the
+//                                 specialized CUDA kernels, the plan file
 //
 // FILE is a .mtp spec or spec-level IR (.mlir). Every MLIR flag users know
 // (--mlir-print-ir-after-all, --mlir-timing, --mlir-print-debuginfo, ...)
@@ -14,6 +18,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "codegen/Codegen.h"
 #include "dialect/MTPOps.h"
 #include "frontend/MLIRGen.h"
 #include "frontend/Parser.h"
@@ -27,12 +32,15 @@
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Support/Timing.h"
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Program.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
@@ -45,8 +53,8 @@ using namespace mlir;
 namespace cl = llvm::cl;
 
 namespace {
-enum class Command { Compile, Check, Plan, Inspect };
-enum class Emit { AST, MLIR, Step };
+enum class Command { Compile, Check, Plan, Inspect, Build };
+enum class Emit { AST, MLIR, Step, Cpp, Cuda, Plan };
 enum class Format { Text, Json, Fb };
 enum ExitCode { kOk = 0, kSpecError = 1, kUsageError = 2 };
 
@@ -60,7 +68,31 @@ cl::opt<Emit> emitAction(
     cl::values(clEnumValN(Emit::AST, "ast", "the parsed .mtp syntax tree"),
                clEnumValN(Emit::MLIR, "mlir", "the spec-level IR"),
                clEnumValN(Emit::Step, "step",
-                          "the training step with its memory analysis")));
+                          "the planned training step with its memory analysis"),
+               clEnumValN(Emit::Cpp, "cpp",
+                          "the C++ step program (EmitC) of the planned step"),
+               clEnumValN(Emit::Cuda, "cuda",
+                          "the kernels specialized with the spec's constants "
+                          "(CUDA C++)"),
+               clEnumValN(Emit::Plan, "plan",
+                          "the flatbuffer plan (as `plan --format=fb`)")));
+cl::opt<std::string> buildDevice(
+    "device", cl::desc("build: plan for and build for this device: cpu, or "
+                       "cuda (the spec's GPU; CUDA kernels compiled)"),
+    cl::init(""));
+cl::opt<std::string> buildPrecision(
+    "precision", cl::desc("build: plan for this precision (fp32, bf16, fp16)"),
+    cl::init(""));
+cl::opt<std::string> emitProjectDir(
+    "emit-project",
+    cl::desc("build: write the CMake project to DIR and stop (build it on "
+             "another machine)"),
+    cl::value_desc("DIR"), cl::init(""));
+cl::opt<std::string> runtimeDir(
+    "runtime-dir",
+    cl::desc("build: the runtime's build tree (default: $MTPC_RUNTIME_DIR, "
+             "else the one built beside this mtpc)"),
+    cl::value_desc("DIR"), cl::init(""));
 cl::opt<Format> format(
     "format", cl::desc("plan: output format"), cl::init(Format::Text),
     cl::values(clEnumValN(Format::Text, "text", "a table for the terminal"),
@@ -142,6 +174,169 @@ static void printSummary(llvm::raw_ostream &os, StringRef file,
   }
 }
 
+/// --device / --precision: the plan is made for the target the binary will
+/// run on, and records it.
+static LogicalResult retarget(ModuleOp module) {
+  for (mtp::ModelOp model : module.getOps<mtp::ModelOp>()) {
+    mtp::BudgetOp budget = model.getBudget();
+    if (!budget) {
+      if (buildDevice.empty() && buildPrecision.empty())
+        continue;
+      usageError() << "model '" << model.getSymName()
+                   << "' has no budget to retarget; add a `budget { device = "
+                      "... }` block\n";
+      return failure();
+    }
+    if (buildDevice == "cpu") {
+      budget.setDevice("cpu");
+    } else if (buildDevice == "cuda") {
+      if (budget.getDevice() == "cpu") {
+        usageError() << inputFilename
+                     << ": the budget names device cpu; name the GPU it will "
+                        "run on (e.g. `device = H100_80GB`) to build for "
+                        "CUDA\n";
+        return failure();
+      }
+    } else if (!buildDevice.empty()) {
+      usageError() << "--device=" << buildDevice << ": expected cpu or cuda\n";
+      return failure();
+    }
+    if (!buildPrecision.empty()) {
+      std::optional<mtp::Precision> p = mtp::symbolizePrecision(buildPrecision);
+      if (!p) {
+        usageError() << "--precision=" << buildPrecision
+                     << ": expected fp32, bf16 or fp16\n";
+        return failure();
+      }
+      budget.setPrecision(*p);
+    }
+    if (failed(mlir::verify(budget)))
+      return failure();
+  }
+  return success();
+}
+
+static std::string runtimeBuildDir() {
+  if (!runtimeDir.empty())
+    return runtimeDir;
+  if (const char *env = std::getenv("MTPC_RUNTIME_DIR"))
+    return env;
+  return MTPC_DEFAULT_RUNTIME_DIR;
+}
+
+/// Runs `args`, its output to `log`; true when it exits 0.
+static bool runLogged(ArrayRef<StringRef> args, StringRef log) {
+  std::optional<StringRef> redirects[] = {std::nullopt, log, log};
+  std::string message;
+  int rc = llvm::sys::ExecuteAndWait(args[0], args, std::nullopt, redirects,
+                                     /*SecondsToWait=*/0, /*MemoryLimit=*/0,
+                                     &message);
+  if (rc != 0 && !message.empty()) {
+    std::error_code ec;
+    llvm::raw_fd_ostream f(log, ec, llvm::sys::fs::OF_Append);
+    f << "\nmtpc: " << args[0] << ": " << message << "\n";
+  }
+  return rc == 0;
+}
+
+/// `mtpc build`: the project, then (unless --emit-project) the binary.
+static int build(ModuleOp module, StringRef planBytes, raw_ostream &os) {
+  mtp::ModelOp model = *module.getOps<mtp::ModelOp>().begin();
+  const bool project = !emitProjectDir.empty();
+  if (!project && outputFilename == "-") {
+    usageError() << "build: name the binary with -o BINARY (or write the "
+                    "project with --emit-project DIR)\n";
+    return kUsageError;
+  }
+  mtp::ProjectFiles files;
+  files.modelName = model.getSymName().str();
+  files.source = llvm::sys::path::filename(inputFilename).str();
+  files.planBytes = planBytes.str();
+  files.kernelsCpu = mtp::emitKernelsCpu(model);
+  files.kernelsCuda = mtp::emitKernelsCuda(model);
+  files.cuda = buildDevice == "cuda";
+  {
+    llvm::raw_string_ostream step(files.stepCpp);
+    if (failed(mtp::emitStepCpp(module, step, files.source)))
+      return kSpecError;
+  }
+  std::string runtime = runtimeBuildDir();
+  llvm::SmallString<256> configFile(runtime);
+  llvm::sys::path::append(configFile, "mtprtConfig.cmake");
+  const bool haveRuntime = llvm::sys::fs::exists(configFile);
+  llvm::SmallString<256> dir(project ? StringRef(emitProjectDir)
+                                     : StringRef(outputFilename + ".project"));
+  llvm::sys::fs::make_absolute(dir);
+  if (llvm::Error err = mtp::writeProject(dir, files, runtime)) {
+    usageError() << llvm::toString(std::move(err)) << "\n";
+    return kUsageError;
+  }
+  if (project) {
+    os << "mtpc: wrote the project of model '" << files.modelName << "' to "
+       << dir << "\n  build it: cmake -G Ninja -S " << dir << " -B " << dir
+       << "/build" << (files.cuda ? " -DMTP_CUDA=ON" : "")
+       << (haveRuntime ? "" : " -Dmtprt_DIR=<the runtime's build tree>")
+       << " && cmake --build " << dir << "/build\n";
+    return kOk;
+  }
+  if (!haveRuntime) {
+    usageError() << "build: no runtime at " << runtime
+                 << " (no mtprtConfig.cmake); build it with scripts/build.sh, "
+                    "or point --runtime-dir / $MTPC_RUNTIME_DIR at its build "
+                    "tree\n";
+    return kUsageError;
+  }
+  llvm::ErrorOr<std::string> cmake = llvm::sys::findProgramByName("cmake");
+  if (!cmake) {
+    usageError() << "build: cmake is not on PATH; install it (scripts/setup.sh) "
+                    "or use --emit-project DIR\n";
+    return kUsageError;
+  }
+  llvm::SmallString<256> buildDir(dir), log(dir);
+  llvm::sys::path::append(buildDir, "build");
+  llvm::sys::path::append(log, "build.log");
+  llvm::sys::fs::remove(log);
+  SmallVector<std::string> configure = {*cmake, "-S", dir.str().str(), "-B",
+                                        buildDir.str().str(), "-Wno-dev"};
+  if (llvm::sys::findProgramByName("ninja"))
+    configure.insert(configure.begin() + 1, {"-G", "Ninja"});
+  configure.push_back(files.cuda ? "-DMTP_CUDA=ON" : "-DMTP_CUDA=OFF");
+  SmallVector<StringRef> configureArgs(configure.begin(), configure.end());
+  StringRef buildArgs[] = {*cmake, "--build", buildDir};
+  if (!runLogged(configureArgs, log) || !runLogged(buildArgs, log)) {
+    usageError() << "build: the generated project of model '"
+                 << files.modelName
+                 << "' failed to build. This is a bug in mtpc, not in your "
+                    "spec: please report it with the project ("
+                 << dir << ") and its log (" << log << "). The log ends:\n";
+    if (auto text = llvm::MemoryBuffer::getFile(log)) {
+      SmallVector<StringRef> lines;
+      (*text)->getBuffer().split(lines, '\n');
+      for (size_t i = lines.size() > 40 ? lines.size() - 40 : 0;
+           i < lines.size(); ++i)
+        llvm::errs() << "  " << lines[i] << "\n";
+    }
+    return kSpecError;
+  }
+  llvm::SmallString<256> built(buildDir);
+  llvm::sys::path::append(built, files.modelName);
+  if (std::error_code ec = llvm::sys::fs::copy_file(built, outputFilename)) {
+    usageError() << "build: cannot write " << outputFilename << ": "
+                 << ec.message() << "\n";
+    return kUsageError;
+  }
+  llvm::sys::fs::setPermissions(outputFilename,
+                                llvm::sys::fs::all_read |
+                                    llvm::sys::fs::all_exe |
+                                    llvm::sys::fs::owner_write);
+  auto peak = model.getStep()->getAttrOfType<IntegerAttr>(
+      "mtp.planned_peak_bytes");
+  os << "mtpc: built " << outputFilename << " (model '" << files.modelName
+     << "', " << (files.cuda ? "cuda" : "cpu") << ", predicted peak "
+     << (peak ? peak.getInt() : -1) << " B; project in " << dir << ")\n";
+  return kOk;
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
 
@@ -155,6 +350,7 @@ int main(int argc, char **argv) {
             .Case("check", Command::Check)
             .Case("plan", Command::Plan)
             .Case("inspect", Command::Inspect)
+            .Case("build", Command::Build)
             .Default(std::nullopt);
     if (sub) {
       command = *sub;
@@ -172,8 +368,12 @@ int main(int argc, char **argv) {
           "  mtpc check FILE [-v]            check a spec and summarize it\n"
           "  mtpc plan FILE [--format=json]  the memory plan against the budget\n"
           "  mtpc plan FILE --format=fb -o PLAN   the plan as a flatbuffer\n"
-          "  mtpc inspect PLAN               verify a flatbuffer plan, print it\n"
-          "  mtpc FILE --emit=ast|mlir|step  print the syntax tree or the IR\n\n"
+          "  mtpc inspect PLAN|BINARY        verify a flatbuffer plan, print it\n"
+          "  mtpc build FILE -o BINARY [--device cpu|cuda] [--emit-project DIR]\n"
+          "                                  the training binary\n"
+          "  mtpc FILE --emit=ast|mlir|step|cpp|cuda|plan\n"
+          "                                  the syntax tree, the IR, the step\n"
+          "                                  program, the kernels, the plan\n\n"
           "FILE is a .mtp spec or spec-level IR (.mlir).\n"
           "Exit codes: 0 ok, 1 the spec has errors, 2 wrong usage.\n",
           &llvm::errs()))
@@ -193,7 +393,13 @@ int main(int argc, char **argv) {
       usageError() << errorMessage << "\n";
       return kUsageError;
     }
-    if (llvm::Error err = mtp::printPlanFile(input->getBuffer(), output->os())) {
+    StringRef bytes = input->getBuffer();
+    // A training binary carries its plan after a marker (mtpc build).
+    // (Not one: the plan file's own checks say what is wrong with it.)
+    if (bytes.size() < 8 || bytes.substr(4, 4) != "MTPP")
+      if (StringRef embedded = mtp::findEmbeddedPlan(bytes); !embedded.empty())
+        bytes = embedded;
+    if (llvm::Error err = mtp::printPlanFile(bytes, output->os())) {
       usageError() << inputFilename << ": " << llvm::toString(std::move(err))
                    << "\n";
       return kSpecError;
@@ -221,8 +427,10 @@ int main(int argc, char **argv) {
   applyDefaultTimingManagerCLOptions(tm);
   TimingScope timing = tm.getRootScope();
 
-  std::unique_ptr<llvm::ToolOutputFile> output =
-      openOutputFile(outputFilename, &errorMessage);
+  // build's -o names the binary, which it writes itself.
+  std::unique_ptr<llvm::ToolOutputFile> output = openOutputFile(
+      command == Command::Build ? std::string("-") : outputFilename.getValue(),
+      &errorMessage);
   if (!output) {
     usageError() << errorMessage << "\n";
     return kUsageError;
@@ -262,13 +470,39 @@ int main(int argc, char **argv) {
     return kSpecError;
   }
 
+  if (command == Command::Build) {
+    if (failed(retarget(*module)))
+      return kUsageError;
+  } else if (!buildDevice.empty() || !buildPrecision.empty() ||
+             !emitProjectDir.empty()) {
+    usageError() << "--device, --precision and --emit-project go with "
+                    "`mtpc build`\n";
+    return kUsageError;
+  }
+  const bool emitsCode = command == Command::Build ||
+                         (command == Command::Compile &&
+                          (emitAction == Emit::Cpp || emitAction == Emit::Plan));
+  if (emitsCode && llvm::range_size(module->getOps<mtp::ModelOp>()) != 1) {
+    emitError(module->getLoc())
+        << inputFilename << " holds several models; a training program is "
+        << "built from one";
+    return kSpecError;
+  }
+
   PassManager pm(&context);
   if (failed(applyPassManagerCLOptions(pm)))
     return kUsageError;
   pm.enableTiming(timing);
   pm.addNestedPass<mtp::ModelOp>(mtp::createNormalizeSpec());
-  bool wantStep = command == Command::Plan || command == Command::Check ||
-                  (command == Command::Compile && emitAction == Emit::Step);
+  const bool wantPlanFile = command == Command::Build ||
+                            (command == Command::Compile &&
+                             emitAction == Emit::Plan);
+  const bool wantStep =
+      command == Command::Plan || command == Command::Check || emitsCode ||
+      (command == Command::Compile &&
+       (emitAction == Emit::Step || emitAction == Emit::Cuda));
+  const bool materialize =
+      command == Command::Compile && emitAction != Emit::Plan;
   if (command == Command::Check) {
     // The memory estimate of the summary: the step as written, no plan.
     pm.addNestedPass<mtp::ModelOp>(mtp::createExpandTrainingStep());
@@ -283,7 +517,7 @@ int main(int argc, char **argv) {
       pm.addNestedPass<mtp::ModelOp>(mtp::createPlanMemory());
     // The plan table reads what each unit would keep; the emitted step shows
     // the regions written out (its analysis is then the planned peak).
-    if (command == Command::Compile) {
+    if (materialize) {
       pm.addNestedPass<mtp::ModelOp>(mtp::createMaterializeOffload());
       pm.addNestedPass<mtp::ModelOp>(mtp::createMaterializeCheckpoints());
     }
@@ -291,6 +525,28 @@ int main(int argc, char **argv) {
   }
   if (failed(pm.run(*module)))
     return kSpecError;
+
+  // The plan file is written from the planned step; the program from the
+  // same step with the plan materialized (whose analysis is the same peak).
+  std::string planBytes;
+  if (wantPlanFile) {
+    mtp::ModelOp model = *module->getOps<mtp::ModelOp>().begin();
+    planBytes =
+        mtp::serializePlan(model, mtp::analyzeMemory(model), inputFilename);
+    if (command == Command::Build) {
+      PassManager materializePm(&context);
+      if (failed(applyPassManagerCLOptions(materializePm)))
+        return kUsageError;
+      materializePm.enableTiming(timing);
+      materializePm.addNestedPass<mtp::ModelOp>(
+          mtp::createMaterializeOffload());
+      materializePm.addNestedPass<mtp::ModelOp>(
+          mtp::createMaterializeCheckpoints());
+      materializePm.addNestedPass<mtp::ModelOp>(mtp::createMemoryAnalysis());
+      if (failed(materializePm.run(*module)))
+        return kSpecError;
+    }
+  }
 
   switch (command) {
   case Command::Check:
@@ -310,9 +566,31 @@ int main(int argc, char **argv) {
     break;
   case Command::Inspect: // handled before parsing
     break;
+  case Command::Build: {
+    TimingScope buildTiming = timing.nest("Build");
+    int rc = build(*module, planBytes, output->os());
+    if (rc != kOk)
+      return rc;
+    break;
+  }
   case Command::Compile:
-    module->print(output->os());
-    output->os() << "\n";
+    switch (emitAction) {
+    case Emit::Cpp:
+      if (failed(mtp::emitStepCpp(*module, output->os(),
+                                  llvm::sys::path::filename(inputFilename))))
+        return kSpecError;
+      break;
+    case Emit::Cuda:
+      for (auto model : module->getOps<mtp::ModelOp>())
+        output->os() << mtp::emitKernelsCuda(model);
+      break;
+    case Emit::Plan:
+      output->os() << planBytes;
+      break;
+    default:
+      module->print(output->os());
+      output->os() << "\n";
+    }
     break;
   }
   output->keep();

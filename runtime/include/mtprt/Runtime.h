@@ -57,8 +57,11 @@ public:
   //     ValueId w = forward(0, 0, v, RegionMode::Keep); release(v); ...
   //     forwardHead(h, /*offload=*/true); ...
   //     prefetch("head2"); backwardHead(2); ...
+  //     fuseTaskGradients();   // optional: backwardBackbone runs it if not
   //     backwardBackbone();
   //   }
+  //   exchangeGradients();     // optional: optimizerStep runs it if not
+  //   optimizerStep();         // optional: endStep runs it if not
   //   StepStats s = endStep();
   void beginStep();
   int64_t microBatches() const;
@@ -69,7 +72,12 @@ public:
   void release(ValueId value);
   void forwardHead(int64_t head, bool offload);
   void backwardHead(int64_t head);
+  /// GFM, clip, the gate's α and the fused gradient for this micro-batch.
+  void fuseTaskGradients();
   void backwardBackbone();
+  /// After the last micro-batch: final gradients, exchanged with the ranks.
+  void exchangeGradients();
+  void optimizerStep();
   /// The optimizer step (unless applyUpdate is false) and the statistics.
   StepStats endStep(bool applyUpdate = true);
   /// Offload groups: "head<h>" and "region<first unit>".

@@ -76,10 +76,20 @@ public:
   /// Head h's backward: its parameters' gradients and, at scope features /
   /// params, its tap / top-k gradient for the pipeline.
   void backwardHead(int64_t h);
-  /// GFM, clip, α, fusion and the backbone backward for this micro-batch.
+  /// GFM, clip, α and fusion for this micro-batch: the backbone backward's
+  /// roots and their gradients, held for backwardBackbone.
+  void fuseTaskGradients();
+  /// The backbone backward for this micro-batch (fuseTaskGradients first
+  /// when it has not run).
   void backwardBackbone();
-  /// Finishes the step: params-scope fusion, unscaling, the optimizer step
-  /// (when applyUpdate), the step's statistics.
+  /// After the last micro-batch: params-scope fusion, unscaling, the step's
+  /// statistics, then the data-parallel exchange (beforeUpdate).
+  void exchangeGradients();
+  /// The optimizer step with each group's scheduled learning rate (skipped on
+  /// fp16 overflow); exchangeGradients first when it has not run.
+  void optimizerStep();
+  /// Finishes the step: the phases above that have not run (the exchange and
+  /// the optimizer step only when applyUpdate), the step's statistics.
   StepStats endStep(bool applyUpdate);
   /// Drops a step in progress (after an error).
   void abortStep();
@@ -130,6 +140,7 @@ private:
   void runBackbone(const Schedule &s);
   StepStats run(const Batch &batch, const Schedule &s, bool applyUpdate);
   void validate(const Schedule &s) const;
+  void finalizeGradients();
   std::vector<double> computeAlpha(const std::vector<GradList> &processed,
                                    const std::vector<GradList> &probe,
                                    const std::vector<double> &losses,
