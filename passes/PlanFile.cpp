@@ -45,6 +45,13 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
       bb.getLayers(), bb.getHidden(), bb.getHeads(), bb.getFfn(),
       bb.getVocab(), bb.getSeq(), bb.getDropout().convertToDouble());
 
+  auto lrOf = [&](LRScheduleAttr lr) -> flatbuffers::Offset<fb::LrSchedule> {
+    if (!lr)
+      return 0;
+    return fb::CreateLrSchedule(
+        b, b.CreateString(stringifyScheduleKind(lr.getKind()).str()),
+        lr.getPeak().convertToDouble(), lr.getWarmup());
+  };
   std::vector<flatbuffers::Offset<fb::Task>> tasks;
   for (TaskOp t : model.getTasks())
     tasks.push_back(fb::CreateTask(
@@ -53,7 +60,8 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         t.getPooled(), t.getClasses().value_or(t.getLabels().value_or(0)),
         t.getLayers().value_or(0), t.getVocab().value_or(0),
         t.getTargetSeq().value_or(0), t.getWeight().convertToDouble(),
-        b.CreateString(stringifyLossKind(t.getLoss()).str())));
+        b.CreateString(stringifyLossKind(t.getLoss()).str()),
+        lrOf(t.getLrAttr())));
 
   std::vector<flatbuffers::Offset<fb::Unit>> units;
   for (const UnitMemory &unit : report.units) {
@@ -103,6 +111,31 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         budget.getMemory(), budget.getUsableBytes(), budget.getGpus(),
         budget.getMicroBatch(), budget.getGlobalBatch());
 
+  flatbuffers::Offset<fb::Strategy> strategy;
+  if (StrategyOp st = model.getStrategy())
+    strategy = fb::CreateStrategy(
+        b, b.CreateString(stringifyGradientScope(st.getGradientScope()).str()),
+        st.getScopeLayers(),
+        st.getGfmKeep() ? st.getGfmKeep()->convertToDouble() : 1.0,
+        st.getClip() == ClipPolicy::none
+            ? 0.0
+            : st.getClipMaxNorm().convertToDouble(),
+        st.getDgfgHidden().value_or(0),
+        st.getReuseThreshold().convertToDouble(),
+        st.getSimStdThreshold().convertToDouble(),
+        b.CreateString(stringifyCollectivePolicy(st.getCollective()).str()),
+        st.getTopk().convertToDouble(), st.getQuantBlock(),
+        st.getQuantBits(), st.getResidualDecay().convertToDouble());
+  flatbuffers::Offset<fb::Train> train;
+  if (TrainOp tr = model.getTrain())
+    train = fb::CreateTrain(
+        b, tr.getSteps(), tr.getSeed(),
+        b.CreateString(tr.getDataPath() ? tr.getDataPath()->str()
+                                        : std::string("synthetic")),
+        lrOf(tr.getLr()), tr.getWeightDecay().convertToDouble(),
+        tr.getBeta1().convertToDouble(), tr.getBeta2().convertToDouble(),
+        tr.getEps().convertToDouble(), tr.getLogEvery(), tr.getSaveEvery());
+
   auto added = step->getAttrOfType<FloatAttr>("mtp.added_seconds");
   double addedSeconds = added ? added.getValueAsDouble() : 0.0;
   auto plan = fb::CreatePlan(
@@ -112,7 +145,8 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
       b.CreateVector(offloads), b.CreateVector(buckets),
       stepInt(step, "mtp.planned_peak_bytes", report.peakBytes),
       stepInt(step, "mtp.keep_peak_bytes", report.peakBytes),
-      stepInt(step, "mtp.uniform_peak_bytes", -1), addedSeconds);
+      stepInt(step, "mtp.uniform_peak_bytes", -1), addedSeconds, strategy,
+      train);
   fb::FinishPlanBuffer(b, plan);
   return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()),
                      b.GetSize());
@@ -155,6 +189,28 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
          << " from " << (t->pooled() ? "pooled " : "") << "layer "
          << t->tap_layer() << ", weight " << llvm::format("%g", t->weight())
          << "\n";
+  auto lr = [](const fb::LrSchedule *l) {
+    return llvm::formatv("{0}({1}, warmup = {2})", str(l->kind()),
+                         llvm::format("%g", l->peak()), l->warmup())
+        .str();
+  };
+  if (const fb::Strategy *st = plan->strategy()) {
+    os << "  strategy scope " << str(st->scope()) << ", GFM keep "
+       << llvm::format("%g", st->gfm_keep()) << ", clip "
+       << llvm::format("%g", st->clip_max_norm()) << ", DGFG "
+       << (st->gate_hidden() ? llvm::Twine(st->gate_hidden()).str()
+                             : std::string("off"))
+       << ", collective " << str(st->collective()) << " (top-k "
+       << llvm::format("%g", st->topk()) << ", " << st->bits()
+       << "-bit blocks of " << st->block() << ")\n";
+  }
+  if (const fb::Train *tr = plan->train()) {
+    os << "  train    " << tr->steps() << " steps, seed " << tr->seed()
+       << ", data " << str(tr->data());
+    if (tr->lr())
+      os << ", lr " << lr(tr->lr());
+    os << ", log every " << tr->log_every() << "\n";
+  }
   if (plan->units()) {
     os << "  units    (name, saved bytes, decision)\n";
     for (const fb::Unit *u : *plan->units()) {

@@ -21,6 +21,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <iomanip>
 #include <sstream>
 #include <stdexcept>
 #include <sys/wait.h>
@@ -157,9 +158,68 @@ double toDouble(const std::string &flag, const std::string &v, double lo,
   return x;
 }
 
+/// The run in one paragraph: each task's loss at the start and the end (the
+/// mean of the first and the last few steps), the measured peak against the
+/// plan's prediction, throughput.
+struct RunSummary {
+  static constexpr size_t kWindow = 5;
+  std::vector<std::string> tasks;
+  std::vector<std::vector<double>> head, tail; ///< per task
+  int64_t steps = 0, peak = 0;
+  void add(const StepStats &s) {
+    if (tasks.empty()) {
+      tasks = s.tasks;
+      head.resize(tasks.size());
+      tail.resize(tasks.size());
+    }
+    ++steps;
+    peak = std::max(peak, s.measuredPeakBytes);
+    for (size_t t = 0; t < tasks.size() && t < s.loss.size(); ++t) {
+      if (!std::isfinite(s.loss[t]))
+        continue;
+      if (head[t].size() < kWindow)
+        head[t].push_back(s.loss[t]);
+      tail[t].push_back(s.loss[t]);
+      if (tail[t].size() > kWindow)
+        tail[t].erase(tail[t].begin());
+    }
+  }
+  std::string paragraph(const std::string &name, double seconds,
+                        int64_t batch, int64_t predicted) const {
+    if (!steps)
+      return "summary: no steps run";
+    auto mean = [](const std::vector<double> &v) {
+      double x = 0;
+      for (double d : v)
+        x += d;
+      return v.empty() ? std::nan("") : x / double(v.size());
+    };
+    std::ostringstream os;
+    os << "summary: model '" << name << "', " << steps << " steps in "
+       << std::fixed << std::setprecision(1) << seconds << " s ("
+       << std::setprecision(0) << double(steps * batch) / seconds
+       << " samples/s). Loss (mean of the first and last "
+       << std::min<int64_t>(steps, kWindow) << " steps):";
+    for (size_t t = 0; t < tasks.size(); ++t)
+      os << (t ? "," : "") << " " << tasks[t] << " " << std::setprecision(3)
+         << mean(head[t]) << " -> " << mean(tail[t]);
+    os << ". Peak device memory " << peak << " B measured";
+    if (predicted > 0)
+      os << " vs " << predicted << " B predicted (" << std::showpos
+         << std::setprecision(1)
+         << 100.0 * double(peak - predicted) / double(predicted) << "%"
+         << std::noshowpos << ")";
+    os << ".";
+    return os.str();
+  }
+};
+
 /// Parses argv; returns false for --help.
 bool parse(int argc, char **argv, const Program &p, Options &o) {
   o.steps = p.steps;
+  o.seed = p.seed;
+  o.logEvery = p.logEvery;
+  o.data = p.data;
   o.batchSize = p.batchSize;
   o.compress = p.compress;
   o.topK = p.compressTopK;
@@ -522,12 +582,14 @@ int train(const Program &p, const Options &o) {
   const int64_t local = o.batchSize / d.worldSize;
   const int64_t first = core.stepsTaken();
   const auto start = std::chrono::steady_clock::now();
+  RunSummary summary;
   int64_t lastSaved = -1;
   while (core.stepsTaken() < o.steps) {
     Batch global = data->batch(position, o.batchSize);
     trainer.setBatch(global.slice(d.rank * local, (d.rank + 1) * local));
     StepStats s = p.step ? p.step(trainer) : trainer.step(p.schedule);
     ++position;
+    summary.add(s);
     s.bytesSent = sent.bytesSent;
     s.bytesSentUncompressed = sent.bytesSentUncompressed;
     s.predictedPeakBytes = p.predictedPeakBytes;
@@ -620,10 +682,17 @@ int train(const Program &p, const Options &o) {
     if (rank0)
       std::fprintf(stderr, "saved %s\n", path.c_str());
   }
-  if (rank0)
+  if (rank0) {
     std::printf("done: step %lld of %lld\n",
                 static_cast<long long>(core.stepsTaken()),
                 static_cast<long long>(o.steps));
+    const double el =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    std::printf("%s\n", summary.paragraph(p.name, el, o.batchSize,
+                                          p.predictedPeakBytes)
+                            .c_str());
+  }
   return 0;
 }
 

@@ -101,6 +101,10 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
       h.targetVocab = t->target_vocab();
       h.targetSeq = t->target_seq();
     }
+    h.weight = t->weight();
+    if (!(h.weight >= 0.0))
+      fail(name, "task '" + h.name + "' has loss weight " +
+                     std::to_string(h.weight) + again);
     plan.heads.push_back(h);
     plan.lossWeights.push_back(t->weight());
   }
@@ -136,6 +140,69 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     for (const mtp::fb::Region *r : *fb->regions())
       plan.schedule.regions.emplace_back(r->first_block(), r->last_block());
 
+  // The strategy and training settings the step runs with.
+  auto lrOf = [&](const mtp::fb::LrSchedule *l, int64_t steps) {
+    LrConfig c;
+    c.lr = l->peak();
+    const std::string kind = str(l->kind());
+    c.schedule = kind == "cosine"   ? LrSchedule::Cosine
+                 : kind == "linear" ? LrSchedule::Linear
+                                    : LrSchedule::Constant;
+    if (kind != "cosine" && kind != "linear" && kind != "constant")
+      fail(name, "learning-rate schedule '" + kind + "' is unknown" + again);
+    if (!(c.lr >= 0.0) || l->warmup() < 0)
+      fail(name, "a learning-rate schedule is out of range" + again);
+    c.warmupSteps = l->warmup();
+    c.totalSteps = steps;
+    return c;
+  };
+  if (const auto *tr = fb->train()) {
+    plan.steps = tr->steps();
+    plan.seed = tr->seed();
+    plan.data = str(tr->data());
+    plan.logEvery = tr->log_every();
+    plan.saveEvery = tr->save_every();
+    if (plan.steps < 1 || plan.logEvery < 1 || plan.saveEvery < 0)
+      fail(name, "train has steps " + std::to_string(plan.steps) +
+                     ", log_every " + std::to_string(plan.logEvery) + again);
+    if (tr->lr())
+      plan.train.backboneLr = lrOf(tr->lr(), plan.steps);
+    plan.train.weightDecay = tr->weight_decay();
+    for (const mtp::fb::Task *t : *fb->tasks()) {
+      plan.train.headLr.push_back(t->lr() ? lrOf(t->lr(), plan.steps)
+                                          : plan.train.backboneLr);
+    }
+  }
+  if (const auto *st = fb->strategy()) {
+    const std::string scope = str(st->scope());
+    if (scope == "sum")
+      plan.train.scope = GradScope::Sum;
+    else if (scope == "params")
+      plan.train.scope = GradScope::Params;
+    else if (scope == "features")
+      plan.train.scope = GradScope::Features;
+    else
+      fail(name, "gradient scope '" + scope + "' is unknown" + again);
+    plan.train.paramsTopK = st->scope_layers();
+    plan.train.gfmKeep = st->gfm_keep();
+    plan.train.clipNorm = st->clip_max_norm();
+    plan.train.gate = st->gate_hidden() > 0;
+    if (!(plan.train.gfmKeep > 0.0 && plan.train.gfmKeep <= 1.0) ||
+        !(plan.train.clipNorm >= 0.0) || plan.train.paramsTopK < 1 ||
+        plan.train.paramsTopK > plan.model.layers)
+      fail(name, "the strategy is out of range (gfm keep " +
+                     std::to_string(plan.train.gfmKeep) + ", clip " +
+                     std::to_string(plan.train.clipNorm) + ", scope layers " +
+                     std::to_string(plan.train.paramsTopK) + ")" + again);
+    plan.collective = str(st->collective());
+    plan.compressTopK = st->topk();
+    plan.compressDecay = st->decay();
+    plan.compressBlock = st->block();
+    if (!(plan.compressTopK > 0.0 && plan.compressTopK <= 1.0) ||
+        plan.compressBlock < 1)
+      fail(name, "the compression settings are out of range" + again);
+  }
+
   plan.predictedPeakBytes = fb->predicted_peak_bytes();
   plan.keepPeakBytes = fb->keep_peak_bytes();
   plan.uniformPeakBytes = fb->uniform_peak_bytes();
@@ -150,6 +217,19 @@ Program programFromPlan(const Plan &plan) {
   p.heads = plan.heads;
   p.schedule = plan.schedule;
   p.predictedPeakBytes = plan.predictedPeakBytes;
+  p.model.device = plan.device == "cpu" || plan.device.empty() ? "cpu" : "cuda";
+  p.model.seed = plan.seed;
+  p.train = plan.train;
+  p.steps = plan.steps;
+  p.seed = plan.seed;
+  p.logEvery = plan.logEvery;
+  p.data = plan.data;
+  // GSC by default where the spec asks for it (auto: when processes share
+  // the gradients; one process exchanges nothing).
+  p.compress = plan.collective == "compressed" || plan.collective == "auto";
+  p.compressTopK = plan.compressTopK;
+  p.compressDecay = plan.compressDecay;
+  p.compressBlock = plan.compressBlock;
   p.train.precision = plan.precision == "bf16"   ? Precision::Bf16
                       : plan.precision == "fp16" ? Precision::Fp16
                                                  : Precision::Fp32;

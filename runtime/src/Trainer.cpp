@@ -534,7 +534,8 @@ void TrainerCore::forwardHead(int64_t t, bool offload) {
     loss = m.loss(t, m.head(t, tap, st.b.labels[t]), st.b.labels[t]);
   }
   st.losses[t] += loss.item<double>() * st.weight;
-  st.loss[t] = loss * (st.weight * st.scale);
+  // The spec's loss weight scales what the task back-propagates.
+  st.loss[t] = loss * (st.weight * st.scale * hc.weight);
   st.headForward[t] = true;
 }
 
@@ -604,8 +605,12 @@ void TrainerCore::fuseTaskGradients() {
   }
 
   std::vector<double> meanLoss(nt, 0.0);
-  for (int64_t t : order)
-    meanLoss[t] = st.loss[t].item<double>() / (st.weight * st.scale);
+  for (int64_t t : order) {
+    // The gate reads each task's own loss, before its weight.
+    const double w = m.heads()[t].weight;
+    meanLoss[t] = w > 0 ? st.loss[t].item<double>() / (st.weight * st.scale * w)
+                        : 0.0;
+  }
 
   if (train_.scope == GradScope::Features) {
     std::vector<GradList> &tg = st.taskGrads;

@@ -45,6 +45,7 @@ struct HeadConfig {
   int64_t decoderLayers = 1; ///< decoder only
   int64_t targetVocab = 0;   ///< decoder only; 0 means the backbone's vocab
   int64_t targetSeq = 8;     ///< decoder only: teacher-forced target length
+  double weight = 1.0;       ///< the spec's loss weight: scales the loss's gradient
 };
 
 enum class Precision { Fp32, Bf16, Fp16 };

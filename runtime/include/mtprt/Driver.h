@@ -38,6 +38,9 @@ struct Program {
   Schedule schedule;
   int64_t batchSize = 16;          ///< the global batch (split over the ranks)
   int64_t steps = 100;             ///< default for --steps
+  uint64_t seed = 0;               ///< default for --seed
+  int64_t logEvery = 1;            ///< default for --log-every
+  std::string data = "synthetic";  ///< default for --data
   int64_t predictedPeakBytes = -1; ///< the plan's prediction, logged
   /// GSC defaults (SPEC.md §3 C10); --compress / --no-compress override.
   bool compress = false;

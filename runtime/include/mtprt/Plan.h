@@ -25,7 +25,16 @@ struct Plan {
           usableBytes = 0;
   ModelConfig model;
   std::vector<HeadConfig> heads; ///< in the spec's task order
-  std::vector<double> lossWeights;
+  std::vector<double> lossWeights; ///< also in heads[t].weight
+  /// The strategy and the training settings (defaults when the plan
+  /// predates them): scope, GFM, clip, gate, per-task learning rates.
+  TrainConfig train;
+  int64_t steps = 100, logEvery = 1, saveEvery = 0;
+  uint64_t seed = 0;
+  std::string data = "synthetic";
+  std::string collective = "auto";
+  double compressTopK = 0.15, compressDecay = 0.8;
+  int64_t compressBlock = 256;
   /// regions, offloadUnits and offloadHeadList from the decisions.
   Schedule schedule;
   int64_t predictedPeakBytes = 0, keepPeakBytes = 0, uniformPeakBytes = -1;
