@@ -397,6 +397,31 @@ UnitCost CostModel::lossCost(TaskOp task) const {
   return cost;
 }
 
+int64_t CostModel::cosineProbeWorkspace() const {
+  int64_t n = 0, common = backbone.getLayers();
+  for (TaskOp task : model.getTasks()) {
+    ++n;
+    common = std::min<int64_t>(common, task.getTapLayer());
+  }
+  if (n < 2)
+    return 0;
+  const int64_t b = batch, s = backbone.getSeq(), h = backbone.getHidden(),
+                f = backbone.getFfn();
+  // Gradients are fp32 (the runtime's grads of fp32 master weights).
+  int64_t probeParams, chain, widest;
+  if (common == 0) {
+    probeParams = embeddingParameters();
+    chain = 4 * b * s * h; // the embedding dropout's input gradient
+    widest = backbone.getVocab() * h;
+  } else {
+    probeParams = layerParameters();
+    chain = 4 * (b * s * h + 2 * b * s * f + h * f + h);
+    widest = h * f;
+  }
+  const int64_t held = kGradientBytes * probeParams;
+  return std::max((n - 1) * held + chain, n * held + 8 * n * widest);
+}
+
 //===----------------------------------------------------------------------===//
 // Parameters
 //===----------------------------------------------------------------------===//

@@ -84,6 +84,20 @@ public:
   /// head or loss.
   UnitCost unit(UnitKind kind, TaskOp task = {}) const;
 
+  /// The features-scope gradient pipeline's transient beyond the tap
+  /// gradients, before the fused ones exist: with two or more tasks the
+  /// runtime measures the cosine matrix every step by pushing each task's
+  /// processed tap gradient down to the parameters of layer c, the topmost
+  /// layer every task back-propagates through (min tap), one partial
+  /// backward per task. While the last one runs, the earlier tasks' layer-c
+  /// gradients are held, and it holds its own chain through layer c's MLP
+  /// (the residual branch's gradient, the down-projection's input and GELU
+  /// gradients [B,S,F], the down-projection's weight gradient); then the Gram
+  /// matrix widens one parameter tensor of every task to fp64 at a time.
+  /// Assumes layer c's activations are on the device (no region or offload
+  /// below the taps in the probe's path: docs/cost-model.md).
+  int64_t cosineProbeWorkspace() const;
+
   //===--- Parameters ------------------------------------------------------===//
 
   int64_t embeddingParameters() const;

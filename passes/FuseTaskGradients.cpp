@@ -62,7 +62,12 @@ void FuseTaskGradientsPass::runOnOperation() {
     // The complex spectrum (n/2+1 pairs per row) beside the processed copy.
     widest = std::max(widest, 2 * CostModel::bytes(type));
   }
+  // GFM and the clip act first; then (features scope) the cosine probe and
+  // the Gram matrix, with the processed tap gradients live and the fused ones
+  // not yet made (MemoryAnalysis counts this workspace before the results).
   int64_t workspace = widest;
+  if (strategy.getGradientScope() == GradientScope::features)
+    workspace = std::max(workspace, cost.cosineProbeWorkspace());
   if (strategy.getGradientScope() == GradientScope::params) {
     // Per-task gradients of the top k shared layers' parameters.
     int64_t k = strategy.getScopeLayers();

@@ -74,6 +74,13 @@ std::string gradientGroup(BwdOp op) {
 }
 } // namespace
 
+int64_t mtp::fuseWorkspaceBeyondResults(FuseTaskGradsOp fuse) {
+  int64_t results = 0;
+  for (Value v : fuse.getFused())
+    results += CostModel::bytes(v.getType());
+  return std::max<int64_t>(0, int64_t(fuse.getWorkspace()) - results);
+}
+
 MemoryReport mtp::analyzeMemory(ModelOp model) {
   StepOp step = model.getStep();
   CostModel cost(model);
@@ -176,7 +183,7 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
     else if (auto bwd = dyn_cast<BwdOp>(&op))
       workspace = bwd.getWorkspace();
     else if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op))
-      workspace = fuse.getWorkspace();
+      workspace = fuseWorkspaceBeyondResults(fuse);
     now.workspace = workspace;
     if (now.total() > report.peakBytes) {
       report.peakBytes = now.total();

@@ -59,6 +59,12 @@ struct MemoryReport {
 /// Analyzes the expanded step of `model` (which must have one).
 MemoryReport analyzeMemory(ModelOp model);
 
+/// A fuse op's workspace is its transient before its results (the fused
+/// gradients) exist; counted on top of the live values at the op, which
+/// already include those results, it is the workspace beyond them (>= 0).
+/// The analysis and the planner's simulator both use this.
+int64_t fuseWorkspaceBeyondResults(FuseTaskGradsOp fuse);
+
 /// The report as attributes on the step (mtp.peak_bytes, ...).
 void attachMemoryReport(StepOp step, const MemoryReport &report);
 

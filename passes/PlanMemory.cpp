@@ -281,7 +281,7 @@ void MemoryPlanner::Impl::build() {
             {pos, CostModel::kGradientBytes * groupParams.lookup(group)});
     }
     if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op)) {
-      workspace[pos] = fuse.getWorkspace();
+      workspace[pos] = fuseWorkspaceBeyondResults(fuse);
       bwdS = cost.computeSeconds(fuse.getFlops());
     }
     fwdSecondsBefore[pos + 1] = fwdSecondsBefore[pos] + fwdS;

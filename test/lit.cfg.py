@@ -40,6 +40,9 @@ if os.path.exists(fuzzer):
     config.substitutions.append(("%mtp-fuzz-frontend", fuzzer))
 
 # The runtime's plan runner, when scripts/build.sh built the runtime.
+import sys
+config.substitutions.append(("%python", sys.executable))
+
 plan_runner = os.path.join(config.mtpc_obj_root, "runtime", "tools", "mtprt-run")
 if os.path.exists(plan_runner):
     config.available_features.add("runtime")

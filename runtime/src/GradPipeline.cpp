@@ -13,6 +13,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -145,23 +146,36 @@ GradList fuse(const std::vector<GradList> &grads,
 }
 
 at::Tensor gramMatrix(const std::vector<GradList> &grads) {
+  // Tensor by tensor: only the k-th tensor of every task is widened to
+  // double at a time, so the transient is the largest tensor times the task
+  // count, not a flattened double copy of every gradient (the step's peak
+  // falls here when the cosine probe runs: docs/cost-model.md).
   const int64_t t = static_cast<int64_t>(grads.size());
-  std::vector<at::Tensor> flat(t);
+  std::vector<int64_t> numel(t, 0);
+  size_t k = 0;
   for (int64_t i = 0; i < t; ++i) {
-    std::vector<at::Tensor> parts;
+    k = std::max(k, grads[i].size());
     for (const at::Tensor &g : grads[i])
       if (g.defined())
-        parts.push_back(g.to(at::kDouble).reshape({-1}));
-    flat[i] = parts.empty() ? at::zeros({0}, at::kDouble) : at::cat(parts);
+        numel[i] += g.numel();
+  }
+  std::vector<double> acc(static_cast<size_t>(t * t), 0.0);
+  for (size_t j = 0; j < k; ++j) {
+    std::vector<at::Tensor> wide(t);
+    for (int64_t i = 0; i < t; ++i)
+      if (j < grads[i].size() && grads[i][j].defined() && numel[i])
+        wide[i] = grads[i][j].to(at::kDouble).reshape({-1});
+    for (int64_t a = 0; a < t; ++a)
+      for (int64_t b = a; b < t; ++b)
+        if (wide[a].defined() && wide[b].defined() &&
+            numel[a] == numel[b] && wide[a].numel() == wide[b].numel())
+          acc[a * t + b] += at::dot(wide[a], wide[b]).item<double>();
   }
   at::Tensor gram = at::zeros({t, t}, at::kDouble);
-  for (int64_t i = 0; i < t; ++i)
-    for (int64_t j = i; j < t; ++j) {
-      double v = 0;
-      if (flat[i].numel() && flat[i].numel() == flat[j].numel())
-        v = at::dot(flat[i], flat[j]).item<double>();
-      gram[i][j] = v;
-      gram[j][i] = v;
+  for (int64_t a = 0; a < t; ++a)
+    for (int64_t b = a; b < t; ++b) {
+      gram[a][b] = acc[a * t + b];
+      gram[b][a] = acc[a * t + b];
     }
   return gram;
 }

@@ -150,6 +150,18 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
         options(t.headLr.empty() ? t.backboneLr.lr : t.headLr[h].lr));
   optimizer_ = std::make_unique<torch::optim::AdamW>(
       std::move(groups), torch::optim::AdamWOptions(t.backboneLr.lr));
+  // AdamW's moments up front (what its first step would create: step 0,
+  // zeros), so the device holds from the first step what it holds at every
+  // step — the plan's peak includes them — and a plan too large for the
+  // device fails in its first step, not its second.
+  for (const auto &group : optimizer_->param_groups())
+    for (const at::Tensor &p : group.params()) {
+      auto state = std::make_unique<torch::optim::AdamWParamState>();
+      state->step(0);
+      state->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+      state->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+      optimizer_->state()[p.unsafeGetTensorImpl()] = std::move(state);
+    }
 }
 
 TrainerCore::~TrainerCore() = default;
@@ -434,8 +446,11 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
     if (fetch.empty())
       return;
     Offloader *off = offloader_.get();
+    std::shared_ptr<bool> probing = probing_;
     const_cast<at::Tensor &>(out).register_hook(
-        [off, fetch](const at::Tensor &) {
+        [off, fetch, probing](const at::Tensor &) {
+          if (*probing)
+            return;
           for (const std::string &g : fetch)
             off->prefetch(g);
         });
@@ -630,6 +645,11 @@ void TrainerCore::fuseTaskGradients() {
           common = std::min(common, m.heads()[t].tap);
         const std::vector<at::Tensor> probeParams = m.layerParameters(common);
         probe.assign(nt, GradList(probeParams.size()));
+        *probing_ = true;
+        struct Reset {
+          bool &flag;
+          ~Reset() { flag = false; }
+        } reset{*probing_};
         for (int64_t t : order)
           probe[t] = torch::autograd::grad(
               {st.taps[m.heads()[t].tap]}, probeParams, {tg[t][0]},

@@ -156,6 +156,10 @@ private:
   std::vector<std::vector<double>> lastCosines_;
   std::unique_ptr<StepState> state_;
   int64_t prefetchAhead_ = 2;
+  /// True while the cosine probe's partial backwards run: the prefetch hooks
+  /// armed for the backbone backward stay quiet, so the probe brings back
+  /// only what it unpacks, and drops it after use.
+  std::shared_ptr<bool> probing_ = std::make_shared<bool>(false);
   double lossScale_ = 1.0;
   int64_t goodSteps_ = 0;
   int64_t step_ = 0;

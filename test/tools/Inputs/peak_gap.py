@@ -1,0 +1,50 @@
+"""Compares mtprt-run's measured peaks with the plan's prediction.
+
+  peak_gap.py TOL METRICS.jsonl          every step within TOL (a fraction)
+  peak_gap.py --order A.jsonl B.jsonl .. measured and predicted peaks both
+                                         strictly decreasing, A > B > ...
+  peak_gap.py --fits BYTES M.jsonl       every measured peak <= BYTES
+Prints one line per file; exits 1 on a violation.
+"""
+import json
+import sys
+
+
+def steps(path):
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    rows = [r for r in rows if "measured_peak_bytes" in r]
+    if not rows:
+        sys.exit(f"{path}: no step records")
+    return rows
+
+
+def main(argv):
+    if argv[0] == "--order":
+        peaks = []
+        for path in argv[1:]:
+            rows = steps(path)
+            peaks.append((max(r["measured_peak_bytes"] for r in rows),
+                          rows[0]["predicted_peak_bytes"]))
+        print("order measured", " > ".join(str(m) for m, _ in peaks),
+              "predicted", " > ".join(str(p) for _, p in peaks))
+        ok = all(a[0] > b[0] and a[1] > b[1] for a, b in zip(peaks, peaks[1:]))
+        return 0 if ok else 1
+    if argv[0] == "--fits":
+        budget = int(argv[1])
+        worst = max(r["measured_peak_bytes"] for r in steps(argv[2]))
+        print(f"fits {worst} <= {budget}: {worst <= budget}")
+        return 0 if worst <= budget else 1
+    tol = float(argv[0])
+    bad = 0
+    for r in steps(argv[1]):
+        p, m = r["predicted_peak_bytes"], r["measured_peak_bytes"]
+        gap = m / p - 1
+        ok = abs(gap) <= tol
+        bad += not ok
+        print(f"step {r['step']} predicted {p} measured {m} "
+              f"gap {100 * gap:+.2f}% {'ok' if ok else 'OVER'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
