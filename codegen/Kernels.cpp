@@ -11,6 +11,7 @@
 #include "codegen/Codegen.h"
 #include "dialect/MTPOps.h"
 
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <cmath>
@@ -55,8 +56,9 @@ std::string header(const Constants &c, llvm::StringRef what) {
 // Specialized with the spec's constants: {2} tasks, hidden {3} ({4} rfft bins),
 // GFM keep {5} -> {6} bins kept, GSC top-k {7} with {8}-bit blocks of {9}.
 )mtp",
-             what, c.model, c.tasks, c.hidden, c.bins, c.keepFraction, c.keep,
-             c.topk, c.bits, c.block)
+             what, c.model, c.tasks, c.hidden, c.bins,
+             llvm::format("%g", c.keepFraction), c.keep,
+             llvm::format("%g", c.topk), c.bits, c.block)
       .str();
 }
 

@@ -22,6 +22,7 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SmallSet.h"
 #include "llvm/ADT/StringSet.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 
 namespace mtp {
@@ -100,6 +101,18 @@ private:
                     const llvm::Twine &why);
   void lowerBody();
   std::string backwardEvents(Operation *from);
+  /// The one backbone-backward call, at the first op that belongs to it.
+  void backboneBackward(Operation &first) {
+    if (backboneBackwardDone)
+      return;
+    backboneBackwardDone = true;
+    std::string events = backwardEvents(&first);
+    comment("the backbone backward, top to bottom, from the fused gradients "
+            "at the taps" +
+            (events.empty() ? std::string(": nothing to recompute or fetch")
+                            : ":\n" + StringRef(events).rtrim().str()));
+    call("backwardBackbone", {operand(0)});
+  }
 
   int64_t blockOf(Value v) {
     if (auto fwd = v.getDefiningOp<FwdOp>())
@@ -261,6 +274,10 @@ void StepLowering::lowerBody() {
     } else if (auto pre = dyn_cast<PrefetchOp>(op)) {
       auto off = pre.getHost().getDefiningOp<OffloadOp>();
       FlatSymbolRefAttr task = off ? taskOf(off.getValue()) : nullptr;
+      if (!task && off && blockOf(off.getValue()) >= 0) {
+        backboneBackward(op); // the backbone's: inside its backward
+        continue;
+      }
       if (task && prefetchedTasks.insert(task.getValue()).second) {
         comment(llvm::formatv("bring task {0}'s saved tensors back ahead of "
                               "its backward (stream {1})",
@@ -284,15 +301,9 @@ void StepLowering::lowerBody() {
              {operand(0), lit(taskIndex.lookup(ref->task.getValue()))});
         continue;
       }
-      if (backboneBackwardDone)
-        continue;
-      backboneBackwardDone = true;
-      std::string events = backwardEvents(&op);
-      comment("the backbone backward, top to bottom, from the fused gradients "
-              "at the taps" +
-              (events.empty() ? std::string(": nothing to recompute or fetch")
-                              : ":\n" + StringRef(events).rtrim().str()));
-      call("backwardBackbone", {operand(0)});
+      backboneBackward(op);
+    } else if (isa<RecomputeOp>(op)) {
+      backboneBackward(op);
     } else if (auto fuse = dyn_cast<FuseTaskGradsOp>(op)) {
       std::string tasks;
       for (Attribute t : fuse.getTasks())
@@ -301,13 +312,13 @@ void StepLowering::lowerBody() {
       std::string gfm = fuse.getGfmKeep()
                             ? llvm::formatv("GFM keeps {0} of the frequency "
                                             "bins",
-                                            fuse.getGfmKeep()->convertToDouble())
+                                            llvm::format("%g", fuse.getGfmKeep()->convertToDouble()))
                                   .str()
                             : "no GFM";
       std::string clip =
           fuse.getClipMaxNorm().convertToDouble() > 0
               ? llvm::formatv("per-task clip to {0}",
-                              fuse.getClipMaxNorm().convertToDouble())
+                              llvm::format("%g", fuse.getClipMaxNorm().convertToDouble()))
                     .str()
               : "no clip";
       std::string gate =
@@ -335,7 +346,8 @@ LogicalResult StepLowering::run() {
     if ((decision.getValue() == "recompute" &&
          !fwd->getParentOfType<CheckpointOp>()) ||
         (decision.getValue() == "offload" && !hasOffloadOps)) {
-      fwd.emitError() << "is planned to " << decision.getValue()
+      fwd.emitError() << "unit " << fwd.getUnitName() << " is planned to "
+                      << decision.getValue()
                       << " but the plan is not written into the step; run "
                          "--mtp-materialize-offload and "
                          "--mtp-materialize-checkpoints first";
@@ -419,7 +431,8 @@ struct LowerStepToEmitCPass
     for (ModelOp model : models) {
       StepOp step = model.getStep();
       if (!step) {
-        model.emitError("has no training step to lower; run "
+        model.emitError() << "model '" << model.getSymName() << "' "
+                          << ("has no training step to lower; run "
                         "--mtp-expand-training-step (and the planning "
                         "passes) first");
         return signalPassFailure();

@@ -25,7 +25,7 @@ llvm_config.use_default_substitutions()
 tool_dirs = [config.mtpc_tools_dir, config.llvm_tools_dir]
 # The driver's path, for scripts that run it themselves.
 config.substitutions.append(("%mtpc", os.path.join(config.mtpc_tools_dir, "mtpc")))
-tools = ["mtp-opt", "mtpc"]
+tools = ["mtp-opt", "mtp-translate", "mtpc"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 
 # `not`, `count` and `split-file` as commands in pipelines, and our tools
@@ -47,3 +47,8 @@ plan_runner = os.path.join(config.mtpc_obj_root, "runtime", "tools", "mtprt-run"
 if os.path.exists(plan_runner):
     config.available_features.add("runtime")
     config.substitutions.append(("%mtprt-run", plan_runner))
+
+# The CUDA toolkit compiles the emitted kernels (it runs them only on a GPU).
+if os.path.exists("/usr/local/cuda/bin/nvcc"):
+    config.available_features.add("nvcc")
+    config.substitutions.append(("%nvcc", "/usr/local/cuda/bin/nvcc"))
