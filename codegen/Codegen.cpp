@@ -23,6 +23,9 @@ LogicalResult emitStepCpp(ModuleOp module, llvm::raw_ostream &os,
                           llvm::StringRef source) {
   OwningOpRef<ModuleOp> clone = module.clone();
   PassManager pm(module.getContext());
+  // --mlir-print-ir-after-all and friends reach this stage too.
+  if (failed(applyPassManagerCLOptions(pm)))
+    return failure();
   pm.addPass(createLowerStepToEmitC());
   if (failed(pm.run(*clone)))
     return failure();
