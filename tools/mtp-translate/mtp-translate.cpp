@@ -13,6 +13,7 @@
 
 #include "mlir/Dialect/EmitC/IR/EmitC.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/PassManager.h"
 #include "mlir/Target/Cpp/CppEmitter.h"
 #include "mlir/Tools/mlir-translate/MlirTranslateMain.h"
 #include "mlir/Tools/mlir-translate/Translation.h"
@@ -20,6 +21,8 @@
 using namespace mlir;
 
 int main(int argc, char **argv) {
+  // --mtp-to-cpp runs a pass: the IR printing and timing flags apply.
+  registerPassManagerCLOptions();
   TranslateFromMLIRRegistration toCpp(
       "mtp-to-cpp", "planned mtp step IR to the C++ step program",
       [](Operation *op, raw_ostream &os) -> LogicalResult {
