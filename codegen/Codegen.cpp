@@ -174,7 +174,8 @@ int main(int argc, char **argv) {{
         std::string("the plan embedded in ") + argv[0]);
     program = mtprt::programFromPlan(plan);
   } catch (const std::exception &e) {{
-    std::fprintf(stderr, "%s\n", e.what());
+    std::fprintf(stderr, "%s\nthis binary's plan is damaged: rebuild it with "
+                 "`mtpc build SPEC -o BINARY`\n", e.what());
     return 1;
   }
   program.step = mtp_step_{0};
