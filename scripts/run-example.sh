@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# The main job on the bundled example, as far as the pipeline goes today:
-# build, check the spec (errors or a summary), print its memory plan and
-# its spec-level IR, then train with the runtime's demo step program.
+# The main job on the bundled example: set up and build the compiler and the
+# runtime, check the spec, print its memory plan, compile it to a training
+# binary with `mtpc build`, train it (progress on the terminal, metrics as
+# JSON Lines), and end with the run's one-paragraph summary: each task's loss
+# from start to end, the measured peak against the predicted, throughput.
+#   scripts/run-example.sh [SPEC] [binary flags...]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/build.sh"
 build=${MTPC_BUILD_DIR:-$root/build}
 spec=${1:-$root/examples/00_tiny.mtp}
+shift || true
+name=$(basename "$spec" .mtp)
+out="$build/examples"
+mkdir -p "$out"
+
+echo "[example] mtpc check $spec"
 "$build/bin/mtpc" check "$spec"
+echo "[example] mtpc plan $spec"
 "$build/bin/mtpc" plan "$spec"
-"$build/bin/mtpc" "$spec" --emit=mlir
-# The runtime side: a hand-written step program on the training driver (what
-# `mtpc build` will generate from the spec) trains on synthetic data, on 2
-# processes exchanging GSC-compressed gradients over gloo.
-echo "[example] runtime: mtprt-demo, 600 steps on synthetic data"
-"$build/runtime/tools/mtprt-demo" --steps 600 --batch-size 32 --threads 1 \
-  --progress plain --metrics "$build/example-metrics.jsonl"
-echo "[example] the same program on 2 processes with GSC-compressed gradients"
-"$build/runtime/tools/mtprt-demo" --nproc 2 --steps 100 --batch-size 32 \
-  --threads 1 --compress --progress plain
-echo "[example] metrics (SPEC.md §5 names): $build/example-metrics.jsonl"
+echo "[example] mtpc build $spec -o $out/$name  (the generated C++ is in $out/$name.project)"
+"$build/bin/mtpc" build "$spec" -o "$out/$name"
+rm -f "$out/$name.jsonl"
+echo "[example] $out/$name: training (defaults from the spec; --help lists the flags)"
+"$out/$name" --progress plain --metrics "$out/$name.jsonl" "$@"
+echo "[example] metrics (SPEC.md §5 names): $out/$name.jsonl"
