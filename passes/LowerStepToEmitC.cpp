@@ -391,24 +391,38 @@ LogicalResult StepLowering::run() {
              {operand(0), operand(1)});
     lowerBody();
   }
-  for (Operation &op : step.getBody().front()) {
-    if (auto ar = dyn_cast<AllReduceOp>(op)) {
-      comment(llvm::formatv(
-          "the gradient collective: {0} values{1}; nothing at 1 process",
-          ar.getElements(),
-          ar.getCompressed()
-              ? llvm::formatv(", GSC top-k {0}, {1}-bit blocks of {2}, "
-                              "residual decay {3}",
-                              ar.getTopk() ? ar.getTopk()->convertToDouble() : 0.0,
-                              ar.getBits().value_or(0), ar.getBlock().value_or(0),
-                              ar.getDecay() ? ar.getDecay()->convertToDouble() : 0.0)
-                    .str()
-              : std::string(", uncompressed")));
-      call("exchangeGradients", {operand(0)});
-    } else if (isa<OptimizerStepOp>(op)) {
-      comment("AdamW, each task's head with its own learning-rate schedule");
-      call("optimizerStep", {operand(0)});
+  // One exchange for every bucket (the runtime buckets as the plan did).
+  SmallVector<AllReduceOp> buckets(step.getBody().front().getOps<AllReduceOp>());
+  if (!buckets.empty()) {
+    int64_t values = 0, compressed = 0;
+    for (AllReduceOp ar : buckets) {
+      values += ar.getElements();
+      compressed += ar.getCompressed();
     }
+    AllReduceOp first = buckets.front();
+    comment(llvm::formatv(
+        "the gradient collective: {0} values in {1} bucket(s){2}; nothing at "
+        "1 process",
+        values, buckets.size(),
+        compressed
+            ? llvm::formatv(", {0} GSC-compressed (top-k {1}, {2}-bit blocks "
+                            "of {3}, residual decay {4})",
+                            compressed,
+                            llvm::format("%g", first.getTopk()
+                                                   ? first.getTopk()->convertToDouble()
+                                                   : 0.0),
+                            first.getBits().value_or(0),
+                            first.getBlock().value_or(0),
+                            llvm::format("%g", first.getDecay()
+                                                   ? first.getDecay()->convertToDouble()
+                                                   : 0.0))
+                  .str()
+            : std::string(", uncompressed")));
+    call("exchangeGradients", {operand(0)});
+  }
+  if (!step.getBody().front().getOps<OptimizerStepOp>().empty()) {
+    comment("AdamW, each task's head with its own learning-rate schedule");
+    call("optimizerStep", {operand(0)});
   }
   Value stats = call("endStep", {operand(0)}, statsType);
   b.create<emitc::ReturnOp>(loc, stats);

@@ -185,7 +185,8 @@ struct RunSummary {
     }
   }
   std::string paragraph(const std::string &name, double seconds,
-                        int64_t batch, int64_t predicted) const {
+                        int64_t batch, int64_t plannedBatch,
+                        int64_t predicted) const {
     if (!steps)
       return "summary: no steps run";
     auto mean = [](const std::vector<double> &v) {
@@ -197,7 +198,8 @@ struct RunSummary {
     std::ostringstream os;
     os << "summary: model '" << name << "', " << steps << " steps in "
        << std::fixed << std::setprecision(1) << seconds << " s ("
-       << std::setprecision(0) << double(steps * batch) / seconds
+       << std::setprecision(double(steps * batch) / seconds < 10 ? 2 : 0)
+       << double(steps * batch) / seconds
        << " samples/s). Loss (mean of the first and last "
        << std::min<int64_t>(steps, kWindow) << " steps):";
     for (size_t t = 0; t < tasks.size(); ++t)
@@ -209,6 +211,9 @@ struct RunSummary {
          << std::setprecision(1)
          << 100.0 * double(peak - predicted) / double(predicted) << "%"
          << std::noshowpos << ")";
+    if (predicted > 0 && batch != plannedBatch)
+      os << " (the plan is for a batch of " << plannedBatch << ", this run "
+         << "used " << batch << ")";
     os << ".";
     return os.str();
   }
@@ -690,7 +695,7 @@ int train(const Program &p, const Options &o) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
     std::printf("%s\n", summary.paragraph(p.name, el, o.batchSize,
-                                          p.predictedPeakBytes)
+                                          p.batchSize, p.predictedPeakBytes)
                             .c_str());
   }
   return 0;
