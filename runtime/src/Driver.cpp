@@ -1,6 +1,7 @@
 //===- Driver.cpp - the training program around a step --------------------===//
 
 #include "mtprt/Driver.h"
+#include "mtprt/kernels/Specialized.h"
 
 #include "mtprt/Runtime.h"
 #include "mtprt/torch/Checkpoint.h"
@@ -211,6 +212,9 @@ struct RunSummary {
          << std::setprecision(1)
          << 100.0 * double(peak - predicted) / double(predicted) << "%"
          << std::noshowpos << ")";
+    if (const kernels::Specialized &k = kernels::specialized(); *k.what)
+      os << ". The program's specialized kernels (" << k.what << ") ran "
+         << kernels::specializedLaunches() << " times";
     if (predicted > 0 && batch != plannedBatch)
       os << " (the plan is for a batch of " << plannedBatch << ", this run "
          << "used " << batch << ")";

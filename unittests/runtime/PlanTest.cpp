@@ -18,7 +18,8 @@ namespace {
 /// A plan as mtpc writes it: 2 layers, two tasks; layer 1's attention
 /// offloaded, the tag head offloaded, layer 2 a checkpoint region.
 std::string makePlan(unsigned version = unsigned(fb::PlanVersion::Current),
-                     int64_t tap = 1) {
+                     int64_t tap = 1, bool strategy = false,
+                     double gfmKeep = 0.5) {
   flatbuffers::FlatBufferBuilder b;
   auto backbone = fb::CreateBackbone(b, b.CreateString("transformer"), 2, 16,
                                      2, 32, 40, 12, 0.1);
@@ -26,7 +27,10 @@ std::string makePlan(unsigned version = unsigned(fb::PlanVersion::Current),
       fb::CreateTask(b, b.CreateString("cls"), b.CreateString("classify"), 2,
                      true, 4, 0, 0, 0, 1.0, b.CreateString("cross_entropy")),
       fb::CreateTask(b, b.CreateString("tag"), b.CreateString("tag"), tap,
-                     false, 6, 0, 0, 0, 0.5, b.CreateString("cross_entropy"))};
+                     false, 6, 0, 0, 0, 0.5, b.CreateString("cross_entropy"),
+                     strategy ? fb::CreateLrSchedule(b, b.CreateString("linear"),
+                                                     5e-4, 3)
+                              : 0)};
   auto unit = [&](const char *name, const char *kind, int64_t layer,
                   int64_t block, const char *task, fb::Decision d) {
     return fb::CreateUnit(b, b.CreateString(name), b.CreateString(kind),
@@ -45,10 +49,22 @@ std::string makePlan(unsigned version = unsigned(fb::PlanVersion::Current),
   auto target = fb::CreateTarget(b, b.CreateString("cpu"),
                                  b.CreateString("fp32"), 1 << 20, 1 << 20, 1,
                                  8, 16);
+  flatbuffers::Offset<fb::Strategy> st;
+  flatbuffers::Offset<fb::Train> train;
+  if (strategy) {
+    st = fb::CreateStrategy(b, b.CreateString("params"), 2, gfmKeep, 1.5, 16,
+                            0.15, 0.4, b.CreateString("compressed"), 0.1, 128,
+                            8, 0.9);
+    train = fb::CreateTrain(
+        b, 300, 7, b.CreateString("synthetic"),
+        fb::CreateLrSchedule(b, b.CreateString("cosine"), 1e-3, 20), 0.05,
+        0.9, 0.999, 1e-8, 10, 0);
+  }
   auto plan = fb::CreatePlan(
       b, version, b.CreateString("m"), b.CreateString("m.mtp"), target,
       backbone, b.CreateVector(tasks), b.CreateVector(units),
-      b.CreateVectorOfStructs(regions), 0, 0, 123456, 200000, 100000, 1e-4);
+      b.CreateVectorOfStructs(regions), 0, 0, 123456, 200000, 100000, 1e-4,
+      st, train);
   fb::FinishPlanBuffer(b, plan);
   return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()),
                      b.GetSize());
@@ -86,6 +102,50 @@ TEST(Plan, DecisionsBecomeTheSchedule) {
   EXPECT_EQ(program.train.microBatches, 2);
   EXPECT_EQ(program.predictedPeakBytes, 123456);
   EXPECT_EQ(program.schedule.offloadHeadList, p.schedule.offloadHeadList);
+}
+
+TEST(Plan, StrategyAndTrainingReachTheProgram) {
+  std::string bytes = makePlan(unsigned(fb::PlanVersion::Current), 1, true);
+  Program p = programFromPlan(readPlan(bytes.data(), bytes.size(), "p"));
+  EXPECT_EQ(p.train.scope, GradScope::Params);
+  EXPECT_EQ(p.train.paramsTopK, 2);
+  EXPECT_DOUBLE_EQ(p.train.gfmKeep, 0.5);
+  EXPECT_DOUBLE_EQ(p.train.clipNorm, 1.5);
+  EXPECT_TRUE(p.train.gate);
+  EXPECT_DOUBLE_EQ(p.train.weightDecay, 0.05);
+  EXPECT_EQ(p.train.backboneLr.schedule, LrSchedule::Cosine);
+  EXPECT_EQ(p.train.backboneLr.warmupSteps, 20);
+  EXPECT_EQ(p.train.backboneLr.totalSteps, 300);
+  ASSERT_EQ(p.train.headLr.size(), 2u);
+  EXPECT_EQ(p.train.headLr[0].schedule, LrSchedule::Cosine); // the train's
+  EXPECT_EQ(p.train.headLr[1].schedule, LrSchedule::Linear); // its own
+  EXPECT_DOUBLE_EQ(p.train.headLr[1].lr, 5e-4);
+  EXPECT_DOUBLE_EQ(p.heads[1].weight, 0.5);
+  EXPECT_EQ(p.steps, 300);
+  EXPECT_EQ(p.seed, 7u);
+  EXPECT_EQ(p.logEvery, 10);
+  EXPECT_EQ(p.data, "synthetic");
+  EXPECT_TRUE(p.compress);
+  EXPECT_DOUBLE_EQ(p.compressTopK, 0.1);
+  EXPECT_EQ(p.compressBlock, 128);
+  EXPECT_DOUBLE_EQ(p.compressDecay, 0.9);
+}
+
+TEST(Plan, APlanWithoutStrategyRunsWithTheDefaults) {
+  std::string bytes = makePlan();
+  Program p = programFromPlan(readPlan(bytes.data(), bytes.size(), "p"));
+  TrainConfig defaults;
+  EXPECT_EQ(p.train.scope, defaults.scope);
+  EXPECT_DOUBLE_EQ(p.train.gfmKeep, defaults.gfmKeep);
+  EXPECT_TRUE(p.train.headLr.empty());
+}
+
+TEST(Plan, AStrategyOutOfRangeIsRefused) {
+  std::string bytes =
+      makePlan(unsigned(fb::PlanVersion::Current), 1, true, /*gfmKeep=*/0.0);
+  EXPECT_NE(errorOf(bytes).find("the strategy is out of range (gfm keep 0"),
+            std::string::npos)
+      << errorOf(bytes);
 }
 
 TEST(Plan, BadFilesAreRefusedWithWhatToDo) {

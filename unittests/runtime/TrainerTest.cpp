@@ -587,8 +587,18 @@ TEST(Facade, UnitGrainStepEqualsTheScheduledStep) {
         manual.prefetch("head" + std::to_string(h - 1));
       manual.backwardHead(h);
     }
+    // The fused op as its own call (micro-batch 1 leaves it to the backward).
+    if (mb == 0) {
+      manual.fuseTaskGradients();
+      EXPECT_THROW(manual.fuseTaskGradients(), std::logic_error);
+    }
     manual.backwardBackbone();
   }
+  // The step's end phase by phase, as an emitted program calls them.
+  manual.exchangeGradients();
+  EXPECT_THROW(manual.exchangeGradients(), std::logic_error);
+  manual.optimizerStep();
+  EXPECT_THROW(manual.optimizerStep(), std::logic_error);
   StepStats b = manual.endStep();
   for (size_t t = 0; t < 3; ++t) {
     EXPECT_NEAR(a.loss[t], b.loss[t], 1e-6);
