@@ -11,4 +11,13 @@ rm -rf "$root/.carry/flatbuffers"
 mkdir -p "$root/.carry/flatbuffers/bin" "$root/.carry/flatbuffers/include"
 cp /usr/bin/flatc "$root/.carry/flatbuffers/bin/"
 cp -r /usr/include/flatbuffers "$root/.carry/flatbuffers/include/"
+# A generated training program, to build on the GPU machine the way a user
+# builds `mtpc build --emit-project` output on a GPU node (that machine has
+# no MLIR, so mtpc runs here): 00_tiny written for an H100, CUDA kernels on.
+build=${MTPC_BUILD_DIR:-$root/build}
+rm -rf "$root/.carry/tiny_gpu"
+sed -e 's/device      = cpu/device      = H100_80GB/; s/memory      = 2GiB/memory      = 80GiB/' \
+  "$root/examples/00_tiny.mtp" > "$root/.carry/tiny_gpu.mtp"
+"$build/bin/mtpc" build "$root/.carry/tiny_gpu.mtp" --device cuda --emit-project "$root/.carry/tiny_gpu"
+"$build/bin/mtpc" plan "$root/.carry/tiny_gpu.mtp" --format=json -o "$root/.carry/tiny_gpu.plan.json"
 du -sh "$root/.carry"

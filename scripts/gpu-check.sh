@@ -45,3 +45,18 @@ $demo --device cuda --steps 15 --checkpoint-dir /tmp/mtprt-gpu-ckpt --resume \
   --progress plain 2>&1 | tee -a "$out/demo.log"
 grep -q "resumed from /tmp/mtprt-gpu-ckpt/step-000000010.rank0.ckpt" "$out/demo.log"
 echo "[gpu-check] driver on CUDA: trained, checkpointed and resumed"
+
+# mtpc's generated program (scripts/gpu-carry.sh emitted the project here):
+# built on this machine against the runtime above, its specialized CUDA
+# kernels compiled by nvcc, trained on the GPU; the summary gives the
+# measured peak against the prediction.
+if [ -d "$root/.carry/tiny_gpu" ]; then
+  cmake -G Ninja -S "$root/.carry/tiny_gpu" -B /tmp/tiny-gpu-build -DMTP_CUDA=ON \
+    -Dmtprt_DIR=/tmp/mtprt-gpu -DTorch_DIR="$torch_dir" 2>&1 | tail -2
+  cmake --build /tmp/tiny-gpu-build 2>&1 | tail -2
+  /tmp/tiny-gpu-build/tiny --steps 100 --log-every 1 --metrics "$out/tiny-gpu.jsonl" \
+    --progress plain 2>&1 | tee "$out/tiny-gpu.log"
+  grep -q "specialized kernels" "$out/tiny-gpu.log"
+  python3 "$root/test/tools/Inputs/peak_gap.py" 1.0 "$out/tiny-gpu.jsonl" | tail -3 | tee -a "$out/tiny-gpu.log"
+  echo "[gpu-check] mtpc build's CUDA program: built here, trained on the GPU"
+fi

@@ -52,3 +52,15 @@ if os.path.exists(plan_runner):
 if os.path.exists("/usr/local/cuda/bin/nvcc"):
     config.available_features.add("nvcc")
     config.substitutions.append(("%nvcc", "/usr/local/cuda/bin/nvcc"))
+
+# A usable GPU (the lent machine): CUDA binaries run there, and are refused
+# with what to do elsewhere.
+import shutil
+import subprocess
+if shutil.which("nvidia-smi"):
+    try:
+        if subprocess.run(["nvidia-smi", "-L"], capture_output=True,
+                          timeout=30).returncode == 0:
+            config.available_features.add("gpu")
+    except (OSError, subprocess.SubprocessError):
+        pass

@@ -1,6 +1,7 @@
 //===- Driver.cpp - the training program around a step --------------------===//
 
 #include "mtprt/Driver.h"
+#include "mtprt/Memory.h"
 #include "mtprt/kernels/Specialized.h"
 
 #include "mtprt/Runtime.h"
@@ -498,6 +499,13 @@ int train(const Program &p, const Options &o) {
   if (mc.device == "cuda" && d.worldSize > 1)
     mc.device = "cuda:" + std::to_string(envLocalRank(d.rank));
   d.device = mc.device;
+  // Before LibTorch tries: its own message is a stack trace.
+  if (mc.device.rfind("cuda", 0) == 0 && !cudaMemoryStatsAvailable())
+    throw std::runtime_error(
+        "this program runs on " + mc.device +
+        " but no usable CUDA device is visible (no GPU, a driver older than "
+        "the CUDA runtime, or a runtime built without its LibTorch-CUDA "
+        "parts); run it on a GPU machine, or pass --device cpu");
   Trainer trainer(mc, p.heads, tc);
   TrainerCore &core = trainer.core();
   // Our --nproc launcher, or torchrun's agent, already serves the store.
