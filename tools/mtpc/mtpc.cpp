@@ -292,10 +292,10 @@ static int build(ModuleOp module, StringRef planBytes, raw_ostream &os) {
                     "or use --emit-project DIR\n";
     return kUsageError;
   }
-  llvm::SmallString<256> buildDir(dir), log(dir);
+  llvm::SmallString<256> buildDir(dir), configureLog(dir), buildLog(dir);
   llvm::sys::path::append(buildDir, "build");
-  llvm::sys::path::append(log, "build.log");
-  llvm::sys::fs::remove(log);
+  llvm::sys::path::append(configureLog, "configure.log");
+  llvm::sys::path::append(buildLog, "build.log");
   SmallVector<std::string> configure = {*cmake, "-S", dir.str().str(), "-B",
                                         buildDir.str().str(), "-Wno-dev"};
   if (llvm::sys::findProgramByName("ninja"))
@@ -303,13 +303,19 @@ static int build(ModuleOp module, StringRef planBytes, raw_ostream &os) {
   configure.push_back(files.cuda ? "-DMTP_CUDA=ON" : "-DMTP_CUDA=OFF");
   SmallVector<StringRef> configureArgs(configure.begin(), configure.end());
   StringRef buildArgs[] = {*cmake, "--build", buildDir};
-  if (!runLogged(configureArgs, log) || !runLogged(buildArgs, log)) {
+  StringRef failedLog;
+  if (!runLogged(configureArgs, configureLog))
+    failedLog = configureLog;
+  else if (!runLogged(buildArgs, buildLog))
+    failedLog = buildLog;
+  if (!failedLog.empty()) {
     usageError() << "build: the generated project of model '"
                  << files.modelName
                  << "' failed to build. This is a bug in mtpc, not in your "
                     "spec: please report it with the project ("
-                 << dir << ") and its log (" << log << "). The log ends:\n";
-    if (auto text = llvm::MemoryBuffer::getFile(log)) {
+                 << dir << ") and its log (" << failedLog
+                 << "). The log ends:\n";
+    if (auto text = llvm::MemoryBuffer::getFile(failedLog)) {
       SmallVector<StringRef> lines;
       (*text)->getBuffer().split(lines, '\n');
       for (size_t i = lines.size() > 40 ? lines.size() - 40 : 0;
