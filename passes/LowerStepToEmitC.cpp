@@ -44,10 +44,6 @@ std::string blockName(int64_t block) {
                        block % 2 ? "attention" : "MLP");
 }
 
-std::string groupBytes(int64_t bytes) {
-  return llvm::formatv("{0} B", bytes).str();
-}
-
 /// Builds one step function; `b` sits in the module at the function's place.
 class StepLowering {
 public:
@@ -70,14 +66,10 @@ private:
     for (StringRef line : lines)
       b.create<emitc::VerbatimOp>(loc, ("// " + line).str());
   }
+  /// mtprt::step::<callee>(trainer, args...); `args` name operands by index
+  /// (IndexAttr) or are literals.
   Value call(StringRef callee, ArrayRef<Attribute> args, Type result = {}) {
-    SmallVector<Type> types;
-    if (result)
-      types.push_back(result);
-    auto op = b.create<emitc::CallOpaqueOp>(
-        loc, types, (kNs + callee).str(), ValueRange{trainer},
-        b.getArrayAttr(args));
-    return result ? op.getResult(0) : Value();
+    return callWith(callee, trainer, args, result);
   }
   Value callWith(StringRef callee, ValueRange operands,
                  ArrayRef<Attribute> args, Type result = {}) {
@@ -96,7 +88,8 @@ private:
   }
   Attribute str(StringRef text) { return opaque(("\"" + text + "\"").str()); }
 
-  /// `value` (an i64 ValueId) through backbone units [first, last].
+  /// The current value (an int64 ValueId) through backbone units
+  /// [first, last] in `mode`, then the previous value released.
   void forwardUnits(int64_t first, int64_t last, StringRef mode,
                     const llvm::Twine &why);
   void lowerBody();
@@ -246,10 +239,10 @@ void StepLowering::lowerBody() {
         comment(llvm::formatv(
             "task {0}: {1} head + loss on layer {2}{3}", task,
             stringifyHeadKind(t.getHead()), t.getTapLayer(),
-            offload ? llvm::formatv("; offloads {0} saved tensors ({1}) to "
+            offload ? llvm::formatv("; offloads {0} saved tensors ({1} B) to "
                                     "the host",
                                     it->second.first,
-                                    groupBytes(it->second.second))
+                                    it->second.second)
                           .str()
                     : std::string("; keeps what it saves")));
         call("forwardHead",
@@ -264,9 +257,9 @@ void StepLowering::lowerBody() {
       if (it != offloadedBlocks.end())
         forwardUnits(block, block, "KeepOffload",
                      llvm::formatv("unit {0} ({1}): offload {2} saved tensors "
-                                   "({3}) to the host on stream 1",
+                                   "({3} B) to the host on stream 1",
                                    block, blockName(block), it->second.first,
-                                   groupBytes(it->second.second)));
+                                   it->second.second));
       else
         forwardUnits(block, block, "Keep",
                      llvm::formatv("unit {0} ({1}): keep", block,
