@@ -397,12 +397,41 @@ UnitCost CostModel::lossCost(TaskOp task) const {
   return cost;
 }
 
-int64_t CostModel::cosineProbeWorkspace() const {
-  int64_t n = 0, common = backbone.getLayers();
+int64_t CostModel::blockRecomputeBytes(int64_t block) const {
+  if (block < 1)
+    return 0;
+  static constexpr UnitKind attention[] = {
+      UnitKind::attn_norm, UnitKind::qkv, UnitKind::attn_core,
+      UnitKind::attn_out, UnitKind::attn_residual};
+  static constexpr UnitKind mlp[] = {UnitKind::mlp_norm, UnitKind::mlp_up,
+                                     UnitKind::mlp_act, UnitKind::mlp_down,
+                                     UnitKind::mlp_residual};
+  ArrayRef<UnitKind> kinds = block % 2 ? ArrayRef<UnitKind>(attention)
+                                       : ArrayRef<UnitKind>(mlp);
+  int64_t total = 0;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    UnitCost u = unit(kinds[i]);
+    for (const SavedTensor &t : u.saved)
+      total += bytes(t.type);
+    // The output, where its own backward or its reader's keeps it: the
+    // block's last output is read by the next block's (or a head's) norm.
+    bool read = i + 1 < kinds.size() ? unit(kinds[i + 1]).backwardNeedsInput
+                                     : true;
+    if (read || u.backwardNeedsOutput)
+      total += bytes(u.output);
+  }
+  return total;
+}
+
+int64_t CostModel::cosineProbeWorkspace(
+    ArrayRef<std::pair<int64_t, int64_t>> regions) const {
+  SmallVector<int64_t> taps;
+  int64_t common = backbone.getLayers();
   for (TaskOp task : model.getTasks()) {
-    ++n;
+    taps.push_back(task.getTapLayer());
     common = std::min<int64_t>(common, task.getTapLayer());
   }
+  const int64_t n = taps.size();
   if (n < 2)
     return 0;
   const int64_t b = batch, s = backbone.getSeq(), h = backbone.getHidden(),
@@ -419,7 +448,24 @@ int64_t CostModel::cosineProbeWorkspace() const {
     widest = h * f;
   }
   const int64_t held = kGradientBytes * probeParams;
-  return std::max((n - 1) * held + chain, n * held + 8 * n * widest);
+  // A region's re-run: its blocks' tensors, and the inner backward's chain.
+  const int64_t innerChain = 4 * (b * s * h + b * s * f + h * f + h);
+  const int64_t perBlock[2] = {blockRecomputeBytes(2), blockRecomputeBytes(1)};
+  int64_t probe = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    int64_t path = chain;
+    const int64_t low = std::max<int64_t>(1, 2 * common - 1),
+                  high = 2 * taps[k];
+    for (auto [first, last] : regions)
+      if (last >= low && first <= high) {
+        int64_t rerun = innerChain;
+        for (int64_t blk = first; blk <= last; ++blk)
+          rerun += perBlock[blk % 2];
+        path = std::max(path, rerun);
+      }
+    probe = std::max(probe, k * held + path);
+  }
+  return std::max(probe, n * held + 8 * n * widest);
 }
 
 //===----------------------------------------------------------------------===//

@@ -84,19 +84,36 @@ public:
   /// head or loss.
   UnitCost unit(UnitKind kind, TaskOp task = {}) const;
 
+  /// Bytes one re-run of backbone block `block` (runtime numbering: 2l-1
+  /// the attention, 2l the MLP of layer l) holds for its backward: every
+  /// unit's saved tensors and each output a backward reads (the next unit's
+  /// input, the block's output) — what a checkpoint region's recompute
+  /// re-creates, its input excepted.
+  int64_t blockRecomputeBytes(int64_t block) const;
+
   /// The features-scope gradient pipeline's transient beyond the tap
   /// gradients, before the fused ones exist: with two or more tasks the
   /// runtime measures the cosine matrix every step by pushing each task's
   /// processed tap gradient down to the parameters of layer c, the topmost
   /// layer every task back-propagates through (min tap), one partial
-  /// backward per task. While the last one runs, the earlier tasks' layer-c
-  /// gradients are held, and it holds its own chain through layer c's MLP
-  /// (the residual branch's gradient, the down-projection's input and GELU
-  /// gradients [B,S,F], the down-projection's weight gradient); then the Gram
-  /// matrix widens one parameter tensor of every task to fp64 at a time.
-  /// Assumes layer c's activations are on the device (no region or offload
-  /// below the taps in the probe's path: docs/cost-model.md).
-  int64_t cosineProbeWorkspace() const;
+  /// backward per task, in task order. While the k-th runs, the k earlier
+  /// tasks' layer-c gradients are held, and it holds its own chain through
+  /// layer c's MLP (the residual branch's gradient, the down-projection's
+  /// input and GELU gradients [B,S,F], the down-projection's weight
+  /// gradient); then the Gram matrix widens one parameter tensor of every
+  /// task to fp64 at a time.
+  ///
+  /// `regions` are the plan's checkpoint regions in block numbers
+  /// (inclusive). A region on a task's probe path (blocks 2c-1 .. 2·tap)
+  /// is re-run by that task's probe (the checkpoint's backward), holding
+  /// blockRecomputeBytes of all its blocks plus the inner backward's chain
+  /// through an MLP, one [B,S,F] less than the kept chain's (the inner
+  /// backward frees each recomputed tensor after its use). The regions on a
+  /// path re-run one after another. The memory analysis, the planner's
+  /// simulator and --mtp-fuse-task-gradients (no regions yet) all ask this.
+  /// Offloaded tensors the probe reads come back one at a time (ignored).
+  int64_t cosineProbeWorkspace(
+      llvm::ArrayRef<std::pair<int64_t, int64_t>> regions = {}) const;
 
   //===--- Parameters ------------------------------------------------------===//
 

@@ -74,11 +74,31 @@ std::string gradientGroup(BwdOp op) {
 }
 } // namespace
 
-int64_t mtp::fuseWorkspaceBeyondResults(FuseTaskGradsOp fuse) {
+int64_t mtp::fuseWorkspaceBeyondResults(
+    FuseTaskGradsOp fuse, const CostModel &cost,
+    ArrayRef<std::pair<int64_t, int64_t>> regions) {
   int64_t results = 0;
   for (Value v : fuse.getFused())
     results += CostModel::bytes(v.getType());
-  return std::max<int64_t>(0, int64_t(fuse.getWorkspace()) - results);
+  int64_t workspace = fuse.getWorkspace();
+  if (fuse.getScope() == GradientScope::features)
+    workspace = std::max(workspace, cost.cosineProbeWorkspace(regions));
+  return std::max<int64_t>(0, workspace - results);
+}
+
+std::vector<std::pair<int64_t, int64_t>> mtp::checkpointRegions(StepOp step) {
+  std::vector<std::pair<int64_t, int64_t>> regions;
+  for (CheckpointOp region : step.getBody().front().getOps<CheckpointOp>()) {
+    int64_t first = INT64_MAX, last = -1;
+    region.getBody().walk([&](FwdOp fwd) {
+      int64_t b = getBlockNumber(fwd.getUnit(), fwd.getLayer());
+      if (b > 0)
+        first = std::min(first, b), last = std::max(last, b);
+    });
+    if (last > 0)
+      regions.push_back({first, last});
+  }
+  return regions;
 }
 
 MemoryReport mtp::analyzeMemory(ModelOp model) {
@@ -87,6 +107,8 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   MemoryReport report;
   report.usableBytes = cost.usableBytes();
   Block &body = step.getBody().front();
+  const std::vector<std::pair<int64_t, int64_t>> regions =
+      checkpointRegions(step);
 
   // Which tasks each backbone layer serves.
   SmallVector<TaskOp> tasks(model.getTasks());
@@ -183,7 +205,7 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
     else if (auto bwd = dyn_cast<BwdOp>(&op))
       workspace = bwd.getWorkspace();
     else if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op))
-      workspace = fuseWorkspaceBeyondResults(fuse);
+      workspace = fuseWorkspaceBeyondResults(fuse, cost, regions);
     now.workspace = workspace;
     if (now.total() > report.peakBytes) {
       report.peakBytes = now.total();

@@ -9,8 +9,12 @@
 #include "llvm/ADT/SmallVector.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace mtp {
+
+class CostModel;
 
 /// Bytes by kind at one point of the step.
 struct MemoryBreakdown {
@@ -62,8 +66,17 @@ MemoryReport analyzeMemory(ModelOp model);
 /// A fuse op's workspace is its transient before its results (the fused
 /// gradients) exist; counted on top of the live values at the op, which
 /// already include those results, it is the workspace beyond them (>= 0).
-/// The analysis and the planner's simulator both use this.
-int64_t fuseWorkspaceBeyondResults(FuseTaskGradsOp fuse);
+/// At the features scope the transient is at least the cosine probe's under
+/// the step's checkpoint `regions` (block numbers, inclusive; the probe
+/// re-runs those on its path: CostModel::cosineProbeWorkspace). The
+/// analysis and the planner's simulator both use this.
+int64_t fuseWorkspaceBeyondResults(
+    FuseTaskGradsOp fuse, const CostModel &cost,
+    llvm::ArrayRef<std::pair<int64_t, int64_t>> regions);
+
+/// The checkpoint regions of a materialized step (mtp.checkpoint ops), in
+/// block numbers, inclusive.
+std::vector<std::pair<int64_t, int64_t>> checkpointRegions(StepOp step);
 
 /// The report as attributes on the step (mtp.peak_bytes, ...).
 void attachMemoryReport(StepOp step, const MemoryReport &report);

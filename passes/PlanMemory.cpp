@@ -91,6 +91,10 @@ struct MemoryPlanner::Impl {
   /// (position, bytes) of parameter gradients appearing.
   SmallVector<std::pair<int, int64_t>> gradientArrivals;
   std::vector<int64_t> workspace;   // per position
+  /// The gradient pipeline's op: its workspace depends on the regions (the
+  /// cosine probe re-runs those on its path).
+  FuseTaskGradsOp fuseOp;
+  int fusePos = -1;
   std::vector<ValueInfo> values;
   std::vector<Candidate> candidates;
   /// Per block: the candidate owning it; its forward FLOPs; its output's
@@ -140,11 +144,19 @@ void MemoryPlanner::Impl::build() {
   bool canOffload = offload != OffloadPolicy::none;
 
   // Regions end at every tap: the runtime hands heads the region's output.
-  int64_t topTap = 0;
+  int64_t topTap = 0, lowTap = backbone.getLayers(), tasks = 0;
   for (TaskOp t : model.getTasks()) {
     cutAfter.insert(2 * int64_t(t.getTapLayer()));
     topTap = std::max<int64_t>(topTap, t.getTapLayer());
+    lowTap = std::min<int64_t>(lowTap, t.getTapLayer());
+    ++tasks;
   }
+  // And below the cosine probe's layer (the lowest tap): the probe re-runs
+  // the regions on its path, and a region reaching below that layer would
+  // re-run layers the probe does not need.
+  if (tasks > 1 && lowTap > 1 && strategy &&
+      strategy.getGradientScope() == GradientScope::features)
+    cutAfter.insert(2 * lowTap - 2);
 
   // Candidates.
   auto addBlocks = [&](std::string name, SmallVector<int64_t> blocks) {
@@ -281,7 +293,9 @@ void MemoryPlanner::Impl::build() {
             {pos, CostModel::kGradientBytes * groupParams.lookup(group)});
     }
     if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op)) {
-      workspace[pos] = fuseWorkspaceBeyondResults(fuse);
+      workspace[pos] = fuseWorkspaceBeyondResults(fuse, cost, {});
+      fuseOp = fuse;
+      fusePos = pos;
       bwdS = cost.computeSeconds(fuse.getFlops());
     }
     fwdSecondsBefore[pos + 1] = fwdSecondsBefore[pos] + fwdS;
@@ -364,7 +378,10 @@ int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions) const {
   };
   // Which region each block is in.
   llvm::DenseMap<int64_t, std::pair<int64_t, int64_t>> regionOf;
-  for (auto [first, last] : regions(decisions)) {
+  const std::vector<std::pair<int64_t, int64_t>> planned = regions(decisions);
+  if (fuseOp)
+    extra[fusePos] = fuseWorkspaceBeyondResults(fuseOp, cost, planned);
+  for (auto [first, last] : planned) {
     for (int64_t b = first; b <= last; ++b)
       regionOf[b] = {first, last};
     // The region re-runs at the start of its backward and holds the output

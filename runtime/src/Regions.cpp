@@ -142,17 +142,19 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     }
 #endif
 
-    // Inputs of the inner graph that need gradients: x, then the parameters.
+    // Inputs of the inner graph whose gradients this backward needs: x, then
+    // the parameters. A partial backward (autograd::grad to some inputs, as
+    // the cosine probe's) asks only for some: the rest are not computed.
     const int64_t nparams = ctx->saved_data["nparams"].toInt();
     variable_list inputs;
     std::vector<int64_t> slot; // position in the returned list
-    if (xd.requires_grad()) {
+    if (xd.requires_grad() && ctx->needs_input_grad(0)) {
       inputs.push_back(xd);
       slot.push_back(1);
     }
     const variable_list &ps = holder->params;
     for (int64_t i = 0; i < nparams; ++i)
-      if (ps[i].requires_grad()) {
+      if (ps[i].requires_grad() && ctx->needs_input_grad(1 + i)) {
         inputs.push_back(ps[i]);
         slot.push_back(2 + i);
       }

@@ -343,6 +343,38 @@ TEST(Checkpoint, SavesOnlyTheBoundary) {
   EXPECT_GT(cpuMemoryStats().currentBytes - before - kept, 4 * y.nbytes());
 }
 
+TEST(Checkpoint, PartialGradComputesOnlyWhatItIsAskedFor) {
+  // The cosine probe's autograd::grad to one layer's parameters through a
+  // region, whose backward then computes only those (needs_input_grad): the
+  // same gradients as without the region, nothing accumulated elsewhere.
+  Model m(tinyConfig(0.2), allHeads());
+  Batch b = m.syntheticBatch(4, 3);
+  at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
+  std::vector<at::Tensor> params = m.layerParameters(1);
+  for (const at::Tensor &p : m.layerParameters(2))
+    params.push_back(p);
+  const std::vector<at::Tensor> asked = m.layerParameters(2);
+  at::manual_seed(5);
+  at::Tensor plain = m.runUnits(1, 4, x);
+  auto want = torch::autograd::grad({plain}, asked, {at::ones_like(plain)});
+  at::manual_seed(5);
+  at::Tensor y = checkpoint(
+      [&](const at::Tensor &in) { return m.runUnits(1, 4, in); }, x, params);
+  auto got = torch::autograd::grad({y}, asked, {at::ones_like(y)},
+                                   /*retain_graph=*/true);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-7)) << i;
+  EXPECT_FALSE(x.grad().defined());
+  for (const at::Tensor &p : params)
+    EXPECT_FALSE(p.grad().defined());
+  // A full backward afterwards still reaches everything.
+  y.sum().backward();
+  EXPECT_TRUE(x.grad().defined());
+  for (const at::Tensor &p : params)
+    EXPECT_TRUE(p.grad().defined());
+}
+
 TEST(Offload, GradientsMatchAndHostPoolIsNotDeviceMemory) {
   installCpuMemoryTracking();
   Model m(tinyConfig(0.2), allHeads());
