@@ -565,3 +565,7 @@ double CostModel::transferSeconds(int64_t bytes) const {
 int64_t CostModel::usableBytes() const {
   return budget ? budget.getUsableBytes() : INT64_MAX;
 }
+
+bool CostModel::gradientsResidentThroughStep() const {
+  return budget && budget.getAccumulationSteps() > 1;
+}

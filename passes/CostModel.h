@@ -151,6 +151,11 @@ public:
   /// The budget a plan may use (memory minus headroom); INT64_MAX without a
   /// budget.
   int64_t usableBytes() const;
+  /// Whether every parameter gradient is resident through the step: with
+  /// more than one micro-batch per optimizer step, gradients accumulate in
+  /// place, so from the second micro-batch on all of them are live while its
+  /// activations are.
+  bool gradientsResidentThroughStep() const;
 
 private:
   mlir::RankedTensorType tensor(llvm::ArrayRef<int64_t> shape,

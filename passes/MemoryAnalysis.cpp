@@ -76,13 +76,22 @@ std::string gradientGroup(BwdOp op) {
 
 int64_t mtp::fuseWorkspaceBeyondResults(
     FuseTaskGradsOp fuse, const CostModel &cost,
-    ArrayRef<std::pair<int64_t, int64_t>> regions) {
+    ArrayRef<std::pair<int64_t, int64_t>> regions, bool laterMicroBatch) {
   int64_t results = 0;
   for (Value v : fuse.getFused())
     results += CostModel::bytes(v.getType());
   int64_t workspace = fuse.getWorkspace();
-  if (fuse.getScope() == GradientScope::features)
-    workspace = std::max(workspace, cost.cosineProbeWorkspace(regions));
+  if (fuse.getScope() == GradientScope::features) {
+    if (laterMicroBatch) {
+      // GFM's spectrum beside the processed copy of the widest gradient
+      // (FuseTaskGradients' elementwise part); no probe.
+      workspace = 0;
+      for (Value g : fuse.getGrads())
+        workspace = std::max(workspace, 2 * CostModel::bytes(g.getType()));
+    } else {
+      workspace = std::max(workspace, cost.cosineProbeWorkspace(regions));
+    }
+  }
   return std::max<int64_t>(0, workspace - results);
 }
 
@@ -138,8 +147,6 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
     params += w.getParams();
   }
   MemoryBreakdown now;
-  now.parameters = CostModel::kWeightBytes * params;
-  now.optimizer = CostModel::kOptimizerBytes * params;
 
   // The step in execution order, checkpoint and recompute bodies inline
   // (a region op, then its units, then its yield).
@@ -184,40 +191,55 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   auto isForwardValue = [](Value v) {
     return isa_and_nonnull<FwdOp, InputOp, PrefetchOp>(v.getDefiningOp());
   };
-  llvm::StringSet<> gradAllocated;
-  for (Operation *opPtr : order) {
-    Operation &op = *opPtr;
-    for (Value result : op.getResults()) {
-      if (!onDevice(result))
-        continue;
-      int64_t bytes = CostModel::bytes(result.getType());
-      (isForwardValue(result) ? now.activations : now.activationGrads) +=
-          bytes;
+  // The first micro-batch: gradients appear as the backward reaches their
+  // group, and the cosine probe runs. Later ones (accumulation): every
+  // gradient is live from the start, and no probe. The peak is the larger.
+  auto simulate = [&](bool later) {
+    now = MemoryBreakdown();
+    now.parameters = CostModel::kWeightBytes * params;
+    now.optimizer = CostModel::kOptimizerBytes * params;
+    if (later)
+      now.gradients = CostModel::kGradientBytes * params;
+    llvm::StringSet<> gradAllocated;
+    for (Operation *opPtr : order) {
+      Operation &op = *opPtr;
+      for (Value result : op.getResults()) {
+        if (!onDevice(result))
+          continue;
+        int64_t bytes = CostModel::bytes(result.getType());
+        (isForwardValue(result) ? now.activations : now.activationGrads) +=
+            bytes;
+      }
+      if (auto bwd = dyn_cast<BwdOp>(&op)) {
+        std::string group = gradientGroup(bwd);
+        if (!later && !group.empty() && gradAllocated.insert(group).second)
+          now.gradients +=
+              CostModel::kGradientBytes * groupParams.lookup(group);
+      }
+      int64_t workspace = 0;
+      if (auto fwd = dyn_cast<FwdOp>(&op))
+        workspace = fwd.getWorkspace();
+      else if (auto bwd = dyn_cast<BwdOp>(&op))
+        workspace = bwd.getWorkspace();
+      else if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op))
+        workspace = fuseWorkspaceBeyondResults(fuse, cost, regions, later);
+      now.workspace = workspace;
+      if (now.total() > report.peakBytes) {
+        report.peakBytes = now.total();
+        report.peakOp = &op;
+        report.atPeak = now;
+      }
+      now.workspace = 0;
+      for (Value dead : freedAfter.lookup(&op)) {
+        int64_t bytes = CostModel::bytes(dead.getType());
+        (isForwardValue(dead) ? now.activations : now.activationGrads) -=
+            bytes;
+      }
     }
-    if (auto bwd = dyn_cast<BwdOp>(&op)) {
-      std::string group = gradientGroup(bwd);
-      if (!group.empty() && gradAllocated.insert(group).second)
-        now.gradients += CostModel::kGradientBytes * groupParams.lookup(group);
-    }
-    int64_t workspace = 0;
-    if (auto fwd = dyn_cast<FwdOp>(&op))
-      workspace = fwd.getWorkspace();
-    else if (auto bwd = dyn_cast<BwdOp>(&op))
-      workspace = bwd.getWorkspace();
-    else if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op))
-      workspace = fuseWorkspaceBeyondResults(fuse, cost, regions);
-    now.workspace = workspace;
-    if (now.total() > report.peakBytes) {
-      report.peakBytes = now.total();
-      report.peakOp = &op;
-      report.atPeak = now;
-    }
-    now.workspace = 0;
-    for (Value dead : freedAfter.lookup(&op)) {
-      int64_t bytes = CostModel::bytes(dead.getType());
-      (isForwardValue(dead) ? now.activations : now.activationGrads) -= bytes;
-    }
-  }
+  };
+  simulate(/*later=*/false);
+  if (cost.gradientsResidentThroughStep())
+    simulate(/*later=*/true);
   if (auto opt = step.getBody().front().getOps<OptimizerStepOp>();
       !opt.empty() && now.total() > report.peakBytes) {
     report.peakBytes = now.total();

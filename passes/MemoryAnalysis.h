@@ -68,11 +68,14 @@ MemoryReport analyzeMemory(ModelOp model);
 /// already include those results, it is the workspace beyond them (>= 0).
 /// At the features scope the transient is at least the cosine probe's under
 /// the step's checkpoint `regions` (block numbers, inclusive; the probe
-/// re-runs those on its path: CostModel::cosineProbeWorkspace). The
-/// analysis and the planner's simulator both use this.
+/// re-runs those on its path: CostModel::cosineProbeWorkspace). The probe
+/// runs in the first micro-batch only: `laterMicroBatch` gives the transient
+/// of the others (GFM and the clip alone). The analysis and the planner's
+/// simulator both use this.
 int64_t fuseWorkspaceBeyondResults(
     FuseTaskGradsOp fuse, const CostModel &cost,
-    llvm::ArrayRef<std::pair<int64_t, int64_t>> regions);
+    llvm::ArrayRef<std::pair<int64_t, int64_t>> regions,
+    bool laterMicroBatch = false);
 
 /// The checkpoint regions of a materialized step (mtp.checkpoint ops), in
 /// block numbers, inclusive.

@@ -88,6 +88,8 @@ struct MemoryPlanner::Impl {
   CostModel cost;
   int numOps = 0;
   int64_t resident = 0;
+  /// Every parameter's gradient (live throughout later micro-batches).
+  int64_t allGradientBytes = 0;
   /// (position, bytes) of parameter gradients appearing.
   SmallVector<std::pair<int, int64_t>> gradientArrivals;
   std::vector<int64_t> workspace;   // per position
@@ -239,6 +241,7 @@ void MemoryPlanner::Impl::build() {
     params += w.getParams();
   }
   resident = (CostModel::kWeightBytes + CostModel::kOptimizerBytes) * params;
+  allGradientBytes = CostModel::kGradientBytes * params;
   llvm::StringSet<> seenGroups;
   fwdSecondsBefore.assign(numOps + 1, 0.0);
   bwdSecondsBefore.assign(numOps + 1, 0.0);
@@ -424,12 +427,30 @@ int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions) const {
     live(v.def, v.lastFwd, v.bytes);
     live(std::min(candPrefetch[v.owner], v.last), v.last, v.bytes);
   }
-  for (auto [pos, bytes] : gradientArrivals)
-    live(pos, numOps - 1, bytes);
-  int64_t peak = 0, running = resident;
-  for (int p = 0; p < numOps; ++p) {
-    running += delta[p];
-    peak = std::max(peak, running + extra[p]);
+  // As the memory analysis: the first micro-batch (gradients arriving, the
+  // probe) and, with accumulation, the later ones (every gradient live, no
+  // probe); the larger peak.
+  auto sweep = [&](const std::vector<int64_t> &d,
+                   const std::vector<int64_t> &x, int64_t base) {
+    int64_t peak = 0, running = base;
+    for (int p = 0; p < numOps; ++p) {
+      running += d[p];
+      peak = std::max(peak, running + x[p]);
+    }
+    return peak;
+  };
+  std::vector<int64_t> first = delta;
+  for (auto [pos, bytes] : gradientArrivals) {
+    first[pos] += bytes;
+    first[numOps] -= bytes;
+  }
+  int64_t peak = sweep(first, extra, resident);
+  if (cost.gradientsResidentThroughStep()) {
+    std::vector<int64_t> later = extra;
+    if (fuseOp)
+      later[fusePos] =
+          fuseWorkspaceBeyondResults(fuseOp, cost, planned, /*later=*/true);
+    peak = std::max(peak, sweep(delta, later, resident + allGradientBytes));
   }
   return peak;
 }
