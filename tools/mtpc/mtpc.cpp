@@ -423,6 +423,8 @@ int main(int argc, char **argv) {
   DialectRegistry registry;
   registry.insert<mtp::MTPDialect>();
   MLIRContext context(registry);
+  // Users read diagnostics against their spec, not the op's generic form.
+  context.printOpOnDiagnostic(false);
   context.loadAllAvailableDialects();
 
   llvm::SourceMgr sourceMgr;
