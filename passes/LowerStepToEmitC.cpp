@@ -44,6 +44,19 @@ std::string blockName(int64_t block) {
                        block % 2 ? "attention" : "MLP");
 }
 
+/// The first and last backbone unit of a checkpoint or recompute body.
+std::pair<int64_t, int64_t> unitRange(Region &body) {
+  int64_t first = INT64_MAX, last = -1;
+  body.walk([&](FwdOp fwd) {
+    if (auto ref = getUnitRef(fwd)) {
+      int64_t block = getBlockNumber(ref->kind, ref->layer);
+      first = std::min(first, block);
+      last = std::max(last, block);
+    }
+  });
+  return {first, last};
+}
+
 /// Builds one step function; `b` sits in the module at the function's place.
 class StepLowering {
 public:
@@ -161,14 +174,7 @@ std::string StepLowering::backwardEvents(Operation *from) {
       if (ref && !ref->task)
         lastBlock = getBlockNumber(ref->kind, ref->layer);
     } else if (auto rec = dyn_cast<RecomputeOp>(op)) {
-      int64_t first = INT64_MAX, last = -1;
-      rec.getBody().walk([&](FwdOp fwd) {
-        if (auto ref = getUnitRef(fwd)) {
-          int64_t block = getBlockNumber(ref->kind, ref->layer);
-          first = std::min(first, block);
-          last = std::max(last, block);
-        }
-      });
+      auto [first, last] = unitRange(rec.getBody());
       os << llvm::formatv("  recompute region {0} (units {1}..{2}: {3} .. "
                           "{4}) from its boundary\n",
                           rec.getRegion(), first, last, blockName(first),
@@ -211,14 +217,7 @@ void StepLowering::lowerBody() {
         current = call("input", {operand(0)}, b.getI64Type());
       }
     } else if (auto ck = dyn_cast<CheckpointOp>(op)) {
-      int64_t first = INT64_MAX, last = -1;
-      ck.getBody().walk([&](FwdOp fwd) {
-        if (auto ref = getUnitRef(fwd)) {
-          int64_t block = getBlockNumber(ref->kind, ref->layer);
-          first = std::min(first, block);
-          last = std::max(last, block);
-        }
-      });
+      auto [first, last] = unitRange(ck.getBody());
       forwardUnits(first, last, "Checkpoint",
                    llvm::formatv("checkpoint region {0}: units {1}..{2} ({3} "
                                  ".. {4}) keep only their input; recomputed "
