@@ -64,7 +64,6 @@ struct Record {
   Opt reuse, checkpointHitRate, offloadHits, offloadMisses, offloadWaitS,
       measuredPeak, predictedPeak, hostPool, bytesSent, bytesSentUncompressed,
       stepTimeS, samplesPerS;
-  bool skipped = false;
 };
 
 struct Event {
@@ -115,8 +114,8 @@ public:
   llvm::Error parse(StringRef text, unsigned lineNo) {
     llvm::Expected<json::Value> parsed = json::parse(text);
     if (!parsed)
-      return inputError(file + ":" + Twine(lineNo) + ": not JSON: " +
-                        llvm::toString(parsed.takeError()));
+      return inputError(file + ":" + Twine(lineNo) +
+                        ": not JSON: " + llvm::toString(parsed.takeError()));
     this->lineNo = lineNo;
     const json::Object *obj = parsed->getAsObject();
     if (!obj)
@@ -287,8 +286,6 @@ private:
         return v.takeError();
       r.*f.field = *v;
     }
-    if (std::optional<bool> s = obj.getBoolean("skipped"))
-      r.skipped = *s;
     // A step at or before the previous one starts another run appended to
     // the same file, or a resume that repeats steps: the later records win.
     if (!run.records.empty() && r.step <= run.records.back().step) {
@@ -349,8 +346,7 @@ llvm::Expected<Run> readMetrics(StringRef text, StringRef file) {
     return inputError(file + ": empty: no metrics records (a training binary "
                              "writes them with `--metrics FILE`)");
   if (run.records.empty())
-    return inputError(file + ": no step records (" +
-                      Twine(run.events.size()) +
+    return inputError(file + ": no step records (" + Twine(run.events.size()) +
                       " event(s) only): nothing to chart");
   for (Record &r : run.records) {
     r.loss.resize(run.tasks.size());
@@ -476,8 +472,8 @@ private:
 //===----------------------------------------------------------------------===//
 
 struct Series {
-  std::string name;  ///< legend and tooltip
-  std::string key;   ///< data-series
+  std::string name; ///< legend and tooltip
+  std::string key;  ///< data-series
   std::string color;
   std::string dash;
   std::vector<Opt> y; ///< one per record, display units
@@ -619,8 +615,8 @@ void renderChart(Markup &os, const Chart &c, const Run &run) {
     s.y1 = s.y0 + ystep;
 
   double pw = kW - kL - kR, ph = kH - kT - kB;
-  os << "<svg class=\"chart\" id=\"chart-" << c.id << "\" data-panel=\""
-     << c.id << "\" data-src=\"data-" << c.id << "\" data-records=\""
+  os << "<svg class=\"chart\" id=\"chart-" << c.id << "\" data-panel=\"" << c.id
+     << "\" data-src=\"data-" << c.id << "\" data-records=\""
      << run.records.size() << "\" viewBox=\"0 0 " << kW << " " << kH
      << "\" width=\"" << kW << "\" height=\"" << kH << "\" role=\"img\" "
      << "aria-label=\"" << esc(c.title) << "\">\n";
@@ -634,8 +630,8 @@ void renderChart(Markup &os, const Chart &c, const Run &run) {
     os << "<line class=\"grid\" x1=\"" << kL << "\" x2=\"" << kL + pw
        << "\" y1=\"" << px(y) << "\" y2=\"" << px(y) << "\"/>"
        << "<text x=\"" << kL - 6 << "\" y=\"" << px(y + 4)
-       << "\" text-anchor=\"end\">" << fmtG(std::abs(v) < ystep * 1e-9 ? 0 : v, 6)
-       << "</text>";
+       << "\" text-anchor=\"end\">"
+       << fmtG(std::abs(v) < ystep * 1e-9 ? 0 : v, 6) << "</text>";
   }
   double xstep = std::max(1.0, niceStep(s.x1 - s.x0, 6));
   for (double v = std::ceil(s.x0 / xstep) * xstep; v <= s.x1; v += xstep) {
@@ -654,9 +650,13 @@ void renderChart(Markup &os, const Chart &c, const Run &run) {
      << "</text></g>\n";
 
   os << "<g clip-path=\"url(#clip-" << c.id << ")\">\n";
-  // Labels of close reference lines go on alternate sides of their lines.
+  // Labels of close reference lines: the higher line's above it, the
+  // lower's below.
   std::vector<double> labelYs;
-  for (const RefLine &r : c.refs) {
+  std::vector<RefLine> refs = c.refs;
+  llvm::stable_sort(
+      refs, [](const RefLine &a, const RefLine &b) { return a.y > b.y; });
+  for (const RefLine &r : refs) {
     double y = s.y(r.y);
     double ly = y - 4;
     for (double other : labelYs)
@@ -667,9 +667,9 @@ void renderChart(Markup &os, const Chart &c, const Run &run) {
        << num(r.y) << "\" x1=\"" << kL << "\" x2=\"" << kL + pw << "\" y1=\""
        << px(y) << "\" y2=\"" << px(y) << "\" stroke=\"" << r.color
        << "\"><title>" << esc(r.label) << "</title></line>"
-       << "<text class=\"reflabel\" x=\"" << kL + pw - 4 << "\" y=\""
-       << px(ly) << "\" text-anchor=\"end\" fill=\"" << r.color << "\">"
-       << esc(r.label) << "</text>\n";
+       << "<text class=\"reflabel\" x=\"" << kL + pw - 4 << "\" y=\"" << px(ly)
+       << "\" text-anchor=\"end\" fill=\"" << r.color << "\">" << esc(r.label)
+       << "</text>\n";
   }
   for (const Event &e : run.events) {
     if (e.step < s.x0 || e.step > s.x1)
@@ -699,16 +699,14 @@ void renderChart(Markup &os, const Chart &c, const Run &run) {
          << num(last) << "\" stroke=\"" << se.color << "\"";
       if (!se.dash.empty())
         os << " stroke-dasharray=\"" << se.dash << "\"";
-      os << " d=\"" << d << "\"><title>" << esc(se.name) << ": "
-         << points << " points, last " << (last ? fmtG(*last, se.digits) : "-")
-         << " " << esc(c.unit) << " at step " << lastStep
-         << "</title></path>\n";
+      os << " d=\"" << d << "\"><title>" << esc(se.name) << ": " << points
+         << " points, last " << (last ? fmtG(*last, se.digits) : "-") << " "
+         << esc(c.unit) << " at step " << lastStep << "</title></path>\n";
     }
   } else {
     os << "<text class=\"empty\" x=\"" << kL + pw / 2 << "\" y=\""
        << kT + ph / 2 << "\" text-anchor=\"middle\">"
-       << esc(c.empty.empty() ? "no data in this run" : c.empty)
-       << "</text>\n";
+       << esc(c.empty.empty() ? "no data in this run" : c.empty) << "</text>\n";
   }
   os << "</g>\n";
   // The hover cursor and one dot per series, placed by the script.
@@ -724,8 +722,8 @@ void renderChart(Markup &os, const Chart &c, const Run &run) {
   llvm::raw_string_ostream dsStream(data);
   Markup ds(dsStream);
   ds << "{\"unit\":" << jsonString(c.unit) << ",\"box\":[" << kL << "," << kT
-     << "," << pw << "," << ph << "],\"dom\":[" << num(s.x0) << ","
-     << num(s.x1) << "," << num(s.y0) << "," << num(s.y1) << "],\"x\":[";
+     << "," << pw << "," << ph << "],\"dom\":[" << num(s.x0) << "," << num(s.x1)
+     << "," << num(s.y0) << "," << num(s.y1) << "],\"x\":[";
   for (size_t i = 0; i < xs.size(); ++i)
     ds << (i ? "," : "") << xs[i];
   ds << "],\"s\":[";
@@ -812,7 +810,8 @@ void renderHeatmap(Markup &os, const Run &run) {
   os << "<svg class=\"heatmap\" id=\"chart-cosine\" data-panel=\"cosine\" "
         "data-measured=\""
      << measured.size() << "\" data-step=\""
-     << (measured.empty() ? std::string("") : std::to_string(measured.back()->step))
+     << (measured.empty() ? std::string("")
+                          : std::to_string(measured.back()->step))
      << "\" viewBox=\"0 0 " << w << " " << h << "\" width=\"" << w
      << "\" height=\"" << h
      << "\" role=\"img\" aria-label=\"gradient cosine similarity\">\n";
@@ -845,9 +844,9 @@ void renderHeatmap(Markup &os, const Run &run) {
            << px(y + cell / 2 + 4) << "\" text-anchor=\"middle\" fill=\""
            << (std::abs(v) > 0.55 ? "#fff" : "#000") << "\">"
            << (std::isfinite(v) ? llvm::formatv("{0:f2}", v).str() : "-")
-           << "</text><title>" << esc(taskName(i)) << " × "
-           << esc(taskName(j)) << ": " << fmtG(v, 6) << " at step "
-           << last.step << "</title></g>\n";
+           << "</text><title>" << esc(taskName(i)) << " × " << esc(taskName(j))
+           << ": " << fmtG(v, 6) << " at step " << last.step
+           << "</title></g>\n";
       }
     // The colour bar, -1 (bottom) to +1 (top).
     double bx = left + n * cell + 24, by = top, bh = std::max(n * cell, 120.0);
@@ -861,10 +860,14 @@ void renderHeatmap(Markup &os, const Run &run) {
        << "\" fill=\"url(#cosbar)\" stroke=\"#999\"/>";
     for (int k = -1; k <= 1; ++k)
       os << "<text class=\"tick\" x=\"" << bx + 16 << "\" y=\""
-         << px(by + bh / 2 - k * bh / 2 + 4) << "\">" << (k > 0 ? "+1" : k < 0 ? "−1" : "0")
+         << px(by + bh / 2 - k * bh / 2 + 4) << "\">"
+         << (k > 0   ? "+1"
+             : k < 0 ? "−1"
+                     : "0")
          << "</text>";
     os << "<text class=\"label\" transform=\"translate(" << bx + 44 << ","
-       << by + bh / 2 << ") rotate(90)\" text-anchor=\"middle\">cosine "
+       << by + bh / 2
+       << ") rotate(90)\" text-anchor=\"middle\">cosine "
           "(unitless)</text>";
   }
   os << "\n</svg>\n";
@@ -939,8 +942,7 @@ std::string unitTitle(const mtp::fb::Unit *u) {
       .str();
 }
 
-void renderPlanStrip(Markup &os, const mtp::fb::Plan &plan,
-                     const Run &run) {
+void renderPlanStrip(Markup &os, const mtp::fb::Plan &plan, const Run &run) {
   // Columns: the backbone's units in forward order (a block is the attention
   // or MLP of a layer, several units each); heads and losses per task row.
   std::vector<const mtp::fb::Unit *> cols;
@@ -966,9 +968,8 @@ void renderPlanStrip(Markup &os, const mtp::fb::Plan &plan,
         return i;
     return unsigned(run.tasks.size());
   };
-  llvm::stable_sort(tasks, [&](auto *a, auto *b) {
-    return runIndex(a) < runIndex(b);
-  });
+  llvm::stable_sort(
+      tasks, [&](auto *a, auto *b) { return runIndex(a) < runIndex(b); });
   auto firstCol = [&](int64_t block) {
     for (unsigned i = 0; i < cols.size(); ++i)
       if (cols[i]->block() >= block)
@@ -1008,8 +1009,8 @@ void renderPlanStrip(Markup &os, const mtp::fb::Plan &plan,
              x1 = left + endCol(r->last_block()) * cw - 1;
       os << "<g class=\"region\"><title>checkpoint region: blocks "
          << r->first_block() << "–" << r->last_block()
-         << ", recomputed together in the backward</title><path d=\"M"
-         << px(x0) << "," << top - 2 << "v-6H" << px(x1) << "v6\"/><text x=\""
+         << ", recomputed together in the backward</title><path d=\"M" << px(x0)
+         << "," << top - 2 << "v-6H" << px(x1) << "v6\"/><text x=\""
          << px((x0 + x1) / 2) << "\" y=\"" << top - 11
          << "\" text-anchor=\"middle\">region</text></g>\n";
     }
@@ -1031,8 +1032,9 @@ void renderPlanStrip(Markup &os, const mtp::fb::Plan &plan,
        << stripY << "\" width=\"" << px(cw) << "\" height=\"" << stripH
        << "\" fill=\"" << decisionColor(u->decision()) << "\"/>";
     if (cw >= 14)
-      os << "<text x=\"" << px(x + cw / 2) << "\" y=\"" << stripY + stripH / 2 + 4
-         << "\" text-anchor=\"middle\">" << letter(u->decision()) << "</text>";
+      os << "<text x=\"" << px(x + cw / 2) << "\" y=\""
+         << stripY + stripH / 2 + 4 << "\" text-anchor=\"middle\">"
+         << letter(u->decision()) << "</text>";
     os << "</g>\n";
   }
   // Block and layer boundaries, and the layer numbers under the strip.
@@ -1059,7 +1061,8 @@ void renderPlanStrip(Markup &os, const mtp::fb::Plan &plan,
        << "\" y=\"" << stripY + stripH + 14 << "\" text-anchor=\"middle\">"
        << (endCol(0) * cw >= 30 ? "emb" : "e") << "</text>";
   os << "<text class=\"tick\" x=\"" << px(headX + 55) << "\" y=\""
-     << stripY + stripH / 2 + 4 << "\" text-anchor=\"middle\">head · loss</text>\n";
+     << stripY + stripH / 2 + 4
+     << "\" text-anchor=\"middle\">head · loss</text>\n";
   // One row per task: the backbone it back-propagates through, its tap, its
   // head and loss units.
   for (unsigned k = 0; k < tasks.size(); ++k) {
@@ -1111,8 +1114,8 @@ void renderPlanStrip(Markup &os, const mtp::fb::Plan &plan,
   os << "</svg>\n";
 }
 
-void renderPlanPanel(Markup &os, const mtp::fb::Plan *plan,
-                     const Run &run, StringRef planFile) {
+void renderPlanPanel(Markup &os, const mtp::fb::Plan *plan, const Run &run,
+                     StringRef planFile) {
   os << "<section class=\"panel wide\" id=\"panel-plan\"><h2>The plan: "
         "keep / recompute / offload per unit, task taps</h2>\n";
   if (!plan) {
@@ -1122,17 +1125,18 @@ void renderPlanPanel(Markup &os, const mtp::fb::Plan *plan,
     return;
   }
   os << "<div class=\"legend\">";
-  for (auto [name, color] : {std::pair{"keep (K)", kKeep},
-                             std::pair{"recompute (R)", kRecompute},
-                             std::pair{"offload (O)", kOffload}})
+  for (auto [name, color] :
+       {std::pair{"keep (K)", kKeep}, std::pair{"recompute (R)", kRecompute},
+        std::pair{"offload (O)", kOffload}})
     os << "<span><svg width=\"14\" height=\"12\"><rect width=\"14\" "
           "height=\"12\" fill=\""
        << color << "\"/></svg>" << name << "</span>";
   os << "<span>▼ task tap</span></div>\n";
   renderPlanStrip(os, *plan, run);
   // The same as a table, for exact numbers.
-  os << "<details><summary>units (" << (plan->units() ? plan->units()->size() : 0)
-     << ") from " << esc(planFile)
+  os << "<details><summary>units ("
+     << (plan->units() ? plan->units()->size() : 0) << ") from "
+     << esc(planFile)
      << "</summary><table><thead><tr><th>unit</th><th>task</th><th>layer</th>"
         "<th>saved</th><th>fwd GFLOP</th><th>decision</th></tr></thead>"
         "<tbody>\n";
@@ -1294,7 +1298,7 @@ const char *const kScript = R"js(
       charts.forEach(function (c) {
         var paths = c.svg.querySelectorAll('path.series');
         c.s.forEach(function (s, k) {
-          if (s.sm < 0) return;
+          if (s.sm < 0 || !paths[k]) return;
           c.view[k] = smoothed(c.s[s.sm].y, w);
           paths[k].setAttribute('d', pathOf(c, c.view[k]));
         });
@@ -1365,8 +1369,9 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
 
   // --- Header: the spec, the plan, the run, versions. -----------------------
   os << "<header id=\"panel-header\"><h1>"
-     << (model.empty() ? "Training run " + esc(llvm::sys::path::filename(run.file))
-                       : "Model '" + esc(model) + "'")
+     << (model.empty()
+             ? "Training run " + esc(llvm::sys::path::filename(run.file))
+             : "Model '" + esc(model) + "'")
      << "</h1><dl>\n";
   auto row = [&](StringRef k, const std::string &v) {
     os << "<dt>" << esc(k) << "</dt><dd>" << v << "</dd>\n";
@@ -1374,15 +1379,15 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
   if (plan) {
     row("spec", "<code>" + esc(str(plan->source())) + "</code>");
     if (const mtp::fb::Target *t = plan->target())
-      row("target", esc(llvm::formatv("{0}, {1}, {2} GPU(s), micro-batch {3}, "
-                                      "global batch {4}; budget {5}, {6} "
-                                      "usable",
-                                      str(t->device()), str(t->precision()),
-                                      t->gpus(), t->micro_batch(),
-                                      t->global_batch(),
-                                      bytesText(t->memory_bytes()),
-                                      bytesText(t->usable_bytes()))
-                            .str()));
+      row("target",
+          esc(llvm::formatv("{0}, {1}, {2} GPU(s), micro-batch {3}, "
+                            "global batch {4}; budget {5}, {6} "
+                            "usable",
+                            str(t->device()), str(t->precision()), t->gpus(),
+                            t->micro_batch(), t->global_batch(),
+                            bytesText(t->memory_bytes()),
+                            bytesText(t->usable_bytes()))
+                  .str()));
     if (const mtp::fb::Backbone *bb = plan->backbone())
       row("backbone",
           esc(llvm::formatv("{0}: {1} layers, hidden {2}, {3} heads, ffn {4}, "
@@ -1395,8 +1400,8 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
       for (const mtp::fb::Task *t : *plan->tasks())
         ts.push_back(llvm::formatv("{0} ({1} from {2}layer {3}, weight {4})",
                                    str(t->name()), str(t->head()),
-                                   t->pooled() ? "pooled " : "",
-                                   t->tap_layer(), fmtG(t->weight()))
+                                   t->pooled() ? "pooled " : "", t->tap_layer(),
+                                   fmtG(t->weight()))
                          .str());
       row("tasks", esc(llvm::join(ts, "; ")));
     }
@@ -1424,8 +1429,7 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
                             st->gate_hidden()
                                 ? "hidden " + std::to_string(st->gate_hidden())
                                 : std::string("off"),
-                            str(st->collective()), fmtG(st->topk()),
-                            st->bits())
+                            str(st->collective()), fmtG(st->topk()), st->bits())
                   .str()));
   }
   {
@@ -1454,17 +1458,18 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
         esc(run.file), run.records.size(), first.step, last.step,
         run.events.size(), esc(llvm::join(ls, ", ")));
     row("run", runLine);
-    std::string perf = llvm::formatv("peak device memory {0} measured",
-                                     bytesText(peak));
-    Opt predicted = plan ? Opt(plan->predicted_peak_bytes())
-                         : last.predictedPeak;
+    std::string perf =
+        llvm::formatv("peak device memory {0} measured", bytesText(peak));
+    Opt predicted =
+        plan ? Opt(plan->predicted_peak_bytes()) : last.predictedPeak;
     if (predicted && *predicted > 0)
-      perf += llvm::formatv(" vs {0} predicted ({1}%)", bytesText(*predicted),
-                            llvm::format("%+.1f", (peak / *predicted - 1) * 100))
-                  .str();
+      perf +=
+          llvm::formatv(" vs {0} predicted ({1}%)", bytesText(*predicted),
+                        llvm::format("%+.1f", (peak / *predicted - 1) * 100))
+              .str();
     if (!sps.empty())
-      perf += llvm::formatv("; median throughput {0} samples/s",
-                            fmtG(median(sps)));
+      perf +=
+          llvm::formatv("; median throughput {0} samples/s", fmtG(median(sps)));
     row("measured", esc(perf));
   }
   row("versions",
@@ -1540,7 +1545,8 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
 
   renderHeatmap(os, run);
 
-  // --- α per task. ------------------------------------------------------------
+  // --- α per task.
+  // ------------------------------------------------------------
   {
     Chart c;
     c.id = "alpha";
@@ -1564,10 +1570,10 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
   {
     double maxBytes = 0;
     for (const Record &r : run.records)
-      maxBytes = std::max({maxBytes, r.measuredPeak.value_or(0),
-                           r.hostPool.value_or(0)});
-    Opt predicted = plan ? Opt(plan->predicted_peak_bytes())
-                         : last.predictedPeak;
+      maxBytes = std::max(
+          {maxBytes, r.measuredPeak.value_or(0), r.hostPool.value_or(0)});
+    Opt predicted =
+        plan ? Opt(plan->predicted_peak_bytes()) : last.predictedPeak;
     if (predicted)
       maxBytes = std::max(maxBytes, *predicted);
     ByteUnit u = byteUnitFor(maxBytes);
@@ -1615,10 +1621,10 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
         c.refs.push_back({budget / u.scale, "budget " + bytesText(budget),
                           kPalette[3], "budget"});
         if (usable != budget && usable > 0)
-          c.refs.push_back({usable / u.scale,
-                            "usable " + bytesText(usable) +
-                                " (budget − headroom)",
-                            kPalette[4], "usable"});
+          c.refs.push_back(
+              {usable / u.scale,
+               "usable " + bytesText(usable) + " (budget − headroom)",
+               kPalette[4], "usable"});
       } else {
         c.note = llvm::formatv("The budget, {0} ({1} usable), is off the "
                                "scale: the run peaks at {2:f1}% of it.",
@@ -1630,7 +1636,8 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
     panel(os, c, run);
   }
 
-  // --- Offload. -----------------------------------------------------------------
+  // --- Offload.
+  // -----------------------------------------------------------------
   {
     bool anyUse = llvm::any_of(run.records, [](const Record &r) {
       return r.offloadHits.value_or(0) + r.offloadMisses.value_or(0) > 0;
@@ -1692,7 +1699,8 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
     panel(os, w, run);
   }
 
-  // --- Bytes sent. --------------------------------------------------------------
+  // --- Bytes sent.
+  // --------------------------------------------------------------
   {
     double maxBytes = 0, sent = 0, full = 0;
     for (const Record &r : run.records) {
@@ -1737,7 +1745,8 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
     panel(os, c, run);
   }
 
-  // --- Throughput and step time. ----------------------------------------------
+  // --- Throughput and step time.
+  // ----------------------------------------------
   {
     Chart c;
     c.id = "throughput";
@@ -1769,7 +1778,8 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
     panel(os, t, run);
   }
 
-  // --- Events. --------------------------------------------------------------------
+  // --- Events.
+  // --------------------------------------------------------------------
   os << "<section class=\"panel\" id=\"panel-events\"><h2>Events</h2>\n";
   if (run.events.empty()) {
     os << "<p class=\"note\">No events: the DGFG gate was never recalibrated "
@@ -1781,16 +1791,16 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
           "</th><th>line</th></tr></thead><tbody>\n";
     for (const Event &e : run.events)
       os << "<tr data-step=\"" << e.step << "\"><td>" << e.step << "</td><td>"
-         << esc(e.name) << "</td><td>" << esc(e.detail) << "</td><td>"
-         << e.line << "</td></tr>\n";
+         << esc(e.name) << "</td><td>" << esc(e.detail) << "</td><td>" << e.line
+         << "</td></tr>\n";
     os << "</tbody></table>\n";
   }
   os << "</section>\n";
 
   renderPlanPanel(os, plan, run, planFile);
 
-  os << "</main>\n<div id=\"tip\" role=\"tooltip\"></div>\n<script>"
-     << kScript << "</script>\n</body></html>\n";
+  os << "</main>\n<div id=\"tip\" role=\"tooltip\"></div>\n<script>" << kScript
+     << "</script>\n</body></html>\n";
   return out;
 }
 
@@ -1863,8 +1873,8 @@ int mtp::runReportCommand(llvm::ArrayRef<char *> args) {
 
   auto inputBuffer = llvm::MemoryBuffer::getFileOrSTDIN(input, /*IsText=*/true);
   if (!inputBuffer) {
-    error() << "cannot read '" << input << "': "
-            << inputBuffer.getError().message() << "\n";
+    error() << "cannot read '" << input
+            << "': " << inputBuffer.getError().message() << "\n";
     return kUsageError;
   }
   llvm::Expected<Run> run = readMetrics((*inputBuffer)->getBuffer(), input);
@@ -1902,8 +1912,8 @@ int mtp::runReportCommand(llvm::ArrayRef<char *> args) {
       error() << planPath << ": " << llvm::toString(std::move(err)) << "\n";
       return kBadInput;
     }
-    plan.plan = mtp::fb::GetPlan(
-        reinterpret_cast<const uint8_t *>(plan.bytes.data()));
+    plan.plan =
+        mtp::fb::GetPlan(reinterpret_cast<const uint8_t *>(plan.bytes.data()));
   }
 
   std::string page = renderPage(*run, plan.plan, planPath);

@@ -1,4 +1,4 @@
-//===- Report.h - `mtpc report`: a run's metrics as one HTML page -*- C++ -*-===//
+//===- Report.h - `mtpc report`: a run as one HTML page ---------*- C++ -*-===//
 //
 // `mtpc report RUN.jsonl [--plan PLAN|BINARY] [-o report.html]` reads the
 // runtime's metrics JSON Lines (docs/runtime-services.md §5) and, optionally,
