@@ -152,7 +152,7 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
                      b.GetSize());
 }
 
-llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
+llvm::Error mtp::verifyPlanFile(StringRef bytes) {
   auto fail = [](const llvm::Twine &why) {
     return llvm::createStringError(llvm::inconvertibleErrorCode(), why);
   };
@@ -169,6 +169,14 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
     return fail("plan version " + llvm::Twine(plan->version()) +
                 ", this mtpc reads version " + llvm::Twine(kPlanVersion) +
                 "; re-plan the spec with this mtpc");
+  return llvm::Error::success();
+}
+
+llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
+  if (llvm::Error err = verifyPlanFile(bytes))
+    return err;
+  const fb::Plan *plan =
+      fb::GetPlan(reinterpret_cast<const uint8_t *>(bytes.data()));
 
   os << "plan v" << plan->version() << " for model '" << str(plan->model())
      << "' from " << str(plan->source()) << "\n";

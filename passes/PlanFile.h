@@ -23,6 +23,11 @@ namespace mtp {
 std::string serializePlan(ModelOp model, const MemoryReport &report,
                           llvm::StringRef source);
 
+/// Verifies `bytes` (identifier, structure, version): success means
+/// `fb::GetPlan(bytes)` (schema/plan_generated.h) may be read. The error says
+/// what is wrong with the file and what to do.
+llvm::Error verifyPlanFile(llvm::StringRef bytes);
+
 /// Verifies `bytes` (identifier, structure, version) and prints the plan.
 /// The error says what is wrong with the file and what to do.
 llvm::Error printPlanFile(llvm::StringRef bytes, llvm::raw_ostream &os);

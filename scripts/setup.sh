@@ -2,7 +2,8 @@
 # One-time (and idempotent) set-up of everything mtpc builds against.
 #
 #  * Debian packages: MLIR/LLVM 19 and their tools (lit, FileCheck), the ANTLR4
-#    tool and C++ runtime, flatbuffers, GoogleTest, ccache, Ninja, Java.
+#    tool and C++ runtime, flatbuffers, GoogleTest, ccache, Ninja, Java,
+#    Chromium (headless, for the `mtpc report` page tests).
 #  * LibTorch from the pinned PyPI `torch` wheel, in a virtual environment kept
 #    OUTSIDE the checkout ($MTPC_CACHE, default ~/.cache/mtpc) so that every
 #    fresh clone (CI's included) reuses it.
@@ -28,7 +29,8 @@ PKGS=(libmlir-19-dev mlir-19-tools llvm-19-dev llvm-19-tools
       ccache ninja-build cmake default-jre-headless
       zlib1g-dev libzstd-dev libedit-dev libxml2-dev libcurl4-openssl-dev libffi-dev
       python3-venv
-      clang-19 libclang-rt-19-dev)   # libFuzzer + ASan for the frontend fuzzer
+      clang-19 libclang-rt-19-dev    # libFuzzer + ASan for the frontend fuzzer
+      chromium)                      # headless, loads `mtpc report` pages in the tests
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -64,3 +64,10 @@ if shutil.which("nvidia-smi"):
             config.available_features.add("gpu")
     except (OSError, subprocess.SubprocessError):
         pass
+
+# Headless Chromium (Debian's `chromium`, scripts/setup.sh) loads the pages
+# `mtpc report` writes.
+chromium = shutil.which("chromium")
+if chromium:
+    config.available_features.add("chromium")
+    config.substitutions.append(("%chromium", chromium))

@@ -4,6 +4,8 @@
 //   mtpc plan FILE [--format=json] the memory plan against the budget
 //   mtpc plan FILE --format=fb -o PLAN  the plan as a flatbuffer
 //   mtpc inspect PLAN             verify a flatbuffer plan and print it
+//   mtpc report RUN.jsonl [--plan PLAN|BINARY] -o report.html
+//                                 a run's metrics as one HTML page (Report.h)
 //   mtpc build FILE -o BINARY     the training binary (--emit-project DIR
 //                                 stops at the generated CMake project)
 //   mtpc FILE --emit=ast|mlir|step|cpp|cuda|plan
@@ -28,6 +30,7 @@
 #include "passes/PlanFile.h"
 #include "passes/PlanReport.h"
 #include "passes/Passes.h"
+#include "Report.h"
 
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -350,6 +353,9 @@ int main(int argc, char **argv) {
   // top-level command line) applies to each of them.
   Command command = Command::Compile;
   SmallVector<char *> args(argv, argv + argc);
+  // `report` reads metrics, not a spec: its own arguments (Report.h).
+  if (args.size() > 1 && StringRef(args[1]) == "report")
+    return mtp::runReportCommand(ArrayRef<char *>(args).drop_front());
   if (args.size() > 1) {
     std::optional<Command> sub =
         llvm::StringSwitch<std::optional<Command>>(args[1])
@@ -375,6 +381,8 @@ int main(int argc, char **argv) {
           "  mtpc plan FILE [--format=json]  the memory plan against the budget\n"
           "  mtpc plan FILE --format=fb -o PLAN   the plan as a flatbuffer\n"
           "  mtpc inspect PLAN|BINARY        verify a flatbuffer plan, print it\n"
+          "  mtpc report RUN.jsonl [--plan PLAN|BINARY] -o report.html\n"
+          "                                  a run's metrics as one HTML page\n"
           "  mtpc build FILE -o BINARY [--device cpu|cuda] [--emit-project DIR]\n"
           "                                  the training binary\n"
           "  mtpc FILE --emit=ast|mlir|step|cpp|cuda|plan\n"
