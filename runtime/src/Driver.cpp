@@ -187,8 +187,8 @@ struct RunSummary {
     }
   }
   std::string paragraph(const std::string &name, double seconds,
-                        int64_t batch, int64_t plannedBatch,
-                        int64_t predicted) const {
+                        int64_t batch, int64_t plannedBatch, int64_t predicted,
+                        int64_t processes, int64_t plannedProcesses) const {
     if (!steps)
       return "summary: no steps run";
     auto mean = [](const std::vector<double> &v) {
@@ -213,12 +213,16 @@ struct RunSummary {
          << std::setprecision(1)
          << 100.0 * double(peak - predicted) / double(predicted) << "%"
          << std::noshowpos << ")";
-    if (const kernels::Specialized &k = kernels::specialized(); *k.what)
-      os << ". The program's specialized kernels (" << k.what << ") ran "
-         << kernels::specializedLaunches() << " times";
     if (predicted > 0 && batch != plannedBatch)
       os << " (the plan is for a batch of " << plannedBatch << ", this run "
          << "used " << batch << ")";
+    if (predicted > 0 && processes != plannedProcesses)
+      os << " (the plan is for " << plannedProcesses << " process(es), this "
+         << "run has " << processes
+         << ": the gradient exchange's buffers are not in the prediction)";
+    if (const kernels::Specialized &k = kernels::specialized(); *k.what)
+      os << ". The program's specialized kernels (" << k.what << ") ran "
+         << kernels::specializedLaunches() << " times";
     os << ".";
     return os.str();
   }
@@ -707,7 +711,8 @@ int train(const Program &p, const Options &o) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
     std::printf("%s\n", summary.paragraph(p.name, el, o.batchSize,
-                                          p.batchSize, p.predictedPeakBytes)
+                                          p.batchSize, p.predictedPeakBytes,
+                                          d.worldSize, p.plannedProcesses)
                             .c_str());
   }
   return 0;

@@ -217,6 +217,7 @@ Program programFromPlan(const Plan &plan) {
   p.heads = plan.heads;
   p.schedule = plan.schedule;
   p.predictedPeakBytes = plan.predictedPeakBytes;
+  p.plannedProcesses = std::max<int64_t>(1, plan.gpus);
   p.model.device = plan.device == "cpu" || plan.device.empty() ? "cpu" : "cuda";
   p.model.seed = plan.seed;
   p.train = plan.train;

@@ -42,6 +42,7 @@ struct Program {
   int64_t logEvery = 1;            ///< default for --log-every
   std::string data = "synthetic";  ///< default for --data
   int64_t predictedPeakBytes = -1; ///< the plan's prediction, logged
+  int64_t plannedProcesses = 1;    ///< the processes the plan was made for
   /// GSC defaults (SPEC.md §3 C10); --compress / --no-compress override.
   bool compress = false;
   double compressTopK = 0.15, compressDecay = 0.8;
