@@ -12,6 +12,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <torch/serialize.h>
 
 #include <chrono>
 #include <cmath>
@@ -61,6 +62,8 @@ struct Options {
   std::string progress = "auto";
   int threads = 0;
   std::string writeShard;
+  std::string dumpInit;
+  bool rss = false;
 };
 
 /// The flag table: name, value placeholder (empty = no value), help.
@@ -121,6 +124,13 @@ const Flag kFlags[] = {
     {"--compress-block", "N", "values per quantization block (default 256)"},
     {"--compress-bucket", "N", "values per bucket (default 1048576)"},
     {"--threads", "N", "intra-op CPU threads (default: LibTorch's)"},
+    {"--dump-init", "DIR",
+     "write the initial parameters, the first batch and the "
+     "settings to DIR (torch.load / JSON; bench/peer.py reads them); "
+     "with --steps 0 nothing trains"},
+    {"--rss", "",
+     "print the resident set's peak above its level after "
+     "initialization at the end (the benchmarks' common measure)"},
     {"--progress", "MODE",
      "auto (live line on a terminal, plain lines "
      "otherwise), plain or off"},
@@ -320,6 +330,10 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.bucket = toInt(arg, value, 1, big);
     else if (arg == "--threads")
       o.threads = static_cast<int>(toInt(arg, value, 1, 1024));
+    else if (arg == "--dump-init")
+      o.dumpInit = value;
+    else if (arg == "--rss")
+      o.rss = true;
     else if (arg == "--progress") {
       if (value != "auto" && value != "plain" && value != "off")
         throw UsageError("--progress expects auto, plain or off");
@@ -457,6 +471,113 @@ int envLocalRank(int rank) {
   return v && *v ? std::atoi(v) : rank;
 }
 
+//===----------------------------------------------------------------------===//
+// --dump-init and --rss: what the benchmarks' PyTorch peer needs
+//===----------------------------------------------------------------------===//
+
+const char *toString(LrSchedule s) {
+  switch (s) {
+  case LrSchedule::Constant:
+    return "constant";
+  case LrSchedule::Linear:
+    return "linear";
+  case LrSchedule::Cosine:
+    return "cosine";
+  }
+  return "?";
+}
+
+std::string jsonLr(const LrConfig &c) {
+  std::ostringstream os;
+  os << std::setprecision(17) << "{\"lr\": " << c.lr << ", \"schedule\": \""
+     << toString(c.schedule) << "\", \"warmup\": " << c.warmupSteps
+     << ", \"total\": " << c.totalSteps << "}";
+  return os.str();
+}
+
+void writeFile(const std::string &path, const std::vector<char> &bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!f)
+    throw std::runtime_error("--dump-init: cannot write " + path);
+}
+
+/// DIR/params.pt (name -> tensor, Model::namedParameters order), DIR/batch.pt
+/// (tokens, label.<task>: the first global batch) and DIR/config.json (the
+/// model, heads, training settings and data this run uses). torch.load reads
+/// the .pt files.
+void dumpInit(const std::string &dir, TrainerCore &core,
+              const ModelConfig &mc, const TrainConfig &tc, const Options &o,
+              DataSource &data) {
+  if (std::system(("mkdir -p '" + dir + "'").c_str()) != 0)
+    throw std::runtime_error("--dump-init: cannot create " + dir);
+  c10::Dict<std::string, at::Tensor> params;
+  for (const auto &[name, t] : core.model().namedParameters())
+    params.insert(name, t.detach().cpu().clone());
+  writeFile(dir + "/params.pt", torch::pickle_save(params));
+  const Batch b = data.batch(0, o.batchSize);
+  c10::Dict<std::string, at::Tensor> batch;
+  batch.insert("tokens", b.tokens.cpu());
+  const std::vector<HeadConfig> &heads = core.model().heads();
+  for (size_t t = 0; t < heads.size() && t < b.labels.size(); ++t)
+    if (b.labels[t].defined())
+      batch.insert("label." + heads[t].name, b.labels[t].cpu());
+  writeFile(dir + "/batch.pt", torch::pickle_save(batch));
+
+  std::ofstream js(dir + "/config.json");
+  js << std::setprecision(17) << "{\n  \"model\": {\"vocab\": " << mc.vocab
+     << ", \"seq\": " << mc.seq << ", \"layers\": " << mc.layers
+     << ", \"hidden\": " << mc.hidden << ", \"heads\": " << mc.heads
+     << ", \"ffn\": " << mc.ffn << ", \"dropout\": " << mc.dropout
+     << ", \"seed\": " << mc.seed << "},\n  \"heads\": [";
+  for (size_t t = 0; t < heads.size(); ++t) {
+    const HeadConfig &h = heads[t];
+    js << (t ? ",\n    " : "\n    ") << "{\"name\": \"" << h.name
+       << "\", \"kind\": \"" << toString(h.kind) << "\", \"tap\": " << h.tap
+       << ", \"loss\": \""
+       << (h.loss == LossKind::Mse ? "mse" : "cross_entropy")
+       << "\", \"classes\": " << h.classes << ", \"weight\": " << h.weight
+       << "}";
+  }
+  js << "],\n  \"train\": {\"precision\": \"" << toString(tc.precision)
+     << "\", \"micro_batches\": " << tc.microBatches << ", \"scope\": \""
+     << toString(tc.scope) << "\", \"gfm_keep\": " << tc.gfmKeep
+     << ", \"clip_norm\": " << tc.clipNorm
+     << ", \"gate\": " << (tc.gate ? "true" : "false")
+     << ", \"weight_decay\": " << tc.weightDecay
+     << ", \"backbone_lr\": " << jsonLr(tc.backboneLr) << ", \"head_lr\": [";
+  for (size_t t = 0; t < tc.headLr.size(); ++t)
+    js << (t ? ", " : "") << jsonLr(tc.headLr[t]);
+  js << "]},\n  \"batch_size\": " << o.batchSize << ", \"steps\": " << o.steps
+     << ", \"data\": \"" << o.data << "\", \"data_seed\": " << o.seed
+     << ", \"relatedness\": " << o.relatedness << "\n}\n";
+  if (!js)
+    throw std::runtime_error("--dump-init: cannot write " + dir +
+                             "/config.json");
+}
+
+/// VmRSS and VmHWM of this process, in bytes.
+std::pair<int64_t, int64_t> residentSet() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  int64_t rss = -1, hwm = -1;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0)
+      rss = std::atoll(line.c_str() + 6) * 1024;
+    else if (line.rfind("VmHWM:", 0) == 0)
+      hwm = std::atoll(line.c_str() + 6) * 1024;
+  }
+  return {rss, hwm};
+}
+
+/// Resets VmHWM to the current VmRSS (Linux: "5" to clear_refs).
+bool resetResidentPeak() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
 int train(const Program &p, const Options &o) {
   DistOptions d;
   d = distOptionsFromEnv(d);
@@ -527,6 +648,11 @@ int train(const Program &p, const Options &o) {
   std::unique_ptr<DataSource> data =
       o.data == "synthetic" ? syntheticData(mc, p.heads, o.seed, o.relatedness)
                             : loadData(o.data, mc, p.heads);
+  if (!o.dumpInit.empty() && rank0) {
+    dumpInit(o.dumpInit, core, mc, tc, o, *data);
+    std::fprintf(stderr, "wrote the initial state to %s\n",
+                 o.dumpInit.c_str());
+  }
 
   // Resume: each rank picks its newest good checkpoint; the ranks agree on
   // the oldest of those steps.
@@ -596,6 +722,11 @@ int train(const Program &p, const Options &o) {
                           CheckpointExtra{position}, o.keep, hook);
   };
 
+  // --rss: the peak above what initialization left resident (parameters,
+  // optimizer state, LibTorch), measured the way bench/peer.py measures it.
+  int64_t rssBase = -1;
+  if (o.rss && resetResidentPeak())
+    rssBase = residentSet().first;
   const int64_t local = o.batchSize / d.worldSize;
   const int64_t first = core.stepsTaken();
   const auto start = std::chrono::steady_clock::now();
@@ -709,6 +840,17 @@ int train(const Program &p, const Options &o) {
     std::printf("%s\n", summary.paragraph(p.name, el, o.batchSize,
                                           p.batchSize, p.predictedPeakBytes)
                             .c_str());
+  }
+  if (o.rss && rank0) {
+    const auto [rss, hwm] = residentSet();
+    if (rssBase < 0 || hwm < 0)
+      std::printf("rss: unavailable (no /proc/self/clear_refs)\n");
+    else
+      std::printf("rss: post-init %lld B, peak %lld B, peak above post-init "
+                  "%lld B, now %lld B\n",
+                  static_cast<long long>(rssBase), static_cast<long long>(hwm),
+                  static_cast<long long>(hwm - rssBase),
+                  static_cast<long long>(rss));
   }
   return 0;
 }
