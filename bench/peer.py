@@ -24,7 +24,7 @@ backbone the mean over the tasks present of the tap gradients.
 Usage (prints one JSON object):
 
     peer.py --init DIR [--variant none] [--steps N] [--threads T] [--device cpu|cuda]
-            [--rss]
+            [--resources]
 """
 import argparse
 import functools
@@ -240,7 +240,7 @@ def reset_resident_peak():
         return False
 
 
-def run(init, variant="none", steps=10, threads=0, device="cpu", rss=False):
+def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False):
     config, params, first = load_init(init)
     if threads > 0:
         torch.set_num_threads(threads)
@@ -283,18 +283,18 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", rss=False):
 
     gc.collect()
     base_rss = -1
-    if rss and reset_resident_peak():
+    if resources and reset_resident_peak():
         base_rss = resident()[0]
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base_cuda = torch.cuda.memory_allocated()
-    times, losses = [], []
+    times, cpu, losses = [], [], []
     for step in range(steps):
         tokens, labels = batches[step]
         if cuda:
             torch.cuda.synchronize()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         if variant == "offload":
             with torch.autograd.graph.save_on_cpu(pin_memory=cuda):
                 task_losses = model.losses(tokens, labels)
@@ -316,8 +316,10 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", rss=False):
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - cpu_start)
         losses.append(step_losses)
     out = {"variant": variant, "tasks": head_names, "step_time_s": times, "loss": losses,
+           "cpu_s": cpu,
            "threads": torch.get_num_threads(), "device": str(dev), "torch": torch.__version__}
     if base_rss >= 0:
         now, hwm = resident()
@@ -335,10 +337,10 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--rss", action="store_true",
+    ap.add_argument("--resources", action="store_true",
                     help="measure the resident set's peak above the post-init level")
     a = ap.parse_args()
-    print(json.dumps(run(a.init, a.variant, a.steps, a.threads, a.device, a.rss)))
+    print(json.dumps(run(a.init, a.variant, a.steps, a.threads, a.device, a.resources)))
     return 0
 
 

@@ -27,6 +27,7 @@
 #include <iomanip>
 #include <sstream>
 #include <stdexcept>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -63,7 +64,7 @@ struct Options {
   int threads = 0;
   std::string writeShard;
   std::string dumpInit;
-  bool rss = false;
+  bool resources = false;
 };
 
 /// The flag table: name, value placeholder (empty = no value), help.
@@ -128,9 +129,9 @@ const Flag kFlags[] = {
      "write the initial parameters, the first batch and the "
      "settings to DIR (torch.load / JSON; bench/peer.py reads them); "
      "with --steps 0 nothing trains"},
-    {"--rss", "",
-     "print the resident set's peak above its level after "
-     "initialization at the end (the benchmarks' common measure)"},
+    {"--resources", "",
+     "at the end, print the resident set's peak above its level after "
+     "initialization and the steps' CPU time (bench/run's measures)"},
     {"--progress", "MODE",
      "auto (live line on a terminal, plain lines "
      "otherwise), plain or off"},
@@ -332,8 +333,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.threads = static_cast<int>(toInt(arg, value, 1, 1024));
     else if (arg == "--dump-init")
       o.dumpInit = value;
-    else if (arg == "--rss")
-      o.rss = true;
+    else if (arg == "--resources")
+      o.resources = true;
     else if (arg == "--progress") {
       if (value != "auto" && value != "plain" && value != "off")
         throw UsageError("--progress expects auto, plain or off");
@@ -570,6 +571,14 @@ std::pair<int64_t, int64_t> residentSet() {
   return {rss, hwm};
 }
 
+/// User + system CPU time of this process (every thread), in seconds.
+double cpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 /// Resets VmHWM to the current VmRSS (Linux: "5" to clear_refs).
 bool resetResidentPeak() {
   std::ofstream f("/proc/self/clear_refs");
@@ -722,11 +731,14 @@ int train(const Program &p, const Options &o) {
                           CheckpointExtra{position}, o.keep, hook);
   };
 
-  // --rss: the peak above what initialization left resident (parameters,
-  // optimizer state, LibTorch), measured the way bench/peer.py measures it.
+  // --resources: the peak above what initialization left resident
+  // (parameters, optimizer state, LibTorch) and the steps' CPU time, measured
+  // the way bench/peer.py measures them.
   int64_t rssBase = -1;
-  if (o.rss && resetResidentPeak())
+  if (o.resources && resetResidentPeak())
     rssBase = residentSet().first;
+  const double cpuStart = cpuSeconds();
+  double cpuFirst = -1;
   const int64_t local = o.batchSize / d.worldSize;
   const int64_t first = core.stepsTaken();
   const auto start = std::chrono::steady_clock::now();
@@ -737,6 +749,8 @@ int train(const Program &p, const Options &o) {
     trainer.setBatch(global.slice(d.rank * local, (d.rank + 1) * local));
     StepStats s = p.step ? p.step(trainer) : trainer.step(p.schedule);
     ++position;
+    if (cpuFirst < 0)
+      cpuFirst = cpuSeconds();
     summary.add(s);
     s.bytesSent = sent.bytesSent;
     s.bytesSentUncompressed = sent.bytesSentUncompressed;
@@ -841,7 +855,8 @@ int train(const Program &p, const Options &o) {
                                           p.batchSize, p.predictedPeakBytes)
                             .c_str());
   }
-  if (o.rss && rank0) {
+  if (o.resources && rank0) {
+    const double cpuEnd = cpuSeconds();
     const auto [rss, hwm] = residentSet();
     if (rssBase < 0 || hwm < 0)
       std::printf("rss: unavailable (no /proc/self/clear_refs)\n");
@@ -851,6 +866,10 @@ int train(const Program &p, const Options &o) {
                   static_cast<long long>(rssBase), static_cast<long long>(hwm),
                   static_cast<long long>(hwm - rssBase),
                   static_cast<long long>(rss));
+    const int64_t later = core.stepsTaken() - first - 1;
+    std::printf("cpu: first step %.6f s, %lld later steps %.6f s\n",
+                cpuFirst - cpuStart, static_cast<long long>(later),
+                cpuEnd - cpuFirst);
   }
   return 0;
 }
