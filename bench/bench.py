@@ -282,6 +282,12 @@ def section_agree(args, b, r, out):
     return {"step0_rel": worst0, "worst_rel": worst, "ok": ok}
 
 
+def cpu_time(args):
+    """Whether step times are CPU times (one thread on a CPU: robust to other
+    work on the machine) rather than wall times."""
+    return args.device == "cpu" and args.threads == 1
+
+
 def step_times(recs, skip=1):
     """A run's step times without its first (warm-up) steps."""
     ts = [x["step_time_s"] for x in recs]
@@ -315,24 +321,32 @@ def section_memory(args, b, r, out):
                         model_m(args, {"checkpoint": "task_granular(threshold = 0.5)",
                                        "offload": "cpu_pinned(max_latency = 1.2ms)"},
                                 memory=int(0.5 * keep_peak))))
+    # The same binaries without the per-step task-gradient cosine probe (it
+    # feeds DGFG and the dashboard; with dgfg = none it changes no update).
+    probe_off = ["mtpc none", "mtpc uniform (every layer)"] if quick else \
+        [n for n, _ in configs if "planner @ 33" not in n and "planner @ 25" not in n
+         and "uniform's peak" not in n]
     entries = []
     for name, text in configs:
         plan, err = b.plan(text)
         if plan is None:
             entries.append({"name": name, "error": err})
             continue
-        entries.append({"name": name, "kind": "mtpc", "binary": b.build(text),
-                        "predicted": plan["plan"]["planned_peak_bytes"],
-                        "planned_added_s": plan["plan"]["added_seconds"],
-                        "regions": len(plan["plan"]["regions"]),
-                        "offloads": len(plan["plan"]["offloads"])})
+        e = {"name": name, "kind": "mtpc", "binary": b.build(text), "extra": [],
+             "predicted": plan["plan"]["planned_peak_bytes"],
+             "planned_added_s": plan["plan"]["added_seconds"],
+             "regions": len(plan["plan"]["regions"]),
+             "offloads": len(plan["plan"]["offloads"])}
+        entries.append(e)
+        if name in probe_off:
+            entries.append(dict(e, name=name + ", --cosine-every 0", extra=["--cosine-every", "0"]))
     init = os.path.join(args.work, "init-m")
     shutil.rmtree(init, ignore_errors=True)
     r.mtpc(entries[0]["binary"], 0, extra=["--dump-init", init])
     for v in ("none", "uniform", "selective", "offload"):
         entries.append({"name": "peer " + v, "kind": "peer", "variant": v})
     live = [e for e in entries if "error" not in e]
-    runs, steps, mem_steps = (2, 5, 2) if quick else (4, 8, 3)
+    runs, steps, mem_steps = (2, 5, 2) if quick else (3, 7, 3)
     for e in live:
         e["wall"], e["cpu"] = [], []
     log("memory: %d configurations, %d timed runs of %d steps each, one memory run" %
@@ -341,7 +355,7 @@ def section_memory(args, b, r, out):
     for i in range(runs):
         for e in live:
             if e["kind"] == "mtpc":
-                m = r.mtpc(e["binary"], steps)
+                m = r.mtpc(e["binary"], steps, extra=e["extra"])
                 recs = m["records"]
                 e["wall"].append(median(step_times(recs)))
                 e.setdefault("losses", [sum(x["loss"].values()) / len(x["loss"]) for x in recs])
@@ -352,7 +366,7 @@ def section_memory(args, b, r, out):
             e["cpu"].append(m.get("cpu_step_s", float("nan")))
     for e in live:
         if e["kind"] == "mtpc":
-            m = r.mtpc(e["binary"], mem_steps, memory=True)
+            m = r.mtpc(e["binary"], mem_steps, memory=True, extra=e["extra"])
             e["tracked"] = max(x["measured_peak_bytes"] for x in m["records"])
             e["host_pool"] = max(x["host_pool_bytes"] for x in m["records"])
         else:
@@ -366,7 +380,7 @@ def section_memory(args, b, r, out):
     mn, pn = by["mtpc none"], by["peer none"]
     # With one thread the CPU time is the compute, whatever else runs on the
     # machine; the wall time is what a user waits (and what the GPU run shows).
-    key = "cpu_step" if args.device == "cpu" and args.threads == 1 else "step"
+    key = "cpu_step" if cpu_time(args) else "step"
     rows = []
     for e in entries:
         if "error" in e:
@@ -421,10 +435,14 @@ def section_memory(args, b, r, out):
                    "throughput from the %s time; loss std = standard deviation of the mean task "
                    "loss over the last half of a timed run.\n" % ("CPU" if key == "cpu_step" else "wall"))
         out.append(table(["strategy", "peak activations", "throughput (seq/s)", "loss std"], srows))
+    m0 = by.get("mtpc none, --cosine-every 0")
     out.append("\nRuntime overhead, no strategy: mtpc none / peer none = **%s** step time "
-               "(%s), **%s** RSS above post-init.\n"
+               "(%s), **%s** RSS above post-init%s.\n"
                % (fmt_ratio(mn[key] / pn[key]), "CPU" if key == "cpu_step" else "wall",
-                  fmt_ratio(mn["rss"] / pn["rss"]) if pn["rss"] else "—"))
+                  fmt_ratio(mn["rss"] / pn["rss"]) if pn["rss"] else "—",
+                  "; without the cosine probe (`--cosine-every 0`) **%s** step time, **%s** RSS"
+                  % (fmt_ratio(m0[key] / pn[key]), fmt_ratio(m0["rss"] / pn["rss"]))
+                  if m0 and pn["rss"] else ""))
     return {e["name"]: {k: v for k, v in e.items() if k not in ("binary",)} for e in entries}
 
 
@@ -560,8 +578,10 @@ def section_scope(args, b, r, out):
                      for i in range(n)]
             binary = b.build(model_s(args, {"gradient_scope": scope}, steps=20, tasks=tasks,
                                      layers=8, seq=64))
-            recs = r.mtpc(binary, 6)["records"]
-            res[(scope, n)] = (median(step_times(recs)), max(x["measured_peak_bytes"] for x in recs))
+            m = r.mtpc(binary, 6)
+            recs = m["records"]
+            t = m["cpu_step_s"] if cpu_time(args) else median(step_times(recs))
+            res[(scope, n)] = (t, max(x["measured_peak_bytes"] for x in recs))
     f1 = res[("features", 1)]
     for scope in ("features", "params(layers = 1)"):
         for n in counts:
@@ -570,7 +590,8 @@ def section_scope(args, b, r, out):
                          fmt_ratio(m / f1[1])])
     out.append("### Cost against the number of tasks, per gradient scope\n")
     out.append("8 layers, hidden 64, seq 64, batch 8; n tag tasks at layers 8, 7, 6, 5, …; "
-               "GFM, DGFG, clip off; the tracking allocator's peak; step time median of 5 steps.\n")
+               "GFM, DGFG, clip off; the tracking allocator's peak; step time: %s over 5 steps "
+               "after the first.\n" % ("CPU time" if cpu_time(args) else "median wall time"))
     out.append(table(["scope", "tasks", "step ms", "time / features×1", "tracked peak",
                       "peak / features×1"], rows))
     return {"%s/%d" % k: v for k, v in res.items()}

@@ -65,6 +65,7 @@ struct Options {
   std::string writeShard;
   std::string dumpInit;
   bool resources = false;
+  std::optional<int64_t> cosineEvery;
 };
 
 /// The flag table: name, value placeholder (empty = no value), help.
@@ -125,6 +126,9 @@ const Flag kFlags[] = {
     {"--compress-block", "N", "values per quantization block (default 256)"},
     {"--compress-bucket", "N", "values per bucket (default 1048576)"},
     {"--threads", "N", "intra-op CPU threads (default: LibTorch's)"},
+    {"--cosine-every", "M",
+     "measure the task-gradient cosine matrix every M steps (0: never; "
+     "without it DGFG keeps uniform weights; default 1)"},
     {"--dump-init", "DIR",
      "write the initial parameters, the first batch and the "
      "settings to DIR (torch.load / JSON; bench/peer.py reads them); "
@@ -331,6 +335,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.bucket = toInt(arg, value, 1, big);
     else if (arg == "--threads")
       o.threads = static_cast<int>(toInt(arg, value, 1, 1024));
+    else if (arg == "--cosine-every")
+      o.cosineEvery = toInt(arg, value, 0, big);
     else if (arg == "--dump-init")
       o.dumpInit = value;
     else if (arg == "--resources")
@@ -619,6 +625,8 @@ int train(const Program &p, const Options &o) {
                    : *o.precision == "bf16" ? Precision::Bf16
                                             : Precision::Fp16;
   mc.seed = p.model.seed + o.seed;
+  if (o.cosineEvery)
+    tc.cosineEvery = *o.cosineEvery;
   // Dropout differs per rank (different rows), reproducibly.
   {
     at::Generator g = at::detail::getDefaultCPUGenerator();
