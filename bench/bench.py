@@ -152,8 +152,8 @@ class Builder:
 def read_metrics(path):
     if not os.path.exists(path):  # --steps 0
         return []
-    with open(path) as f:
-        return [json.loads(l) for l in f if l.strip() and '"step"' in l]
+    with open(path) as f:  # step records (not events such as a gate recalibration)
+        return [r for r in (json.loads(l) for l in f if l.strip()) if "step_time_s" in r]
 
 
 class Runner:
@@ -423,12 +423,13 @@ def section_memory(args, b, r, out):
              + none_plan["peak"]["gradients"])
     srows = []
     for label, name in src:
-        e = by.get(name)
-        if not e:
-            continue
-        tail = e["losses"][len(e["losses"]) // 2:]
-        srows.append([label, fmt_bytes(e["tracked"] - fixed), "%.1f" % (8 / e[key]),
-                      "±%.3f" % (statistics.pstdev(tail) if len(tail) > 1 else 0.0)])
+        for suffix, what in (("", ""), (", --cosine-every 0", " (no cosine probe)")):
+            e = by.get(name + suffix)
+            if not e:
+                continue
+            tail = e["losses"][len(e["losses"]) // 2:]
+            srows.append([label + what, fmt_bytes(e["tracked"] - fixed), "%.1f" % (8 / e[key]),
+                          "±%.3f" % (statistics.pstdev(tail) if len(tail) > 1 else 0.0)])
     if len(srows) > 1:
         out.append("\nThe source's table (SPEC.md §3 A4) at CPU scale: peak activations = the "
                    "tracked peak less parameters, gradients and optimizer state as planned; "
