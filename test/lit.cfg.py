@@ -43,6 +43,19 @@ if os.path.exists(fuzzer):
 import sys
 config.substitutions.append(("%python", sys.executable))
 
+# The project's own torch (scripts/setup.sh's venv): the benchmarks' PyTorch
+# peer runs with it.
+import glob
+config.substitutions.append(("%bench", os.path.join(config.mtpc_src_root, "bench")))
+cache = os.environ.get("MTPC_CACHE",
+                       os.path.join(os.path.expanduser("~"), ".cache", "mtpc"))
+torch_python = os.path.join(cache, "venv", "bin", "python")
+if os.path.exists(torch_python) and glob.glob(
+        os.path.join(cache, "venv", "lib", "python*", "site-packages", "torch",
+                     "__init__.py")):
+    config.available_features.add("torch-python")
+    config.substitutions.append(("%torch-python", torch_python))
+
 plan_runner = os.path.join(config.mtpc_obj_root, "runtime", "tools", "mtprt-run")
 if os.path.exists(plan_runner):
     config.available_features.add("runtime")

@@ -12,6 +12,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <torch/serialize.h>
 
 #include <chrono>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include <iomanip>
 #include <sstream>
 #include <stdexcept>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -61,6 +63,9 @@ struct Options {
   std::string progress = "auto";
   int threads = 0;
   std::string writeShard;
+  std::string dumpInit;
+  bool resources = false;
+  std::optional<int64_t> cosineEvery;
 };
 
 /// The flag table: name, value placeholder (empty = no value), help.
@@ -121,6 +126,16 @@ const Flag kFlags[] = {
     {"--compress-block", "N", "values per quantization block (default 256)"},
     {"--compress-bucket", "N", "values per bucket (default 1048576)"},
     {"--threads", "N", "intra-op CPU threads (default: LibTorch's)"},
+    {"--cosine-every", "M",
+     "measure the task-gradient cosine matrix every M steps (0: never; "
+     "without it DGFG keeps uniform weights; default 1)"},
+    {"--dump-init", "DIR",
+     "write the initial parameters, the first batch and the "
+     "settings to DIR (torch.load / JSON; bench/peer.py reads them); "
+     "with --steps 0 nothing trains"},
+    {"--resources", "",
+     "at the end, print the resident set's peak above its level after "
+     "initialization and the steps' CPU time (bench/run's measures)"},
     {"--progress", "MODE",
      "auto (live line on a terminal, plain lines "
      "otherwise), plain or off"},
@@ -324,6 +339,12 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.bucket = toInt(arg, value, 1, big);
     else if (arg == "--threads")
       o.threads = static_cast<int>(toInt(arg, value, 1, 1024));
+    else if (arg == "--cosine-every")
+      o.cosineEvery = toInt(arg, value, 0, big);
+    else if (arg == "--dump-init")
+      o.dumpInit = value;
+    else if (arg == "--resources")
+      o.resources = true;
     else if (arg == "--progress") {
       if (value != "auto" && value != "plain" && value != "off")
         throw UsageError("--progress expects auto, plain or off");
@@ -461,6 +482,121 @@ int envLocalRank(int rank) {
   return v && *v ? std::atoi(v) : rank;
 }
 
+//===----------------------------------------------------------------------===//
+// --dump-init and --rss: what the benchmarks' PyTorch peer needs
+//===----------------------------------------------------------------------===//
+
+const char *toString(LrSchedule s) {
+  switch (s) {
+  case LrSchedule::Constant:
+    return "constant";
+  case LrSchedule::Linear:
+    return "linear";
+  case LrSchedule::Cosine:
+    return "cosine";
+  }
+  return "?";
+}
+
+std::string jsonLr(const LrConfig &c) {
+  std::ostringstream os;
+  os << std::setprecision(17) << "{\"lr\": " << c.lr << ", \"schedule\": \""
+     << toString(c.schedule) << "\", \"warmup\": " << c.warmupSteps
+     << ", \"total\": " << c.totalSteps << "}";
+  return os.str();
+}
+
+void writeFile(const std::string &path, const std::vector<char> &bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!f)
+    throw std::runtime_error("--dump-init: cannot write " + path);
+}
+
+/// DIR/params.pt (name -> tensor, Model::namedParameters order), DIR/batch.pt
+/// (tokens, label.<task>: the first global batch) and DIR/config.json (the
+/// model, heads, training settings and data this run uses). torch.load reads
+/// the .pt files.
+void dumpInit(const std::string &dir, TrainerCore &core,
+              const ModelConfig &mc, const TrainConfig &tc, const Options &o,
+              DataSource &data) {
+  if (std::system(("mkdir -p '" + dir + "'").c_str()) != 0)
+    throw std::runtime_error("--dump-init: cannot create " + dir);
+  c10::Dict<std::string, at::Tensor> params;
+  for (const auto &[name, t] : core.model().namedParameters())
+    params.insert(name, t.detach().cpu().clone());
+  writeFile(dir + "/params.pt", torch::pickle_save(params));
+  const Batch b = data.batch(0, o.batchSize);
+  c10::Dict<std::string, at::Tensor> batch;
+  batch.insert("tokens", b.tokens.cpu());
+  const std::vector<HeadConfig> &heads = core.model().heads();
+  for (size_t t = 0; t < heads.size() && t < b.labels.size(); ++t)
+    if (b.labels[t].defined())
+      batch.insert("label." + heads[t].name, b.labels[t].cpu());
+  writeFile(dir + "/batch.pt", torch::pickle_save(batch));
+
+  std::ofstream js(dir + "/config.json");
+  js << std::setprecision(17) << "{\n  \"model\": {\"vocab\": " << mc.vocab
+     << ", \"seq\": " << mc.seq << ", \"layers\": " << mc.layers
+     << ", \"hidden\": " << mc.hidden << ", \"heads\": " << mc.heads
+     << ", \"ffn\": " << mc.ffn << ", \"dropout\": " << mc.dropout
+     << ", \"seed\": " << mc.seed << "},\n  \"heads\": [";
+  for (size_t t = 0; t < heads.size(); ++t) {
+    const HeadConfig &h = heads[t];
+    js << (t ? ",\n    " : "\n    ") << "{\"name\": \"" << h.name
+       << "\", \"kind\": \"" << toString(h.kind) << "\", \"tap\": " << h.tap
+       << ", \"loss\": \""
+       << (h.loss == LossKind::Mse ? "mse" : "cross_entropy")
+       << "\", \"classes\": " << h.classes << ", \"weight\": " << h.weight
+       << "}";
+  }
+  js << "],\n  \"train\": {\"precision\": \"" << toString(tc.precision)
+     << "\", \"micro_batches\": " << tc.microBatches << ", \"scope\": \""
+     << toString(tc.scope) << "\", \"gfm_keep\": " << tc.gfmKeep
+     << ", \"clip_norm\": " << tc.clipNorm
+     << ", \"gate\": " << (tc.gate ? "true" : "false")
+     << ", \"weight_decay\": " << tc.weightDecay
+     << ", \"backbone_lr\": " << jsonLr(tc.backboneLr) << ", \"head_lr\": [";
+  for (size_t t = 0; t < tc.headLr.size(); ++t)
+    js << (t ? ", " : "") << jsonLr(tc.headLr[t]);
+  js << "]},\n  \"batch_size\": " << o.batchSize << ", \"steps\": " << o.steps
+     << ", \"data\": \"" << o.data << "\", \"data_seed\": " << o.seed
+     << ", \"relatedness\": " << o.relatedness << "\n}\n";
+  if (!js)
+    throw std::runtime_error("--dump-init: cannot write " + dir +
+                             "/config.json");
+}
+
+/// VmRSS and VmHWM of this process, in bytes.
+std::pair<int64_t, int64_t> residentSet() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  int64_t rss = -1, hwm = -1;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0)
+      rss = std::atoll(line.c_str() + 6) * 1024;
+    else if (line.rfind("VmHWM:", 0) == 0)
+      hwm = std::atoll(line.c_str() + 6) * 1024;
+  }
+  return {rss, hwm};
+}
+
+/// User + system CPU time of this process (every thread), in seconds.
+double cpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+/// Resets VmHWM to the current VmRSS (Linux: "5" to clear_refs).
+bool resetResidentPeak() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
 int train(const Program &p, const Options &o) {
   DistOptions d;
   d = distOptionsFromEnv(d);
@@ -493,6 +629,8 @@ int train(const Program &p, const Options &o) {
                    : *o.precision == "bf16" ? Precision::Bf16
                                             : Precision::Fp16;
   mc.seed = p.model.seed + o.seed;
+  if (o.cosineEvery)
+    tc.cosineEvery = *o.cosineEvery;
   // Dropout differs per rank (different rows), reproducibly.
   {
     at::Generator g = at::detail::getDefaultCPUGenerator();
@@ -531,6 +669,11 @@ int train(const Program &p, const Options &o) {
   std::unique_ptr<DataSource> data =
       o.data == "synthetic" ? syntheticData(mc, p.heads, o.seed, o.relatedness)
                             : loadData(o.data, mc, p.heads);
+  if (!o.dumpInit.empty() && rank0) {
+    dumpInit(o.dumpInit, core, mc, tc, o, *data);
+    std::fprintf(stderr, "wrote the initial state to %s\n",
+                 o.dumpInit.c_str());
+  }
 
   // Resume: each rank picks its newest good checkpoint; the ranks agree on
   // the oldest of those steps.
@@ -600,6 +743,14 @@ int train(const Program &p, const Options &o) {
                           CheckpointExtra{position}, o.keep, hook);
   };
 
+  // --resources: the peak above what initialization left resident
+  // (parameters, optimizer state, LibTorch) and the steps' CPU time, measured
+  // the way bench/peer.py measures them.
+  int64_t rssBase = -1;
+  if (o.resources && resetResidentPeak())
+    rssBase = residentSet().first;
+  const double cpuStart = cpuSeconds();
+  double cpuFirst = -1;
   const int64_t local = o.batchSize / d.worldSize;
   const int64_t first = core.stepsTaken();
   const auto start = std::chrono::steady_clock::now();
@@ -610,6 +761,8 @@ int train(const Program &p, const Options &o) {
     trainer.setBatch(global.slice(d.rank * local, (d.rank + 1) * local));
     StepStats s = p.step ? p.step(trainer) : trainer.step(p.schedule);
     ++position;
+    if (cpuFirst < 0)
+      cpuFirst = cpuSeconds();
     summary.add(s);
     s.bytesSent = sent.bytesSent;
     s.bytesSentUncompressed = sent.bytesSentUncompressed;
@@ -714,6 +867,22 @@ int train(const Program &p, const Options &o) {
                                           p.batchSize, p.predictedPeakBytes,
                                           d.worldSize, p.plannedProcesses)
                             .c_str());
+  }
+  if (o.resources && rank0) {
+    const double cpuEnd = cpuSeconds();
+    const auto [rss, hwm] = residentSet();
+    if (rssBase < 0 || hwm < 0)
+      std::printf("rss: unavailable (no /proc/self/clear_refs)\n");
+    else
+      std::printf("rss: post-init %lld B, peak %lld B, peak above post-init "
+                  "%lld B, now %lld B\n",
+                  static_cast<long long>(rssBase), static_cast<long long>(hwm),
+                  static_cast<long long>(hwm - rssBase),
+                  static_cast<long long>(rss));
+    const int64_t later = core.stepsTaken() - first - 1;
+    std::printf("cpu: first step %.6f s, %lld later steps %.6f s\n",
+                cpuFirst - cpuStart, static_cast<long long>(later),
+                cpuEnd - cpuFirst);
   }
   return 0;
 }

@@ -30,7 +30,7 @@ struct Instance {
 };
 
 OwningOpRef<ModuleOp> expand(MLIRContext &context, const Instance &inst,
-                             int64_t memory) {
+                             int64_t memory, const char *link = "40 GBps") {
   std::string text =
       "mtp.model @m {\n"
       "  mtp.backbone transformer(layers = " + std::to_string(inst.layers) +
@@ -44,7 +44,8 @@ OwningOpRef<ModuleOp> expand(MLIRContext &context, const Instance &inst,
       // link is fast next to the compute (40 GB/s beside 1 TFLOP/s), so recompute and
       // offload cost the same order and the optima mix them.
       "  mtp.budget device \"cpu\" memory " + std::to_string(memory) +
-      " B headroom 0 B link 40 GBps gpus 1 batch 16 micro 16 precision fp32\n"
+      " B headroom 0 B link " + link +
+      " gpus 1 batch 16 micro 16 precision fp32\n"
       "  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto "
       "max_latency 1.0 gfm none scope features layers 1 dgfg none recalibrate "
       "reuse 0.15 std 0.4 clip none max_norm 1.0 collective none topk 0.15 "
@@ -123,6 +124,53 @@ TEST(PlanMemory, WithinTwoPercentOfTheExactOptimum) {
   std::printf("%d instances, %d optima mix recompute and offload, worst gap "
               "%.4f%%\n",
               counted, mixed, 100 * worstGap);
+}
+
+/// Not a test: bench/run's plan-quality survey (run with
+/// --gtest_also_run_disabled_tests). A wider family than the test above —
+/// up to 4 layers (3^10 assignments), budgets every 10% of the reachable
+/// range, a fast and a slow host link — one line per instance with the
+/// solver's and the optimum's added time and their gap, and the solve times.
+TEST(PlanMemory, DISABLED_GapSurvey) {
+  MLIRContext context;
+  context.loadDialect<MTPDialect>();
+  for (const char *link : {"40 GBps", "4 GBps"})
+    for (int layers : {2, 3, 4})
+      for (int lowTap = 1; lowTap < layers; ++lowTap)
+        for (int labels : {64, 1024})
+          for (int percent = 10; percent < 100; percent += 10) {
+            Instance inst{layers, lowTap, labels, percent};
+            auto probe = expand(context, inst, int64_t(1) << 40, link);
+            PlanResult range =
+                MemoryPlanner(*probe->getOps<ModelOp>().begin()).solve();
+            int64_t lo = range.minimalPeak, hi = range.keepPeak;
+            if (hi <= lo + 1)
+              continue;
+            int64_t budget = lo + (hi - lo) * percent / 100;
+            auto module = expand(context, inst, budget, link);
+            MemoryPlanner planner(*module->getOps<ModelOp>().begin());
+            auto t0 = std::chrono::steady_clock::now();
+            PlanResult exact = planner.solveExactly();
+            auto t1 = std::chrono::steady_clock::now();
+            PlanResult greedy = planner.solve();
+            auto t2 = std::chrono::steady_clock::now();
+            if (!exact.fits || !greedy.fits) {
+              std::printf("gap-survey link=%s layers=%d tap=%d labels=%d "
+                          "percent=%d fits=%d/%d\n",
+                          link, layers, lowTap, labels, percent, greedy.fits,
+                          exact.fits);
+              continue;
+            }
+            std::printf(
+                "gap-survey link=%s layers=%d tap=%d labels=%d percent=%d "
+                "solver_s=%.9g exact_s=%.9g peak=%lld budget=%lld "
+                "solve_us=%.1f exact_us=%.1f\n",
+                link, layers, lowTap, labels, percent, greedy.addedSeconds,
+                exact.addedSeconds, (long long)greedy.peakBytes,
+                (long long)budget,
+                std::chrono::duration<double, std::micro>(t2 - t1).count(),
+                std::chrono::duration<double, std::micro>(t1 - t0).count());
+          }
 }
 
 TEST(PlanMemory, TaskGroupsFollowTheThreshold) {

@@ -1,0 +1,734 @@
+#!/usr/bin/env python3
+"""mtpc's benchmarks side by side with the PyTorch peer, as markdown tables with ratios.
+
+Run it as `bench/run` (the project's own torch: the venv scripts/setup.sh makes).
+Sections (all by default; `--only a,b`):
+
+  agree     the peer's losses against the mtpc binary's, step by step, from the
+            binary's --dump-init state (dropout 0, uniform weights)
+  memory    peak memory and step time: mtpc none / uniform / the planner at
+            uniform's peak and at 50% / 33% / 25% of the no-checkpoint peak,
+            task-granular (+ offload); the peer none / uniform / selective /
+            offload. RSS above the post-init level with glibc's mmap threshold
+            pinned (both sides), mtpc's tracking-allocator figure, step time
+            median and spread over runs; the source's table at CPU scale; the
+            runtime overhead of mtpc without a strategy against the eager peer
+  plan      plan quality: the joint solver against the exhaustive optimum
+            (gap distribution), solve time against size up to 1000 layers, 16 tasks
+  compress  bytes per step and final loss with 2 processes: fp32 all-reduce, the
+            source's GSC setting, stronger settings
+  scope     step time and memory against the number of tasks, features vs params
+  ablation  final per-task losses with GFM, DGFG, per-task clip, per-task LR each
+            on and off beside the plain weighted sum, several seeds, two
+            relatednesses
+
+`--quick` runs a subset in under 3 minutes on the 2-core build machine; the
+full run takes under 20. Nothing here is a test: the numbers depend on the
+machine and on what else runs on it (the load average is printed).
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import plan_scale  # noqa: E402  (the 1000-layer spec generator)
+
+MMAP_THRESHOLD = "65536"  # glibc: tensors above 64 KiB are mmapped, so freeing returns them
+
+
+def log(msg):
+    sys.stderr.write("[bench] " + msg + "\n")
+    sys.stderr.flush()
+
+
+def run(cmd, env=None, timeout=600, check=True):
+    e = dict(os.environ)
+    if env:
+        e.update(env)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=timeout)
+    if check and p.returncode != 0:
+        raise RuntimeError("%s failed (%d):\n%s%s" % (" ".join(cmd), p.returncode,
+                                                      p.stdout[-2000:], p.stderr[-2000:]))
+    return p
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def fmt_bytes(b):
+    if b is None or (isinstance(b, float) and math.isnan(b)):
+        return "—"
+    return "%.1f MiB" % (b / 2**20)
+
+
+def fmt_ratio(x):
+    return "—" if x is None or math.isnan(x) else "%.2f×" % x
+
+
+def table(headers, rows):
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(str(c) for c in r) + " |")
+    return "\n".join(out)
+
+
+#===----------------------------------------------------------------------===#
+# Specs and binaries
+#===----------------------------------------------------------------------===#
+
+def spec_text(name, m, tasks, strategy, budget, train, correlate=()):
+    """A .mtp spec: m = backbone dict, tasks = [(name, head, tap clause)]."""
+    lines = ["model %s {" % name,
+             "  backbone transformer { " + "  ".join("%s = %s" % kv for kv in m.items()) + " }"]
+    for t, head, tap in tasks:
+        lines.append("  task %s : %s %s" % (t, head, tap))
+    for a, b, r in correlate:
+        lines.append("  correlate %s ~ %s = %s" % (a, b, r))
+    lines.append("  budget { " + "  ".join("%s = %s" % kv for kv in budget.items()) + " }")
+    lines.append("  strategy { " + "  ".join("%s = %s" % kv for kv in strategy.items()) + " }")
+    lines.append("  train { " + "  ".join("%s = %s" % kv for kv in train.items()) + " }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+class Builder:
+    """mtpc build with a cache under build/bench keyed by the spec's text; a
+    binary older than mtpc or the runtime library is rebuilt."""
+
+    def __init__(self, args):
+        self.mtpc = args.mtpc
+        self.device = args.device
+        self.dir = os.path.join(args.work, "bin")
+        os.makedirs(self.dir, exist_ok=True)
+        deps = [self.mtpc, os.path.join(ROOT, "build", "runtime", "src", "libmtprt.a")]
+        self.newest = max(os.path.getmtime(d) for d in deps if os.path.exists(d))
+        self.build_seconds = []
+
+    def path(self, text):
+        return os.path.join(self.dir, hashlib.sha1(text.encode()).hexdigest()[:12])
+
+    def plan(self, text):
+        """mtpc plan --format=json, or (None, error) when the budget cannot be met."""
+        with tempfile.NamedTemporaryFile("w", suffix=".mtp", delete=False) as f:
+            f.write(text)
+        try:
+            p = run([self.mtpc, "plan", f.name, "--format=json"] + self.device_flags(), check=False)
+        finally:
+            os.unlink(f.name)
+        if p.returncode != 0:
+            err = [l for l in p.stderr.splitlines() if "error" in l]
+            return None, (err[0] if err else p.stderr.strip()[:200])
+        return json.loads(p.stdout), None
+
+    def device_flags(self):
+        return ["--device", "cuda"] if self.device == "cuda" else []
+
+    def build(self, text):
+        out = self.path(text)
+        if os.path.exists(out) and os.path.getmtime(out) >= self.newest:
+            return out
+        src = out + ".mtp"
+        with open(src, "w") as f:
+            f.write(text)
+        start = time.perf_counter()
+        run([self.mtpc, "build", src, "-o", out] + self.device_flags(), timeout=900)
+        self.build_seconds.append(time.perf_counter() - start)
+        shutil.rmtree(out + ".project", ignore_errors=True)
+        return out
+
+
+def read_metrics(path):
+    if not os.path.exists(path):  # --steps 0
+        return []
+    with open(path) as f:  # step records (not events such as a gate recalibration)
+        return [r for r in (json.loads(l) for l in f if l.strip()) if "step_time_s" in r]
+
+
+class Runner:
+    def __init__(self, args):
+        self.args = args
+        self.n = 0
+
+    def tmp(self, suffix):
+        self.n += 1
+        return os.path.join(self.args.work, "run%d%s" % (self.n, suffix))
+
+    def threads(self):
+        return ["--threads", str(self.args.threads)] if self.args.threads > 0 else []
+
+    def mtpc(self, binary, steps, memory=False, extra=(), env=None):
+        """One training run of an mtpc binary: its metrics records (+ rss)."""
+        metrics = self.tmp(".jsonl")
+        cmd = [binary, "--steps", str(steps), "--progress", "off", "--metrics", metrics,
+               "--log-every", "1"] + self.threads() + list(extra)
+        if self.args.device == "cuda":
+            cmd += ["--device", "cuda"]
+        e = dict(env or {})
+        cmd.append("--resources")
+        if memory:
+            e["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD
+        p = run(cmd, env=e)
+        recs = read_metrics(metrics)
+        if os.path.exists(metrics):
+            os.unlink(metrics)
+        out = {"records": recs}
+        m = re.search(r"rss: post-init (\d+) B, peak (\d+) B, peak above post-init (-?\d+) B", p.stdout)
+        if m:
+            out.update(rss_base=int(m.group(1)), rss_peak=int(m.group(2)),
+                       rss_above_base=int(m.group(3)))
+        m = re.search(r"cpu: first step ([\d.]+) s, (\d+) later steps ([\d.]+) s", p.stdout)
+        if m and int(m.group(2)) > 0:
+            out["cpu_step_s"] = float(m.group(3)) / int(m.group(2))
+        return out
+
+    def peer(self, init, variant, steps, memory=False):
+        cmd = [sys.executable, os.path.join(ROOT, "bench", "peer.py"), "--init", init,
+               "--variant", variant, "--steps", str(steps), "--device", self.args.device]
+        cmd += self.threads() + ["--resources"]
+        env = {}
+        if memory:
+            env["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD
+        out = json.loads(run(cmd, env=env).stdout.strip().splitlines()[-1])
+        if len(out["cpu_s"]) > 1:
+            out["cpu_step_s"] = statistics.mean(out["cpu_s"][1:])
+        return out
+
+
+#===----------------------------------------------------------------------===#
+# The models
+#===----------------------------------------------------------------------===#
+
+def budget_block(args, memory):
+    if args.device == "cuda":
+        return {"device": args.gpu_preset, "memory": "%dB" % memory, "headroom": "0B",
+                "micro_batch": 8, "precision": "fp32"}
+    return {"device": "cpu", "memory": "%dB" % memory, "micro_batch": 8, "precision": "fp32"}
+
+
+def model_m(args, strategy, memory=16 << 30, dropout=0.1):
+    """The memory/time model: 12 narrow layers over 128 tokens, four tasks at
+    layers 3, 6, 9, 12 — activations (mostly attention probabilities) dominate."""
+    m = {"layers": 12, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 512, "seq": 128,
+         "dropout": dropout}
+    tasks = [("topic", "classify(classes = 4)", "from pooled"),
+             ("pos", "tag(labels = 12)", "from layer 3"),
+             ("chunk", "tag(labels = 8)", "from layer 6"),
+             ("ner", "tag(labels = 9)", "from layer 9")]
+    base = {"checkpoint": "none", "offload": "none", "gfm": "none", "dgfg": "none",
+            "clip": "none", "lr": "cosine(1e-3, warmup = 5)"}
+    base.update(strategy)
+    return spec_text("bench_m", m, tasks, base, budget_block(args, memory),
+                     {"steps": 20, "seed": 1, "log_every": 1},
+                     correlate=[("pos", "chunk", 0.8), ("chunk", "ner", 0.3)])
+
+
+def model_s(args, strategy, steps=200, tasks=None, layers=4, seq=32):
+    """The small model (00_tiny's shape) for compression, scope and the ablation."""
+    m = {"layers": layers, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 512, "seq": seq,
+         "dropout": 0.1}
+    tasks = tasks or [("topic", "classify(classes = 4)", "from pooled"),
+                      ("pos", "tag(labels = 12)", "from layer 2"),
+                      ("chunk", "tag(labels = 8)", "from layer 2")]
+    base = {"checkpoint": "none", "offload": "none", "gfm": "none", "dgfg": "none",
+            "clip": "none", "lr": "cosine(1e-3, warmup = 20)"}
+    base.update(strategy)
+    names = [t[0] for t in tasks]
+    corr = [("pos", "chunk", 0.8), ("topic", "pos", 0.1)] if {"pos", "chunk", "topic"} <= set(names) else []
+    return spec_text("bench_s", m, tasks, base, budget_block(args, 2 << 30),
+                     {"steps": steps, "seed": 7, "log_every": 1}, correlate=corr)
+
+
+#===----------------------------------------------------------------------===#
+# Sections
+#===----------------------------------------------------------------------===#
+
+def section_agree(args, b, r, out):
+    steps = 5
+    binary = b.build(model_m(args, {}, dropout=0.0))
+    init = os.path.join(args.work, "init-agree")
+    shutil.rmtree(init, ignore_errors=True)
+    mt = r.mtpc(binary, steps, extra=["--dump-init", init])["records"]
+    pe = r.peer(init, "none", steps)
+    rows, worst0, worst = [], 0.0, 0.0
+    for s in range(steps):
+        rel = max(abs(pe["loss"][s][i] - mt[s]["loss"][t]) / abs(mt[s]["loss"][t])
+                  for i, t in enumerate(pe["tasks"]))
+        worst = max(worst, rel)
+        if s == 0:
+            worst0 = rel
+        rows.append([s, ", ".join("%s %.6f / %.6f" % (t, mt[s]["loss"][t], pe["loss"][s][i])
+                                  for i, t in enumerate(pe["tasks"])), "%.1e" % rel])
+    ok = worst0 <= 1e-5 and worst <= 1e-4
+    out.append("### Agreement: the peer against the mtpc binary\n")
+    out.append("Model M with dropout 0, `checkpoint = none`, `gfm = none`, `dgfg = none`, "
+               "`clip = none` (uniform task weights); the peer starts from the binary's "
+               "`--dump-init` state and generates the same synthetic batches. Tolerance: "
+               "relative 1e-5 at step 0 (forward only), 1e-4 over %d steps (AdamW updates "
+               "in a different summation order). **%s** (step 0: %.1e, worst: %.1e).\n"
+               % (steps, "agree" if ok else "DISAGREE", worst0, worst))
+    out.append(table(["step", "loss per task: mtpc / peer", "max rel. diff"], rows))
+    return {"step0_rel": worst0, "worst_rel": worst, "ok": ok}
+
+
+def cpu_time(args):
+    """Whether step times are CPU times (one thread on a CPU: robust to other
+    work on the machine) rather than wall times."""
+    return args.device == "cpu" and args.threads == 1
+
+
+def step_times(recs, skip=1):
+    """A run's step times without its first (warm-up) steps."""
+    ts = [x["step_time_s"] for x in recs]
+    return ts[skip:] if len(ts) > skip else ts
+
+
+def section_memory(args, b, r, out):
+    quick = args.quick
+    none_text = model_m(args, {})
+    none_plan, _ = b.plan(none_text)
+    keep_peak = none_plan["plan"]["planned_peak_bytes"]
+    uni_text = model_m(args, {"checkpoint": "uniform(every = 1)"})
+    uni_plan, _ = b.plan(uni_text)
+    uni_peak = uni_plan["plan"]["planned_peak_bytes"]
+    auto_plan, _ = b.plan(model_m(args, {"checkpoint": "auto"}))
+    auto_min = auto_plan["plan"]["minimal_peak_bytes"]
+    configs = [("mtpc none", none_text), ("mtpc uniform (every layer)", uni_text)]
+    fractions = [0.33] if quick else [0.5, 0.33, 0.25]
+    for f in fractions:
+        configs.append(("mtpc planner @ %d%%" % round(100 * f),
+                        model_m(args, {"checkpoint": "auto"}, memory=int(f * keep_peak))))
+    configs.append(("mtpc planner @ its minimum (%d%%)" % round(100 * auto_min / keep_peak),
+                    model_m(args, {"checkpoint": "auto"}, memory=auto_min)))
+    if not quick:
+        configs.append(("mtpc planner @ uniform's peak",
+                        model_m(args, {"checkpoint": "auto"}, memory=uni_peak)))
+        configs.append(("mtpc task_granular @ 50%",
+                        model_m(args, {"checkpoint": "task_granular(threshold = 0.5)"},
+                                memory=int(0.5 * keep_peak))))
+        configs.append(("mtpc task_granular + offload @ 50%",
+                        model_m(args, {"checkpoint": "task_granular(threshold = 0.5)",
+                                       "offload": "cpu_pinned(max_latency = 1.2ms)"},
+                                memory=int(0.5 * keep_peak))))
+    # The same binaries without the per-step task-gradient cosine probe (it
+    # feeds DGFG and the dashboard; with dgfg = none it changes no update).
+    probe_off = ["mtpc none", "mtpc uniform (every layer)"] if quick else \
+        [n for n, _ in configs if "planner @ 33" not in n and "planner @ 25" not in n
+         and "uniform's peak" not in n]
+    entries = []
+    for name, text in configs:
+        plan, err = b.plan(text)
+        if plan is None:
+            entries.append({"name": name, "error": err})
+            continue
+        e = {"name": name, "kind": "mtpc", "binary": b.build(text), "extra": [],
+             "predicted": plan["plan"]["planned_peak_bytes"],
+             "planned_added_s": plan["plan"]["added_seconds"],
+             "regions": len(plan["plan"]["regions"]),
+             "offloads": len(plan["plan"]["offloads"])}
+        entries.append(e)
+        if name in probe_off:
+            entries.append(dict(e, name=name + ", --cosine-every 0", extra=["--cosine-every", "0"]))
+    init = os.path.join(args.work, "init-m")
+    shutil.rmtree(init, ignore_errors=True)
+    r.mtpc(entries[0]["binary"], 0, extra=["--dump-init", init])
+    for v in ("none", "uniform", "selective", "offload"):
+        entries.append({"name": "peer " + v, "kind": "peer", "variant": v})
+    live = [e for e in entries if "error" not in e]
+    runs, steps, mem_steps = (2, 5, 2) if quick else (3, 7, 3)
+    for e in live:
+        e["wall"], e["cpu"] = [], []
+    log("memory: %d configurations, %d timed runs of %d steps each, one memory run" %
+        (len(live), runs, steps))
+    # Interleaved, so a burst of load on the machine hits every configuration.
+    for i in range(runs):
+        for e in live:
+            if e["kind"] == "mtpc":
+                m = r.mtpc(e["binary"], steps, extra=e["extra"])
+                recs = m["records"]
+                e["wall"].append(median(step_times(recs)))
+                e.setdefault("losses", [sum(x["loss"].values()) / len(x["loss"]) for x in recs])
+            else:
+                m = r.peer(init, e["variant"], steps)
+                e["wall"].append(median(m["step_time_s"][1:]))
+                e.setdefault("losses", [sum(l) / len(l) for l in m["loss"]])
+            e["cpu"].append(m.get("cpu_step_s", float("nan")))
+    for e in live:
+        if e["kind"] == "mtpc":
+            m = r.mtpc(e["binary"], mem_steps, memory=True, extra=e["extra"])
+            e["tracked"] = max(x["measured_peak_bytes"] for x in m["records"])
+            e["host_pool"] = max(x["host_pool_bytes"] for x in m["records"])
+        else:
+            m = r.peer(init, e["variant"], mem_steps, memory=True)
+            e["tracked"] = m.get("device_peak_bytes")
+            e["host_pool"] = None
+        e["rss"] = m.get("rss_above_base")
+        e["step"] = median(e["wall"])
+        e["cpu_step"] = median(e["cpu"])
+    by = {e["name"]: e for e in live}
+    mn, pn = by["mtpc none"], by["peer none"]
+    # With one thread the CPU time is the compute, whatever else runs on the
+    # machine; the wall time is what a user waits (and what the GPU run shows).
+    key = "cpu_step" if cpu_time(args) else "step"
+    rows = []
+    for e in entries:
+        if "error" in e:
+            msg = e["error"].split("error:")[-1].strip()
+            m = re.search(r"smallest peak any plan reaches is ([\d.]+ \w+)", msg)
+            rows.append([e["name"], "does not fit (smallest reachable: %s)" % m.group(1) if m
+                         else "does not fit: " + msg[:80]] + [""] * 9)
+            continue
+        rows.append([e["name"],
+                     fmt_bytes(e.get("predicted")),
+                     fmt_bytes(e["tracked"]) if e["tracked"] is not None else "—",
+                     fmt_bytes(e["rss"]),
+                     fmt_ratio(e["rss"] / pn["rss"]) if e["rss"] and pn["rss"] else "—",
+                     "%.0f (%.0f–%.0f)" % (1e3 * e["cpu_step"], 1e3 * min(e["cpu"]), 1e3 * max(e["cpu"])),
+                     "%.0f (%.0f–%.0f)" % (1e3 * e["step"], 1e3 * min(e["wall"]), 1e3 * max(e["wall"])),
+                     fmt_ratio(e[key] / mn[key]),
+                     fmt_ratio(e[key] / pn[key]),
+                     fmt_bytes(e["host_pool"]) if e.get("host_pool") else "—"])
+    out.append("### Peak memory and step time (model M)\n")
+    out.append("Model M: 12 layers, hidden 64, 4 heads, ffn 256, seq 128, vocab 512, batch 8, "
+               "fp32, dropout 0.1, four tasks at layers 3, 6, 9, 12 (pos~chunk 0.8, chunk~ner "
+               "0.3). Budgets are fractions of mtpc's predicted no-checkpoint peak (%s); "
+               "uniform's predicted peak is %s, the planner's smallest reachable %s. "
+               "RSS: the process's peak resident set above its level after initialization "
+               "(parameters, AdamW state, LibTorch), glibc `MALLOC_MMAP_THRESHOLD_=%s` for "
+               "both sides, %d steps. Step time: %d interleaved runs of %d steps (first step "
+               "dropped); CPU = the process's user+system time per step, wall = median of the "
+               "steps' wall time; median of the runs (their range); %s thread(s). Ratios use %s "
+               "time.\n" % (fmt_bytes(keep_peak), fmt_bytes(uni_peak), fmt_bytes(auto_min),
+                            MMAP_THRESHOLD, mem_steps, runs, steps, args.threads or "LibTorch's",
+                            "CPU" if key == "cpu_step" else "wall"))
+    out.append(table(["configuration", "predicted peak", "tracked peak (mtpc) / device (peer)",
+                      "RSS above post-init", "RSS / peer none", "CPU ms/step", "wall ms/step",
+                      "time / mtpc none", "time / peer none", "host pool"], rows))
+    # The source's table at CPU scale.
+    src = [("baseline (no checkpointing)", "mtpc none"),
+           ("task-granular checkpointing", "mtpc task_granular @ 50%"),
+           ("+ activation offload", "mtpc task_granular + offload @ 50%")]
+    fixed = (none_plan["peak"]["parameters"] + none_plan["peak"]["optimizer"]
+             + none_plan["peak"]["gradients"])
+    srows = []
+    for label, name in src:
+        for suffix, what in (("", ""), (", --cosine-every 0", " (no cosine probe)")):
+            e = by.get(name + suffix)
+            if not e:
+                continue
+            tail = e["losses"][len(e["losses"]) // 2:]
+            srows.append([label + what, fmt_bytes(e["tracked"] - fixed), "%.1f" % (8 / e[key]),
+                          "±%.3f" % (statistics.pstdev(tail) if len(tail) > 1 else 0.0)])
+    if len(srows) > 1:
+        out.append("\nThe source's table (SPEC.md §3 A4) at CPU scale: peak activations = the "
+                   "tracked peak less parameters, gradients and optimizer state as planned; "
+                   "throughput from the %s time; loss std = standard deviation of the mean task "
+                   "loss over the last half of a timed run.\n" % ("CPU" if key == "cpu_step" else "wall"))
+        out.append(table(["strategy", "peak activations", "throughput (seq/s)", "loss std"], srows))
+    m0 = by.get("mtpc none, --cosine-every 0")
+    out.append("\nRuntime overhead, no strategy: mtpc none / peer none = **%s** step time "
+               "(%s), **%s** RSS above post-init%s.\n"
+               % (fmt_ratio(mn[key] / pn[key]), "CPU" if key == "cpu_step" else "wall",
+                  fmt_ratio(mn["rss"] / pn["rss"]) if pn["rss"] else "—",
+                  "; without the cosine probe (`--cosine-every 0`) **%s** step time, **%s** RSS"
+                  % (fmt_ratio(m0[key] / pn[key]), fmt_ratio(m0["rss"] / pn["rss"]))
+                  if m0 and pn["rss"] else ""))
+    return {e["name"]: {k: v for k, v in e.items() if k not in ("binary",)} for e in entries}
+
+
+def section_plan(args, b, r, out):
+    res = {}
+    test = os.path.join(ROOT, "build", "unittests", "compiler", "MTPCCompilerTests")
+    if os.path.exists(test):
+        p = run([test, "--gtest_also_run_disabled_tests",
+                 "--gtest_filter=PlanMemory.DISABLED_GapSurvey"], timeout=900)
+        gaps, solve_us, exact_us, nofit = [], [], [], 0
+        for line in p.stdout.splitlines():
+            if not line.startswith("gap-survey"):
+                continue
+            kv = dict(x.split("=", 1) for x in line.split()[1:] if "=" in x)
+            if "solver_s" not in kv:
+                nofit += 1
+                continue
+            s, x = float(kv["solver_s"]), float(kv["exact_s"])
+            gaps.append(s / x - 1 if x > 0 else (0.0 if s == 0 else float("inf")))
+            solve_us.append(float(kv["solve_us"]))
+            exact_us.append(float(kv["exact_us"]))
+        gaps.sort()
+        n = len(gaps)
+
+        def pct(q):
+            return gaps[min(n - 1, int(q * n))] if n else float("nan")
+        exact_hits = sum(1 for g in gaps if g <= 1e-9)
+        out.append("### Plan quality: the joint solver against the exhaustive optimum\n")
+        out.append("`unittests/compiler/PlanMemoryTest.cpp` `DISABLED_GapSurvey`: 2–4-layer "
+                   "two-task models (all keep / recompute / offload assignments, up to 3^10), "
+                   "budgets at 10–90% of the reachable range, a 40 GB/s and a 4 GB/s host link. "
+                   "Gap = solver's added time / optimum's − 1.\n")
+        out.append(table(["instances", "solver optimal", "median gap", "90th pct", "worst gap",
+                          "solver time (median)", "exhaustive time (median)", "not solved"],
+                         [[n, "%d (%.0f%%)" % (exact_hits, 100 * exact_hits / max(n, 1)),
+                           "%.2f%%" % (100 * pct(0.5)), "%.2f%%" % (100 * pct(0.9)),
+                           "%.2f%%" % (100 * gaps[-1]) if n else "—",
+                           "%.0f µs" % median(solve_us), "%.0f µs" % median(exact_us), nofit]]))
+        res["gap"] = {"n": n, "optimal": exact_hits, "median": pct(0.5), "p90": pct(0.9),
+                      "worst": gaps[-1] if n else None}
+    else:
+        out.append("(the compiler's unit tests are not built: no solver/oracle survey)")
+    sizes = [(125, 4), (1000, 16)] if args.quick else [(125, 4), (250, 4), (500, 8), (1000, 4), (1000, 16)]
+    runs = 2 if args.quick else 3
+    rows = []
+    for layers, tasks in sizes:
+        with tempfile.NamedTemporaryFile("w", suffix=".mtp", delete=False) as f:
+            f.write(plan_scale.spec(layers, tasks))
+        ts = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            p = run([args.mtpc, "plan", f.name, "--format=json"])
+            ts.append(time.perf_counter() - start)
+        os.unlink(f.name)
+        pl = json.loads(p.stdout)["plan"]
+        rows.append([layers, tasks, "%.3f s" % median(ts), "%.3f–%.3f" % (min(ts), max(ts)),
+                     fmt_bytes(pl["keep_peak_bytes"]), fmt_bytes(pl["planned_peak_bytes"]),
+                     "%.1f ms" % (1e3 * pl["added_seconds"]),
+                     "%.1f ms" % (1e3 * pl["uniform_added_seconds"]),
+                     fmt_ratio(pl["added_seconds"] / pl["uniform_added_seconds"])
+                     if pl["uniform_added_seconds"] else "—"])
+        res["plan_%d_%d" % (layers, tasks)] = median(ts)
+    out.append("\n### Compile (plan) time against size\n")
+    out.append("`mtpc plan --format=json` (parse, Sema, MLIRGen, step expansion, the joint plan, "
+               "memory analysis) on bench/plan_scale.py's generated spec (A100 40 GB, bf16, "
+               "seq 512, activations far over the budget), median of %d runs. Added time is the "
+               "cost model's per-step estimate.\n" % runs)
+    out.append(table(["layers", "tasks", "plan time", "range", "keep-everything peak",
+                      "planned peak", "plan's added time", "uniform's added time",
+                      "plan / uniform"], rows))
+    if b.build_seconds:
+        out.append("\n`mtpc build` (plan, EmitC, C++ compile and link of the generated project) "
+                   "took %.1f s median over the %d binaries built in this run.\n"
+                   % (median(b.build_seconds), len(b.build_seconds)))
+    return res
+
+
+def final_loss(recs, last=10):
+    tail = recs[-last:]
+    tasks = list(tail[0]["loss"].keys())
+    per = {t: statistics.mean(x["loss"][t] for x in tail) for t in tasks}
+    return per, statistics.mean(per.values())
+
+
+def section_compress(args, b, r, out):
+    steps = 60 if args.quick else 200
+    seeds = [0] if args.quick else [0, 1]
+    binary = b.build(model_s(args, {}, steps=steps))
+    settings = [("fp32 all-reduce", ["--no-compress"]),
+                ("GSC: top-k 15%, 8-bit, block 256, residual 0.8 (the source's)",
+                 ["--compress", "--compress-topk", "0.15", "--compress-block", "256",
+                  "--compress-decay", "0.8"])]
+    if not args.quick:
+        settings += [("top-k 5%, block 256", ["--compress", "--compress-topk", "0.05"]),
+                     ("top-k 1%, block 256", ["--compress", "--compress-topk", "0.01"]),
+                     ("top-k 1%, block 1024", ["--compress", "--compress-topk", "0.01",
+                                               "--compress-block", "1024"]),
+                     ("top-k 0.1%, block 1024", ["--compress", "--compress-topk", "0.001",
+                                                 "--compress-block", "1024"])]
+    res, rows = {}, []
+    for name, flags in settings:
+        sent, unc, finals = [], [], []
+        for seed in seeds:
+            recs = r.mtpc(binary, steps, extra=["--nproc", "2", "--batch-size", "16",
+                                                "--seed", str(seed)] + flags)["records"]
+            sent.append(statistics.mean(x["bytes_sent"] for x in recs))
+            unc.append(statistics.mean(x["bytes_sent_uncompressed"] for x in recs))
+            finals.append(final_loss(recs)[1])
+        res[name] = {"bytes": statistics.mean(sent), "uncompressed": statistics.mean(unc),
+                     "final": statistics.mean(finals), "finals": finals}
+    base = res[settings[0][0]]
+    for name, _ in settings:
+        e = res[name]
+        rows.append([name, "%.0f" % e["bytes"], "%.1f%%" % (100 * (1 - e["bytes"] / base["bytes"])),
+                     "%.4f" % e["final"], "%+.2f%%" % (100 * (e["final"] / base["final"] - 1)),
+                     " ".join("%.4f" % f for f in e["finals"])])
+    out.append("### Compressed gradient exchange (2 processes, loopback)\n")
+    out.append("Model S (4 layers, hidden 64, seq 32, three tasks), global batch 16 (8 per rank), "
+               "%d steps, seeds %s. Bytes: what rank 0 hands to the collectives per step (mean); "
+               "final loss: mean task loss over the last 10 steps, averaged over the seeds.\n"
+               % (steps, ", ".join(map(str, seeds))))
+    out.append(table(["setting", "bytes / step", "fewer bytes than fp32", "final loss",
+                      "vs fp32", "per seed"], rows))
+    return res
+
+
+def section_scope(args, b, r, out):
+    counts = [1, 2, 4, 8]
+    res, rows = {}, []
+    for scope in ("features", "params(layers = 1)"):
+        for n in counts:
+            tasks = [("t%d" % i, "tag(labels = %d)" % (5 + i), "from layer %d" % (8 - i % 4))
+                     for i in range(n)]
+            binary = b.build(model_s(args, {"gradient_scope": scope}, steps=20, tasks=tasks,
+                                     layers=8, seq=64))
+            m = r.mtpc(binary, 6)
+            recs = m["records"]
+            t = m["cpu_step_s"] if cpu_time(args) else median(step_times(recs))
+            res[(scope, n)] = (t, max(x["measured_peak_bytes"] for x in recs))
+    f1 = res[("features", 1)]
+    for scope in ("features", "params(layers = 1)"):
+        for n in counts:
+            t, m = res[(scope, n)]
+            rows.append([scope, n, "%.1f" % (1e3 * t), fmt_ratio(t / f1[0]), fmt_bytes(m),
+                         fmt_ratio(m / f1[1])])
+    out.append("### Cost against the number of tasks, per gradient scope\n")
+    out.append("8 layers, hidden 64, seq 64, batch 8; n tag tasks at layers 8, 7, 6, 5, …; "
+               "GFM, DGFG, clip off; the tracking allocator's peak; step time: %s over 5 steps "
+               "after the first.\n" % ("CPU time" if cpu_time(args) else "median wall time"))
+    out.append(table(["scope", "tasks", "step ms", "time / features×1", "tracked peak",
+                      "peak / features×1"], rows))
+    return {"%s/%d" % k: v for k, v in res.items()}
+
+
+ABLATION = [
+    ("plain weighted sum", {}),
+    ("+ GFM (keep 0.3)", {"gfm": "{ keep = 0.3 }"}),
+    ("+ DGFG (hidden 16)", {"dgfg": "{ hidden = 16 }"}),
+    ("+ per-task clip (1.0)", {"clip": "per_task(max_norm = 1.0)"}),
+    ("+ per-task LR", {"lr": "per_task { default = cosine(1e-3, warmup = 20)  "
+                              "topic = cosine(3e-3, warmup = 20) }"}),
+    ("all four", {"gfm": "{ keep = 0.3 }", "dgfg": "{ hidden = 16 }",
+                  "clip": "per_task(max_norm = 1.0)",
+                  "lr": "per_task { default = cosine(1e-3, warmup = 20)  "
+                        "topic = cosine(3e-3, warmup = 20) }"}),
+]
+
+
+def section_ablation(args, b, r, out):
+    steps = 200
+    seeds = [0, 1, 2] if not args.quick else [0]
+    related = [0.2, 0.8] if not args.quick else [0.5]
+    variants = ABLATION if not args.quick else [ABLATION[0], ABLATION[-1]]
+    res = {}
+    for name, strat in variants:
+        binary = b.build(model_s(args, strat, steps=steps))
+        for rel in related:
+            finals = []
+            for seed in seeds:
+                recs = r.mtpc(binary, steps, extra=["--seed", str(seed),
+                                                    "--relatedness", str(rel)])["records"]
+                finals.append(final_loss(recs))
+            res[(name, rel)] = finals
+    tasks = list(res[(variants[0][0], related[0])][0][0].keys())
+    out.append("### Quality ablation: the gradient pipeline's parts against the plain sum\n")
+    out.append("Model S, %d steps, seeds %s, synthetic relatedness %s (the share of records "
+               "whose labels all derive from one shared feature). Final loss = mean over the last "
+               "10 steps; ± the standard deviation over the seeds; Δ = change of the mean task "
+               "loss against the plain weighted sum at the same relatedness (negative is better).\n"
+               % (steps, ", ".join(map(str, seeds)), " and ".join(map(str, related))))
+    rows = []
+    for rel in related:
+        plain = statistics.mean(f[1] for f in res[(variants[0][0], rel)])
+        for name, _ in variants:
+            finals = res[(name, rel)]
+            cells = []
+            for t in tasks:
+                v = [f[0][t] for f in finals]
+                cells.append("%.3f ± %.3f" % (statistics.mean(v), statistics.pstdev(v)))
+            mean = statistics.mean(f[1] for f in finals)
+            rows.append([rel, name] + cells + ["%.4f" % mean, "%+.2f%%" % (100 * (mean / plain - 1))])
+    out.append(table(["relatedness", "variant"] + tasks + ["mean", "Δ vs plain"], rows))
+    return {"%s@%s" % k: v for k, v in res.items()}
+
+
+SECTIONS = {"agree": section_agree, "memory": section_memory, "plan": section_plan,
+            "compress": section_compress, "scope": section_scope, "ablation": section_ablation}
+QUICK = ["agree", "memory", "plan", "compress"]
+
+
+def machine(args):
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import torch
+    commit = run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], check=False).stdout.strip()
+    dirty = run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                check=False).stdout.strip()
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "torch": torch.__version__,
+            "python": platform.python_version(), "commit": commit + ("+dirty" if dirty else ""),
+            "load": "%.2f %.2f %.2f" % os.getloadavg(),
+            "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a subset, under 3 minutes here")
+    ap.add_argument("--only", help="comma-separated sections: " + ", ".join(SECTIONS))
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--gpu-preset", default="H100_80GB", help="budget preset with --device cuda")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="intra-op threads for both sides (default: 1 on cpu — stable beside "
+                         "other work on a 2-core machine; LibTorch's on cuda)")
+    ap.add_argument("--mtpc", default=os.path.join(ROOT, "build", "bin", "mtpc"))
+    ap.add_argument("--work", default=os.path.join(ROOT, "build", "bench"),
+                    help="binaries (cached by spec), dumps, results.json")
+    ap.add_argument("--out", help="also write the markdown here")
+    args = ap.parse_args()
+    if args.threads is None:
+        args.threads = 1 if args.device == "cpu" else 0
+    if not os.path.exists(args.mtpc):
+        sys.exit("bench: %s not found; run scripts/build.sh first" % args.mtpc)
+    os.makedirs(args.work, exist_ok=True)
+    names = args.only.split(",") if args.only else (QUICK if args.quick else list(SECTIONS))
+    for n in names:
+        if n not in SECTIONS:
+            sys.exit("bench: unknown section '%s' (%s)" % (n, ", ".join(SECTIONS)))
+    start = time.perf_counter()
+    info = machine(args)
+    b, r = Builder(args), Runner(args)
+    out = ["## mtpc benchmarks%s\n" % (" (--quick)" if args.quick else ""),
+           "Machine: %s, %d cores, GPU %s; torch %s (both sides), Python %s; mtpc %s; %s; "
+           "device %s, %s intra-op thread(s); load average at the start %s.\n"
+           % (info["cpu"], info["cores"], info["gpu"], info["torch"], info["python"],
+              info["commit"], info["date"], args.device, args.threads or "default", info["load"])]
+    results = {"machine": info, "quick": args.quick}
+    for n in names:
+        t0 = time.perf_counter()
+        log("section %s" % n)
+        section = []
+        results[n] = SECTIONS[n](args, b, r, section)
+        section.append("\n_(%s: %.0f s)_\n" % (n, time.perf_counter() - t0))
+        text = "\n".join(section)
+        print(text)
+        sys.stdout.flush()
+        out.append(text)
+    total = time.perf_counter() - start
+    tail = "Total %.0f s; load average at the end %.2f %.2f %.2f." % ((total,) + os.getloadavg())
+    print(tail)
+    out.append(tail)
+    results["seconds"] = total
+    with open(os.path.join(args.work, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

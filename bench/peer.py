@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""The PyTorch peer: mtpc's multi-task model written the way a user would in eager PyTorch.
+
+The model is runtime/src/Model.cpp op for op (the same parameter names, pre-norm
+blocks, q scaled before the score matmul, native dropout, GELU, classify pools
+token 0 then norm -> pool linear -> tanh -> out, tag = norm -> out, cross
+entropy), trained with AdamW in one group for the backbone and one per head,
+each on its own schedule (runtime/src/Trainer.cpp scheduledLr). It starts from
+the state an mtpc binary dumps with `--dump-init DIR` (parameters, first batch,
+settings) and generates the later batches exactly as the runtime's synthetic
+source does (runtime/src/Data.cpp), so the losses are comparable step by step.
+
+Four ways to save memory, the ones a PyTorch user reaches for:
+  none       keep everything
+  uniform    torch.utils.checkpoint around every transformer layer
+  selective  the same with a selective-checkpointing policy that saves the
+             matmul outputs (aten.mm / addmm / bmm) and recomputes the rest
+  offload    torch.autograd.graph.save_on_cpu around the forward
+
+The update equals mtpc's `features` gradient scope with uniform weights
+(dgfg = none, gfm = none, clip = none): heads get their own loss's gradient, the
+backbone the mean over the tasks present of the tap gradients.
+
+Usage (prints one JSON object):
+
+    peer.py --init DIR [--variant none] [--steps N] [--threads T] [--device cpu|cuda]
+            [--resources]
+"""
+import argparse
+import functools
+import gc
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+VARIANTS = ("none", "uniform", "selective", "offload")
+
+
+def load_init(path):
+    """config.json, params.pt and batch.pt from an mtpc binary's --dump-init."""
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    import torch.jit._pickle as jit_pickle  # c10::Dict carries a type tag
+    with torch.serialization.safe_globals([jit_pickle.restore_type_tag]):
+        params = torch.load(os.path.join(path, "params.pt"))
+        batch = torch.load(os.path.join(path, "batch.pt"))
+    return config, params, batch
+
+
+#===----------------------------------------------------------------------===#
+# Data: runtime/src/Data.cpp's Synthetic, draw for draw
+#===----------------------------------------------------------------------===#
+
+class Synthetic:
+    def __init__(self, config):
+        self.m = config["model"]
+        self.heads = config["heads"]
+        self.seed = int(config["data_seed"])
+        self.related = float(config["relatedness"])
+
+    def batch(self, pos, b):
+        seed = (self.seed * 0x9E3779B97F4A7C15 + pos) % (1 << 64)
+        gen = torch.Generator().manual_seed(seed)
+        s, vocab = self.m["seq"], self.m["vocab"]
+        tokens = torch.randint(vocab, (b, s), generator=gen, dtype=torch.long)
+        shared = tokens[:, 0]
+        labels = []
+        for t, c in enumerate(self.heads):
+            use_shared = torch.rand(b, generator=gen) < self.related
+            own = tokens[:, (1 + t) % s]
+            key = torch.where(use_shared, shared, own)
+            mapped = torch.where(use_shared.unsqueeze(1), tokens,
+                                 tokens * (2 * t + 3) + t + 1)
+            if c["kind"] == "classify":
+                if c["loss"] == "mse":
+                    labels.append(F.one_hot(key % c["classes"], c["classes"]).float())
+                else:
+                    labels.append(key % c["classes"])
+            elif c["kind"] == "tag":
+                left = torch.zeros_like(tokens)
+                left[:, 1:] = tokens[:, :-1] >= (vocab + 1) // 2
+                labels.append((mapped + left) % c["classes"])
+            elif c["kind"] == "span":
+                start = key % s
+                end = torch.clamp_max(start + tokens[:, 1] % 3, s - 1)
+                labels.append(torch.stack([start, end], 1))
+            else:
+                raise NotImplementedError("the peer has no decoder head")
+        return tokens, labels
+
+
+#===----------------------------------------------------------------------===#
+# The model: runtime/src/Model.cpp
+#===----------------------------------------------------------------------===#
+
+class PeerModel:
+    def __init__(self, config, params, device, variant):
+        self.c = config["model"]
+        self.heads = config["heads"]
+        self.p = {k: v.to(device).detach().requires_grad_(True) for k, v in params.items()}
+        self.variant = variant
+        self.training = True
+        if variant == "selective":
+            from torch.utils.checkpoint import (CheckpointPolicy,
+                                                create_selective_checkpoint_contexts)
+            save = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+                    torch.ops.aten.bmm.default}
+
+            def policy(ctx, op, *args, **kwargs):
+                return (CheckpointPolicy.MUST_SAVE if op in save
+                        else CheckpointPolicy.PREFER_RECOMPUTE)
+            self.context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+
+    def backbone_parameters(self):
+        return [v for k, v in self.p.items() if not k.startswith("head.")]
+
+    def head_parameters(self, name):
+        prefix = "head." + name + "."
+        return [v for k, v in self.p.items() if k.startswith(prefix)]
+
+    def dropout(self, x):
+        d = self.c["dropout"]
+        if not self.training or d == 0.0:
+            return x
+        return torch.native_dropout(x, d, True)[0]
+
+    def norm(self, name, x):
+        return F.layer_norm(x, (x.size(-1),), self.p[name + ".weight"],
+                            self.p[name + ".bias"], 1e-5)
+
+    def linear(self, name, x):
+        return F.linear(x, self.p[name + ".weight"], self.p[name + ".bias"])
+
+    def embed(self, tokens):
+        x = F.embedding(tokens, self.p["embed.tok"]) + self.p["embed.pos"][: tokens.size(1)]
+        return self.dropout(x)
+
+    def attention(self, l, x):
+        n, h = f"layer{l}.attn", x.size(-1)
+        heads = self.c["heads"]
+        qkv = self.linear(n + ".qkv", self.norm(n + ".norm", x))
+
+        def split(t):  # [B, S, H] -> [B, heads, S, d], contiguous
+            return t.view(t.size(0), t.size(1), heads, h // heads).transpose(1, 2).contiguous()
+        q, k, v = split(qkv[..., :h]), split(qkv[..., h:2 * h]), split(qkv[..., 2 * h:])
+        del qkv
+        scale = 1.0 / math.sqrt(q.size(-1))
+        probs = self.dropout(torch.softmax(torch.matmul(q * scale, k.transpose(-2, -1)), -1))
+        ctx = torch.matmul(probs, v)
+        ctx = ctx.transpose(1, 2).reshape(ctx.size(0), ctx.size(2), -1)
+        return x + self.dropout(self.linear(n + ".out", ctx))
+
+    def mlp(self, l, x):
+        n = f"layer{l}.mlp"
+        up = self.linear(n + ".up", self.norm(n + ".norm", x))
+        return x + self.dropout(self.linear(n + ".down", F.gelu(up)))
+
+    def layer(self, l, x):
+        return self.mlp(l, self.attention(l, x))
+
+    def run_layer(self, l, x):
+        if self.variant == "uniform":
+            return checkpoint(self.layer, l, x, use_reentrant=False)
+        if self.variant == "selective":
+            return checkpoint(self.layer, l, x, use_reentrant=False,
+                              context_fn=self.context_fn)
+        return self.layer(l, x)
+
+    def head_loss(self, t, tap, labels):
+        c = self.heads[t]
+        n = "head." + c["name"]
+        if c["kind"] == "classify":
+            pooled = torch.tanh(self.linear(n + ".pool", self.norm(n + ".norm", tap[:, 0])))
+            out = self.linear(n + ".out", pooled)
+            if c["loss"] == "mse":
+                return F.mse_loss(out.float(), labels.float())
+            return F.cross_entropy(out.float(), labels)
+        if c["kind"] == "tag":
+            out = self.linear(n + ".out", self.norm(n + ".norm", tap))
+            return F.cross_entropy(out.reshape(-1, out.size(-1)).float(), labels.reshape(-1))
+        if c["kind"] == "span":
+            out = self.linear(n + ".out", self.norm(n + ".norm", tap))
+            return 0.5 * (F.cross_entropy(out[..., 0].float(), labels[:, 0]) +
+                          F.cross_entropy(out[..., 1].float(), labels[:, 1]))
+        raise NotImplementedError("the peer has no decoder head")
+
+    def losses(self, tokens, labels):
+        """Per-task losses (unweighted), heads evaluated at their tap layer."""
+        taps = {}
+        need = {c["tap"] for c in self.heads}
+        x = self.embed(tokens)
+        if 0 in need:
+            taps[0] = x
+        top = max(need)
+        for l in range(1, top + 1):
+            x = self.run_layer(l, x)
+            if l in need:
+                taps[l] = x
+        return [self.head_loss(t, taps[c["tap"]], labels[t]) for t, c in enumerate(self.heads)]
+
+
+def scheduled_lr(c, step):
+    """runtime/src/Trainer.cpp scheduledLr."""
+    lr, warmup, total = c["lr"], c["warmup"], c["total"]
+    if warmup > 0 and step < warmup:
+        return lr * (step + 1) / warmup
+    span = max(1, total - warmup)
+    progress = min(max((step - warmup) / span, 0.0), 1.0)
+    if c["schedule"] == "linear":
+        return lr * (1.0 - progress)
+    if c["schedule"] == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return lr
+
+
+def resident():
+    """(VmRSS, VmHWM) in bytes."""
+    rss = hwm = -1
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+            elif line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) * 1024
+    return rss, hwm
+
+
+def reset_resident_peak():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False):
+    config, params, first = load_init(init)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    tr = config["train"]
+    if tr["precision"] != "fp32":
+        raise SystemExit("peer.py: fp32 only (the run's precision is %s)" % tr["precision"])
+    if tr["micro_batches"] != 1:
+        raise SystemExit("peer.py: one micro-batch per step only")
+    model = PeerModel(config, params, dev, variant)
+    head_names = [c["name"] for c in config["heads"]]
+    groups = [{"params": model.backbone_parameters(), "lr": tr["backbone_lr"]["lr"]}]
+    head_lr = tr["head_lr"] or [tr["backbone_lr"]] * len(head_names)
+    for name, c in zip(head_names, head_lr):
+        groups.append({"params": model.head_parameters(name), "lr": c["lr"]})
+    opt = torch.optim.AdamW(groups, lr=tr["backbone_lr"]["lr"], betas=(0.9, 0.999),
+                            eps=1e-8, weight_decay=tr["weight_decay"])
+    # AdamW's moments up front, as mtpc allocates them: the post-init level
+    # includes them on both sides.
+    for g in opt.param_groups:
+        for p in g["params"]:
+            opt.state[p] = {"step": torch.tensor(0.0),
+                            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+    data = Synthetic(config)
+    b = config["batch_size"]
+    batches = []
+    for pos in range(steps):
+        tokens, labels = data.batch(pos, b)
+        if pos == 0:  # the generator must reproduce what the binary drew
+            same = torch.equal(tokens, first["tokens"]) and all(
+                torch.equal(l, first["label." + n]) for n, l in zip(head_names, labels))
+            if not same:
+                raise SystemExit("peer.py: the synthetic batch differs from the dumped one")
+        batches.append((tokens.to(dev), [l.to(dev) for l in labels]))
+    weights = [c["weight"] for c in config["heads"]]
+    lr_configs = [tr["backbone_lr"]] + list(head_lr)
+    backbone = model.backbone_parameters()
+
+    gc.collect()
+    base_rss = -1
+    if resources and reset_resident_peak():
+        base_rss = resident()[0]
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base_cuda = torch.cuda.memory_allocated()
+    times, cpu, losses = [], [], []
+    for step in range(steps):
+        tokens, labels = batches[step]
+        if cuda:
+            torch.cuda.synchronize()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        if variant == "offload":
+            with torch.autograd.graph.save_on_cpu(pin_memory=cuda):
+                task_losses = model.losses(tokens, labels)
+        else:
+            task_losses = model.losses(tokens, labels)
+        total = sum(w * l for w, l in zip(weights, task_losses))
+        total.backward()
+        del total
+        n = len(task_losses)
+        for p in backbone:  # features scope, uniform α = 1/T on the tap gradients
+            if p.grad is not None:
+                p.grad.mul_(1.0 / n)
+        for g, c in zip(opt.param_groups, lr_configs):
+            g["lr"] = scheduled_lr(c, step)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step_losses = [l.item() for l in task_losses]
+        del task_losses
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - cpu_start)
+        losses.append(step_losses)
+    out = {"variant": variant, "tasks": head_names, "step_time_s": times, "loss": losses,
+           "cpu_s": cpu,
+           "threads": torch.get_num_threads(), "device": str(dev), "torch": torch.__version__}
+    if base_rss >= 0:
+        now, hwm = resident()
+        out.update(rss_base=base_rss, rss_peak=hwm, rss_above_base=hwm - base_rss)
+    if cuda:
+        out.update(device_peak_bytes=torch.cuda.max_memory_allocated(),
+                   device_above_base=torch.cuda.max_memory_allocated() - base_cuda)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--init", required=True, help="an mtpc binary's --dump-init DIR")
+    ap.add_argument("--variant", choices=VARIANTS, default="none")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--resources", action="store_true",
+                    help="measure the resident set's peak above the post-init level")
+    a = ap.parse_args()
+    print(json.dumps(run(a.init, a.variant, a.steps, a.threads, a.device, a.resources)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
