@@ -425,6 +425,11 @@ int64_t CostModel::blockRecomputeBytes(int64_t block) const {
 
 int64_t CostModel::cosineProbeWorkspace(
     ArrayRef<std::pair<int64_t, int64_t>> regions) const {
+  // The runtime measures the cosine matrix for the DGFG gate and its
+  // recalibration only: without the gate there is no probe.
+  StrategyOp strategy = model.getStrategy();
+  if (!strategy || !strategy.getDgfgHidden())
+    return 0;
   SmallVector<int64_t> taps;
   int64_t common = backbone.getLayers();
   for (TaskOp task : model.getTasks()) {

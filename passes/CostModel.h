@@ -112,6 +112,7 @@ public:
   /// path re-run one after another. The memory analysis, the planner's
   /// simulator and --mtp-fuse-task-gradients (no regions yet) all ask this.
   /// Offloaded tensors the probe reads come back one at a time (ignored).
+  /// Zero without the DGFG gate (the runtime then measures no cosines).
   int64_t cosineProbeWorkspace(
       llvm::ArrayRef<std::pair<int64_t, int64_t>> regions = {}) const;
 

@@ -187,6 +187,9 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     plan.train.gfmKeep = st->gfm_keep();
     plan.train.clipNorm = st->clip_max_norm();
     plan.train.gate = st->gate_hidden() > 0;
+    // The cosine matrix feeds the gate and its recalibration; without the
+    // gate the probe would only cost time (and memory the plan did not count).
+    plan.train.cosineEvery = plan.train.gate ? 1 : 0;
     if (!(plan.train.gfmKeep > 0.0 && plan.train.gfmKeep <= 1.0) ||
         !(plan.train.clipNorm >= 0.0) || plan.train.paramsTopK < 1 ||
         plan.train.paramsTopK > plan.model.layers)

@@ -112,6 +112,7 @@ TEST(Plan, StrategyAndTrainingReachTheProgram) {
   EXPECT_DOUBLE_EQ(p.train.gfmKeep, 0.5);
   EXPECT_DOUBLE_EQ(p.train.clipNorm, 1.5);
   EXPECT_TRUE(p.train.gate);
+  EXPECT_EQ(p.train.cosineEvery, 1); // the gate reads the cosine matrix
   EXPECT_DOUBLE_EQ(p.train.weightDecay, 0.05);
   EXPECT_EQ(p.train.backboneLr.schedule, LrSchedule::Cosine);
   EXPECT_EQ(p.train.backboneLr.warmupSteps, 20);
