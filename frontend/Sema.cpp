@@ -791,9 +791,8 @@ void Sema::checkBudget(const ast::Section *section, CheckedSpec &spec,
   out.gpus = 1;
   if (const ast::Value *v = f.get("gpus"))
     out.gpus = integer(*v, "gpus", 1, 4096).value_or(1);
-  if (!gpu && out.gpus > 1)
-    error(f.locOf("gpus")) << "device 'cpu' runs as one process per device; "
-                              "use gpus = 1";
+  // On 'cpu', gpus counts data-parallel processes (the runtime's --nproc
+  // ranks over gloo); the plan predicts one of them, exchange included.
 
   std::optional<int64_t> micro, global, accumulation;
   if (const ast::Value *v = f.get("micro_batch"))

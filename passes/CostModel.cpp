@@ -20,6 +20,7 @@
 
 #include "mlir/IR/Builders.h"
 
+#include <algorithm>
 #include <cmath>
 
 using namespace mlir;
@@ -546,6 +547,76 @@ int64_t CostModel::compressedPayloadBytes(int64_t elements, double topk,
 
 int64_t CostModel::allGatherBytes(int64_t payload, int64_t world) {
   return world <= 1 ? 0 : (world - 1) * payload;
+}
+
+int64_t CostModel::processes() const {
+  return budget ? std::max<int64_t>(1, budget.getGpus()) : 1;
+}
+
+// Mirrors GradExchange::averageGradients / sum and gscEncodeInto /
+// decodeAdd in runtime/src/Distributed.cpp; every term is a tensor the
+// runtime allocates (fp32 values 4 B, int64 positions 8 B, bytes 1 B).
+int64_t CostModel::gscBucketTransient(int64_t n, double topk, int64_t block,
+                                      int64_t world) {
+  if (n <= 0)
+    return 0;
+  // gscLayout: k kept values, fp32 scales per block, positions as an n-bit
+  // bitmap or k int32 indices (the smaller), k int8 codes.
+  const int64_t k = std::min<int64_t>(
+      n, std::max<int64_t>(1, int64_t(std::ceil(topk * double(n)))));
+  const int64_t bitmapBytes = (n + 7) / 8;
+  const bool bitmap = bitmapBytes < 4 * k;
+  const int64_t indexBytes = bitmap ? bitmapBytes : 4 * k;
+  const int64_t payload = 4 * ((k + block - 1) / block) + indexBytes + k;
+  const int64_t slot = (payload + 3) / 4 * 4; // padded to 4 B per rank
+  // Encode, beside this rank's payload: |g| (4n) with topk's values (4k)
+  // and positions (8k); sorting the positions (the input, the sorted
+  // positions, the permutation and the sort's scratch, 8k each); the kept
+  // values (4k) beside the positions, and for a bitmap one byte per position
+  // before packing.
+  const int64_t topkPhase = 4 * n + 12 * k;
+  const int64_t sortPhase = 32 * k;
+  const int64_t packPhase = 12 * k + (bitmap ? 8 * bitmapBytes : 0);
+  // A decode: a bitmap unpacked to a byte per position beside the positions
+  // it yields (8k), then the positions beside the dequantized values (4k).
+  const int64_t decode =
+      bitmap ? std::max(8 * bitmapBytes + 8 * k, 12 * k) : 12 * k;
+  const int64_t encode =
+      slot + std::max({topkPhase, sortPhase, packPhase, decode});
+  // The all-gather: this rank's payload and every rank's in one buffer;
+  // then each rank's payload is decoded and added in turn.
+  const int64_t gather = (world + 1) * slot;
+  const int64_t sum = world * slot + decode;
+  return std::max({encode, gather, sum});
+}
+
+CostModel::ExchangeMemory
+CostModel::gradientExchange(ArrayRef<AllReduceOp> buckets) const {
+  ExchangeMemory m;
+  const int64_t world = processes();
+  if (world <= 1 || buckets.empty())
+    return m;
+  int64_t values = 0;
+  for (AllReduceOp op : buckets)
+    values += op.getElements();
+  // Every gradient flattened into one fp32 vector, summed in place (an
+  // uncompressed all-reduce needs nothing more).
+  m.transient = 4 * values;
+  AllReduceOp first = buckets.front();
+  if (!first.getCompressed())
+    return m;
+  m.resident = 4 * values;
+  const double topk = first.getTopk()->convertToDouble();
+  const int64_t block = *first.getBlock();
+  // The runtime encodes runs of kGscBucketValues of the flattened vector,
+  // one after another: the largest run's transient counts.
+  int64_t widest =
+      gscBucketTransient(values % kGscBucketValues, topk, block, world);
+  if (values >= kGscBucketValues)
+    widest = std::max(widest,
+                      gscBucketTransient(kGscBucketValues, topk, block, world));
+  m.transient += widest;
+  return m;
 }
 
 //===----------------------------------------------------------------------===//

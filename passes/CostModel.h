@@ -142,6 +142,37 @@ public:
                                         int64_t block, int64_t bits);
   static int64_t allGatherBytes(int64_t payload, int64_t world);
 
+  //===--- The data-parallel gradient exchange's memory ------------------===//
+
+  /// Processes the plan is for: the budget's gpus (on `cpu`, the runtime's
+  /// --nproc ranks); 1 without a budget.
+  int64_t processes() const;
+  /// The runtime's GSC bucket: GradExchange encodes the flattened gradients
+  /// in runs of this many values (GscOptions::bucket, the driver's
+  /// --compress-bucket default), one run at a time.
+  static constexpr int64_t kGscBucketValues = int64_t(1) << 20;
+  struct ExchangeMemory {
+    /// Held through every step (from the first, as the runtime creates it
+    /// with the trainer): the error-feedback residual, 4 B per value.
+    int64_t resident = 0;
+    /// The exchange's own peak beyond the resident state, at the step's
+    /// mtp.allreduce ops (after the backward, before AdamW).
+    int64_t transient = 0;
+  };
+  /// What the gradient exchange of the step's `buckets` (its mtp.allreduce
+  /// ops; compression as they carry it) holds on one process, as
+  /// runtime/src/Distributed.cpp allocates it (docs/cost-model.md, "The
+  /// gradient exchange"). Zero at one process. The memory analysis and the
+  /// planner's simulator both ask this.
+  ExchangeMemory gradientExchange(llvm::ArrayRef<AllReduceOp> buckets) const;
+  /// The transient of one GSC bucket of n values at `world` processes: the
+  /// largest of its encode (|g| and top-k's values and positions; sorting
+  /// the positions; the kept values beside them and, for a bitmap, a byte
+  /// per position), the all-gather and the decodes, each beside the bucket's
+  /// padded payload(s).
+  static int64_t gscBucketTransient(int64_t n, double topk, int64_t block,
+                                    int64_t world);
+
   //===--- Time ------------------------------------------------------------===//
 
   const DevicePreset &device() const { return *preset; }

@@ -191,6 +191,10 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   auto isForwardValue = [](Value v) {
     return isa_and_nonnull<FwdOp, InputOp, PrefetchOp>(v.getDefiningOp());
   };
+  // The gradient exchange: its residual is resident, its transient comes at
+  // the mtp.allreduce ops (the runtime exchanges every bucket there).
+  const CostModel::ExchangeMemory exchange =
+      cost.gradientExchange(llvm::to_vector(body.getOps<AllReduceOp>()));
   // The first micro-batch: gradients appear as the backward reaches their
   // group, and the cosine probe runs. Later ones (accumulation): every
   // gradient is live from the start, and no probe. The peak is the larger.
@@ -198,6 +202,7 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
     now = MemoryBreakdown();
     now.parameters = CostModel::kWeightBytes * params;
     now.optimizer = CostModel::kOptimizerBytes * params;
+    now.exchange = exchange.resident;
     if (later)
       now.gradients = CostModel::kGradientBytes * params;
     llvm::StringSet<> gradAllocated;
@@ -223,6 +228,8 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
         workspace = bwd.getWorkspace();
       else if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op))
         workspace = fuseWorkspaceBeyondResults(fuse, cost, regions, later);
+      else if (isa<AllReduceOp>(op))
+        workspace = exchange.transient;
       now.workspace = workspace;
       if (now.total() > report.peakBytes) {
         report.peakBytes = now.total();
@@ -319,15 +326,17 @@ void mtp::attachMemoryReport(StepOp step, const MemoryReport &report) {
   step->setAttr("mtp.peak_bytes", i64(report.peakBytes));
   step->setAttr("mtp.peak_at",
                 b.getStringAttr(MemoryReport::describe(report.peakOp)));
-  step->setAttr("mtp.breakdown",
-                b.getDictionaryAttr({
-                    b.getNamedAttr("parameters", i64(m.parameters)),
-                    b.getNamedAttr("gradients", i64(m.gradients)),
-                    b.getNamedAttr("optimizer", i64(m.optimizer)),
-                    b.getNamedAttr("activations", i64(m.activations)),
-                    b.getNamedAttr("activation_grads", i64(m.activationGrads)),
-                    b.getNamedAttr("workspace", i64(m.workspace)),
-                }));
+  SmallVector<NamedAttribute> breakdown = {
+      b.getNamedAttr("parameters", i64(m.parameters)),
+      b.getNamedAttr("gradients", i64(m.gradients)),
+      b.getNamedAttr("optimizer", i64(m.optimizer)),
+      b.getNamedAttr("activations", i64(m.activations)),
+      b.getNamedAttr("activation_grads", i64(m.activationGrads)),
+      b.getNamedAttr("workspace", i64(m.workspace)),
+  };
+  if (m.exchange) // only where there is one (more than one process, GSC)
+    breakdown.push_back(b.getNamedAttr("exchange", i64(m.exchange)));
+  step->setAttr("mtp.breakdown", b.getDictionaryAttr(breakdown));
   step->setAttr("mtp.saved_bytes", i64(report.savedBytes));
   SmallVector<NamedAttribute> perTask;
   for (auto &[task, bytes] : report.taskOnlyBytes)
@@ -365,6 +374,8 @@ struct MemoryAnalysisPass
     os << "    activations     " << formatBytes(m.activations) << "\n";
     os << "    activation grads " << formatBytes(m.activationGrads) << "\n";
     os << "    workspace       " << formatBytes(m.workspace) << "\n";
+    if (m.exchange)
+      os << "    exchange        " << formatBytes(m.exchange) << "\n";
     os << "  saved activations " << formatBytes(report.savedBytes) << "\n";
     for (auto &[task, bytes] : report.taskOnlyBytes)
       os << "    only for " << task << ": " << formatBytes(bytes) << "\n";

@@ -24,9 +24,12 @@ struct MemoryBreakdown {
   int64_t activations = 0;    ///< forward values alive (saved or in use)
   int64_t activationGrads = 0;///< backward values alive
   int64_t workspace = 0;      ///< the running unit's temporaries
+  /// The data-parallel exchange's error-feedback residual (GSC at more than
+  /// one process), resident through every step.
+  int64_t exchange = 0;
   int64_t total() const {
-    return parameters + gradients + optimizer + activations +
-           activationGrads + workspace;
+    return parameters + gradients + optimizer + activations + activationGrads +
+           workspace + exchange;
   }
 };
 

@@ -240,7 +240,12 @@ void MemoryPlanner::Impl::build() {
     groupParams[g] += w.getParams();
     params += w.getParams();
   }
-  resident = (CostModel::kWeightBytes + CostModel::kOptimizerBytes) * params;
+  // The gradient exchange (the memory analysis's figures): its residual is
+  // resident, its transient comes at the mtp.allreduce ops.
+  const CostModel::ExchangeMemory exchange =
+      cost.gradientExchange(llvm::to_vector(body.getOps<AllReduceOp>()));
+  resident = (CostModel::kWeightBytes + CostModel::kOptimizerBytes) * params +
+             exchange.resident;
   allGradientBytes = CostModel::kGradientBytes * params;
   llvm::StringSet<> seenGroups;
   fwdSecondsBefore.assign(numOps + 1, 0.0);
@@ -295,6 +300,8 @@ void MemoryPlanner::Impl::build() {
         gradientArrivals.push_back(
             {pos, CostModel::kGradientBytes * groupParams.lookup(group)});
     }
+    if (isa<AllReduceOp>(op))
+      workspace[pos] = exchange.transient;
     if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op)) {
       workspace[pos] = fuseWorkspaceBeyondResults(fuse, cost, {});
       fuseOp = fuse;

@@ -135,6 +135,15 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
        << llvm::format("%.1f", ratio) << "x smaller than fp32; all-gathered, "
        << formatBytes(compressed) << " sent per process (grows as (W-1) x payload)\n";
   }
+  if (world > 1) {
+    CostModel cost(model);
+    CostModel::ExchangeMemory m =
+        cost.gradientExchange(llvm::to_vector(buckets));
+    os << "    exchange memory: ";
+    if (m.resident)
+      os << formatBytes(m.resident) << " resident (the GSC residual), ";
+    os << formatBytes(m.transient) << " at the exchange\n";
+  }
 }
 
 SmallVector<Row> rowsOf(ModelOp model, const MemoryReport &report) {
@@ -201,7 +210,8 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
   }
   const MemoryBreakdown &m = report.atPeak;
   os << "\n  parameters           " << formatBytes(m.parameters) << "\n"
-     << "  gradients            " << formatBytes(m.gradients) << " (at the peak)\n"
+     << "  gradients            " << formatBytes(m.gradients)
+     << " (at the peak)\n"
      << "  optimizer state      " << formatBytes(m.optimizer) << "\n"
      << "  saved activations    " << formatBytes(report.savedBytes) << "\n"
      << (model.getStep()->hasAttr("mtp.planned_peak_bytes")
@@ -211,10 +221,13 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
      << MemoryReport::describe(report.peakOp) << "\n"
      << "    of which activations " << formatBytes(m.activations)
      << ", activation grads " << formatBytes(m.activationGrads)
-     << ", workspace " << formatBytes(m.workspace) << "\n"
+     << ", workspace " << formatBytes(m.workspace)
+     << (m.exchange ? ", exchange residual " + formatBytes(m.exchange) : "")
+     << "\n"
      << "  activation_reuse_ratio "
      << llvm::format("%.3f", report.activationReuseRatio)
-     << " (of the backbone bytes each task depends on, the share others depend on too)\n";
+     << " (of the backbone bytes each task depends on, the share others depend "
+        "on too)\n";
   for (auto &[task, bytes] : report.taskOnlyBytes)
     os << "  only for " << task << ": " << formatBytes(bytes) << "\n";
   if (!budget) {
@@ -322,22 +335,21 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
   for (auto &[task, bytes] : report.taskOnlyBytes)
     taskOnly[task] = bytes;
   const MemoryBreakdown &m = report.atPeak;
-  Object out{
-      {"schema", "mtpc.plan/1"},
-      {"model", model.getSymName()},
-      {"units", std::move(units)},
-      {"peak",
-       Object{{"bytes", report.peakBytes},
-              {"at", MemoryReport::describe(report.peakOp)},
-              {"parameters", m.parameters},
-              {"gradients", m.gradients},
-              {"optimizer", m.optimizer},
-              {"activations", m.activations},
-              {"activation_grads", m.activationGrads},
-              {"workspace", m.workspace}}},
-      {"saved_bytes", report.savedBytes},
-      {"task_only_bytes", std::move(taskOnly)},
-      {"activation_reuse_ratio", report.activationReuseRatio}};
+  Object out{{"schema", "mtpc.plan/1"},
+             {"model", model.getSymName()},
+             {"units", std::move(units)},
+             {"peak", Object{{"bytes", report.peakBytes},
+                             {"at", MemoryReport::describe(report.peakOp)},
+                             {"parameters", m.parameters},
+                             {"gradients", m.gradients},
+                             {"optimizer", m.optimizer},
+                             {"activations", m.activations},
+                             {"activation_grads", m.activationGrads},
+                             {"workspace", m.workspace},
+                             {"exchange", m.exchange}}},
+             {"saved_bytes", report.savedBytes},
+             {"task_only_bytes", std::move(taskOnly)},
+             {"activation_reuse_ratio", report.activationReuseRatio}};
   StepOp step = model.getStep();
   int64_t planned = stepInt(step, "mtp.planned_peak_bytes");
   if (planned >= 0) {

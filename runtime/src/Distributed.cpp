@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
+#include <thread>
 
 namespace mtprt {
 
@@ -126,6 +127,29 @@ Communicator::Communicator(const DistOptions &o, bool serveStore)
 
 Communicator::~Communicator() = default;
 
+namespace {
+
+/// Waits for a collective and for the backend to let go of it: gloo's worker
+/// thread drops its reference to the work — and with it the work's tensors —
+/// only after the waiter is woken, so without this the buffers of a
+/// collective could outlive their last use by a moment, nondeterministically
+/// adding to whatever the step allocates next (docs/cost-model.md, "The
+/// gradient exchange").
+/// (NCCL's watchdog keeps its works for a polling interval: there, and on
+/// CUDA memory, only the wait.)
+void finish(const c10::intrusive_ptr<c10d::Backend> &backend,
+            c10::intrusive_ptr<c10d::Work> work) {
+  work->wait();
+  if (backend->getBackendName() != "gloo")
+    return;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (work.use_count() > 1 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+}
+
+} // namespace
+
 bool Communicator::active() const { return static_cast<bool>(impl_->backend); }
 
 at::Device Communicator::device() const {
@@ -142,7 +166,7 @@ void Communicator::allReduceSum(std::vector<at::Tensor> &tensors) {
     return;
   for (at::Tensor &t : tensors) {
     std::vector<at::Tensor> one{t};
-    impl_->backend->allreduce(one)->wait();
+    finish(impl_->backend, impl_->backend->allreduce(one));
   }
 }
 
@@ -153,8 +177,19 @@ std::vector<at::Tensor> Communicator::allGather(const at::Tensor &t) {
   for (int r = 0; r < worldSize(); ++r)
     out[0].push_back(at::empty_like(t));
   std::vector<at::Tensor> in{t.contiguous()};
-  impl_->backend->allgather(out, in)->wait();
+  finish(impl_->backend, impl_->backend->allgather(out, in));
   return out[0];
+}
+
+void Communicator::allGatherInto(at::Tensor &out, const at::Tensor &t) {
+  if (!impl_->backend) {
+    out.copy_(t.reshape({-1}));
+    return;
+  }
+  // One flat output the backend writes into: the list form has gloo gather
+  // into a flat buffer of its own and copy out of it (twice the bytes).
+  at::Tensor in = t.contiguous();
+  finish(impl_->backend, impl_->backend->_allgather_base(out, in));
 }
 
 void Communicator::broadcast(at::Tensor &t, int root) {
@@ -163,12 +198,12 @@ void Communicator::broadcast(at::Tensor &t, int root) {
   std::vector<at::Tensor> one{t};
   c10d::BroadcastOptions bo;
   bo.rootRank = root;
-  impl_->backend->broadcast(one, bo)->wait();
+  finish(impl_->backend, impl_->backend->broadcast(one, bo));
 }
 
 void Communicator::barrier() {
   if (impl_->backend)
-    impl_->backend->barrier()->wait();
+    finish(impl_->backend, impl_->backend->barrier());
 }
 
 struct StoreServer::Impl {
@@ -238,18 +273,36 @@ bool onCudaKernels(const at::Tensor &t) {
 } // namespace
 
 at::Tensor gscEncode(const at::Tensor &values, const GscOptions &o) {
-  if (!values.is_cpu() && !onCudaKernels(values)) // no kernel for the device
-    return gscEncode(values.cpu(), o).to(values.device());
+  const GscLayout l = gscLayout(values.numel(), o);
+  at::Tensor payload = at::empty({l.bytes}, values.options().dtype(at::kByte));
+  gscEncodeInto(values, o, payload);
+  return payload;
+}
+
+void gscEncodeInto(const at::Tensor &values, const GscOptions &o,
+                   at::Tensor payload) {
+  if (!values.is_cpu() && !onCudaKernels(values)) { // no kernel for the device
+    at::Tensor p = gscEncode(values.cpu(), o);
+    payload.copy_(p);
+    return;
+  }
   at::Tensor v = values.to(at::kFloat).contiguous().view({-1});
   const GscLayout l = gscLayout(v.numel(), o);
-  at::Tensor payload = at::zeros({l.bytes}, v.options().dtype(at::kByte));
+  if (payload.scalar_type() != at::kByte || payload.dim() != 1 ||
+      payload.numel() != l.bytes || !payload.is_contiguous())
+    throw std::invalid_argument(
+        "mtprt: GSC payload buffer of " + std::to_string(payload.numel()) +
+        " bytes cannot hold " + std::to_string(l.bytes));
+  payload.zero_();
   if (l.k == 0)
-    return payload;
+    return;
   // Top-k by |g|: exactly k positions, so every rank's payload for the bucket
   // has the same size. Ascending order makes the bitmap and indices agree.
+  // (Transients, docs/cost-model.md: |v| and topk's values and positions;
+  // then the sort's; then the kept values beside the positions.)
   at::Tensor idx = std::get<1>(at::topk(v.abs(), l.k, 0, true, false));
   idx = std::get<0>(at::sort(idx));
-  at::Tensor kept = v.index_select(0, idx).contiguous();
+  at::Tensor kept = v.index_select(0, idx);
   at::Tensor scales = payload.narrow(0, 0, 4 * l.blocks).view(at::kFloat);
   at::Tensor codes =
       payload.narrow(0, 4 * l.blocks + l.indexBytes, l.k).view(at::kChar);
@@ -285,35 +338,46 @@ at::Tensor gscEncode(const at::Tensor &values, const GscOptions &o) {
   }
   at::Tensor index = payload.narrow(0, 4 * l.blocks, l.indexBytes);
   if (l.bitmap) {
+    // One byte per position, then each byte's eight packed in place (the
+    // bits are distinct, so or-ing the weighted columns is their sum): no
+    // integer widening of the whole bucket.
     at::Tensor bits = at::zeros({l.indexBytes * 8}, index.options());
     bits.index_fill_(0, idx, 1);
-    index.copy_(
-        (bits.view({-1, 8}) * bitWeights(v.device())).sum(1).to(at::kByte));
+    at::Tensor rows = bits.view({-1, 8}).mul_(bitWeights(v.device()));
+    index.copy_(rows.select(1, 0));
+    for (int64_t j = 1; j < 8; ++j)
+      index.bitwise_or_(rows.select(1, j));
   } else {
-    index.view(at::kInt).copy_(idx.to(at::kInt));
+    index.view(at::kInt).copy_(idx);
   }
-  return payload;
 }
 
-at::Tensor gscDecode(const at::Tensor &payload, int64_t n,
-                     const GscOptions &o) {
-  const GscLayout l = gscLayout(n, o);
-  if (payload.scalar_type() != at::kByte || payload.dim() != 1 ||
-      payload.numel() != l.bytes)
-    throw std::invalid_argument(
-        "mtprt: GSC payload of " + std::to_string(payload.numel()) +
-        " bytes does not encode " + std::to_string(n) + " values (expected " +
-        std::to_string(l.bytes) + ")");
-  if (!payload.is_cpu() && !onCudaKernels(payload))
-    return gscDecode(payload.cpu(), n, o).to(payload.device());
-  at::Tensor p = payload.contiguous();
-  at::Tensor out = at::zeros({n}, p.options().dtype(at::kFloat));
-  if (l.k == 0)
-    return out;
+namespace {
+
+/// The kept positions (int64, ascending for a bitmap) and dequantized values
+/// of a payload on a kernel device. Positions first: a bitmap's one byte per
+/// position is gone before the values exist.
+std::pair<at::Tensor, at::Tensor>
+decodeKept(const at::Tensor &p, const GscLayout &l, const GscOptions &o) {
+  const int64_t n = l.n;
+  at::Tensor index = p.narrow(0, 4 * l.blocks, l.indexBytes);
+  at::Tensor idx;
+  if (l.bitmap)
+    idx = index.unsqueeze(1)
+              .bitwise_and(bitWeights(p.device()))
+              .view({-1})
+              .narrow(0, 0, n)
+              .nonzero()
+              .view({-1});
+  else
+    idx = index.view(at::kInt).to(at::kLong);
+  if (idx.numel() != l.k || (!l.bitmap && (idx.min().item<int64_t>() < 0 ||
+                                           idx.max().item<int64_t>() >= n)))
+    throw std::invalid_argument("mtprt: corrupt GSC payload (positions)");
   at::Tensor scales = p.narrow(0, 0, 4 * l.blocks).view(at::kFloat);
   at::Tensor codes =
       p.narrow(0, 4 * l.blocks + l.indexBytes, l.k).view(at::kChar);
-  at::Tensor vals = at::empty({l.k}, out.options());
+  at::Tensor vals = at::empty({l.k}, p.options().dtype(at::kFloat));
   if (onCudaKernels(p)) {
 #if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
     const kernels::Specialized &sk = kernels::specialized();
@@ -343,21 +407,47 @@ at::Tensor gscDecode(const at::Tensor &payload, int64_t n,
                                 scales.data_ptr<float>(), l.k, o.block,
                                 vals.data_ptr<float>());
   }
-  at::Tensor index = p.narrow(0, 4 * l.blocks, l.indexBytes);
-  at::Tensor idx;
-  if (l.bitmap)
-    idx = index.unsqueeze(1)
-              .bitwise_and(bitWeights(p.device()))
-              .ne(0)
-              .view({-1})
-              .narrow(0, 0, n)
-              .nonzero()
-              .view({-1});
-  else
-    idx = index.view(at::kInt).to(at::kLong);
-  if (idx.numel() != l.k || (!l.bitmap && (idx.min().item<int64_t>() < 0 ||
-                                           idx.max().item<int64_t>() >= n)))
-    throw std::invalid_argument("mtprt: corrupt GSC payload (positions)");
+  return {idx, vals};
+}
+
+void checkPayload(const at::Tensor &payload, const GscLayout &l) {
+  if (payload.scalar_type() != at::kByte || payload.dim() != 1 ||
+      payload.numel() != l.bytes)
+    throw std::invalid_argument(
+        "mtprt: GSC payload of " + std::to_string(payload.numel()) +
+        " bytes does not encode " + std::to_string(l.n) + " values (expected " +
+        std::to_string(l.bytes) + ")");
+}
+
+/// target[i] += alpha · decoded[i] at the kept positions only (the others
+/// would add zero): no dense decoded copy of the bucket. alpha is 1 or -1,
+/// so the results equal adding or subtracting the dense decode bit for bit.
+void decodeAdd(const at::Tensor &payload, const GscLayout &l,
+               const GscOptions &o, at::Tensor target, double alpha) {
+  checkPayload(payload, l);
+  if (l.k == 0)
+    return;
+  if (!payload.is_cpu() && !onCudaKernels(payload)) {
+    target.add_(gscDecode(payload.cpu(), l.n, o).to(target.device()), alpha);
+    return;
+  }
+  auto [idx, vals] = decodeKept(payload.contiguous(), l, o);
+  target.index_add_(0, idx, vals, alpha);
+}
+
+} // namespace
+
+at::Tensor gscDecode(const at::Tensor &payload, int64_t n,
+                     const GscOptions &o) {
+  const GscLayout l = gscLayout(n, o);
+  checkPayload(payload, l);
+  if (!payload.is_cpu() && !onCudaKernels(payload))
+    return gscDecode(payload.cpu(), n, o).to(payload.device());
+  at::Tensor p = payload.contiguous();
+  at::Tensor out = at::zeros({n}, p.options().dtype(at::kFloat));
+  if (l.k == 0)
+    return out;
+  auto [idx, vals] = decodeKept(p, l, o);
   out.index_copy_(0, idx, vals);
   return out;
 }
@@ -389,34 +479,50 @@ GradExchange::Result GradExchange::sum(at::Tensor &flat) {
   }
   if (!residual_.defined() || residual_.numel() != n)
     residual_ = at::zeros({n}, flat.options());
-  at::Tensor gin = flat + options_.decay * residual_;
-  std::vector<at::Tensor> payloads;
-  std::vector<GscLayout> layouts;
-  at::Tensor own = at::empty({n}, flat.options());
+  if (keepOwnDecoded)
+    lastOwnDecoded = at::zeros({n}, flat.options());
+  const int world = comm_->worldSize();
+  // One bucket at a time, so only one bucket's payloads and transients are
+  // ever live (docs/cost-model.md, "The gradient exchange"). g_in = g +
+  // decay·r is formed in the residual's own storage; subtracting this rank's
+  // decoded payload leaves the new residual there (the dropped values and the
+  // quantization error alike) — the same bits as g_in − decode(payload).
   for (int64_t lo = 0; lo < n; lo += options_.bucket) {
     const int64_t len = std::min(options_.bucket, n - lo);
-    payloads.push_back(gscEncode(gin.narrow(0, lo, len), options_));
-    layouts.push_back(gscLayout(len, options_));
-    own.narrow(0, lo, len).copy_(gscDecode(payloads.back(), len, options_));
-  }
-  // The residual covers the dropped values and the quantization error alike.
-  residual_ = gin - own;
-  lastOwnDecoded = own;
-  at::Tensor mine = at::cat(payloads);
-  r.bytesSent = mine.numel();
-  std::vector<at::Tensor> all = comm_->allGather(mine);
-  // Every rank sums the same decoded payloads in rank order: identical bits.
-  flat.zero_();
-  for (const at::Tensor &p : all) {
-    int64_t lo = 0, off = 0;
-    for (const GscLayout &l : layouts) {
-      flat.narrow(0, lo, l.n)
-          .add_(gscDecode(p.narrow(0, off, l.bytes), l.n, options_));
-      lo += l.n;
-      off += l.bytes;
-    }
+    const GscLayout l = gscLayout(len, options_);
+    at::Tensor gin = residual_.narrow(0, lo, len);
+    gin.mul_(options_.decay).add_(flat.narrow(0, lo, len));
+    // Each rank's slot padded to 4 bytes, so its fp32 scales stay aligned
+    // in the gathered buffer.
+    const int64_t slot = (l.bytes + 3) / 4 * 4;
+    at::Tensor mine = at::zeros({slot}, flat.options().dtype(at::kByte));
+    at::Tensor payload = mine.narrow(0, 0, l.bytes);
+    gscEncodeInto(gin, options_, payload);
+    if (keepOwnDecoded)
+      decodeAdd(payload, l, options_, lastOwnDecoded.narrow(0, lo, len), 1.0);
+    decodeAdd(payload, l, options_, gin, -1.0);
+    r.bytesSent += l.bytes;
+    at::Tensor all = at::empty({world * slot}, mine.options());
+    comm_->allGatherInto(all, mine);
+    payload = mine = at::Tensor();
+    // Every rank sums the same decoded payloads in rank order: identical bits.
+    at::Tensor sum = flat.narrow(0, lo, len);
+    sum.zero_();
+    for (int rank = 0; rank < world; ++rank)
+      decodeAdd(all.narrow(0, rank * slot, l.bytes), l, options_, sum, 1.0);
   }
   return r;
+}
+
+void GradExchange::prepare(const std::vector<at::Tensor> &params) {
+  if (!compress_ || !comm_ || !comm_->active())
+    return;
+  int64_t n = 0;
+  for (const at::Tensor &p : params)
+    n += p.numel();
+  if (!residual_.defined() || residual_.numel() != n)
+    residual_ = at::zeros(
+        {n}, at::TensorOptions().dtype(at::kFloat).device(comm_->device()));
 }
 
 GradExchange::Result

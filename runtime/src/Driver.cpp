@@ -234,7 +234,8 @@ struct RunSummary {
     if (predicted > 0 && processes != plannedProcesses)
       os << " (the plan is for " << plannedProcesses << " process(es), this "
          << "run has " << processes
-         << ": the gradient exchange's buffers are not in the prediction)";
+         << ": the prediction counts the gradient exchange of "
+         << plannedProcesses << ")";
     if (const kernels::Specialized &k = kernels::specialized(); *k.what)
       os << ". The program's specialized kernels (" << k.what << ") ran "
          << kernels::specializedLaunches() << " times";
@@ -661,6 +662,7 @@ int train(const Program &p, const Options &o) {
   gsc.block = o.block;
   gsc.bucket = o.bucket;
   GradExchange exchange(&comm, o.compress, gsc);
+  exchange.prepare(core.model().parameters());
   GradExchange::Result sent;
   core.beforeUpdate = [&](StepStats &) {
     sent = exchange.averageGradients(core.model().parameters());

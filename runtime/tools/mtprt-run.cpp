@@ -13,6 +13,7 @@
 #include "mtprt/Driver.h"
 #include "mtprt/Plan.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -35,6 +36,13 @@ int main(int argc, char **argv) {
     else
       rest.push_back(argv[i]);
   }
+  // --nproc re-executes this program once per rank with the driver's flags
+  // only: the ranks find the plan in the environment.
+  if (planPath.empty())
+    if (const char *inherited = std::getenv("MTPRT_RUN_PLAN"))
+      planPath = inherited;
+  if (!planPath.empty())
+    setenv("MTPRT_RUN_PLAN", planPath.c_str(), 1);
   bool help = false;
   for (char *a : rest)
     help |= !std::strcmp(a, "--help") || !std::strcmp(a, "-h");

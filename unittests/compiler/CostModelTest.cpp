@@ -191,6 +191,21 @@ TEST(Collectives, BytesPerProcess) {
 } // namespace
 
 namespace {
+// The exchange's per-bucket transient against GradExchange::sum on the
+// runtime's tracking allocator (a harness of the exchange alone, 2 and 4
+// ranks on loopback; docs/cost-model.md, "The gradient exchange"): exact.
+TEST(Collectives, GscBucketTransientMatchesTheRuntime) {
+  EXPECT_EQ(CostModel::gscBucketTransient(240856, 0.15, 256, 2), 1463776);
+  EXPECT_EQ(CostModel::gscBucketTransient(240856, 0.15, 256, 3), 1463776);
+  EXPECT_EQ(CostModel::gscBucketTransient(240856, 0.02, 256, 2), 1045408);
+  EXPECT_EQ(CostModel::gscBucketTransient(240856, 0.5, 256, 2), 4006116);
+  EXPECT_EQ(CostModel::gscBucketTransient(240856, 1.0, 256, 2), 7982120);
+  EXPECT_EQ(CostModel::gscBucketTransient(1 << 20, 0.15, 256, 2), 6372568);
+  EXPECT_EQ(CostModel::gscBucketTransient(100, 0.15, 256, 4), 612);
+  EXPECT_EQ(CostModel::gscBucketTransient(1000, 0.9, 256, 4), 29844);
+  EXPECT_EQ(CostModel::gscBucketTransient(0, 0.15, 256, 2), 0);
+}
+
 TEST_F(CostModelTest, SpecOverridesThePresetsPeak) {
   ModelOp model = load(
       kTinyBackbone, kTinyTasks,

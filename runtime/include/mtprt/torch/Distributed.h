@@ -66,6 +66,9 @@ public:
   void allReduceSum(std::vector<at::Tensor> &tensors);
   /// Every rank's `t` (same shape and dtype on every rank), in rank order.
   std::vector<at::Tensor> allGather(const at::Tensor &t);
+  /// Every rank's `t` into `out` (world size × t.numel() elements of t's
+  /// dtype, contiguous), in rank order, with no buffer of the backend's own.
+  void allGatherInto(at::Tensor &out, const at::Tensor &t);
   void broadcast(at::Tensor &t, int root);
   void barrier();
 
@@ -110,6 +113,10 @@ struct GscLayout {
 GscLayout gscLayout(int64_t n, const GscOptions &options);
 /// Encodes a flat fp32 bucket (CPU or CUDA) into a uint8 payload.
 at::Tensor gscEncode(const at::Tensor &values, const GscOptions &options);
+/// The same into `payload` (uint8, contiguous, gscLayout(values.numel()).bytes
+/// long).
+void gscEncodeInto(const at::Tensor &values, const GscOptions &options,
+                   at::Tensor payload);
 /// Decodes a payload of an n-value bucket to n fp32 values (zeros where not
 /// kept), on the payload's device.
 at::Tensor gscDecode(const at::Tensor &payload, int64_t n,
@@ -129,6 +136,11 @@ public:
   /// count as zeros on every rank and are written back as zeros only where
   /// another rank had one). World size 1: nothing happens, nothing counted.
   Result averageGradients(const std::vector<at::Tensor> &params);
+  /// Creates the error-feedback residual (zeros, one value per parameter
+  /// element) before the first step, as AdamW's moments are, so the first
+  /// step holds what every later one does (the plan's peak counts it). Does
+  /// nothing uncompressed or at world size 1.
+  void prepare(const std::vector<at::Tensor> &params);
   /// The collective itself on one flat fp32 vector: the sum over ranks
   /// (compressed: Σ_rank decode(encode(g + decay·r))), residual updated.
   Result sum(at::Tensor &flat);
@@ -137,7 +149,10 @@ public:
   const GscOptions &options() const { return options_; }
   /// Error-feedback state (flat, fp32; undefined before the first step).
   at::Tensor &residual() { return residual_; }
-  /// This rank's decoded payload of the last compressed call (for tests).
+  /// With keepOwnDecoded (tests): this rank's decoded payload of the last
+  /// compressed call. Off in training: it would hold another copy of every
+  /// gradient through the step.
+  bool keepOwnDecoded = false;
   at::Tensor lastOwnDecoded;
 
 private:
