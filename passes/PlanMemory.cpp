@@ -701,6 +701,9 @@ PlanResult MemoryPlanner::solve() {
     current[bestC] = bestD;
     peak = bestPeak;
   }
+  // Moves one at a time from everything kept can end lower than the
+  // frugal estimate above: the smallest peak reported is the lower.
+  result.minimalPeak = std::min(result.minimalPeak, peak);
 
   // Prune what the budget does not need, costliest first; then swap a
   // recompute for an offload (or back) where that is cheaper and still fits.
