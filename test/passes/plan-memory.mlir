@@ -1,13 +1,13 @@
 // RUN: mtp-opt %s -split-input-file --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-plan-memory))' -verify-diagnostics | FileCheck %s
 
 // The tiny example's model with 7 MiB: keeping everything peaks at 8.74 MiB,
-// recomputing every block at 6.29 MiB (regions [1.attn .. 1.mlp]
-// [2.attn .. 2.mlp] [3.attn .. 4.mlp]: a region ends below the cosine probe's
-// layer, the lowest tap). The plan recomputes the attention
+// recomputing every block at 5.30 MiB (one region per layer: the planner's
+// regions end at every layer, so that is uniform(every = 1)'s peak). The
+// plan recomputes the attention
 // blocks (their saved bytes per FLOP are the highest), one region each,
 // since regions end at the taps of layer 2 and layer 4.
 // CHECK-LABEL: mtp.model @auto
-// CHECK: mtp.step attributes {{{.*}}mtp.keep_peak_bytes = 9163532 : i64, {{.*}}mtp.planned_peak_bytes = [[PLANNED:[0-9]+]] : i64, mtp.regions = [array<i64: 1, 1>, array<i64: 3, 3>, array<i64: 5, 5>], mtp.uniform_added_seconds = {{.*}}, mtp.uniform_peak_bytes = 6599436 : i64}
+// CHECK: mtp.step attributes {{{.*}}mtp.keep_peak_bytes = 9163532 : i64, {{.*}}mtp.planned_peak_bytes = [[PLANNED:[0-9]+]] : i64, mtp.regions = [array<i64: 1, 1>, array<i64: 3, 3>, array<i64: 5, 5>], mtp.uniform_added_seconds = {{.*}}, mtp.uniform_peak_bytes = 5556748 : i64}
 // CHECK: mtp.fwd attn_norm[1]{{.*}}{mtp.decision = "recompute", mtp.region = 0 : i64}
 // CHECK: mtp.fwd attn_core[1]{{.*}}{mtp.decision = "recompute", mtp.region = 0 : i64}
 // CHECK: mtp.fwd mlp_norm[1]{{.*}}{mtp.decision = "keep"}
