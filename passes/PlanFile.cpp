@@ -2,6 +2,9 @@
 
 #include "passes/PlanFile.h"
 
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+
 #include "schema/plan_generated.h"
 
 #include "llvm/Support/Format.h"
@@ -127,11 +130,23 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         st.getTopk().convertToDouble(), st.getQuantBlock(),
         st.getQuantBits(), st.getResidualDecay().convertToDouble());
   flatbuffers::Offset<fb::Train> train;
+  // A relative data path is the spec's: the plan (and a binary built from
+  // it, which may run from anywhere) records it absolute.
+  std::string data = "synthetic";
+  if (TrainOp tr = model.getTrain(); tr && tr.getDataPath()) {
+    llvm::SmallString<256> path(*tr.getDataPath());
+    if (!llvm::sys::path::is_absolute(path)) {
+      llvm::SmallString<256> joined(llvm::sys::path::parent_path(source));
+      llvm::sys::path::append(joined, path);
+      llvm::sys::fs::make_absolute(joined);
+      llvm::sys::path::remove_dots(joined, /*remove_dot_dot=*/true);
+      path = joined;
+    }
+    data = path.str().str();
+  }
   if (TrainOp tr = model.getTrain())
     train = fb::CreateTrain(
-        b, tr.getSteps(), tr.getSeed(),
-        b.CreateString(tr.getDataPath() ? tr.getDataPath()->str()
-                                        : std::string("synthetic")),
+        b, tr.getSteps(), tr.getSeed(), b.CreateString(data),
         lrOf(tr.getLr()), tr.getWeightDecay().convertToDouble(),
         tr.getBeta1().convertToDouble(), tr.getBeta2().convertToDouble(),
         tr.getEps().convertToDouble(), tr.getLogEvery(), tr.getSaveEvery());
