@@ -236,7 +236,9 @@ struct RunSummary {
          << "run has " << processes
          << ": the prediction counts the gradient exchange of "
          << plannedProcesses << ")";
-    if (const kernels::Specialized &k = kernels::specialized(); *k.what)
+    // (Silent when none applied: GFM off and one process.)
+    if (const kernels::Specialized &k = kernels::specialized();
+        *k.what && kernels::specializedLaunches() > 0)
       os << ". The program's specialized kernels (" << k.what << ") ran "
          << kernels::specializedLaunches() << " times";
     os << ".";
