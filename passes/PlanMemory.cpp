@@ -214,15 +214,15 @@ void MemoryPlanner::Impl::build() {
     if (checkpoint == CheckpointPolicy::uniform) {
       fixedRecompute = true;
       uniformSpan = 2 * strategy.getCheckpointEvery();
-    } else {
-      // The planner's own regions end at every layer: a run of recomputed
-      // blocks spanning k layers would re-run all k at once in the backward
-      // (and the cosine probe re-runs what is on its path), while a cut
-      // keeps only one [B,S,H] boundary per layer, for the same recompute
-      // FLOPs. So recomputing everything reaches uniform(every = 1)'s peak.
-      uniformSpan = 2;
     }
   }
+  // The planner's own regions (auto, task-granular) end at every layer: a
+  // run of recomputed blocks spanning k layers would re-run all k at once in
+  // the backward (and the cosine probe re-runs what is on its path), while a
+  // cut keeps only one [B,S,H] boundary per layer, for the same recompute
+  // FLOPs. So recomputing everything reaches uniform(every = 1)'s peak.
+  if (!uniformSpan)
+    uniformSpan = 2;
   llvm::StringMap<int> headOwner;
   for (TaskOp t : model.getTasks()) {
     Candidate c;
