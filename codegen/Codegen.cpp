@@ -1,7 +1,7 @@
 //===- Codegen.cpp - C++ step programs and build projects -----------------===//
 
 #include "codegen/Codegen.h"
-#include "passes/Passes.h"
+#include "codegen/Passes.h"
 
 #include "mlir/Dialect/EmitC/IR/EmitC.h"
 #include "mlir/IR/BuiltinOps.h"

@@ -5,10 +5,12 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "codegen/Passes.h"
 #include "dialect/MTPDialect.h"
 #include "passes/Passes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/EmitC/IR/EmitC.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
@@ -17,10 +19,11 @@
 int main(int argc, char **argv) {
   mlir::registerTransformsPasses();
   mtp::registerMTPPasses();
+  mtp::registerMTPCodegenPasses();
 
   mlir::DialectRegistry registry;
   registry.insert<mtp::MTPDialect, mlir::func::FuncDialect,
-                  mlir::arith::ArithDialect>();
+                  mlir::arith::ArithDialect, mlir::emitc::EmitCDialect>();
   return mlir::asMainReturnCode(
       mlir::MlirOptMain(argc, argv, "mtp optimizer driver\n", registry));
 }

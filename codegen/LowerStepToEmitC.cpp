@@ -15,7 +15,7 @@
 
 #include "dialect/MTPOps.h"
 #include "passes/CostModel.h"
-#include "passes/Passes.h"
+#include "codegen/Passes.h"
 
 #include "mlir/Dialect/EmitC/IR/EmitC.h"
 #include "mlir/IR/Builders.h"
@@ -27,7 +27,7 @@
 
 namespace mtp {
 #define GEN_PASS_DEF_LOWERSTEPTOEMITC
-#include "passes/Passes.h.inc"
+#include "codegen/Passes.h.inc"
 } // namespace mtp
 
 using namespace mlir;
