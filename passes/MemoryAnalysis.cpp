@@ -60,7 +60,9 @@ std::string MemoryReport::describe(Operation *op) {
 
 namespace {
 /// The parameter group a backward unit writes gradients into.
-std::string gradientGroup(BwdOp op) {
+} // namespace
+
+std::string mtp::gradientGroup(BwdOp op) {
   switch (op.getUnit()) {
   case UnitKind::embed:
     return "embed";
@@ -72,7 +74,18 @@ std::string gradientGroup(BwdOp op) {
     return "layer" + std::to_string(op.getLayer());
   }
 }
-} // namespace
+
+ParameterGroups mtp::parameterGroups(StepOp step) {
+  ParameterGroups groups;
+  for (WeightsOp w : step.getBody().front().getOps<WeightsOp>()) {
+    std::string group = w.getGroup().str();
+    if (FlatSymbolRefAttr task = w.getTaskAttr())
+      group += "." + task.getValue().str();
+    groups.params[group] += w.getParams();
+    groups.total += w.getParams();
+  }
+  return groups;
+}
 
 int64_t mtp::fuseWorkspaceBeyondResults(
     FuseTaskGradsOp fuse, const CostModel &cost,
@@ -137,15 +150,9 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   };
 
   // Resident state.
-  llvm::StringMap<int64_t> groupParams;
-  int64_t params = 0;
-  for (WeightsOp w : body.getOps<WeightsOp>()) {
-    std::string group = w.getGroup().str();
-    if (FlatSymbolRefAttr task = w.getTaskAttr())
-      group += "." + task.getValue().str();
-    groupParams[group] += w.getParams();
-    params += w.getParams();
-  }
+  const ParameterGroups groups = parameterGroups(step);
+  const llvm::StringMap<int64_t> &groupParams = groups.params;
+  const int64_t params = groups.total;
   MemoryBreakdown now;
 
   // The step in execution order, checkpoint and recompute bodies inline

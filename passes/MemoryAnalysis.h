@@ -7,6 +7,7 @@
 
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/SmallVector.h"
+#include "llvm/ADT/StringMap.h"
 
 #include <string>
 #include <utility>
@@ -79,6 +80,16 @@ int64_t fuseWorkspaceBeyondResults(
     FuseTaskGradsOp fuse, const CostModel &cost,
     llvm::ArrayRef<std::pair<int64_t, int64_t>> regions,
     bool laterMicroBatch = false);
+
+/// The step's parameters by gradient group ("embed", "layer<l>",
+/// "head.<task>", "gate"), from its mtp.weights, and their total.
+struct ParameterGroups {
+  llvm::StringMap<int64_t> params;
+  int64_t total = 0;
+};
+ParameterGroups parameterGroups(StepOp step);
+/// The group a backward unit writes gradients into; empty for losses.
+std::string gradientGroup(BwdOp op);
 
 /// The checkpoint regions of a materialized step (mtp.checkpoint ops), in
 /// block numbers, inclusive.

@@ -238,15 +238,10 @@ void MemoryPlanner::Impl::build() {
   for (Operation &op : body)
     position[&op] = numOps++;
   workspace.assign(numOps + 1, 0);
-  int64_t params = 0;
-  llvm::StringMap<int64_t> groupParams;
-  for (WeightsOp w : body.getOps<WeightsOp>()) {
-    std::string g = w.getGroup().str();
-    if (FlatSymbolRefAttr t = w.getTaskAttr())
-      g += "." + t.getValue().str();
-    groupParams[g] += w.getParams();
-    params += w.getParams();
-  }
+  // The same parameter groups as the memory analysis.
+  const ParameterGroups groups = parameterGroups(step);
+  const llvm::StringMap<int64_t> &groupParams = groups.params;
+  const int64_t params = groups.total;
   // The gradient exchange (the memory analysis's figures): its residual is
   // resident, its transient comes at the mtp.allreduce ops.
   const CostModel::ExchangeMemory exchange =
@@ -296,13 +291,7 @@ void MemoryPlanner::Impl::build() {
         if (bwdGroups.empty() || bwdGroups.back().second != owner)
           bwdGroups.push_back({pos, owner});
       }
-      std::string group;
-      if (bwd.getUnit() == UnitKind::embed)
-        group = "embed";
-      else if (bwd.getUnit() == UnitKind::head)
-        group = ("head." + bwd.getTaskAttr().getValue()).str();
-      else if (b > 0)
-        group = "layer" + std::to_string(bwd.getLayer());
+      std::string group = gradientGroup(bwd);
       if (!group.empty() && seenGroups.insert(group).second)
         gradientArrivals.push_back(
             {pos, CostModel::kGradientBytes * groupParams.lookup(group)});

@@ -106,7 +106,6 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
       fail(name, "task '" + h.name + "' has loss weight " +
                      std::to_string(h.weight) + again);
     plan.heads.push_back(h);
-    plan.lossWeights.push_back(t->weight());
   }
 
   // Decisions: offloaded backbone blocks and heads; recompute comes as the

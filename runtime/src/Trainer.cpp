@@ -736,7 +736,8 @@ void TrainerCore::backwardBackbone() {
 }
 
 void TrainerCore::finalizeGradients() {
-  StepState &st = state("exchangeGradients", false);
+  StepState &st = state(
+      "the step's end (exchangeGradients, optimizerStep, endStep)", false);
   if (st.mb != train_.microBatches - 1 || !st.backboneDone)
     throw std::logic_error("mtprt: the step's end: every micro-batch needs its "
                            "forward and backward first");

@@ -89,7 +89,7 @@ TEST(Plan, DecisionsBecomeTheSchedule) {
   EXPECT_EQ(p.heads[0].kind, HeadKind::Classify);
   EXPECT_EQ(p.heads[0].classes, 4);
   EXPECT_EQ(p.heads[1].tap, 1);
-  EXPECT_EQ(p.lossWeights[1], 0.5);
+  EXPECT_EQ(p.heads[1].weight, 0.5);
   EXPECT_EQ(p.schedule.offloadUnits, std::vector<int64_t>({1}));
   EXPECT_EQ(p.schedule.offloadHeadList, std::vector<int64_t>({1}));
   ASSERT_EQ(p.schedule.regions.size(), 1u);

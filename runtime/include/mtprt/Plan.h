@@ -25,7 +25,6 @@ struct Plan {
           usableBytes = 0;
   ModelConfig model;
   std::vector<HeadConfig> heads; ///< in the spec's task order
-  std::vector<double> lossWeights; ///< also in heads[t].weight
   /// The strategy and the training settings (defaults when the plan
   /// predates them): scope, GFM, clip, gate, per-task learning rates.
   TrainConfig train;
