@@ -198,12 +198,15 @@ Build on a GPU node:   cmake -G Ninja -S . -B build -DMTP_CUDA=ON -Dmtprt_DIR=<r
 )mtp",
                                      files.source, name)
                            .str();
+  // Named: a temporary here would leave its StringRef dangling once the
+  // array's initialization ends (the bug behind an intermittent segfault).
+  std::string planCpp = embedPlanSource(files.planBytes);
   struct {
     llvm::StringRef name, text;
   } out[] = {{"CMakeLists.txt", cmake},
              {"main.cpp", main},
              {"step.cpp", files.stepCpp},
-             {"plan.cpp", embedPlanSource(files.planBytes)},
+             {"plan.cpp", planCpp},
              {"plan.mtpplan", files.planBytes},
              {"kernels_cpu.cpp", files.kernelsCpu},
              {"kernels.cu", files.kernelsCuda},
