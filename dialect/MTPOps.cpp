@@ -1,6 +1,7 @@
 //===- MTPOps.cpp - mtp operations ----------------------------------------===//
 
 #include "dialect/MTPOps.h"
+#include "mtprt/Limits.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
@@ -350,7 +351,29 @@ LogicalResult ModelOp::verifyRegions() {
 // BackboneOp
 //===----------------------------------------------------------------------===//
 
+namespace limits = mtprt::limits;
+
+/// The shared bounds (mtprt/Limits.h) on an integer the op carries: the same
+/// ones Sema reports on a `.mtp` and the runtime checks in a plan.
+static LogicalResult checkRange(Operation *op, StringRef what, int64_t value,
+                                limits::Range range) {
+  if (range.contains(value))
+    return success();
+  return op->emitOpError() << what << " must lie in [" << range.lo << ", "
+                           << range.hi << "], got " << value;
+}
+
 LogicalResult BackboneOp::verify() {
+  for (auto [what, value, range] :
+       {std::tuple<StringRef, int64_t, limits::Range>{"layers", getLayers(),
+                                                      limits::kLayers},
+        {"hidden", getHidden(), limits::kHidden},
+        {"heads", getHeads(), limits::kHeads},
+        {"ffn", getFfn(), limits::kFfn},
+        {"vocab", getVocab(), limits::kVocab},
+        {"seq", getSeq(), limits::kSeq}})
+    if (failed(checkRange(*this, what, value, range)))
+      return failure();
   if (getHidden() % getHeads() != 0)
     return emitOpError("hidden size ")
            << getHidden() << " does not split into " << getHeads()
@@ -515,6 +538,16 @@ LogicalResult TaskOp::verify() {
     return emitOpError("loss weight must be finite and non-negative, got ")
            << weight;
 
+  for (auto [what, value, range] :
+       {std::tuple<StringRef, std::optional<uint64_t>, limits::Range>{
+            "classes", getClasses(), limits::kClasses},
+        {"labels", getLabels(), limits::kLabels},
+        {"decoder layers", getLayers(), limits::kDecoderLayers},
+        {"vocab", getVocab(), limits::kVocab},
+        {"target_seq", getTargetSeq(), limits::kSeq}})
+    if (value && failed(checkRange(*this, what, int64_t(*value), range)))
+      return failure();
+
   auto model = (*this)->getParentOfType<ModelOp>();
   if (BackboneOp backbone = model ? model.getBackbone() : BackboneOp()) {
     if (getTapLayer() > backbone.getLayers())
@@ -562,6 +595,13 @@ CorrelateOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
 //===----------------------------------------------------------------------===//
 
 LogicalResult BudgetOp::verify() {
+  for (auto [what, value, range] :
+       {std::tuple<StringRef, int64_t, limits::Range>{"gpus", getGpus(),
+                                                      limits::kGpus},
+        {"micro_batch", getMicroBatch(), limits::kMicroBatch},
+        {"global_batch", getGlobalBatch(), limits::kGlobalBatch}})
+    if (failed(checkRange(*this, what, value, range)))
+      return failure();
   if (getHeadroom() >= getMemory())
     return emitOpError("headroom (")
            << getHeadroom() << " bytes) leaves nothing of the device's "
@@ -591,6 +631,13 @@ static bool inRange(double value, double lo, double hi, bool openLo = false) {
 }
 
 LogicalResult StrategyOp::verify() {
+  if (failed(checkRange(*this, "quantization block", getQuantBlock(),
+                        limits::kQuantBlock)))
+    return failure();
+  if (std::optional<uint64_t> hidden = getDgfgHidden())
+    if (failed(checkRange(*this, "DGFG hidden width", int64_t(*hidden),
+                          limits::kDgfgHidden)))
+      return failure();
   double threshold = getGroupThreshold().convertToDouble();
   if (!inRange(threshold, -1.0, 1.0))
     return emitOpError("group threshold must lie in [-1, 1], got ")
@@ -645,6 +692,10 @@ LogicalResult StrategyOp::verify() {
 //===----------------------------------------------------------------------===//
 
 LogicalResult TrainOp::verify() {
+  if (failed(checkRange(*this, "steps", getSteps(), limits::kSteps)) ||
+      failed(checkRange(*this, "warm-up", getLr().getWarmup(),
+                        limits::kWarmup)))
+    return failure();
   if (getLr().getWarmup() > getSteps())
     return emitOpError("warm-up of ")
            << getLr().getWarmup() << " steps exceeds the " << getSteps()

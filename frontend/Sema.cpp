@@ -11,6 +11,7 @@
 #include "frontend/Sema.h"
 
 #include "dialect/Devices.h"
+#include "mtprt/Limits.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/Location.h"
@@ -30,6 +31,8 @@ using ast::Location;
 using llvm::ArrayRef;
 using llvm::SmallVector;
 using llvm::StringRef;
+
+namespace limits = mtprt::limits;
 
 namespace {
 
@@ -146,6 +149,10 @@ public:
   // Typed readers. Each reports and returns nullopt on a bad value.
   //===--------------------------------------------------------------------===//
 
+  std::optional<int64_t> integer(const ast::Value &v, StringRef what,
+                                 mtprt::limits::Range range) {
+    return integer(v, what, range.lo, range.hi);
+  }
   std::optional<int64_t> integer(const ast::Value &v, StringRef what,
                                  int64_t lo, int64_t hi) {
     if (v.kind != ast::Value::Kind::Number || !v.isInteger) {
@@ -492,23 +499,23 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
       diag << "; the backbone kinds: transformer";
   }
   Fields f(*this, "backbone transformer { }", bb.entries, kBackboneKeys);
-  auto required = [&](StringRef key, int64_t lo, int64_t hi) -> int64_t {
+  auto required = [&](StringRef key, mtprt::limits::Range range) -> int64_t {
     const ast::Value *v = f.get(key);
     if (!v) {
       if (!f.wasGuessed(key))
         error(bb.loc) << "backbone needs '" << key << "'";
       return 0;
     }
-    return integer(*v, key, lo, hi).value_or(0);
+    return integer(*v, key, range).value_or(0);
   };
-  out.layers = required("layers", 1, 1024);
-  out.hidden = required("hidden", 1, 1 << 20);
-  out.heads = required("heads", 1, 1024);
-  out.vocab = required("vocab", 2, 1 << 24);
-  out.seq = required("seq", 1, 1 << 20);
+  out.layers = required("layers", limits::kLayers);
+  out.hidden = required("hidden", limits::kHidden);
+  out.heads = required("heads", limits::kHeads);
+  out.vocab = required("vocab", limits::kVocab);
+  out.seq = required("seq", limits::kSeq);
   out.ffn = 4 * out.hidden;
   if (const ast::Value *v = f.get("ffn"))
-    out.ffn = integer(*v, "ffn", 1, 1 << 22).value_or(0);
+    out.ffn = integer(*v, "ffn", limits::kFfn).value_or(0);
   out.dropout = 0.1;
   if (const ast::Value *v = f.get("dropout"))
     out.dropout = real(*v, "dropout", 0.0, 1.0, false, true).value_or(0.0);
@@ -575,7 +582,7 @@ void Sema::checkTasks(const ast::Model &model, CheckedSpec &spec) {
     case HeadKind::classify: {
       Args a(*this, head, {"classes"}, "classes");
       if (const ast::Value *v = a.get("classes"))
-        task.classes = integer(*v, "classes", 1, 1 << 20);
+        task.classes = integer(*v, "classes", limits::kClasses);
       else if (!a.wasGuessed("classes"))
         error(head.loc) << "'classify' needs the number of classes, e.g. "
                            "classify(classes = 3)";
@@ -584,7 +591,7 @@ void Sema::checkTasks(const ast::Model &model, CheckedSpec &spec) {
     case HeadKind::tag: {
       Args a(*this, head, {"labels"}, "labels");
       if (const ast::Value *v = a.get("labels"))
-        task.labels = integer(*v, "labels", 2, 1 << 20);
+        task.labels = integer(*v, "labels", limits::kLabels);
       else if (!a.wasGuessed("labels"))
         error(head.loc)
             << "'tag' needs the number of labels, e.g. tag(labels = 9)";
@@ -597,13 +604,13 @@ void Sema::checkTasks(const ast::Model &model, CheckedSpec &spec) {
     case HeadKind::decoder: {
       Args a(*this, head, {"layers", "vocab", "target_seq"});
       if (const ast::Value *v = a.get("layers"))
-        task.layers = integer(*v, "layers", 1, 64);
+        task.layers = integer(*v, "layers", limits::kDecoderLayers);
       else if (!a.wasGuessed("layers"))
         error(head.loc) << "'decoder' needs its depth, e.g. decoder(layers = "
                            "6, vocab = 32000)";
       task.vocab = spec.backbone.vocab;
       if (const ast::Value *v = a.get("vocab"))
-        task.vocab = integer(*v, "vocab", 2, 1 << 24);
+        task.vocab = integer(*v, "vocab", limits::kVocab);
       // Target tokens per sequence, teacher-forced; at most the backbone's.
       task.targetSeq = spec.backbone.seq;
       if (const ast::Value *v = a.get("target_seq"))
@@ -790,17 +797,17 @@ void Sema::checkBudget(const ast::Section *section, CheckedSpec &spec,
 
   out.gpus = 1;
   if (const ast::Value *v = f.get("gpus"))
-    out.gpus = integer(*v, "gpus", 1, 4096).value_or(1);
+    out.gpus = integer(*v, "gpus", limits::kGpus).value_or(1);
   // On 'cpu', gpus counts data-parallel processes (the runtime's --nproc
   // ranks over gloo); the plan predicts one of them, exchange included.
 
   std::optional<int64_t> micro, global, accumulation;
   if (const ast::Value *v = f.get("micro_batch"))
-    micro = integer(*v, "micro_batch", 1, 1 << 20);
+    micro = integer(*v, "micro_batch", limits::kMicroBatch);
   if (const ast::Value *v = f.get("global_batch"))
-    global = integer(*v, "global_batch", 1, 1 << 24);
+    global = integer(*v, "global_batch", limits::kGlobalBatch);
   if (const ast::Value *v = f.get("accumulation"))
-    accumulation = integer(*v, "accumulation", 1, 1 << 16);
+    accumulation = integer(*v, "accumulation", limits::kAccumulation);
   int64_t perStep = micro.value_or(0) * out.gpus;
   if (!micro && !global) {
     micro = 8;
@@ -883,7 +890,7 @@ std::optional<Schedule> Sema::schedule(const ast::Value &v, StringRef what) {
     return std::nullopt;
   }
   if (const ast::Value *w = a.get("warmup")) {
-    std::optional<int64_t> warmup = integer(*w, "warmup", 0, 1 << 30);
+    std::optional<int64_t> warmup = integer(*w, "warmup", limits::kWarmup);
     if (!warmup)
       return std::nullopt;
     s.warmup = *warmup;
@@ -1038,7 +1045,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
       Fields g(*this, "dgfg = { }", v->entries,
                {"hidden", "reuse_threshold", "std_threshold"});
       if (const ast::Value *h = g.get("hidden"))
-        out.dgfgHidden = integer(*h, "hidden", 1, 1 << 16).value_or(32);
+        out.dgfgHidden = integer(*h, "hidden", limits::kDgfgHidden).value_or(32);
       if (const ast::Value *r = g.get("reuse_threshold"))
         out.reuseThreshold =
             real(*r, "reuse_threshold", 0.0, 1.0).value_or(0.15);
@@ -1085,7 +1092,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
         if (const ast::Value *t = a.get("topk"))
           out.topk = real(*t, "topk", 0.0, 1.0, true).value_or(0.15);
         if (const ast::Value *b = a.get("block"))
-          out.quantBlock = integer(*b, "block", 1, 1 << 20).value_or(256);
+          out.quantBlock = integer(*b, "block", limits::kQuantBlock).value_or(256);
         if (const ast::Value *b = a.get("bits")) {
           std::optional<int64_t> bits = integer(*b, "bits", 1, 64);
           if (bits && *bits != 2 && *bits != 4 && *bits != 8 && *bits != 16)
@@ -1112,7 +1119,7 @@ void Sema::checkTrain(const ast::Section *section, CheckedSpec &spec) {
   out.loc = section->loc;
   Fields f(*this, "train { }", section->entries, kTrainKeys);
   if (const ast::Value *v = f.get("steps"))
-    out.steps = integer(*v, "steps", 1, int64_t(1) << 40).value_or(1000);
+    out.steps = integer(*v, "steps", limits::kSteps).value_or(1000);
   if (const ast::Value *v = f.get("seed"))
     out.seed = integer(*v, "seed", 0, INT64_MAX).value_or(0);
   if (const ast::Value *v = f.get("data")) {
