@@ -349,6 +349,29 @@ LogicalResult StepLowering::run() {
   });
   if (unplanned.wasInterrupted())
     return failure();
+  // What the emitted calls rely on beyond the verifier: the tokens come
+  // first (every forward chains from them) and the step ends in an update.
+  Block &body = step.getBody().front();
+  InputOp tokens;
+  for (Operation &op : body) {
+    if (auto in = dyn_cast<InputOp>(op); in && in.getName() == "tokens") {
+      if (tokens)
+        return in.emitError("a second 'tokens' input; a step reads one "
+                            "micro-batch of token ids");
+      tokens = in;
+    } else if (isa<FwdOp, CheckpointOp>(op) && !tokens) {
+      return op.emitError("runs before the step's 'tokens' input; "
+                          "regenerate the step with "
+                          "--mtp-expand-training-step");
+    }
+  }
+  if (!tokens)
+    return step.emitError("reads no 'tokens' input; regenerate the step with "
+                          "--mtp-expand-training-step");
+  if (body.getOps<OptimizerStepOp>().empty())
+    return step.emitError("has no 'mtp.optimizer_step'; a training step "
+                          "ends in the update (--mtp-expand-training-step "
+                          "writes it)");
   MLIRContext *ctx = b.getContext();
   Type trainerType = emitc::OpaqueType::get(ctx, "mtprt::Trainer &");
   Type statsType = emitc::OpaqueType::get(ctx, "mtprt::StepStats");
@@ -412,10 +435,8 @@ LogicalResult StepLowering::run() {
             : std::string(", uncompressed")));
     call("exchangeGradients", {operand(0)});
   }
-  if (!step.getBody().front().getOps<OptimizerStepOp>().empty()) {
-    comment("AdamW, each task's head with its own learning-rate schedule");
-    call("optimizerStep", {operand(0)});
-  }
+  comment("AdamW, each task's head with its own learning-rate schedule");
+  call("optimizerStep", {operand(0)});
   Value stats = call("endStep", {operand(0)}, statsType);
   b.create<emitc::ReturnOp>(loc, stats);
   return success();

@@ -7,6 +7,7 @@
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/FormatVariadic.h"
 
 using namespace mlir;
 using namespace mtp;
@@ -296,6 +297,49 @@ TrainOp ModelOp::getTrain() {
 }
 
 /// At most one op of type OpT in the model's body.
+/// Each size lies within mtprt/Limits.h, but their products need not fit
+/// in int64: the cost model multiplies batch, sequence, widths and layers in
+/// integer bytes and FLOPs. Bounding the step's totals here, in floating
+/// point with a margin, keeps all of its arithmetic exact (no formula needs
+/// to check): a 70B Llama at seq 8192 stays 100x inside.
+static LogicalResult verifySizes(ModelOp model) {
+  BackboneOp backbone = model.getBackbone();
+  if (!backbone)
+    return success();
+  BudgetOp budget = model.getBudget();
+  double micro = budget ? double(budget.getMicroBatch()) : 8.0;
+  double seq = double(backbone.getSeq()), hidden = double(backbone.getHidden());
+  double ffn = double(backbone.getFfn()), heads = double(backbone.getHeads());
+  // A transformer layer's tensors per token (norms, QKV, attention rows of
+  // seq per head, MLP) and FLOPs (forward + backward, ~3x the forward),
+  // with a 4x margin over what the cost model counts.
+  double layerBytes = 4 * micro * seq * 8 * (16 * hidden + 4 * ffn + 4 * heads * seq);
+  double layerFlops = 4 * micro * seq * 6 * (4 * hidden * hidden + 2 * hidden * ffn + 2 * seq * hidden);
+  double layers = double(backbone.getLayers());
+  double bytes = layers * layerBytes, flops = layers * layerFlops;
+  double params = layers * (4 * hidden * hidden + 2 * hidden * ffn) +
+                  double(backbone.getVocab()) * hidden;
+  for (TaskOp task : model.getTasks()) {
+    double out = double(std::max({task.getClasses().value_or(0),
+                                  task.getLabels().value_or(0),
+                                  task.getVocab().value_or(0)}));
+    double depth = double(task.getLayers().value_or(0));
+    bytes += depth * layerBytes + 4 * micro * seq * 8 * 4 * out;
+    flops += depth * layerFlops + 4 * micro * seq * 6 * hidden * out;
+    params += depth * (4 * hidden * hidden + 2 * hidden * ffn) + hidden * out;
+  }
+  bytes += 16 * params;
+  constexpr double kMaxBytes = 0x1p60, kMaxFlops = 0x1p62;
+  if (bytes > kMaxBytes || flops > kMaxFlops)
+    return model.emitOpError("is too large to plan: about ")
+           << llvm::formatv("{0:e2}", bytes).str() << " bytes and "
+           << llvm::formatv("{0:e2}", flops).str()
+           << " FLOPs per step pass the 64-bit arithmetic the planner "
+              "works in (at most 2^60 bytes and 2^62 FLOPs); lower "
+              "micro_batch, seq or the widths";
+  return success();
+}
+
 template <typename OpT>
 static LogicalResult verifyAtMostOne(ModelOp model, StringRef what) {
   SmallVector<OpT> ops(model.getBody().getOps<OpT>());
@@ -344,7 +388,7 @@ LogicalResult ModelOp::verifyRegions() {
           .attachNote(it->second.getLoc())
           .append("first given here");
   }
-  return success();
+  return verifySizes(*this);
 }
 
 //===----------------------------------------------------------------------===//
@@ -785,6 +829,116 @@ void BwdOp::getAsmResultNames(OpAsmSetValueNameFn setName) {
     setName(value, stem);
 }
 
+//===----------------------------------------------------------------------===//
+// Step IR verification: symbols, units, regions
+//===----------------------------------------------------------------------===//
+
+/// `ref` (if any) names an `mtp.task` of the enclosing model.
+static LogicalResult verifyTaskRef(Operation *op, FlatSymbolRefAttr ref,
+                                   SymbolTableCollection &symbolTable) {
+  if (!ref)
+    return success();
+  auto model = op->getParentOfType<ModelOp>();
+  Operation *target =
+      model ? symbolTable.lookupSymbolIn(model, ref.getAttr()) : nullptr;
+  if (!target)
+    return op->emitOpError("names unknown task ") << ref;
+  if (!isa<TaskOp>(target))
+    return op->emitOpError("names ") << ref << ", which is not an 'mtp.task'";
+  return success();
+}
+
+LogicalResult InputOp::verify() {
+  StringRef name = getName();
+  if (name == "tokens" && getTaskAttr())
+    return emitOpError("'tokens' belong to the backbone and name no task");
+  if (name == "labels" && !getTaskAttr())
+    return emitOpError("'labels' need the task they belong to");
+  if (name != "tokens" && name != "labels")
+    return emitOpError("reads '")
+           << name << "'; a step's inputs are 'tokens' and a task's 'labels'";
+  return success();
+}
+
+LogicalResult InputOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  return verifyTaskRef(*this, getTaskAttr(), symbolTable);
+}
+
+LogicalResult WeightsOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  return verifyTaskRef(*this, getTaskAttr(), symbolTable);
+}
+
+LogicalResult FwdOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  return verifyTaskRef(*this, getTaskAttr(), symbolTable);
+}
+
+LogicalResult BwdOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  return verifyTaskRef(*this, getTaskAttr(), symbolTable);
+}
+
+LogicalResult
+FuseTaskGradsOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  for (Attribute task : getTasks()) {
+    auto ref = dyn_cast<FlatSymbolRefAttr>(task);
+    if (!ref)
+      return emitOpError("names task ") << task << ", not a flat symbol";
+    if (failed(verifyTaskRef(*this, ref, symbolTable)))
+      return failure();
+  }
+  return success();
+}
+
+/// A unit's layer fits its kind and the model's backbone: the embeddings,
+/// heads and losses at 0, a backbone sub-block at 1..layers; a head or loss
+/// names its task, a backbone unit none.
+static LogicalResult verifyUnit(Operation *op, UnitKind unit, uint64_t layer,
+                                FlatSymbolRefAttr task) {
+  bool perTask = unit == UnitKind::head || unit == UnitKind::loss;
+  if (perTask != static_cast<bool>(task))
+    return op->emitOpError(perTask
+                               ? "needs the task it belongs to"
+                               : "belongs to the backbone and names no task");
+  bool atZero = perTask || unit == UnitKind::embed;
+  if (atZero && layer != 0)
+    return op->emitOpError("unit '")
+           << stringifyUnitKind(unit) << "' sits at layer 0, not " << layer;
+  if (atZero)
+    return success();
+  auto model = op->getParentOfType<ModelOp>();
+  BackboneOp backbone = model ? model.getBackbone() : BackboneOp();
+  int64_t layers = backbone ? backbone.getLayers() : limits::kLayers.hi;
+  if (layer < 1 || int64_t(layer) > layers)
+    return op->emitOpError("unit '")
+           << stringifyUnitKind(unit) << "' at layer " << layer
+           << " outside the backbone's layers 1.." << layers;
+  return success();
+}
+
+LogicalResult BwdOp::verify() {
+  return verifyUnit(*this, getUnit(), getLayer(), getTaskAttr());
+}
+
+/// A checkpoint or recompute region runs at least one backbone unit.
+static LogicalResult verifyRegionUnits(Operation *op, Region &body) {
+  bool any = false;
+  body.walk([&](FwdOp fwd) {
+    if (!fwd.getTaskAttr())
+      any = true;
+  });
+  if (!any)
+    return op->emitOpError("runs no backbone unit; a checkpoint region "
+                           "holds the forward units it re-runs");
+  return success();
+}
+
+LogicalResult CheckpointOp::verify() {
+  return verifyRegionUnits(*this, getBody());
+}
+
+LogicalResult RecomputeOp::verify() {
+  return verifyRegionUnits(*this, getBody());
+}
+
 LogicalResult FwdOp::verify() {
   if (ArrayAttr names = getSavedNamesAttr())
     if (names.size() != getOutputs().size() - 1)
@@ -792,11 +946,7 @@ LogicalResult FwdOp::verify() {
                                    << getOutputs().size() - 1;
   if (getOutputs().empty())
     return emitOpError("produces no output");
-  bool perTask = getUnit() == UnitKind::head || getUnit() == UnitKind::loss;
-  if (perTask != static_cast<bool>(getTaskAttr()))
-    return emitOpError(perTask ? "needs the task it belongs to"
-                               : "belongs to the backbone and names no task");
-  return success();
+  return verifyUnit(*this, getUnit(), getLayer(), getTaskAttr());
 }
 
 LogicalResult FuseTaskGradsOp::verify() {

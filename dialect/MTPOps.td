@@ -24,6 +24,7 @@ def MTP_NonNegativeI64Attr : ConfinedAttr<I64Attr, [IntNonNegative]>;
 //===----------------------------------------------------------------------===//
 
 def MTP_ModelOp : MTP_Op<"model", [
+    HasParent<"::mlir::ModuleOp">,
     IsolatedFromAbove, Symbol, SymbolTable, NoTerminator, SingleBlock,
     NoRegionArguments]> {
   let summary = "a multi-task model: backbone, tasks, correlations, budget";

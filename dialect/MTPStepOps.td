@@ -27,14 +27,17 @@ def MTP_StepOp : MTP_Op<"step", [
   let builders = [OpBuilder<(ins)>];
 }
 
-def MTP_InputOp : MTP_Op<"input", [HasParent<"StepOp">]> {
+def MTP_InputOp : MTP_Op<"input", [HasParent<"StepOp">,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "a batch tensor: the tokens, or a task's labels";
   let arguments = (ins StrAttr:$name, OptionalAttr<FlatSymbolRefAttr>:$task);
   let results = (outs AnyRankedTensor:$value);
   let assemblyFormat = "$name ($task^)? attr-dict `:` type($value)";
+  let hasVerifier = 1;
 }
 
-def MTP_WeightsOp : MTP_Op<"weights", [HasParent<"StepOp">]> {
+def MTP_WeightsOp : MTP_Op<"weights", [HasParent<"StepOp">,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "a parameter group with its gradients and optimizer state";
   let description = [{
     `params` elements of `dtype` (fp32 master weights), their gradients
@@ -49,6 +52,7 @@ def MTP_WeightsOp : MTP_Op<"weights", [HasParent<"StepOp">]> {
 
 def MTP_FwdOp : MTP_Op<"fwd", [
     ParentOneOf<["StepOp", "CheckpointOp", "RecomputeOp"]>,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>,
     DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
   let summary = "a forward unit: its output first, then what it saves";
   let description = [{
@@ -82,6 +86,7 @@ def MTP_FwdOp : MTP_Op<"fwd", [
 }
 
 def MTP_BwdOp : MTP_Op<"bwd", [HasParent<"StepOp">, AttrSizedOperandSegments,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>,
     DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
   let summary = "a backward unit: gradients in, saved tensors, gradients out";
   let arguments = (ins MTP_UnitKindAttr:$unit, MTP_NonNegativeI64Attr:$layer,
@@ -96,6 +101,7 @@ def MTP_BwdOp : MTP_Op<"bwd", [HasParent<"StepOp">, AttrSizedOperandSegments,
     `saved` `(` $saved `)` `flops` $flops (`workspace` $workspace^)? attr-dict `:`
     functional-type(operands, results)
   }];
+  let hasVerifier = 1;
 }
 
 def MTP_AddGradsOp : MTP_Op<"add_grads", [HasParent<"StepOp">,
@@ -106,7 +112,8 @@ def MTP_AddGradsOp : MTP_Op<"add_grads", [HasParent<"StepOp">,
   let assemblyFormat = "$grads attr-dict `:` type($sum)";
 }
 
-def MTP_FuseTaskGradsOp : MTP_Op<"fuse_task_grads", [HasParent<"StepOp">]> {
+def MTP_FuseTaskGradsOp : MTP_Op<"fuse_task_grads", [HasParent<"StepOp">,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "the per-task gradient pipeline: GFM, clip, DGFG, fusion";
   let description = [{
     Takes each task's gradient at its tap (scope `features`) and returns
@@ -162,6 +169,7 @@ def MTP_AllReduceOp : MTP_Op<"allreduce", [HasParent<"StepOp">]> {
 def MTP_CheckpointOp : MTP_Op<"checkpoint", [HasParent<"StepOp">,
     SingleBlockImplicitTerminator<"YieldOp">]> {
   let summary = "a checkpoint region's forward: run, keep only the boundary";
+  let hasVerifier = 1;
   let description = [{
     The forward units of checkpoint region `region` run inside; only the
     boundary (the operands) stays saved for the backward, and only what the
@@ -182,6 +190,7 @@ def MTP_CheckpointOp : MTP_Op<"checkpoint", [HasParent<"StepOp">,
 def MTP_RecomputeOp : MTP_Op<"recompute", [HasParent<"StepOp">,
     SingleBlockImplicitTerminator<"YieldOp">]> {
   let summary = "a checkpoint region's forward again, at its backward";
+  let hasVerifier = 1;
   let description = [{
     Re-runs the forward units of region `region` from its saved boundary
     right before the region's backward and yields the tensors its backward

@@ -1195,7 +1195,8 @@ void Sema::crossChecks(CheckedSpec &spec) {
   if (s.collective == CollectivePolicy::compressed && spec.budget.gpus == 1)
     warning(s.loc, "collective = compressed has no effect with gpus = 1: "
                    "there is nothing to exchange");
-  if (s.dgfgHidden && spec.tasks.size() == 1)
+  // Only where the user wrote a strategy: the default gate is no mistake.
+  if (s.dgfgHidden && spec.tasks.size() == 1 && s.loc.line != 0)
     warning(s.loc, "dgfg has nothing to weigh with a single task");
 }
 

@@ -310,3 +310,48 @@ mtp.model @long_target {
   // expected-error @+1 {{'mtp.task' op decodes 32 target tokens, more than the backbone's seq 16}}
   mtp.task @mt : decoder(layers = 1, vocab = 100, target_seq = 32) from layer 2 loss cross_entropy weight 1.0
 }
+
+// -----
+
+// The shared bounds (mtprt/Limits.h) hold for hand-written IR too: a million
+// layers was planned for 80 s and 8.5 GB before.
+mtp.model @huge_layers {
+  // expected-error @+1 {{'mtp.backbone' op layers must lie in [1, 1024], got 1000000}}
+  mtp.backbone transformer(layers = 1000000, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+}
+
+// -----
+
+mtp.model @huge_hidden {
+  // expected-error @+1 {{'mtp.backbone' op hidden must lie in [1, 1048576], got 4611686018427387904}}
+  mtp.backbone transformer(layers = 2, hidden = 4611686018427387904, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+}
+
+// -----
+
+mtp.model @zero_classes_bound {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  // expected-error @+1 {{'mtp.task' op labels must lie in [2, 1048576], got 1}}
+  mtp.task @a : tag(labels = 1) from layer 1 loss cross_entropy weight 1.0
+}
+
+// -----
+
+mtp.model @huge_gpus {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{'mtp.budget' op gpus must lie in [1, 4096], got 9223372036854775807}}
+  mtp.budget device "cpu" memory 1 GiB headroom 0 B link 32 GBps gpus 9223372036854775807 batch 8 micro 8 precision fp32
+}
+
+// -----
+
+// Every size in range, their products past int64 (they overflowed the cost
+// model's arithmetic into an internal verifier error on mtp.weights).
+// expected-error @+1 {{'mtp.model' op is too large to plan}}
+mtp.model @overflowing {
+  mtp.backbone transformer(layers = 1024, hidden = 1048576, heads = 1024, ffn = 4194304, vocab = 16777216, seq = 1048576, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+}

@@ -9,10 +9,14 @@
 //===----------------------------------------------------------------------===//
 
 #include "codegen/Codegen.h"
+#include "dialect/InputGuard.h"
 #include "dialect/MTPDialect.h"
 
 #include "mlir/Dialect/EmitC/IR/EmitC.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Tools/ParseUtilities.h"
+#include "llvm/Support/SourceMgr.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Target/Cpp/CppEmitter.h"
 #include "mlir/Tools/mlir-translate/MlirTranslateMain.h"
@@ -23,24 +27,38 @@ using namespace mlir;
 int main(int argc, char **argv) {
   // --mtp-to-cpp runs a pass: the IR printing and timing flags apply.
   registerPassManagerCLOptions();
-  TranslateFromMLIRRegistration toCpp(
+  // A TranslateRegistration (not FromMLIR) so the input's nesting is
+  // checked before MLIR's recursive parser sees it.
+  TranslateRegistration toCpp(
       "mtp-to-cpp", "planned mtp step IR to the C++ step program",
-      [](Operation *op, raw_ostream &os) -> LogicalResult {
-        auto module = dyn_cast<ModuleOp>(op);
-        if (!module)
-          return op->emitError("expected a module");
-        return mtp::emitStepCpp(module, os);
-      },
-      [](DialectRegistry &registry) {
+      [](const std::shared_ptr<llvm::SourceMgr> &sourceMgr, raw_ostream &os,
+         MLIRContext *context) -> LogicalResult {
+        if (failed(mtp::checkIRNesting(*sourceMgr, sourceMgr->getMainFileID())))
+          return failure();
+        DialectRegistry registry;
         registry.insert<mtp::MTPDialect, emitc::EmitCDialect>();
+        context->appendDialectRegistry(registry);
+        OwningOpRef<Operation *> op = parseSourceFileForTool(
+            sourceMgr, context, /*insertImplicitModule=*/true);
+        if (!op || failed(verify(*op)))
+          return failure();
+        auto module = dyn_cast<ModuleOp>(*op);
+        if (!module)
+          return (*op)->emitError("expected a module");
+        return mtp::emitStepCpp(module, os);
       });
-  TranslateFromMLIRRegistration emitcToCpp(
+  TranslateRegistration emitcToCpp(
       "mlir-to-cpp", "EmitC IR to C++ (MLIR's emitter)",
-      [](Operation *op, raw_ostream &os) {
-        return emitc::translateToCpp(op, os, /*declareVariablesAtTop=*/false);
-      },
-      [](DialectRegistry &registry) {
-        registry.insert<emitc::EmitCDialect>();
+      [](const std::shared_ptr<llvm::SourceMgr> &sourceMgr, raw_ostream &os,
+         MLIRContext *context) -> LogicalResult {
+        if (failed(mtp::checkIRNesting(*sourceMgr, sourceMgr->getMainFileID())))
+          return failure();
+        context->loadDialect<emitc::EmitCDialect>();
+        OwningOpRef<Operation *> op = parseSourceFileForTool(
+            sourceMgr, context, /*insertImplicitModule=*/true);
+        if (!op || failed(verify(*op)))
+          return failure();
+        return emitc::translateToCpp(*op, os, /*declareVariablesAtTop=*/false);
       });
   return failed(mlirTranslateMain(argc, argv, "mtp translation driver\n"));
 }

@@ -104,6 +104,29 @@ std::string describeKind(const json::Value &v) {
   llvm_unreachable("json kind");
 }
 
+/// The deepest `[`/`{` nesting in `text` outside strings. llvm::json parses
+/// (and destroys) values recursively, so a line nested 50k deep would
+/// overflow the stack: it is measured first.
+static unsigned jsonDepth(StringRef text) {
+  unsigned depth = 0, deepest = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '"') {
+      for (++i; i < text.size() && text[i] != '"'; ++i)
+        if (text[i] == '\\')
+          ++i;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+/// Metrics records nest three levels; anything this deep is not one.
+constexpr unsigned kMaxRecordDepth = 64;
+
 /// Parses one step record or event; `line` is the raw text (the key order
 /// of `loss` is taken from it: llvm::json::Object does not keep one).
 class LineParser {
@@ -112,6 +135,11 @@ public:
 
   /// Adds the line's record or event to the run.
   llvm::Error parse(StringRef text, unsigned lineNo) {
+    if (unsigned depth = jsonDepth(text); depth > kMaxRecordDepth)
+      return inputError(file + ":" + Twine(lineNo) + ": brackets nested " +
+                        Twine(depth) + " deep (a metrics record nests at "
+                        "most " + Twine(kMaxRecordDepth) +
+                        "); is this the binary's --metrics file?");
     llvm::Expected<json::Value> parsed = json::parse(text);
     if (!parsed)
       return inputError(file + ":" + Twine(lineNo) +

@@ -21,6 +21,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "codegen/Codegen.h"
+#include "dialect/InputGuard.h"
 #include "dialect/MTPOps.h"
 #include "frontend/MLIRGen.h"
 #include "frontend/Parser.h"
@@ -455,6 +456,8 @@ int main(int argc, char **argv) {
   OwningOpRef<ModuleOp> module;
   if (isMlir) {
     TimingScope parseTiming = timing.nest("Parse");
+    if (failed(mtp::checkIRNesting(sourceMgr, sourceMgr.getMainFileID())))
+      return kSpecError;
     module = parseSourceFile<ModuleOp>(sourceMgr, &context);
   } else {
     std::optional<mtp::ast::Model> ast;
