@@ -9,6 +9,7 @@
 #include "dialect/InputGuard.h"
 #include "dialect/MTPDialect.h"
 #include "passes/Passes.h"
+#include "passes/Pipelines.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/EmitC/IR/EmitC.h"
@@ -24,6 +25,7 @@
 int main(int argc, char **argv) {
   mlir::registerTransformsPasses();
   mtp::registerMTPPasses();
+  mtp::registerMTPPipelines();
   mtp::registerMTPCodegenPasses();
 
   mlir::DialectRegistry registry;

@@ -31,6 +31,7 @@
 #include "passes/PlanFile.h"
 #include "passes/PlanReport.h"
 #include "passes/Passes.h"
+#include "passes/Pipelines.h"
 #include "Report.h"
 
 #include "mlir/IR/AsmState.h"
@@ -512,7 +513,6 @@ int main(int argc, char **argv) {
   if (failed(applyPassManagerCLOptions(pm)))
     return kUsageError;
   pm.enableTiming(timing);
-  pm.addNestedPass<mtp::ModelOp>(mtp::createNormalizeSpec());
   const bool wantPlanFile = command == Command::Build ||
                             (command == Command::Compile &&
                              emitAction == Emit::Plan);
@@ -520,27 +520,19 @@ int main(int argc, char **argv) {
       command == Command::Plan || command == Command::Check || emitsCode ||
       (command == Command::Compile &&
        (emitAction == Emit::Step || emitAction == Emit::Cuda));
-  const bool materialize =
-      command == Command::Compile && emitAction != Emit::Plan;
   if (command == Command::Check) {
-    // The memory estimate of the summary: the step as written, no plan.
-    pm.addNestedPass<mtp::ModelOp>(mtp::createExpandTrainingStep());
-    pm.addNestedPass<mtp::ModelOp>(mtp::createFuseTaskGradients());
-    pm.addNestedPass<mtp::ModelOp>(mtp::createMemoryAnalysis());
+    mtp::buildCheckPipeline(pm);
   } else if (wantStep) {
-    pm.addNestedPass<mtp::ModelOp>(mtp::createExpandTrainingStep());
-    pm.addNestedPass<mtp::ModelOp>(mtp::createFuseTaskGradients());
-    pm.addNestedPass<mtp::ModelOp>(mtp::createCompressCollectives());
-    if (llvm::all_of(module->getOps<mtp::ModelOp>(),
-                     [](mtp::ModelOp m) { return bool(m.getBudget()); }))
-      pm.addNestedPass<mtp::ModelOp>(mtp::createPlanMemory());
-    // The plan table reads what each unit would keep; the emitted step shows
-    // the regions written out (its analysis is then the planned peak).
-    if (materialize) {
-      pm.addNestedPass<mtp::ModelOp>(mtp::createMaterializeOffload());
-      pm.addNestedPass<mtp::ModelOp>(mtp::createMaterializeCheckpoints());
-    }
-    pm.addNestedPass<mtp::ModelOp>(mtp::createMemoryAnalysis());
+    mtp::PlanPipelineOptions options;
+    options.planMemory = llvm::all_of(module->getOps<mtp::ModelOp>(),
+                                      [](mtp::ModelOp m) {
+                                        return bool(m.getBudget());
+                                      });
+    options.materialize =
+        command == Command::Compile && emitAction != Emit::Plan;
+    mtp::buildPlanPipeline(pm, options);
+  } else {
+    pm.addNestedPass<mtp::ModelOp>(mtp::createNormalizeSpec());
   }
   if (failed(pm.run(*module)))
     return kSpecError;
@@ -557,11 +549,7 @@ int main(int argc, char **argv) {
       if (failed(applyPassManagerCLOptions(materializePm)))
         return kUsageError;
       materializePm.enableTiming(timing);
-      materializePm.addNestedPass<mtp::ModelOp>(
-          mtp::createMaterializeOffload());
-      materializePm.addNestedPass<mtp::ModelOp>(
-          mtp::createMaterializeCheckpoints());
-      materializePm.addNestedPass<mtp::ModelOp>(mtp::createMemoryAnalysis());
+      mtp::buildMaterializePipeline(materializePm);
       if (failed(materializePm.run(*module)))
         return kSpecError;
     }

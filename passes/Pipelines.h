@@ -1,0 +1,49 @@
+//===- Pipelines.h - The mtp pass pipelines mtpc runs ----------*- C++ -*-===//
+//
+// The pipelines `mtpc` builds for each command, in one place and registered
+// with mtp-opt (as CIRCT's firtool pipelines are), so that
+//   mtp-opt --mtp-plan-pipeline=materialize=true spec.mlir
+// reproduces what `mtpc --emit=step` runs, pass by pass.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPC_PASSES_PIPELINES_H
+#define MTPC_PASSES_PIPELINES_H
+
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassOptions.h"
+
+namespace mtp {
+
+struct PlanPipelineOptions
+    : public mlir::PassPipelineOptions<PlanPipelineOptions> {
+  Option<bool> planMemory{
+      *this, "plan-memory",
+      llvm::cl::desc("Decide what to keep, recompute and offload (needs a "
+                     "budget in every model)"),
+      llvm::cl::init(true)};
+  Option<bool> materialize{
+      *this, "materialize",
+      llvm::cl::desc("Write the plan into the step (checkpoint regions, "
+                     "offload ops) before the final analysis"),
+      llvm::cl::init(false)};
+};
+
+/// `mtpc check`'s estimate: the step as written, no plan, analyzed.
+void buildCheckPipeline(mlir::OpPassManager &pm);
+
+/// `mtpc plan` / `--emit=step` / `build`: normalize, expand, the gradient
+/// pipeline and collectives, the plan, optionally materialized, analyzed.
+void buildPlanPipeline(mlir::OpPassManager &pm,
+                       const PlanPipelineOptions &options);
+
+/// Writes an already planned step's decisions into it and re-analyzes.
+void buildMaterializePipeline(mlir::OpPassManager &pm);
+
+/// Registers the three as mtp-check-pipeline, mtp-plan-pipeline and
+/// mtp-materialize-pipeline.
+void registerMTPPipelines();
+
+} // namespace mtp
+
+#endif // MTPC_PASSES_PIPELINES_H
