@@ -431,7 +431,7 @@ def section_memory(args, b, r, out):
             srows.append([label + what, fmt_bytes(e["tracked"] - fixed), "%.1f" % (8 / e[key]),
                           "±%.3f" % (statistics.pstdev(tail) if len(tail) > 1 else 0.0)])
     if len(srows) > 1:
-        out.append("\nThe source's table (SPEC.md §3 A4) at CPU scale: peak activations = the "
+        out.append("\nThe source's table (docs/techniques.md A4) at CPU scale: peak activations = the "
                    "tracked peak less parameters, gradients and optimizer state as planned; "
                    "throughput from the %s time; loss std = standard deviation of the mean task "
                    "loss over the last half of a timed run.\n" % ("CPU" if key == "cpu_step" else "wall"))

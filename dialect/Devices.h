@@ -21,7 +21,7 @@ struct DevicePreset {
   llvm::StringLiteral name;
   /// Device memory in bytes.
   int64_t memoryBytes;
-  /// Default headroom a plan leaves free (SPEC.md §5: 2 GiB on GPUs, 0 on cpu).
+  /// Default headroom a plan leaves free (docs/contracts.md#headroom: 2 GiB on GPUs, 0 on cpu).
   int64_t headroomBytes;
   /// Device memory bandwidth, bytes/s.
   double memoryBandwidth;

@@ -148,7 +148,7 @@ def MTP_LRScheduleAttr : AttrDef<MTP_Dialect, "LRSchedule"> {
 }
 
 def MTP_UnitKind : I32EnumAttr<"UnitKind", "a unit of the training step", [
-    // SPEC.md §5 granularity; the runtime runs each as one call.
+    // docs/contracts.md#granularity; the runtime runs each as one call.
     I32EnumAttrCase<"embed", 0>,          // token + position embeddings, dropout
     I32EnumAttrCase<"attn_norm", 1>,      // LayerNorm before attention
     I32EnumAttrCase<"qkv", 2>,            // fused QKV projection

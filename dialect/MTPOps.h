@@ -21,7 +21,7 @@
 #include "dialect/MTPAttrs.h.inc"
 
 namespace mtp {
-/// The DGFG gate's bound (SPEC.md §3 B6: fewer than 0.1M parameters).
+/// The DGFG gate's bound (docs/techniques.md B6: fewer than 0.1M parameters).
 constexpr int64_t kDgfgMaxParameters = 100000;
 /// Parameters of the DGFG gate: one MLP shared by every task, from four
 /// per-task signals (loss, gradient norm, mean and minimum cosine with the
@@ -53,7 +53,7 @@ struct UnitRef {
 };
 /// The unit of an `mtp.fwd` or `mtp.bwd`; nullopt for any other op.
 std::optional<UnitRef> getUnitRef(mlir::Operation *op);
-/// The runtime's block number of a backbone unit (SPEC.md §5 granularity):
+/// The runtime's block number of a backbone unit (docs/contracts.md#granularity):
 /// 2l-1 for layer l's attention sub-blocks, 2l for its MLP sub-blocks, 0 for
 /// the embeddings; -1 for heads and losses.
 int64_t getBlockNumber(UnitKind kind, uint64_t layer);

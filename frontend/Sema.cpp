@@ -75,23 +75,23 @@ std::string joined(ArrayRef<StringRef> words) {
 
 struct TooManyErrors {};
 
-/// Knobs of the deferred techniques (SPEC.md §6): known, rejected.
+/// Knobs of the deferred techniques (docs/techniques.md, "Deferred"): known, rejected.
 struct Deferred {
   StringRef key, technique;
 };
 constexpr Deferred kDeferredStrategy[] = {
-    {"cuda_graphs", "CUDA Graph capture (SPEC.md §3 A3)"},
-    {"pipeline", "task-aware pipeline parallelism (SPEC.md §3 C9)"},
-    {"search", "the memory-constrained search (SPEC.md §3 C11)"},
-    {"saps", "SAPS sparse parameter updates (SPEC.md §3 D12)"},
-    {"adapters", "NPD gated adapters (SPEC.md §3 D13)"},
-    {"ewc", "EWC forgetting protection (SPEC.md §3 D14)"},
-    {"dynamic_batch", "the dynamic batch schedule (SPEC.md §3 D15)"},
-    {"zero", "ZeRO-3 parameter offload (SPEC.md §3 D16)"},
+    {"cuda_graphs", "CUDA Graph capture (docs/techniques.md A3)"},
+    {"pipeline", "task-aware pipeline parallelism (docs/techniques.md C9)"},
+    {"search", "the memory-constrained search (docs/techniques.md C11)"},
+    {"saps", "SAPS sparse parameter updates (docs/techniques.md D12)"},
+    {"adapters", "NPD gated adapters (docs/techniques.md D13)"},
+    {"ewc", "EWC forgetting protection (docs/techniques.md D14)"},
+    {"dynamic_batch", "the dynamic batch schedule (docs/techniques.md D15)"},
+    {"zero", "ZeRO-3 parameter offload (docs/techniques.md D16)"},
 };
 constexpr Deferred kDeferredBudget[] = {
-    {"zero", "ZeRO-3 parameter offload (SPEC.md §3 D16)"},
-    {"param_offload", "ZeRO-3 parameter offload (SPEC.md §3 D16)"},
+    {"zero", "ZeRO-3 parameter offload (docs/techniques.md D16)"},
+    {"param_offload", "ZeRO-3 parameter offload (docs/techniques.md D16)"},
 };
 
 // Keys per section, so a key written in the wrong section gets pointed home.

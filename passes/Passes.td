@@ -75,7 +75,7 @@ def FuseTaskGradients : Pass<"mtp-fuse-task-gradients", "::mtp::ModelOp"> {
     After every task's head backward, one `mtp.fuse_task_grads` takes the
     tasks' gradients at their taps and returns what the backbone backward
     receives: GFM, per-task clipping and the DGFG weights from the
-    strategy (SPEC.md §5). With `gradient_scope = params` the op also
+    strategy (docs/contracts.md). With `gradient_scope = params` the op also
     carries the cost of per-task parameter gradients over the top k shared
     layers (k layers × tasks of gradient memory, k layers of backward per
     task), which the plan shows next to the `features` scope.

@@ -24,4 +24,4 @@ echo "[example] mtpc build $spec -o $out/$name  (the generated C++ is in $out/$n
 rm -f "$out/$name.jsonl"
 echo "[example] $out/$name: training (defaults from the spec; --help lists the flags)"
 "$out/$name" --progress plain --metrics "$out/$name.jsonl" "$@"
-echo "[example] metrics (SPEC.md §5 names): $out/$name.jsonl"
+echo "[example] metrics (docs/contracts.md#metric-names): $out/$name.jsonl"

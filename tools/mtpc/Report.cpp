@@ -1,7 +1,7 @@
 //===- Report.cpp - `mtpc report`: a run's metrics as one HTML page -------===//
 //
 // Reading: each line of the metrics file is one JSON object (llvm::json);
-// step records have `step` and `loss` (SPEC.md §5), events have `event` and
+// step records have `step` and `loss` (docs/contracts.md), events have `event` and
 // `step`. Anything else is refused with the file and line. A last line
 // without its newline that does not parse is a run still being written: it
 // is skipped with a note and the rest is rendered.
@@ -1501,8 +1501,8 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
     row("measured", esc(perf));
   }
   row("versions",
-      esc(llvm::formatv("mtpc report (LLVM/MLIR {0}); metrics as in SPEC.md "
-                        "§5{1}",
+      esc(llvm::formatv("mtpc report (LLVM/MLIR {0}); metrics as in "
+                        "docs/contracts.md{1}",
                         LLVM_VERSION_STRING,
                         plan ? "; plan format v" +
                                    std::to_string(plan->version()) + " (" +

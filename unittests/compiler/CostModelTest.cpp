@@ -170,7 +170,7 @@ TEST_F(CostModelTest, TimeFromThePreset) {
 } // namespace
 
 namespace {
-// Collective bytes worked by hand (SPEC.md §5, GSC).
+// Collective bytes worked by hand (docs/contracts.md#compression-gsc).
 TEST(Collectives, BytesPerProcess) {
   // Ring all-reduce of 1000 fp32 values over 4 processes: 2·3/4 of 4000 B.
   EXPECT_EQ(CostModel::allReduceBytes(1000, 4), 6000);
