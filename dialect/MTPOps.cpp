@@ -242,30 +242,6 @@ static void printSchedule(OpAsmPrinter &printer, Operation *,
 }
 
 //===----------------------------------------------------------------------===//
-// custom<EnumKeyword>: an enum attribute as its bare keyword
-//===----------------------------------------------------------------------===//
-
-template <typename EnumAttrT>
-static ParseResult parseEnumKeyword(OpAsmParser &parser, EnumAttrT &attr) {
-  using EnumT = decltype(std::declval<EnumAttrT>().getValue());
-  SMLoc loc = parser.getCurrentLocation();
-  StringRef keyword;
-  if (parser.parseKeyword(&keyword))
-    return failure();
-  std::optional<EnumT> value = symbolizeEnum<EnumT>(keyword);
-  if (!value)
-    return parser.emitError(loc, "unknown keyword '") << keyword << "'";
-  attr = EnumAttrT::get(parser.getContext(), *value);
-  return success();
-}
-
-template <typename EnumAttrT>
-static void printEnumKeyword(OpAsmPrinter &printer, Operation *,
-                             EnumAttrT attr) {
-  printer << stringifyEnum(attr.getValue());
-}
-
-//===----------------------------------------------------------------------===//
 // ModelOp
 //===----------------------------------------------------------------------===//
 
@@ -452,109 +428,53 @@ ArrayRef<StringLiteral> headParams(HeadKind kind) {
 }
 } // namespace
 
-// mtp.task @name : kind(param = N, ...) from [pooled] layer N
-//                  loss KIND weight W attr-dict
-ParseResult TaskOp::parse(OpAsmParser &parser, OperationState &result) {
-  Builder &b = parser.getBuilder();
-  StringAttr name;
-  if (parser.parseSymbolName(name, getSymNameAttrName(result.name),
-                             result.attributes) ||
-      parser.parseColon())
-    return failure();
-
-  SMLoc kindLoc = parser.getCurrentLocation();
-  StringRef kindName;
-  if (parser.parseKeyword(&kindName))
-    return failure();
-  std::optional<HeadKind> kind = symbolizeHeadKind(kindName);
-  if (!kind)
-    return parser.emitError(kindLoc, "unknown head kind '")
-           << kindName << "' (expected classify, tag, span or decoder)";
-  result.addAttribute(getHeadAttrName(result.name),
-                      HeadKindAttr::get(b.getContext(), *kind));
-
-  if (parser.parseLParen())
-    return failure();
-  if (failed(parser.parseOptionalRParen())) {
-    auto parseParam = [&]() -> ParseResult {
-      SMLoc loc = parser.getCurrentLocation();
-      StringRef key;
-      int64_t value;
-      if (parser.parseKeyword(&key) || parser.parseEqual() ||
-          parser.parseInteger(value))
-        return failure();
-      if (!llvm::is_contained(headParams(*kind), key))
-        return parser.emitError(loc, "'")
-               << kindName << "' head takes no parameter '" << key << "'";
-      if (result.attributes.get(key))
-        return parser.emitError(loc, "parameter '") << key << "' given twice";
-      result.addAttribute(key, b.getI64IntegerAttr(value));
-      return success();
-    };
-    if (parser.parseCommaSeparatedList(parseParam) || parser.parseRParen())
+// custom<HeadParams>: `(key = N, ...)`, the head's integer parameters in one
+// list (classes, labels, layers, vocab, target_seq; printed in that order).
+static ParseResult parseHeadParams(OpAsmParser &parser, IntegerAttr &classes,
+                                   IntegerAttr &labels, IntegerAttr &layers,
+                                   IntegerAttr &vocab, IntegerAttr &targetSeq) {
+  std::pair<StringLiteral, IntegerAttr *> params[] = {
+      {"classes", &classes}, {"labels", &labels}, {"layers", &layers},
+      {"vocab", &vocab},     {"target_seq", &targetSeq}};
+  auto parseParam = [&]() -> ParseResult {
+    SMLoc loc = parser.getCurrentLocation();
+    StringRef key;
+    int64_t value;
+    if (parser.parseKeyword(&key) || parser.parseEqual() ||
+        parser.parseInteger(value))
       return failure();
-  }
-
-  int64_t layer;
-  if (parser.parseKeyword("from"))
-    return failure();
-  if (succeeded(parser.parseOptionalKeyword("pooled")))
-    result.addAttribute(getPooledAttrName(result.name), b.getUnitAttr());
-  if (parser.parseKeyword("layer") || parser.parseInteger(layer))
-    return failure();
-  result.addAttribute(getTapLayerAttrName(result.name),
-                      b.getI64IntegerAttr(layer));
-
-  SMLoc lossLoc;
-  StringRef lossName;
-  double weight;
-  if (parser.parseKeyword("loss") ||
-      (lossLoc = parser.getCurrentLocation(), parser.parseKeyword(&lossName)))
-    return failure();
-  std::optional<LossKind> loss = symbolizeLossKind(lossName);
-  if (!loss)
-    return parser.emitError(lossLoc, "unknown loss '")
-           << lossName << "' (expected cross_entropy or mse)";
-  result.addAttribute(getLossAttrName(result.name),
-                      LossKindAttr::get(b.getContext(), *loss));
-  if (parser.parseKeyword("weight") || parser.parseFloat(weight))
-    return failure();
-  result.addAttribute(getWeightAttrName(result.name), b.getF64FloatAttr(weight));
-  if (succeeded(parser.parseOptionalKeyword("lr"))) {
-    FailureOr<LRScheduleAttr> lr = LRScheduleAttr::parseBare(parser);
-    if (failed(lr))
-      return failure();
-    result.addAttribute(getLrAttrName(result.name), *lr);
-  }
-  return parser.parseOptionalAttrDict(result.attributes);
+    auto *it = llvm::find_if(params, [&](auto &p) { return p.first == key; });
+    if (it == std::end(params))
+      return parser.emitError(loc, "unknown head parameter '")
+             << key << "' (expected classes, labels, layers, vocab or "
+                       "target_seq)";
+    if (*it->second)
+      return parser.emitError(loc, "parameter '") << key << "' given twice";
+    *it->second = parser.getBuilder().getI64IntegerAttr(value);
+    return success();
+  };
+  return parser.parseCommaSeparatedList(AsmParser::Delimiter::Paren,
+                                        parseParam);
 }
 
-void TaskOp::print(OpAsmPrinter &p) {
-  p << ' ';
-  p.printSymbolName(getSymName());
-  p << " : " << stringifyHeadKind(getHead()) << '(';
-  llvm::interleaveComma(headParams(getHead()), p, [&](StringRef key) {
-    p << key << " = ";
-    if (auto value = (*this)->getAttrOfType<IntegerAttr>(key))
-      p << value.getInt();
-    else
-      p << "<missing>";
-  });
-  p << ") from " << (getPooled() ? "pooled " : "") << "layer "
-    << getTapLayer() << " loss " << stringifyLossKind(getLoss())
-    << " weight ";
-  p.printFloat(getWeightAttr().getValue());
-  if (LRScheduleAttr lr = getLrAttr()) {
-    p << " lr ";
-    lr.printBare(p);
+static void printHeadParams(OpAsmPrinter &printer, Operation *,
+                            IntegerAttr classes, IntegerAttr labels,
+                            IntegerAttr layers, IntegerAttr vocab,
+                            IntegerAttr targetSeq) {
+  std::pair<StringLiteral, IntegerAttr> params[] = {{"classes", classes},
+                                                    {"labels", labels},
+                                                    {"layers", layers},
+                                                    {"vocab", vocab},
+                                                    {"target_seq", targetSeq}};
+  printer << '(';
+  bool first = true;
+  for (auto [key, value] : params) {
+    if (!value)
+      continue;
+    printer << (first ? "" : ", ") << key << " = " << value.getInt();
+    first = false;
   }
-  p.printOptionalAttrDict(
-      (*this)->getAttrs(),
-      {getSymNameAttrName(), getHeadAttrName(), getClassesAttrName(),
-       getLabelsAttrName(), getLayersAttrName(), getVocabAttrName(),
-       getTargetSeqAttrName(),
-       getTapLayerAttrName(), getPooledAttrName(), getLossAttrName(),
-       getWeightAttrName(), getLrAttrName()});
+  printer << ')';
 }
 
 LogicalResult TaskOp::verify() {

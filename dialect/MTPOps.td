@@ -89,7 +89,7 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
                        MTP_PositiveI64Attr:$seq,
                        F64Attr:$dropout);
   let assemblyFormat = [{
-    custom<EnumKeyword>($kind) `(` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
+    $kind `(` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
               `heads` `=` $heads `,` `ffn` `=` $ffn `,`
               `vocab` `=` $vocab `,` `seq` `=` $seq `,` `dropout` `=` $dropout `)`
               attr-dict
@@ -134,7 +134,14 @@ def MTP_TaskOp : MTP_Op<"task", [HasParent<"ModelOp">, Symbol]> {
                        MTP_LossKindAttr:$loss,
                        F64Attr:$weight,
                        OptionalAttr<MTP_LRScheduleAttr>:$lr);
-  let hasCustomAssemblyFormat = 1;
+  // The kind-specific parameters parse as one list; which kind takes which
+  // is the verifier's to say.
+  let assemblyFormat = [{
+    $sym_name `:` $head ``
+    custom<HeadParams>($classes, $labels, $layers, $vocab, $target_seq)
+    `from` (`pooled` $pooled^)? `layer` $tap_layer `loss` $loss
+    `weight` $weight (`lr` custom<Schedule>($lr)^)? attr-dict
+  }];
   let hasVerifier = 1;
 }
 
@@ -193,7 +200,7 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
     `device` $device `memory` custom<Bytes>($memory)
     `headroom` custom<Bytes>($headroom)
     `link` custom<Bandwidth>($link_bandwidth) `gpus` $gpus
-    `batch` $global_batch `micro` $micro_batch `precision` custom<EnumKeyword>($precision)
+    `batch` $global_batch `micro` $micro_batch `precision` $precision
     (`hbm` $memory_bandwidth^ `Bps`)? (`flops` $peak_flops^)? attr-dict
   }];
   let hasVerifier = 1;
@@ -214,7 +221,7 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
 def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
   let summary = "every strategy knob, resolved to its value";
   let description = [{
-    The knobs of SPEC.md §3 A1–A2, B5–B8 and C10, each explicit (the
+    The knobs of docs/techniques.md A1–A2, B5–B8 and C10, each explicit (the
     frontend fills in documented defaults): activation checkpointing
     (`auto` lets the planner choose; `uniform` every k layers;
     `task_granular` groups tasks whose correlation reaches `threshold`),
@@ -249,15 +256,15 @@ def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
                        MTP_PositiveI64Attr:$quant_bits,
                        F64Attr:$residual_decay);
   let assemblyFormat = [{
-    `checkpoint` custom<EnumKeyword>($checkpoint) `every` $checkpoint_every
+    `checkpoint` $checkpoint `every` $checkpoint_every
         `threshold` $group_threshold
-    `offload` custom<EnumKeyword>($offload) `max_latency` $max_offload_latency
+    `offload` $offload `max_latency` $max_offload_latency
     `gfm` custom<OptionalF64>($gfm_keep)
-    `scope` custom<EnumKeyword>($gradient_scope) `layers` $scope_layers
+    `scope` $gradient_scope `layers` $scope_layers
     `dgfg` custom<OptionalI64>($dgfg_hidden) `recalibrate` `reuse` $reuse_threshold
         `std` $sim_std_threshold
-    `clip` custom<EnumKeyword>($clip) `max_norm` $clip_max_norm
-    `collective` custom<EnumKeyword>($collective) `topk` $topk
+    `clip` $clip `max_norm` $clip_max_norm
+    `collective` $collective `topk` $topk
         `block` $quant_block `bits` $quant_bits `decay` $residual_decay
     attr-dict
   }];

@@ -71,7 +71,7 @@ def MTP_FwdOp : MTP_Op<"fwd", [
                        OptionalAttr<StrArrayAttr>:$saved_names);
   let results = (outs Variadic<AnyRankedTensor>:$outputs);
   let assemblyFormat = [{
-    custom<EnumKeyword>($unit) `[` $layer `]` ($task^)? `(` $inputs `)`
+    $unit `[` $layer `]` ($task^)? `(` $inputs `)`
     `flops` $flops (`workspace` $workspace^)? (`saves` $saved_names^)? attr-dict
     `:` functional-type($inputs, $outputs)
   }];
@@ -97,7 +97,7 @@ def MTP_BwdOp : MTP_Op<"bwd", [HasParent<"StepOp">, AttrSizedOperandSegments,
                        DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$workspace);
   let results = (outs Variadic<AnyRankedTensor>:$input_grads);
   let assemblyFormat = [{
-    custom<EnumKeyword>($unit) `[` $layer `]` ($task^)? `grads` `(` $grads `)`
+    $unit `[` $layer `]` ($task^)? `grads` `(` $grads `)`
     `saved` `(` $saved `)` `flops` $flops (`workspace` $workspace^)? attr-dict `:`
     functional-type(operands, results)
   }];
@@ -121,7 +121,7 @@ def MTP_FuseTaskGradsOp : MTP_Op<"fuse_task_grads", [HasParent<"StepOp">,
     `gfm_keep` fraction of rfft bins along the channel dimension; none =
     off), per-task clipping to `clip_max_norm` (0 = off), then α_t from the
     DGFG gate (`gate_hidden` wide; none = uniform α over present tasks), so
-    that the backbone's gradient is Σ α_t ĝ_t (SPEC.md §5). Each head's own
+    that the backbone's gradient is Σ α_t ĝ_t (docs/contracts.md). Each head's own
     parameters keep their gradients for their optimizer group
     (TaskLRAdapter).
   }];
@@ -135,7 +135,7 @@ def MTP_FuseTaskGradsOp : MTP_Op<"fuse_task_grads", [HasParent<"StepOp">,
                        DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$workspace);
   let results = (outs Variadic<AnyRankedTensor>:$fused);
   let assemblyFormat = [{
-    $tasks `(` $grads `)` `scope` custom<EnumKeyword>($scope)
+    $tasks `(` $grads `)` `scope` $scope
     `gfm` custom<OptionalF64>($gfm_keep) `clip` $clip_max_norm
     `gate` custom<OptionalI64>($gate_hidden) `flops` $flops
     (`workspace` $workspace^)? attr-dict `:` functional-type($grads, $fused)
@@ -149,7 +149,7 @@ def MTP_AllReduceOp : MTP_Op<"allreduce", [HasParent<"StepOp">]> {
     `elements` gradient values of the named parameter groups, reduced across
     the data-parallel processes before the optimizer step; at world size 1 it
     does nothing at run time, so one binary serves 1 and N processes. With
-    `compression` (GSC, SPEC.md §5): top-k by magnitude (`topk` fraction),
+    `compression` (GSC, docs/contracts.md#compression-gsc): top-k by magnitude (`topk` fraction),
     the kept values block-quantized (`block` values per fp32 scale, `bits`
     per value), indices as int32 or a bitmap, whichever is smaller, the
     residual fed back with `decay`; compressed payloads are all-gathered.

@@ -77,7 +77,7 @@ mtp.model @extra_param {
 
 mtp.model @param_in_custom_form {
   mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
-  // expected-error @+1 {{'tag' head takes no parameter 'classes'}}
+  // expected-error @+1 {{'mtp.task' op 'tag' head takes no 'classes'}}
   mtp.task @a : tag(classes = 5) from layer 1 loss cross_entropy weight 1.0
 }
 
@@ -85,7 +85,8 @@ mtp.model @param_in_custom_form {
 
 mtp.model @unknown_head {
   mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
-  // expected-error @+1 {{unknown head kind 'regress' (expected classify, tag, span or decoder)}}
+  // expected-error @+2 {{expected ::mtp::HeadKind to be one of: classify, tag, span, decoder}}
+  // expected-error @+1 {{failed to parse MTP_HeadKindAttr parameter}}
   mtp.task @a : regress(classes = 5) from layer 1 loss cross_entropy weight 1.0
 }
 
