@@ -6,7 +6,7 @@
 // region is one forward call, each head follows its tap, the heads'
 // backwards run in reverse, then the fused op, the backbone backward (the
 // regions' recomputes listed above it), the collective and the optimizer.
-// CHECK: emitc.include "mtprt/Step.h"
+// CHECK-LABEL: emitc.include "mtprt/Step.h"
 // CHECK: emitc.func @mtp_step_tiny(%[[T:.*]]: !emitc.opaque<"mtprt::Trainer &">) -> !emitc.opaque<"mtprt::StepStats">
 // CHECK: emitc.call_opaque "mtprt::step::beginStep"(%[[T]])
 // CHECK: %[[N:.*]] = emitc.call_opaque "mtprt::step::microBatches"(%[[T]]) {{.*}} -> index

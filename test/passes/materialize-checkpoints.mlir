@@ -12,6 +12,7 @@
 // that keeps only its boundary; an mtp.recompute before the region's
 // backward re-creates what the backward takes. The memory analysis of the
 // result is exactly the peak the planner simulated.
+// CHECK-LABEL: mtp.model @auto
 // CHECK: mtp.step attributes {{{.*}}mtp.peak_bytes = [[PEAK:[0-9]+]] : i64, mtp.planned_peak_bytes = [[PEAK]] : i64,
 
 // Region 0: layer 1's attention block, from the embeddings.

@@ -11,6 +11,7 @@
 // forward use and comes back one unit group ahead of its backward, where the
 // compute stream waits for it. The analysis of the result is exactly the
 // planned peak.
+// CHECK-LABEL: mtp.model @offload
 // CHECK: mtp.step attributes {{{.*}}mtp.peak_bytes = [[PEAK:[0-9]+]] : i64, mtp.planned_peak_bytes = [[PEAK]] : i64,
 
 // Layer 1's attention core saves its softmax output: offloaded right after

@@ -12,7 +12,7 @@ mtp.model @two {
   mtp.budget device "cpu" memory 1 GiB headroom 0 B link 10 GBps gpus 1 batch 2 micro 2 precision fp32
 }
 
-// CHECK: memory analysis of 'two'
+// CHECK-LABEL: memory analysis of 'two'
 // CHECK-NEXT: peak {{.*}} at bwd mlp_down[2]
 // CHECK-NEXT: parameters      5.71 KiB
 // CHECK-NEXT: gradients
@@ -28,6 +28,10 @@ mtp.model @two {
 // per task, over all: 2*4224 / (2*4224 + 3904) = 0.6839.
 // CHECK-NEXT: activation_reuse_ratio 0.6839
 
-// ATTRS: mtp.step attributes {mtp.activation_reuse_ratio = {{.*}} : f64, mtp.breakdown = {activation_grads = {{[0-9]+}} : i64, activations = {{[0-9]+}} : i64, gradients = {{[0-9]+}} : i64, optimizer = 11688 : i64, parameters = 5844 : i64, workspace = 0 : i64}, mtp.peak_at = "bwd mlp_down[2]", mtp.peak_bytes = {{[0-9]+}} : i64, mtp.saved_bytes = {{[0-9]+}} : i64, mtp.task_only_bytes = {hi = {{[0-9]+}} : i64, lo = 420 : i64}}
+// ATTRS-LABEL: mtp.model @two
+// ATTRS: mtp.step attributes {
+// ATTRS-SAME: optimizer = 11688 : i64, parameters = 5844 : i64
+// ATTRS-SAME: mtp.peak_at = "bwd mlp_down[2]"
+// ATTRS-SAME: mtp.task_only_bytes = {{{.*}}lo = 420 : i64}
 
 // NOSTEP: error: model 'two' has no training step; run --mtp-expand-training-step first
