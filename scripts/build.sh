@@ -4,6 +4,8 @@
 #   MTPC_BUILD_DIR   where to build (default: <repo>/build)
 #   MTPC_BUILD_TYPE  CMake build type (default: Release)
 #   MTPC_CUDA=OFF    skip the CUDA kernels even where nvcc exists
+#   MTPC_SANITIZE    sanitizers for every C++ file, e.g. address,undefined
+#                    (scripts/test.sh's second build; empty: none)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/setup.sh"
@@ -26,6 +28,7 @@ configure() {
 echo "[build] compiler -> $build"
 configure "$build/configure.log" -G Ninja -S "$root" -B "$build" -Wno-dev \
   -DCMAKE_BUILD_TYPE="$type" \
+  -DMTPC_SANITIZE="${MTPC_SANITIZE:-}" \
   -DMLIR_DIR=/usr/lib/llvm-19/lib/cmake/mlir \
   -DLLVM_EXTERNAL_LIT=/usr/lib/llvm-19/build/utils/lit/lit.py
 cmake --build "$build"
@@ -45,6 +48,7 @@ fi
 echo "[build] runtime -> $build/runtime (LibTorch $MTPC_TORCH_VERSION from $MTPC_TORCH_SOURCE; LibTorch-CUDA parts $MTPC_TORCH_CUDA_MATCH)"
 configure "$build/runtime-configure.log" -G Ninja -S "$root/runtime" -B "$build/runtime" -Wno-dev \
   -DCMAKE_BUILD_TYPE="$type" \
+  -DMTPC_SANITIZE="${MTPC_SANITIZE:-}" \
   -DTorch_DIR="$MTPC_TORCH_DIR" \
   -DMTPRT_TORCH_CUDA="$MTPC_TORCH_CUDA_MATCH" \
   -DMTPRT_ENABLE_CUDA="${MTPC_CUDA:-ON}"

@@ -8,6 +8,19 @@ from lit.llvm import llvm_config
 from lit.llvm.subst import ToolSubst
 
 config.name = "mtpc"
+# The sanitizer build's suite (scripts/test.sh runs both in one lit run).
+# Leak checking is off: LLVM's and LibTorch's process-lifetime singletons
+# are not leaks worth failing on; every other error fails the test.
+if getattr(config, "mtpc_sanitize", ""):
+    config.name = "mtpc-sanitized"
+    config.available_features.add("sanitized")
+    # A runaway allocation returns null (std::bad_alloc) instead of taking the
+    # machine: ASan reserves too much address space for RLIMIT_AS to work.
+    config.environment["ASAN_OPTIONS"] = (
+        "detect_leaks=0:abort_on_error=0:strict_string_checks=1:"
+        "allocator_may_return_null=1:max_allocation_size_mb=8192:"
+        "detect_stack_use_after_return=1:check_initialization_order=1")
+    config.environment["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
 config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
 config.suffixes = [".mlir", ".mtp", ".test"]
 config.excludes = ["Inputs", "CMakeLists.txt", "README.md", "lit.cfg.py",
