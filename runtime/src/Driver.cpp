@@ -983,7 +983,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
       stopAll("step " + std::to_string(core.stepsTaken()) + " of " +
               std::to_string(o.steps) + ": the update left parameter " + bad +
               " (and maybe others) not finite (is the learning rate too "
-              "large?); stopping without saving this state: " + kept());
+              "large?); stopping without saving this state; " + kept());
     std::function<void()> hook;
     if (pauseAt && std::atoll(pauseAt) == core.stepsTaken())
       hook = [&] {
@@ -1068,28 +1068,26 @@ int train(const std::string &name, const Program &p, const Options &o) {
       }
       stop = v[4 * nt].item<double>() > 0;
     }
+    // "task 'cls': loss nan, gradient norm inf; task 'tag': ..."
     std::string nonFinite;
     for (int64_t t = 0; t < nt; ++t) {
-      auto value = [](double x, const char *what) {
-        std::ostringstream os;
-        os << what << " " << x;
-        return os.str();
+      if (!lossBad[t] && !gradBad[t])
+        continue;
+      auto value = [&](const std::vector<double> &local) {
+        if (t >= static_cast<int64_t>(local.size()) ||
+            std::isfinite(local[t]))
+          return std::string("not finite on another rank");
+        return std::string(std::isnan(local[t]) ? "nan"
+                           : local[t] > 0       ? "inf"
+                                                : "-inf");
       };
+      nonFinite += (nonFinite.empty() ? "task '" : "; task '") + s.tasks[t] +
+                   "': ";
       if (lossBad[t])
-        nonFinite += std::string(nonFinite.empty() ? "" : "; ") + "task '" +
-                     s.tasks[t] + "' has a non-finite loss (" +
-                     (std::isfinite(localLoss[t]) && d.worldSize > 1
-                          ? std::string("on another rank")
-                          : value(localLoss[t], "value")) +
-                     ")";
+        nonFinite += "loss " + value(localLoss);
       if (gradBad[t])
-        nonFinite += std::string(nonFinite.empty() ? "" : "; ") + "task '" +
-                     s.tasks[t] + "' has a non-finite gradient (" +
-                     (t < static_cast<int64_t>(localNorm.size()) &&
-                              !std::isfinite(localNorm[t])
-                          ? value(localNorm[t], "norm")
-                          : std::string("on another rank")) +
-                     ")";
+        nonFinite += std::string(lossBad[t] ? ", " : "") + "gradient norm " +
+                     value(localNorm);
     }
     // SPEC B8: every rank decides alike (the matrix and ratio are per rank
     // but the gate is too); logged by rank 0.
@@ -1137,8 +1135,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
     if (!nonFinite.empty())
       stopAll("step " + std::to_string(done) + " of " +
               std::to_string(o.steps) + " (metrics \"step\": " +
-              std::to_string(s.step) + "): " + nonFinite +
-              "; stopping without saving this state: " + kept());
+              std::to_string(s.step) + ") is not finite: " + nonFinite +
+              "; stopping without saving this state; " + kept());
     if (!o.checkpointDir.empty() &&
         ((o.checkpointEvery > 0 && done % o.checkpointEvery == 0) || stop)) {
       save();
