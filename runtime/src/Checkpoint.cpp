@@ -248,7 +248,10 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
   return path;
 }
 
-void verifyCheckpoint(const std::string &path) { readVerified(path); }
+CheckpointInfo verifyCheckpoint(const std::string &path) {
+  const Header h = readVerified(path).first;
+  return {h.step, h.rank, h.world};
+}
 
 CheckpointExtra loadCheckpoint(const std::string &path, int world,
                                TrainerCore &core, GradExchange *exchange) {

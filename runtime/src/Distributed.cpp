@@ -13,9 +13,14 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
+#include <c10/util/Logging.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -44,6 +49,43 @@ int envInt(const char *name, int fallback, int lo, int hi) {
                                 "]");
   return static_cast<int>(x);
 }
+
+/// An exception's message on one line: LibTorch's without its backtrace,
+/// line breaks folded.
+std::string oneLine(const std::exception &e) {
+  const auto *c10 = dynamic_cast<const c10::Error *>(&e);
+  std::string m = c10 ? c10->what_without_backtrace() : e.what();
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' '))
+    m.pop_back();
+  for (size_t i = 0; (i = m.find('\n', i)) != std::string::npos;)
+    m.replace(i, 1, "; ");
+  return m;
+}
+
+/// Quiets c10's own log lines (the TCPStore's connect errors and retry
+/// warnings, a line per attempt) while a rank joins: a failed join is
+/// reported once, as the exception. TORCH_CPP_LOG_LEVEL, when the user sets
+/// it, wins.
+class QuietC10Log {
+public:
+  QuietC10Log() : active_(!std::getenv("TORCH_CPP_LOG_LEVEL")) {
+    if (active_) {
+      saved_ = FLAGS_caffe2_log_level;
+      FLAGS_caffe2_log_level = 3; // FATAL only
+    }
+  }
+  /// Leaves the level quiet: the join was abandoned and its thread may
+  /// still retry, while the process reports its error and exits.
+  void keep() { active_ = false; }
+  ~QuietC10Log() {
+    if (active_)
+      FLAGS_caffe2_log_level = saved_;
+  }
+
+private:
+  bool active_;
+  int saved_ = 0;
+};
 
 } // namespace
 
@@ -89,40 +131,87 @@ Communicator::Communicator(const DistOptions &o, bool serveStore)
 #endif
   const std::chrono::milliseconds timeout(int64_t(o.timeoutS) * 1000);
   const std::string where = o.masterAddr + ":" + std::to_string(o.masterPort);
-  try {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(o.masterPort);
-    so.isServer = serveStore && o.rank == 0;
-    so.waitWorkers = false;
-    so.timeout = timeout;
-    impl_->store = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
+  const std::string who = "mtprt: rank " + std::to_string(o.rank) + " of " +
+                          std::to_string(o.worldSize) +
+                          " could not join the process group at " + where;
+  // The join runs on a thread of its own and the constructor waits for it
+  // up to the timeout: c10d's TCPStore retries a connect that timed out once
+  // more (about twice the timeout in all), and a master that accepted the
+  // connection but never answers (a stopped process) leaves its ping
+  // waiting forever. An abandoned join keeps its thread, blocked, until the
+  // process exits with this error.
+  struct Join {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+    c10::intrusive_ptr<c10d::Store> store;
+    c10::intrusive_ptr<c10d::Backend> backend;
+  };
+  auto join = std::make_shared<Join>();
+  QuietC10Log quiet;
+  std::thread([join, o, serveStore, timeout, cuda] {
+    c10::intrusive_ptr<c10d::Store> store;
+    c10::intrusive_ptr<c10d::Backend> backend;
+    std::exception_ptr error;
+    try {
+      c10d::TCPStoreOptions so;
+      so.port = static_cast<uint16_t>(o.masterPort);
+      so.isServer = serveStore && o.rank == 0;
+      so.waitWorkers = false;
+      so.timeout = timeout;
+      store = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
 #ifdef MTPRT_HAVE_NCCL
-    if (cuda) {
-      impl_->backend =
-          detail::makeNcclBackend(impl_->store, o.rank, o.worldSize, timeout);
-      return;
-    }
+      if (cuda)
+        backend = detail::makeNcclBackend(store, o.rank, o.worldSize, timeout);
+#else
+      (void)cuda;
 #endif
-    auto go = c10d::ProcessGroupGloo::Options::create(timeout);
-    // Bind where the master is reachable from: loopback for a one-machine
-    // run, the host's address (or GLOO_SOCKET_IFNAME) otherwise.
-    if (const char *ifname = std::getenv("GLOO_SOCKET_IFNAME");
-        ifname && *ifname)
-      go->devices.push_back(
-          c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-    else if (o.masterAddr == "127.0.0.1" || o.masterAddr == "localhost")
-      go->devices.push_back(
-          c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    else
-      go->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    impl_->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        impl_->store, o.rank, o.worldSize, go);
-  } catch (const std::exception &e) {
-    throw std::runtime_error("mtprt: rank " + std::to_string(o.rank) + " of " +
-                             std::to_string(o.worldSize) +
-                             " could not join the process group at " + where +
-                             ": " + e.what());
+      if (!backend) {
+        auto go = c10d::ProcessGroupGloo::Options::create(timeout);
+        // Bind where the master is reachable from: loopback for a
+        // one-machine run, the host's address (or GLOO_SOCKET_IFNAME)
+        // otherwise.
+        if (const char *ifname = std::getenv("GLOO_SOCKET_IFNAME");
+            ifname && *ifname)
+          go->devices.push_back(
+              c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+        else if (o.masterAddr == "127.0.0.1" || o.masterAddr == "localhost")
+          go->devices.push_back(
+              c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        else
+          go->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+        backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+            store, o.rank, o.worldSize, go);
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(join->m);
+    join->store = std::move(store);
+    join->backend = std::move(backend);
+    join->error = error;
+    join->done = true;
+    join->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(join->m);
+  if (!join->cv.wait_for(lock, timeout, [&] { return join->done; })) {
+    quiet.keep();
+    throw std::runtime_error(who + ": no answer within the " +
+                             std::to_string(o.timeoutS) +
+                             " s timeout (--timeout)");
   }
+  if (join->error) {
+    try {
+      std::rethrow_exception(join->error);
+    } catch (const std::exception &e) {
+      throw std::runtime_error(who + " (timeout " +
+                               std::to_string(o.timeoutS) +
+                               " s): " + oneLine(e));
+    }
+  }
+  impl_->store = std::move(join->store);
+  impl_->backend = std::move(join->backend);
 }
 
 Communicator::~Communicator() = default;
@@ -161,12 +250,30 @@ std::string Communicator::backendName() const {
   return impl_->backend ? impl_->backend->getBackendName() : "none";
 }
 
+namespace {
+/// A collective's failure (a rank died, hung past the timeout, or the
+/// network failed) as one line naming the operation and this rank.
+[[noreturn]] void collectiveFailed(const DistOptions &o, const char *op,
+                                   const std::exception &e) {
+  throw std::runtime_error(
+      "mtprt: rank " + std::to_string(o.rank) + " of " +
+      std::to_string(o.worldSize) + ": the " + op +
+      " failed (another rank died or stopped answering within the " +
+      std::to_string(o.timeoutS) + " s timeout, or the network failed): " +
+      oneLine(e));
+}
+} // namespace
+
 void Communicator::allReduceSum(std::vector<at::Tensor> &tensors) {
   if (!impl_->backend)
     return;
-  for (at::Tensor &t : tensors) {
-    std::vector<at::Tensor> one{t};
-    finish(impl_->backend, impl_->backend->allreduce(one));
+  try {
+    for (at::Tensor &t : tensors) {
+      std::vector<at::Tensor> one{t};
+      finish(impl_->backend, impl_->backend->allreduce(one));
+    }
+  } catch (const std::exception &e) {
+    collectiveFailed(options_, "all-reduce", e);
   }
 }
 
@@ -177,7 +284,11 @@ std::vector<at::Tensor> Communicator::allGather(const at::Tensor &t) {
   for (int r = 0; r < worldSize(); ++r)
     out[0].push_back(at::empty_like(t));
   std::vector<at::Tensor> in{t.contiguous()};
-  finish(impl_->backend, impl_->backend->allgather(out, in));
+  try {
+    finish(impl_->backend, impl_->backend->allgather(out, in));
+  } catch (const std::exception &e) {
+    collectiveFailed(options_, "all-gather", e);
+  }
   return out[0];
 }
 
@@ -189,7 +300,11 @@ void Communicator::allGatherInto(at::Tensor &out, const at::Tensor &t) {
   // One flat output the backend writes into: the list form has gloo gather
   // into a flat buffer of its own and copy out of it (twice the bytes).
   at::Tensor in = t.contiguous();
-  finish(impl_->backend, impl_->backend->_allgather_base(out, in));
+  try {
+    finish(impl_->backend, impl_->backend->_allgather_base(out, in));
+  } catch (const std::exception &e) {
+    collectiveFailed(options_, "all-gather", e);
+  }
 }
 
 void Communicator::broadcast(at::Tensor &t, int root) {
@@ -198,12 +313,21 @@ void Communicator::broadcast(at::Tensor &t, int root) {
   std::vector<at::Tensor> one{t};
   c10d::BroadcastOptions bo;
   bo.rootRank = root;
-  finish(impl_->backend, impl_->backend->broadcast(one, bo));
+  try {
+    finish(impl_->backend, impl_->backend->broadcast(one, bo));
+  } catch (const std::exception &e) {
+    collectiveFailed(options_, "broadcast", e);
+  }
 }
 
 void Communicator::barrier() {
-  if (impl_->backend)
+  if (!impl_->backend)
+    return;
+  try {
     finish(impl_->backend, impl_->backend->barrier());
+  } catch (const std::exception &e) {
+    collectiveFailed(options_, "barrier", e);
+  }
 }
 
 struct StoreServer::Impl {
@@ -222,13 +346,113 @@ StoreServer::StoreServer(int port, int timeoutS)
   } catch (const std::exception &e) {
     throw std::runtime_error("mtprt: cannot serve the rendezvous store on "
                              "127.0.0.1:" +
-                             std::to_string(port) + ": " + e.what());
+                             std::to_string(port) + ": " + oneLine(e));
   }
 }
 
 StoreServer::~StoreServer() = default;
 
 int StoreServer::port() const { return impl_->store->getPort(); }
+
+const char *const kLauncherBeatKey = "mtprt/launcher/beat";
+
+void StoreServer::beat() { impl_->store->add(kLauncherBeatKey, 1); }
+
+//===----------------------------------------------------------------------===//
+// LauncherWatch
+//===----------------------------------------------------------------------===//
+
+struct LauncherWatch::State {
+  std::mutex m;
+  std::condition_variable cv;
+  bool stop = false, pollerDone = false;
+  int64_t last = -1; ///< the counter as last read
+  std::chrono::steady_clock::time_point advanced; ///< when it last moved
+  std::string error; ///< the store's failure, if any
+  std::thread poller, checker;
+  int timeoutS = 120;
+};
+
+LauncherWatch::LauncherWatch(const std::string &addr, int port, int timeoutS,
+                             std::function<void(const std::string &)> lost)
+    : state_(std::make_shared<State>()) {
+  using Clock = std::chrono::steady_clock;
+  std::shared_ptr<State> st = state_;
+  st->advanced = Clock::now();
+  st->timeoutS = timeoutS;
+  const std::chrono::milliseconds interval(
+      std::clamp<int64_t>(int64_t(timeoutS) * 1000 / 4, 50, 1000));
+  // The poller may block inside a store call (a stopped launcher answers
+  // nothing); the checker never does, and decides.
+  st->poller = std::thread([st, addr, port, timeoutS, interval] {
+    try {
+      c10d::TCPStoreOptions so;
+      so.port = static_cast<uint16_t>(port);
+      so.isServer = false;
+      so.waitWorkers = false;
+      so.timeout = std::chrono::milliseconds(int64_t(timeoutS) * 1000);
+      auto store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+      std::unique_lock<std::mutex> lock(st->m);
+      while (!st->stop) {
+        lock.unlock();
+        const int64_t v = store->add(kLauncherBeatKey, 0);
+        lock.lock();
+        if (v != st->last) {
+          st->last = v;
+          st->advanced = Clock::now();
+        }
+        st->cv.wait_for(lock, interval, [&] { return st->stop; });
+      }
+    } catch (const std::exception &e) {
+      std::lock_guard<std::mutex> lock(st->m);
+      st->error = oneLine(e);
+    }
+    std::lock_guard<std::mutex> lock(st->m);
+    st->pollerDone = true;
+    st->cv.notify_all();
+  });
+  st->checker = std::thread([st, timeoutS, interval, lost] {
+    std::unique_lock<std::mutex> lock(st->m);
+    while (!st->stop) {
+      st->cv.wait_for(lock, interval, [&] { return st->stop; });
+      if (st->stop)
+        return;
+      std::string why;
+      if (!st->error.empty())
+        why = "stopped answering on its store (" + st->error + ")";
+      else if (Clock::now() - st->advanced > std::chrono::seconds(timeoutS))
+        why = "has sent no heartbeat for " + std::to_string(timeoutS) +
+              " s (it is stopped, hung or gone; --timeout)";
+      if (!why.empty()) {
+        lock.unlock();
+        lost(why);
+        return;
+      }
+    }
+  });
+}
+
+LauncherWatch::~LauncherWatch() {
+  State &st = *state_;
+  {
+    std::lock_guard<std::mutex> lock(st.m);
+    st.stop = true;
+    st.cv.notify_all();
+  }
+  st.checker.join();
+  // A poller blocked on a launcher that stopped answering is left to the
+  // process's exit.
+  bool done;
+  {
+    std::unique_lock<std::mutex> lock(st.m);
+    done = st.cv.wait_for(lock, std::chrono::seconds(st.timeoutS),
+                          [&] { return st.pollerDone; });
+  }
+  if (done)
+    st.poller.join();
+  else
+    st.poller.detach();
+}
 
 //===----------------------------------------------------------------------===//
 // GSC encoding

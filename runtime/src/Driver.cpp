@@ -14,6 +14,8 @@
 #include <ATen/Parallel.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -27,7 +29,10 @@
 #include <iomanip>
 #include <sstream>
 #include <stdexcept>
+#include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -45,14 +50,22 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A rank other than 0 leaving with rank 0's error, which rank 0 prints
+/// (the ranks agreed on it: one message, not one per rank).
+struct QuietExit {
+  int code;
+};
+
 struct Options {
   int64_t steps = 0, batchSize = 0, logEvery = 1;
   std::string data = "synthetic";
   double relatedness = 0.5;
   std::string metrics, checkpointDir;
   int64_t checkpointEvery = 0, keep = 3;
+  bool checkpointEveryGiven = false;
   bool resume = false, resumeFallback = false;
   int nproc = 1;
+  int timeoutS = 120;
   std::optional<int> rank, worldSize, masterPort;
   std::optional<std::string> masterAddr;
   std::optional<std::string> device, precision;
@@ -114,6 +127,9 @@ const Flag kFlags[] = {
     {"--master-port", "PORT",
      "rendezvous port (else $MASTER_PORT, or 29500; "
      "with --nproc, 0 picks a free one)"},
+    {"--timeout", "S",
+     "seconds a rank waits to join, for a collective, or for its launcher's "
+     "heartbeat before it fails (default 120)"},
     {"--device", "DEV", "cpu or cuda[:N] (default: the program's)"},
     {"--precision", "P", "fp32, bf16 or fp16 (fp16: cuda only)"},
     {"--seed", "S", "seed for the model, the data and dropout (default 0)"},
@@ -251,6 +267,7 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
   o.steps = p.steps;
   o.seed = p.seed;
   o.logEvery = p.logEvery;
+  o.checkpointEvery = p.checkpointEvery;
   o.data = p.data;
   o.batchSize = p.batchSize;
   o.compress = p.compress;
@@ -298,8 +315,10 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.logEvery = toInt(arg, value, 1, big);
     else if (arg == "--checkpoint-dir")
       o.checkpointDir = value;
-    else if (arg == "--checkpoint-every")
+    else if (arg == "--checkpoint-every") {
       o.checkpointEvery = toInt(arg, value, 0, big);
+      o.checkpointEveryGiven = true;
+    }
     else if (arg == "--keep")
       o.keep = toInt(arg, value, 0, big);
     else if (arg == "--resume")
@@ -316,6 +335,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.masterAddr = value;
     else if (arg == "--master-port")
       o.masterPort = static_cast<int>(toInt(arg, value, 0, 65535));
+    else if (arg == "--timeout")
+      o.timeoutS = static_cast<int>(toInt(arg, value, 1, 7 * 24 * 3600));
     else if (arg == "--device") {
       if (value != "cpu" && value.rfind("cuda", 0) != 0)
         throw UsageError("--device expects cpu or cuda[:N], got '" + value +
@@ -354,7 +375,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.progress = value;
     }
   }
-  if ((o.resume || o.checkpointEvery > 0) && o.checkpointDir.empty())
+  if ((o.resume || (o.checkpointEveryGiven && o.checkpointEvery > 0)) &&
+      o.checkpointDir.empty())
     throw UsageError(std::string(o.resume ? "--resume" : "--checkpoint-every") +
                      " needs --checkpoint-dir");
   if (!o.writeShard.empty() && o.data == "synthetic")
@@ -367,11 +389,84 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
 }
 
 //===----------------------------------------------------------------------===//
-// --nproc: start the ranks, wait for them
+// Before training: what would otherwise fail late
 //===----------------------------------------------------------------------===//
 
-int launch(int argc, char **argv, const Options &o) {
-  StoreServer server(o.masterPort.value_or(0));
+/// --checkpoint-dir: created when missing (with its parents), then probed by
+/// creating and removing a file, so a read-only or uncreatable directory is
+/// an error before the first step, not at the first save (possibly the end
+/// of the run). Throws naming the path and the reason.
+void prepareCheckpointDir(const std::string &dir) {
+  auto fail = [&](const std::string &why) {
+    throw std::runtime_error("--checkpoint-dir " + dir + ": " + why +
+                             "; checkpoints could not be saved");
+  };
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i < dir.size() && dir[i] != '/')
+      continue;
+    const std::string prefix = dir.substr(0, i);
+    struct stat st {};
+    if (::stat(prefix.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode))
+        fail(prefix == dir ? "exists and is not a directory"
+                           : "cannot be created: " + prefix +
+                                 " is not a directory");
+      continue;
+    }
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+      fail("cannot be created: mkdir " + prefix + ": " +
+           std::strerror(errno));
+  }
+  const std::string probe =
+      dir + "/.mtprt-probe." + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0)
+    fail(std::string("is not writable: cannot create a file in it: ") +
+         std::strerror(errno));
+  const bool wrote = ::write(fd, "1", 1) == 1;
+  const int err = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!wrote)
+    fail(std::string("is not writable: ") + std::strerror(err));
+}
+
+/// The checks a launcher makes once before starting its ranks (and a rank
+/// again, for runs someone else launched): the checkpoint directory, and a
+/// compression the runtime cannot run.
+void preflight(const Program &p, const Options &o, int world) {
+  if (!o.checkpointDir.empty())
+    prepareCheckpointDir(o.checkpointDir);
+  if (o.compress && world > 1 && p.compressBits != 8)
+    throw std::runtime_error(
+        "the plan's collective quantizes to " +
+        std::to_string(p.compressBits) +
+        " bits per value; this runtime's GSC kernels quantize to 8 bits only: "
+        "re-plan with compressed(bits = 8), or run with --no-compress");
+}
+
+//===----------------------------------------------------------------------===//
+// --nproc: start the ranks, watch them
+//===----------------------------------------------------------------------===//
+
+/// "exited with code 3", "was killed by signal 9 (SIGKILL)".
+std::string describeExit(int status) {
+  if (WIFEXITED(status))
+    return "exited with code " + std::to_string(WEXITSTATUS(status));
+  const int sig = WTERMSIG(status);
+  const char *abbrev = sigabbrev_np(sig);
+  return "was killed by signal " + std::to_string(sig) +
+         (abbrev ? std::string(" (SIG") + abbrev + ")" : std::string());
+}
+
+int exitCode(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int launch(const std::string &name, int argc, char **argv, const Program &p,
+           const Options &o) {
+  preflight(p, o, o.nproc);
+  StoreServer server(o.masterPort.value_or(0), o.timeoutS);
   const int port = server.port();
   std::vector<std::string> args;
   for (int i = 0; i < argc; ++i) {
@@ -389,14 +484,19 @@ int launch(int argc, char **argv, const Options &o) {
   if (len <= 0)
     throw std::runtime_error("cannot find this executable (/proc/self/exe)");
   self[len] = 0;
-  std::vector<pid_t> pids;
+  const pid_t launcher = ::getpid();
+  struct Rank {
+    pid_t pid = 0;
+    bool running = false;
+  };
+  std::vector<Rank> ranks;
   for (int r = 0; r < o.nproc; ++r) {
     std::vector<std::string> env;
     for (char **e = environ; *e; ++e) {
       const std::string s = *e;
       if (s.rfind("RANK=", 0) && s.rfind("WORLD_SIZE=", 0) &&
           s.rfind("LOCAL_RANK=", 0) && s.rfind("MASTER_ADDR=", 0) &&
-          s.rfind("MASTER_PORT=", 0))
+          s.rfind("MASTER_PORT=", 0) && s.rfind("MTPRT_LAUNCHER_PID=", 0))
         env.push_back(s);
     }
     env.push_back("RANK=" + std::to_string(r));
@@ -405,6 +505,7 @@ int launch(int argc, char **argv, const Options &o) {
     env.push_back("MASTER_ADDR=127.0.0.1");
     env.push_back("MASTER_PORT=" + std::to_string(port));
     env.push_back("MTPRT_STORE_SERVED=1");
+    env.push_back("MTPRT_LAUNCHER_PID=" + std::to_string(launcher));
     std::vector<std::string> av = args;
     std::vector<char *> avp, envp;
     for (std::string &s : av)
@@ -415,45 +516,99 @@ int launch(int argc, char **argv, const Options &o) {
     envp.push_back(nullptr);
     const pid_t pid = fork();
     if (pid == 0) {
+      // A rank dies with its launcher (the setting survives execve): a
+      // SIGKILLed launcher leaves no orphans training on. A launcher that
+      // died before this line has already left the rank to another parent.
+      // (A stopped or hung launcher is the ranks' LauncherWatch's business.)
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher)
+        _exit(1);
       execve(self, avp.data(), envp.data());
       _exit(127);
     }
-    if (pid < 0)
-      throw std::runtime_error("fork failed");
-    pids.push_back(pid);
+    if (pid < 0) {
+      for (Rank &k : ranks)
+        ::kill(k.pid, SIGKILL);
+      throw std::runtime_error(std::string("fork failed: ") +
+                               std::strerror(errno));
+    }
+    ranks.push_back({pid, true});
   }
   // Ctrl-C reaches every rank through the terminal's process group; a signal
-  // sent to the launcher alone is forwarded.
+  // sent to the launcher alone is forwarded. A rank that fails stops the
+  // others (they would wait on it until the timeout): the first failure is
+  // named, and its code is the launcher's.
+  using Clock = std::chrono::steady_clock;
+  const auto beatEvery = std::chrono::milliseconds(
+      std::clamp<int64_t>(int64_t(o.timeoutS) * 1000 / 8, 20, 500));
+  const auto grace = std::chrono::seconds(std::min(o.timeoutS, 5));
+  auto lastBeat = Clock::now() - beatEvery;
+  std::optional<Clock::time_point> killAt;
   int code = 0;
-  size_t left = pids.size();
+  size_t left = ranks.size();
   bool forwarded = false;
   while (left) {
     if (interrupted && !forwarded) {
-      for (pid_t p : pids)
-        if (p > 0)
-          ::kill(p, SIGINT);
+      for (const Rank &k : ranks)
+        if (k.running)
+          ::kill(k.pid, SIGINT);
       forwarded = true;
     }
-    int st = 0;
-    const pid_t done = waitpid(-1, &st, WNOHANG);
-    if (done <= 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      continue;
+    if (Clock::now() - lastBeat >= beatEvery) {
+      try {
+        server.beat();
+      } catch (const std::exception &) {
+        // The store is ours; a failed beat shows as a missed one.
+      }
+      lastBeat = Clock::now();
     }
-    for (pid_t &p : pids)
-      if (p == done) {
-        p = 0;
+    // Everything that ended since the last look. Among ranks that ended
+    // together, one killed by a signal is the cause: the others fail on its
+    // broken connections.
+    int failed = -1, failedStatus = 0;
+    bool reaped = false;
+    for (;;) {
+      int st = 0;
+      const pid_t done = waitpid(-1, &st, WNOHANG);
+      if (done <= 0)
+        break;
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        if (ranks[r].pid != done || !ranks[r].running)
+          continue;
+        ranks[r].running = false;
         --left;
-        const int c = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (c != 0 && code == 0) {
-          code = c;
-          // One rank failed: the others would wait on it until the timeout.
-          if (c != 130)
-            for (pid_t q : pids)
-              if (q > 0)
-                ::kill(q, SIGTERM);
+        reaped = true;
+        if (exitCode(st) != 0 &&
+            (failed < 0 || (WIFSIGNALED(st) && !WIFSIGNALED(failedStatus)))) {
+          failed = static_cast<int>(r);
+          failedStatus = st;
         }
       }
+    }
+    if (failed >= 0 && code == 0) {
+      code = exitCode(failedStatus);
+      // 130: the ranks agreed to stop on Ctrl-C, each saving its checkpoint.
+      if (code != 130) {
+        std::fprintf(stderr,
+                     "%s: error: rank %d of %d (pid %d) %s; stopping the "
+                     "other ranks\n",
+                     name.c_str(), failed, o.nproc,
+                     static_cast<int>(ranks[failed].pid),
+                     describeExit(failedStatus).c_str());
+        for (const Rank &k : ranks)
+          if (k.running)
+            ::kill(k.pid, SIGTERM);
+        killAt = Clock::now() + grace;
+      }
+    }
+    if (killAt && Clock::now() >= *killAt) {
+      for (const Rank &k : ranks)
+        if (k.running)
+          ::kill(k.pid, SIGKILL);
+      killAt.reset();
+    }
+    if (!reaped)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return code;
 }
@@ -600,9 +755,24 @@ bool resetResidentPeak() {
   return static_cast<bool>(f);
 }
 
-int train(const Program &p, const Options &o) {
+/// The parameter of `core` that is not finite (empty when all are), found
+/// with one device-to-host read for all of them.
+std::string nonFiniteParameter(TrainerCore &core) {
+  std::vector<at::Tensor> finite;
+  for (const at::Tensor &t : core.model().parameters())
+    finite.push_back(at::isfinite(t).all());
+  if (finite.empty() || at::stack(finite).all().item<bool>())
+    return "";
+  for (const auto &[name, t] : core.model().namedParameters())
+    if (!at::isfinite(t).all().item<bool>())
+      return name;
+  return "?";
+}
+
+int train(const std::string &name, const Program &p, const Options &o) {
   DistOptions d;
   d = distOptionsFromEnv(d);
+  d.timeoutS = o.timeoutS;
   if (o.rank)
     d.rank = *o.rank;
   if (o.worldSize)
@@ -620,6 +790,33 @@ int train(const Program &p, const Options &o) {
                      " does not split evenly over " +
                      std::to_string(d.worldSize) + " ranks");
   const bool rank0 = d.rank == 0;
+  preflight(p, o, d.worldSize);
+  // Rank 0 reports what every rank found (they agree through a collective);
+  // the others leave with the same code, silently.
+  auto stopAll = [&](const std::string &why) -> void {
+    if (rank0)
+      throw std::runtime_error(why);
+    throw QuietExit{1};
+  };
+  // Started by our --nproc launcher: notice it stopping or hanging (its
+  // death kills this rank already, PR_SET_PDEATHSIG).
+  std::unique_ptr<LauncherWatch> watch;
+  if (const char *lp = std::getenv("MTPRT_LAUNCHER_PID");
+      lp && *lp && d.worldSize > 1 && std::getenv("MTPRT_STORE_SERVED")) {
+    const std::string launcher = lp;
+    const int rank = d.rank, world = d.worldSize;
+    watch = std::make_unique<LauncherWatch>(
+        d.masterAddr, d.masterPort, d.timeoutS,
+        [name, launcher, rank, world](const std::string &why) {
+          std::fprintf(stderr,
+                       "%s: error: rank %d of %d: the launcher (pid %s) %s; "
+                       "stopping this rank\n",
+                       name.c_str(), rank, world, launcher.c_str(),
+                       why.c_str());
+          std::fflush(stderr);
+          _exit(1);
+        });
+  }
   if (o.threads > 0)
     at::set_num_threads(o.threads);
 
@@ -680,13 +877,17 @@ int train(const Program &p, const Options &o) {
   }
 
   // Resume: each rank picks its newest good checkpoint; the ranks agree on
-  // the oldest of those steps.
+  // the oldest of those steps. Checkpoints of a run with another process
+  // count are refused (each holds one rank's rows, RNG and GSC residual),
+  // and so is a directory where some ranks have one and others none:
+  // starting fresh there would silently drop the run.
   int64_t position = 0;
+  std::string lastGood; // the newest checkpoint of this run's state
   if (o.resume) {
-    int64_t chosen = -1;
+    int64_t chosen = -1, chosenWorld = -1;
     for (const auto &[step, path] : listCheckpoints(o.checkpointDir, d.rank)) {
       try {
-        verifyCheckpoint(path);
+        chosenWorld = verifyCheckpoint(path).world;
         chosen = step;
         break;
       } catch (const std::runtime_error &e) {
@@ -698,20 +899,52 @@ int train(const Program &p, const Options &o) {
       }
     }
     at::Tensor all =
-        at::cat(
-            comm.allGather(at::tensor({chosen}, at::kLong).to(comm.device())))
+        at::stack(comm.allGather(
+                      at::tensor({chosen, chosenWorld}, at::kLong)
+                          .to(comm.device())))
             .cpu();
-    const int64_t agreed = all.min().item<int64_t>();
+    auto processes = [](int64_t n) {
+      return std::to_string(n) + (n == 1 ? " process" : " processes");
+    };
+    int64_t have = 0, none = -1, some = -1;
+    for (int64_t r = 0; r < d.worldSize; ++r) {
+      const int64_t step = all[r][0].item<int64_t>();
+      const int64_t world = all[r][1].item<int64_t>();
+      if (step >= 0 && world != d.worldSize)
+        stopAll("cannot resume from " +
+                checkpointPath(o.checkpointDir, step, int(r)) +
+                ": it was written by a run of " + processes(world) +
+                ", this run has " + std::to_string(d.worldSize) +
+                " (each checkpoint holds one rank's state); resume with " +
+                processes(world) +
+                (world > 1 ? " (--nproc " + std::to_string(world) + ")" : "") +
+                ", or start fresh with another --checkpoint-dir");
+      if (step >= 0) {
+        ++have;
+        some = r;
+      } else if (none < 0) {
+        none = r;
+      }
+    }
+    if (have > 0 && have < d.worldSize)
+      stopAll("cannot resume from " + o.checkpointDir + ": rank " +
+              std::to_string(some) + " has a checkpoint (" +
+              checkpointPath(o.checkpointDir, all[some][0].item<int64_t>(),
+                             int(some)) +
+              ") but rank " + std::to_string(none) +
+              " has none; restore the missing rank's checkpoint files, or "
+              "start fresh with another --checkpoint-dir");
+    const int64_t agreed = all.select(1, 0).min().item<int64_t>();
     if (agreed >= 0) {
       const std::string path = checkpointPath(o.checkpointDir, agreed, d.rank);
       position =
           loadCheckpoint(path, d.worldSize, core, &exchange).dataPosition;
+      lastGood = path;
       if (rank0)
         std::fprintf(stderr, "resumed from %s (step %lld)\n", path.c_str(),
                      static_cast<long long>(agreed));
     } else if (rank0) {
-      std::fprintf(stderr, "no checkpoint %sin %s: starting fresh\n",
-                   d.worldSize > 1 ? "that every rank has " : "",
+      std::fprintf(stderr, "no checkpoint in %s: starting fresh\n",
                    o.checkpointDir.c_str());
     }
   }
@@ -733,9 +966,24 @@ int train(const Program &p, const Options &o) {
   const bool plain = o.progress == "plain" || (o.progress == "auto" && !tty);
   const int64_t plainEvery = std::max<int64_t>(1, o.steps / 10);
 
+  // What a non-finite stop leaves behind.
+  auto kept = [&]() {
+    if (o.checkpointDir.empty())
+      return std::string("no checkpoint was saved (no --checkpoint-dir)");
+    if (lastGood.empty())
+      return "no checkpoint of this run was saved yet in " + o.checkpointDir;
+    return "the last good checkpoint, " + lastGood + ", is kept";
+  };
   // The crash test's hook: pause inside the write of step N's checkpoint.
   const char *pauseAt = std::getenv("MTPRT_TEST_PAUSE_IN_CHECKPOINT");
   auto save = [&]() {
+    // Never a non-finite state over the last good one (an update can blow
+    // the parameters up while the step's loss and gradients were finite).
+    if (const std::string bad = nonFiniteParameter(core); !bad.empty())
+      stopAll("step " + std::to_string(core.stepsTaken()) + " of " +
+              std::to_string(o.steps) + ": the update left parameter " + bad +
+              " (and maybe others) not finite (is the learning rate too "
+              "large?); stopping without saving this state; " + kept());
     std::function<void()> hook;
     if (pauseAt && std::atoll(pauseAt) == core.stepsTaken())
       hook = [&] {
@@ -743,8 +991,10 @@ int train(const Program &p, const Options &o) {
         for (;;)
           ::pause();
       };
-    return saveCheckpoint(o.checkpointDir, d.rank, d.worldSize, core, &exchange,
-                          CheckpointExtra{position}, o.keep, hook);
+    lastGood = saveCheckpoint(o.checkpointDir, d.rank, d.worldSize, core,
+                              &exchange, CheckpointExtra{position}, o.keep,
+                              hook);
+    return lastGood;
   };
 
   // --resources: the peak above what initialization left resident
@@ -776,29 +1026,73 @@ int train(const Program &p, const Options &o) {
     // must wait for the next step's agreement, or one rank would stop while
     // the other runs into a collective with a peer that is gone.
     bool stop = interrupted;
+    // A non-finite loss (of a task with labels) or gradient norm (where the
+    // per-task pipeline computed it; fp16's skipped steps are expected)
+    // stops the run: host values the step already has, no extra sync.
+    const int64_t nt = static_cast<int64_t>(s.loss.size());
+    std::vector<bool> present(nt), lossBad(nt), gradBad(nt);
+    for (int64_t t = 0; t < nt; ++t) {
+      present[t] = static_cast<int64_t>(s.present.size()) == nt
+                       ? bool(s.present[t])
+                       : std::isfinite(s.loss[t]);
+      lossBad[t] = present[t] && !std::isfinite(s.loss[t]);
+      gradBad[t] = !s.skipped && t < static_cast<int64_t>(s.gradNorm.size()) &&
+                   !std::isfinite(s.gradNorm[t]);
+    }
+    const std::vector<double> localLoss = s.loss, localNorm = s.gradNorm;
     if (d.worldSize > 1) {
       // Report the global batch's loss: the mean over the ranks that had
-      // each task's labels. One small collective also agrees on Ctrl-C.
-      const int64_t nt = static_cast<int64_t>(s.loss.size());
-      at::Tensor v = at::zeros({2 * nt + 1}, at::kDouble);
-      for (int64_t t = 0; t < nt; ++t)
-        if (std::isfinite(s.loss[t])) {
-          v[t] = s.loss[t];
+      // each task's labels. One small collective also agrees on Ctrl-C and
+      // on a non-finite value on any rank.
+      at::Tensor v = at::zeros({4 * nt + 1}, at::kDouble);
+      for (int64_t t = 0; t < nt; ++t) {
+        if (present[t]) {
+          v[t] = lossBad[t] ? 0.0 : s.loss[t];
           v[nt + t] = 1.0;
         }
-      v[2 * nt] = stop ? 1.0 : 0.0;
+        v[2 * nt + t] = lossBad[t] ? 1.0 : 0.0;
+        v[3 * nt + t] = gradBad[t] ? 1.0 : 0.0;
+      }
+      v[4 * nt] = stop ? 1.0 : 0.0;
       std::vector<at::Tensor> one{v.to(comm.device())};
       comm.allReduceSum(one);
       v = one[0].cpu();
+      s.present.assign(nt, false);
       for (int64_t t = 0; t < nt; ++t) {
         const double n = v[nt + t].item<double>();
-        s.loss[t] = n > 0 ? v[t].item<double>() / n : std::nan("");
+        present[t] = s.present[t] = n > 0;
+        lossBad[t] = v[2 * nt + t].item<double>() > 0;
+        gradBad[t] = v[3 * nt + t].item<double>() > 0;
+        s.loss[t] = n > 0 && !lossBad[t] ? v[t].item<double>() / n
+                                          : std::nan("");
       }
-      stop = v[2 * nt].item<double>() > 0;
+      stop = v[4 * nt].item<double>() > 0;
+    }
+    // "task 'cls': loss nan, gradient norm inf; task 'tag': ..."
+    std::string nonFinite;
+    for (int64_t t = 0; t < nt; ++t) {
+      if (!lossBad[t] && !gradBad[t])
+        continue;
+      auto value = [&](const std::vector<double> &local) {
+        if (t >= static_cast<int64_t>(local.size()) ||
+            std::isfinite(local[t]))
+          return std::string("not finite on another rank");
+        return std::string(std::isnan(local[t]) ? "nan"
+                           : local[t] > 0       ? "inf"
+                                                : "-inf");
+      };
+      nonFinite += (nonFinite.empty() ? "task '" : "; task '") + s.tasks[t] +
+                   "': ";
+      if (lossBad[t])
+        nonFinite += "loss " + value(localLoss);
+      if (gradBad[t])
+        nonFinite += std::string(lossBad[t] ? ", " : "") + "gradient norm " +
+                     value(localNorm);
     }
     // SPEC B8: every rank decides alike (the matrix and ratio are per rank
     // but the gate is too); logged by rank 0.
-    if (needsGateRecalibration(s)) {
+    if (nonFinite.empty() &&
+        needsGateRecalibration(s, tc.recalibrateReuse, tc.recalibrateStd)) {
       core.gate().reset();
       const std::string ev = recalibrationJsonLine(s);
       if (rank0) {
@@ -838,6 +1132,11 @@ int train(const Program &p, const Options &o) {
       else
         std::fprintf(stderr, "%s\n", line.str().c_str());
     }
+    if (!nonFinite.empty())
+      stopAll("step " + std::to_string(done) + " of " +
+              std::to_string(o.steps) + " (metrics \"step\": " +
+              std::to_string(s.step) + ") is not finite: " + nonFinite +
+              "; stopping without saving this state; " + kept());
     if (!o.checkpointDir.empty() &&
         ((o.checkpointEvery > 0 && done % o.checkpointEvery == 0) || stop)) {
       save();
@@ -918,7 +1217,10 @@ int runDriver(int argc, char **argv, const Program &program) {
       return 0;
     }
     const bool launcher = o.nproc > 1 && !std::getenv("MTPRT_STORE_SERVED");
-    return launcher ? launch(argc, argv, o) : train(program, o);
+    return launcher ? launch(name, argc, argv, program, o)
+                    : train(name, program, o);
+  } catch (const QuietExit &q) {
+    return q.code;
   } catch (const UsageError &e) {
     std::fprintf(stderr, "%s: error: %s (see --help)\n", name.c_str(),
                  e.what());

@@ -202,14 +202,15 @@ struct Gate::Impl {
   double entropy;
   uint64_t seed;
   double lr;
+  int64_t hidden = 32;
 
   void init() {
     at::NoGradGuard noGrad;
     at::Generator gen =
         at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x9a7e5eedULL);
-    w1 = at::empty({32, 4}).normal_(0, 0.5, gen).requires_grad_(true);
-    b1 = at::zeros({32}).requires_grad_(true);
-    w2 = at::empty({1, 32}).normal_(0, 0.1, gen).requires_grad_(true);
+    w1 = at::empty({hidden, 4}).normal_(0, 0.5, gen).requires_grad_(true);
+    b1 = at::zeros({hidden}).requires_grad_(true);
+    w2 = at::empty({1, hidden}).normal_(0, 0.1, gen).requires_grad_(true);
     b2 = at::zeros({1}).requires_grad_(true);
     opt = std::make_unique<torch::optim::Adam>(
         std::vector<at::Tensor>{w1, b1, w2, b2}, torch::optim::AdamOptions(lr));
@@ -252,15 +253,22 @@ struct Gate::Impl {
   }
 };
 
-Gate::Gate(uint64_t seed, double lr, double entropyWeight)
+Gate::Gate(uint64_t seed, double lr, double entropyWeight, int64_t hidden)
     : impl_(std::make_unique<Impl>()) {
   if (!(lr > 0))
     throw std::invalid_argument("mtprt: TrainConfig.gateLr must be positive");
   if (entropyWeight < 0)
     throw std::invalid_argument("mtprt: TrainConfig.gateEntropy must be >= 0");
+  // SPEC.md §5: the gate stays under 100 000 parameters (6H + 1).
+  if (hidden < 1 || hidden > 16000)
+    throw std::invalid_argument("mtprt: TrainConfig.gateHidden must be in "
+                                "[1, 16000] (the gate stays under 100 000 "
+                                "parameters), got " +
+                                std::to_string(hidden));
   impl_->seed = seed;
   impl_->lr = lr;
   impl_->entropy = entropyWeight;
+  impl_->hidden = hidden;
   impl_->init();
 }
 
@@ -284,6 +292,13 @@ void Gate::load(torch::serialize::InputArchive &archive) {
                          {"b2", &impl_->b2}}) {
     at::Tensor v;
     archive.read(name, v);
+    if (!v.sizes().equals(t->sizes()))
+      throw std::runtime_error(
+          std::string("the DGFG gate's ") + name + " has shape " +
+          c10::str(v.sizes()) + ", this program's gate " +
+          c10::str(t->sizes()) + " (another dgfg width: hidden = " +
+          std::to_string(v.dim() ? v.size(0) : 0) + " vs " +
+          std::to_string(impl_->hidden) + ")");
     t->copy_(v);
   }
   torch::serialize::InputArchive opt;

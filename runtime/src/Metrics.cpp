@@ -101,9 +101,11 @@ double cosineMatrixStd(const StepStats &s) {
   return std::sqrt(std::max(0.0, sq / n - mean * mean));
 }
 
-bool needsGateRecalibration(const StepStats &s) {
+bool needsGateRecalibration(const StepStats &s, double reuseThreshold,
+                            double stdThreshold) {
   const double sd = cosineMatrixStd(s);
-  return std::isfinite(sd) && s.activationReuseRatio < 0.15 && sd > 0.4;
+  return std::isfinite(sd) && s.activationReuseRatio < reuseThreshold &&
+         sd > stdThreshold;
 }
 
 std::string recalibrationJsonLine(const StepStats &s) {

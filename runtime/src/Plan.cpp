@@ -73,6 +73,8 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     plan.usableBytes = t->usable_bytes();
   }
   const auto *bb = fb->backbone();
+  if (bb->kind())
+    plan.backboneKind = bb->kind()->str();
   plan.model.vocab = bb->vocab();
   plan.model.seq = bb->seq();
   plan.model.layers = bb->layers();
@@ -167,6 +169,9 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     if (tr->lr())
       plan.train.backboneLr = lrOf(tr->lr(), plan.steps);
     plan.train.weightDecay = tr->weight_decay();
+    plan.train.beta1 = tr->beta1();
+    plan.train.beta2 = tr->beta2();
+    plan.train.eps = tr->eps();
     for (const mtp::fb::Task *t : *fb->tasks()) {
       plan.train.headLr.push_back(t->lr() ? lrOf(t->lr(), plan.steps)
                                           : plan.train.backboneLr);
@@ -186,6 +191,10 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     plan.train.gfmKeep = st->gfm_keep();
     plan.train.clipNorm = st->clip_max_norm();
     plan.train.gate = st->gate_hidden() > 0;
+    if (plan.train.gate)
+      plan.train.gateHidden = st->gate_hidden();
+    plan.train.recalibrateReuse = st->recalibrate_reuse();
+    plan.train.recalibrateStd = st->recalibrate_std();
     // The cosine matrix feeds the gate and its recalibration; without the
     // gate the probe would only cost time (and memory the plan did not count).
     plan.train.cosineEvery = plan.train.gate ? 1 : 0;
@@ -200,6 +209,7 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     plan.compressTopK = st->topk();
     plan.compressDecay = st->decay();
     plan.compressBlock = st->block();
+    plan.compressBits = st->bits();
     if (!(plan.compressTopK > 0.0 && plan.compressTopK <= 1.0) ||
         plan.compressBlock < 1)
       fail(name, "the compression settings are out of range" + again);
@@ -213,6 +223,12 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
 }
 
 Program programFromPlan(const Plan &plan) {
+  if (plan.backboneKind != "transformer")
+    throw std::runtime_error(
+        "mtprt: the plan of model '" + plan.modelName + "' (from " +
+        plan.source + ") has backbone kind '" + plan.backboneKind +
+        "': this runtime builds 'transformer' backbones only; re-plan the "
+        "spec with the mtpc that matches this runtime");
   Program p;
   p.name = plan.modelName;
   p.model = plan.model;
@@ -233,6 +249,10 @@ Program programFromPlan(const Plan &plan) {
   p.compressTopK = plan.compressTopK;
   p.compressDecay = plan.compressDecay;
   p.compressBlock = plan.compressBlock;
+  p.compressBits = plan.compressBits;
+  // train.save_every: the default of --checkpoint-every (checkpoints need
+  // --checkpoint-dir).
+  p.checkpointEvery = plan.saveEvery;
   p.train.precision = plan.precision == "bf16"   ? Precision::Bf16
                       : plan.precision == "fp16" ? Precision::Fp16
                                                  : Precision::Fp32;

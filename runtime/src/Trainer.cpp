@@ -47,8 +47,8 @@ namespace {
 }
 
 void validateLr(const LrConfig &c, const std::string &field) {
-  if (!(c.lr > 0))
-    bad(field + ".lr", "must be positive");
+  if (!(c.lr > 0) || !std::isfinite(c.lr))
+    bad(field + ".lr", "must be positive and finite");
   if (c.warmupSteps < 0)
     bad(field + ".warmupSteps", "must be >= 0");
   if (c.totalSteps <= 0)
@@ -116,8 +116,14 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
     bad("TrainConfig.clipNorm", "must be >= 0 (0 = off)");
   if (t.cosineEvery < 0)
     bad("TrainConfig.cosineEvery", "must be >= 0 (0 = never)");
-  if (t.weightDecay < 0)
-    bad("TrainConfig.weightDecay", "must be >= 0");
+  if (!(t.weightDecay >= 0) || !std::isfinite(t.weightDecay))
+    bad("TrainConfig.weightDecay", "must be >= 0 and finite");
+  if (!(t.beta1 >= 0 && t.beta1 < 1))
+    bad("TrainConfig.beta1", "must be in [0, 1)");
+  if (!(t.beta2 >= 0 && t.beta2 < 1))
+    bad("TrainConfig.beta2", "must be in [0, 1)");
+  if (!(t.eps >= 0) || !std::isfinite(t.eps))
+    bad("TrainConfig.eps", "must be >= 0 and finite");
   validateLr(t.backboneLr, "TrainConfig.backboneLr");
   if (!t.headLr.empty() && static_cast<int64_t>(t.headLr.size()) != nh)
     bad("TrainConfig.headLr", "needs one entry per head (" +
@@ -133,15 +139,18 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
   lossScale_ = t.precision == Precision::Fp16 ? t.initialLossScale : 1.0;
 
   offloader_ = std::make_unique<Offloader>(offload);
-  gate_ =
-      std::make_unique<Gate>(model_->config().seed, t.gateLr, t.gateEntropy);
+  gate_ = std::make_unique<Gate>(model_->config().seed, t.gateLr,
+                                 t.gateEntropy, t.gateHidden);
 
   // TaskLRAdapter: group 0 the backbone, group 1 + h head h, each with its
   // own schedule (set every step).
   std::vector<torch::optim::OptimizerParamGroup> groups;
   auto options = [&](double lr) {
     return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(lr).weight_decay(t.weightDecay));
+        torch::optim::AdamWOptions(lr)
+            .weight_decay(t.weightDecay)
+            .betas({t.beta1, t.beta2})
+            .eps(t.eps));
   };
   groups.emplace_back(model_->backboneParameters(), options(t.backboneLr.lr));
   for (int64_t h = 0; h < nh; ++h)
@@ -258,6 +267,7 @@ struct TrainerCore::StepState {
   Clock::time_point start;
   double scale = 1.0;
   std::vector<double> losses;
+  std::vector<double> gradNorms; ///< per task (StepStats::gradNorm)
   std::vector<double> alpha;
   std::vector<GradList> accum; ///< params scope: Σ over micro-batches
   std::vector<at::Tensor> topk, lower;
@@ -306,6 +316,15 @@ double reuseRatio(const std::vector<int64_t> &unitBytes,
       shared += static_cast<double>(unitBytes[u]) * users;
   }
   return total > 0 ? shared / total : 0.0;
+}
+
+/// Keeps, per task, the largest norm the pipeline computed in the step; a
+/// non-finite one wins and stays, so the driver's check sees it.
+void recordNorms(std::vector<double> &kept, const std::vector<double> &norms) {
+  for (size_t t = 0; t < norms.size() && t < kept.size(); ++t)
+    if (std::isfinite(kept[t]) &&
+        (!std::isfinite(norms[t]) || norms[t] > kept[t]))
+      kept[t] = norms[t];
 }
 } // namespace
 
@@ -356,6 +375,7 @@ void TrainerCore::beginStep(const Batch &fullBatch) {
   st->scale = lossScale_;
   st->unitBytes.assign(m.numUnits(), 0);
   st->losses.assign(nt, 0.0);
+  st->gradNorms.assign(nt, 0.0);
   st->accum.resize(nt);
   if (train_.scope == GradScope::Params) {
     int64_t maxTap = 0;
@@ -634,6 +654,7 @@ void TrainerCore::fuseTaskGradients() {
         tg[t] = {at::Tensor()};
     const std::vector<double> norms =
         processTaskGrads(tg, st.present, train_.gfmKeep, train_.clipNorm);
+    recordNorms(st.gradNorms, norms);
     if (st.mb == 0) {
       // The cosine matrix and the gate's signals live on the parameters of
       // the topmost layer every present task back-propagates through.
@@ -750,7 +771,8 @@ void TrainerCore::finalizeGradients() {
     for (int64_t t = 0; t < nt; ++t)
       if (!st.present[t])
         st.accum[t].assign(st.topk.size(), at::Tensor());
-    processTaskGrads(st.accum, st.present, train_.gfmKeep, train_.clipNorm);
+    recordNorms(st.gradNorms, processTaskGrads(st.accum, st.present, train_.gfmKeep,
+                                     train_.clipNorm));
     GradList fused = fuse(st.accum, st.alpha);
     for (size_t j = 0; j < st.topk.size();
          ++j) // rescaled: unscaled below with the rest
@@ -783,6 +805,8 @@ void TrainerCore::finalizeGradients() {
                              ? st.losses[t]
                              : std::numeric_limits<double>::quiet_NaN());
     stats.alpha.push_back(st.alpha.empty() ? 0.0 : st.alpha[t]);
+    stats.present.push_back(st.present[t]);
+    stats.gradNorm.push_back(st.gradNorms[t]);
   }
 }
 

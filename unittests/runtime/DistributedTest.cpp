@@ -18,8 +18,15 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
+#include <fcntl.h>
 #include <fstream>
+#include <sstream>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
 
 using namespace mtprt;
 
@@ -96,12 +103,99 @@ TEST(Distributed, UnreachableMasterIsAClearErrorNotAHang) {
                                          "process group at 127.0.0.1:1"),
               std::string::npos)
         << e.what();
+    // One line: no LibTorch backtrace.
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos)
+        << e.what();
   }
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                           start)
                 .count(),
             30.0);
   EXPECT_THROW(Communicator(DistOptions{3, 2}), std::invalid_argument);
+}
+
+// A master that never answers: a process serving the TCPStore, stopped
+// (the kernel still accepts connections; nobody replies). c10d's TCPStore
+// waited for its ping reply forever (measured: still waiting after 400 s at
+// the default 120 s timeout), and a connect that timed out was retried once
+// more (about twice the timeout, then a C++ backtrace).
+TEST(DistWorker, DISABLED_ServeAStoreAndWait) {
+  StoreServer server(0, 600);
+  const std::string dir = std::getenv("MTPRT_TEST_DIR");
+  {
+    std::ofstream(dir + "/port.tmp") << server.port() << "\n";
+  }
+  ::rename((dir + "/port.tmp").c_str(), (dir + "/port").c_str());
+  std::this_thread::sleep_for(std::chrono::seconds(600));
+}
+
+TEST(Distributed, ASilentMasterIsOneLineAfterTheTimeout) {
+  mp::Launch master("DistWorker.DISABLED_ServeAStoreAndWait", 1);
+  master.start();
+  const std::string portFile = master.dir() + "/port";
+  int port = 0;
+  for (int i = 0; i < 3000 && !port; ++i) {
+    std::ifstream(portFile) >> port;
+    if (!port)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(port, 0) << master.log();
+  ASSERT_EQ(::kill(master.pid(0), SIGSTOP), 0);
+  const std::string where = "127.0.0.1:" + std::to_string(port);
+
+  DistOptions d;
+  d.rank = 1;
+  d.worldSize = 2;
+  d.masterPort = port;
+  d.timeoutS = 2;
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    Communicator comm(d);
+    ADD_FAILURE() << "joined a group whose master never answers";
+  } catch (const std::runtime_error &e) {
+    what = e.what();
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_EQ(what, "mtprt: rank 1 of 2 could not join the process group at " +
+                      where + ": no answer within the 2 s timeout (--timeout)");
+  // The timeout, not twice it, and not forever (bounds for a loaded machine).
+  EXPECT_GE(waited, 1.9);
+  EXPECT_LT(waited, 30.0);
+
+  // The driver says it in one line: no backtrace, no c10d log lines.
+  const std::string log = master.dir() + "/rank1.txt";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    const std::string portArg = std::to_string(port);
+    execl(MTPRT_DEMO, MTPRT_DEMO, "--rank", "1", "--world-size", "2",
+          "--master-addr", "127.0.0.1", "--master-port", portArg.c_str(),
+          "--timeout", "2", "--threads", "1", static_cast<char *>(nullptr));
+    _exit(127);
+  }
+  int st = 0;
+  for (int i = 0; i < 6000 && waitpid(pid, &st, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (waitpid(pid, &st, WNOHANG) == 0) {
+    ::kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    ADD_FAILURE() << "the rank did not give up";
+  }
+  std::ifstream in(log);
+  std::stringstream out;
+  out << in.rdbuf();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << out.str();
+  EXPECT_EQ(out.str(), std::string(MTPRT_DEMO) + ": error: " +
+                           "mtprt: rank 1 of 2 could not join the process "
+                           "group at " +
+                           where +
+                           ": no answer within the 2 s timeout (--timeout)\n");
+  master.kill(); // SIGKILL ends a stopped process too
 }
 
 //===----------------------------------------------------------------------===//

@@ -14,8 +14,11 @@
 #include "mtprt/torch/Data.h"
 #include "mtprt/torch/GradPipeline.h"
 
+#include "MultiProcess.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -24,6 +27,7 @@
 #include <fstream>
 #include <pty.h>
 #include <sstream>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
@@ -713,4 +717,317 @@ TEST(Recalibration, ResetPutsTheGateBackToItsInitialState) {
   EXPECT_NE(g.alpha(losses, norms, cos, present), before);
   g.reset();
   EXPECT_EQ(g.alpha(losses, norms, cos, present), before);
+}
+
+//===----------------------------------------------------------------------===//
+// Hardening (#15): non-finite values, resume across process counts, the
+// checkpoint directory, lost ranks and launchers
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Runs `fn` with this process's stdout and stderr going to `file`.
+template <typename Fn> int captured(const std::string &file, Fn fn) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int out = dup(1), err = dup(2);
+  dup2(fd, 1);
+  dup2(fd, 2);
+  ::close(fd);
+  const int rc = fn();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  dup2(out, 1);
+  dup2(err, 2);
+  ::close(out);
+  ::close(err);
+  return rc;
+}
+
+/// runDriver in this process, its output in `*output`.
+int runInProcess(const Program &p, std::vector<std::string> args,
+                 const TempDir &d, std::string *output) {
+  args.insert(args.begin(), {"prog", "--threads", "1", "--progress", "off"});
+  std::vector<char *> argv;
+  for (std::string &a : args)
+    argv.push_back(a.data());
+  const std::string file = d.path + "/inprocess.txt";
+  const int rc = captured(file, [&] {
+    return runDriver(static_cast<int>(argv.size()), argv.data(), p);
+  });
+  *output = readFile(file);
+  return rc;
+}
+
+} // namespace
+
+TEST(Hardening, NonFiniteLossStopsTheRunAndKeepsTheLastGoodCheckpoint) {
+  // A learning rate that blows the parameters up in the first update: step 1
+  // is finite, step 2's losses and gradients are NaN. (Before: all-NaN
+  // losses to the end, exit 0, NaN checkpoints over the good ones.)
+  Program p = twoTaskProgram();
+  p.train.backboneLr.lr = 1e30;
+  TempDir d;
+  const std::string c = d.path + "/c", m = d.path + "/m.jsonl";
+  std::string out;
+  ASSERT_EQ(runInProcess(p,
+                         {"--steps", "10", "--checkpoint-dir", c,
+                          "--checkpoint-every", "1", "--metrics", m},
+                         d, &out),
+            1)
+      << out;
+  EXPECT_EQ(out, "prog: error: step 2 of 10 (metrics \"step\": 1) is not "
+                 "finite: task 'cls': loss nan, gradient norm nan; task "
+                 "'tag': loss nan, gradient norm nan; stopping without "
+                 "saving this state; the last good checkpoint, " +
+                     checkpointPath(c, 1, 0) + ", is kept\n");
+  auto saved = listCheckpoints(c, 0);
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_EQ(saved[0].first, 1);
+  for (const auto &[name, t] : checkpointParameters(saved[0].second))
+    EXPECT_TRUE(at::isfinite(t).all().item<bool>()) << name;
+  // The bad step's record is there (its losses null), then nothing.
+  const std::string records = readFile(m);
+  EXPECT_EQ(std::count(records.begin(), records.end(), '\n'), 2) << records;
+
+  // Resumed from the good checkpoint, it stops at the same step again, and
+  // names the checkpoint it started from.
+  ASSERT_EQ(runInProcess(p,
+                         {"--steps", "10", "--checkpoint-dir", c, "--resume"},
+                         d, &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("step 2 of 10 (metrics \"step\": 1) is not finite"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("the last good checkpoint, " + checkpointPath(c, 1, 0) +
+                     ", is kept"),
+            std::string::npos)
+      << out;
+
+  // No --checkpoint-dir: the same stop, saying nothing was saved.
+  ASSERT_EQ(runInProcess(p, {"--steps", "10"}, d, &out), 1) << out;
+  EXPECT_NE(out.find("no checkpoint was saved (no --checkpoint-dir)"),
+            std::string::npos)
+      << out;
+}
+
+TEST(Hardening, AnUpdateThatLeavesNonFiniteParametersIsNeverSaved) {
+  // Step 1's loss and gradients are finite; its update is not: with eps 0,
+  // AdamW divides 0 by 0 for every parameter without a gradient (embedding
+  // rows of tokens the batch lacks). The checkpoint of step 1 would hold NaN.
+  Program p = twoTaskProgram();
+  p.train.eps = 0.0;
+  TempDir d;
+  const std::string c = d.path + "/c";
+  std::string out;
+  ASSERT_EQ(runInProcess(p,
+                         {"--steps", "10", "--checkpoint-dir", c,
+                          "--checkpoint-every", "1"},
+                         d, &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("prog: error: step 1 of 10: the update left parameter "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("not finite (is the learning rate too large?); stopping "
+                     "without saving this state; no checkpoint of this run "
+                     "was saved yet in " +
+                     c),
+            std::string::npos)
+      << out;
+  EXPECT_TRUE(listCheckpoints(c, 0).empty());
+}
+
+TEST(Hardening, ResumingOneRanksCheckpointWithTwoIsRefused) {
+  TempDir d;
+  const std::string one = d.path + "/one";
+  std::string out;
+  ASSERT_EQ(run({"--steps", "3", "--checkpoint-dir", one}, d, &out), 0) << out;
+  // (Before: rank 1 found nothing, so both ranks silently started fresh.)
+  ASSERT_EQ(run({"--nproc", "2", "--steps", "6", "--checkpoint-dir", one,
+                 "--resume"},
+                d, &out),
+            1)
+      << out;
+  EXPECT_NE(out.find(": error: cannot resume from " + checkpointPath(one, 3, 0) +
+                     ": it was written by a run of 1 process, this run has 2"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(listCheckpoints(one, 0).size(), 1u); // untouched
+  EXPECT_TRUE(listCheckpoints(one, 1).empty());
+}
+
+TEST(Hardening, ResumingTwoRanksCheckpointsWithOneOrAMissingOneIsRefused) {
+  TempDir d;
+  const std::string two = d.path + "/two";
+  std::string out;
+  ASSERT_EQ(
+      run({"--nproc", "2", "--steps", "3", "--checkpoint-dir", two}, d, &out),
+      0)
+      << out;
+  ASSERT_EQ(run({"--steps", "6", "--checkpoint-dir", two, "--resume"}, d, &out),
+            1)
+      << out;
+  EXPECT_NE(out.find(": error: cannot resume from " + checkpointPath(two, 3, 0) +
+                     ": it was written by a run of 2 processes, this run has 1"
+                     " (each checkpoint holds one rank's state); resume with 2 "
+                     "processes (--nproc 2)"),
+            std::string::npos)
+      << out;
+  // A rank whose checkpoint is missing: refused, not a fresh start.
+  ASSERT_EQ(::unlink(checkpointPath(two, 3, 1).c_str()), 0);
+  ASSERT_EQ(run({"--nproc", "2", "--steps", "6", "--checkpoint-dir", two,
+                 "--resume"},
+                d, &out),
+            1)
+      << out;
+  EXPECT_NE(out.find(": error: cannot resume from " + two + ": rank 0 has a "
+                     "checkpoint (" +
+                     checkpointPath(two, 3, 0) + ") but rank 1 has none"),
+            std::string::npos)
+      << out;
+}
+
+TEST(Hardening, AnUnusableCheckpointDirFailsBeforeTraining) {
+  TempDir d;
+  const std::string m = d.path + "/m.jsonl";
+  std::string out;
+  // Missing: created with its parents.
+  const std::string deep = d.path + "/a/b/c";
+  ASSERT_EQ(run({"--steps", "1", "--checkpoint-dir", deep}, d, &out), 0)
+      << out;
+  EXPECT_TRUE(exists(checkpointPath(deep, 1, 0)));
+  // Uncreatable: a parent is a file.
+  const std::string file = d.path + "/file";
+  std::ofstream(file) << "x";
+  ASSERT_EQ(run({"--steps", "1000", "--checkpoint-dir", file + "/c",
+                 "--metrics", m},
+                d, &out),
+            1)
+      << out;
+  EXPECT_NE(out.find(": error: --checkpoint-dir " + file +
+                     "/c: cannot be created: " + file +
+                     " is not a directory; checkpoints could not be saved"),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(exists(m)); // before the first step
+  // Existing but not writable. (As root, a mode-0555 directory is writable:
+  // take the first candidate this process itself cannot create a file in.)
+  std::string readOnly;
+  const std::string mine = d.path + "/ro";
+  ::mkdir(mine.c_str(), 0555);
+  for (const std::string &dir : {mine, std::string("/sys/kernel"),
+                                 std::string("/proc/self")}) {
+    const std::string probe = dir + "/.mtprt-test-probe";
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(probe.c_str());
+      continue;
+    }
+    readOnly = dir;
+    break;
+  }
+  ASSERT_FALSE(readOnly.empty()) << "no unwritable directory to test with";
+  ASSERT_EQ(run({"--steps", "1000", "--checkpoint-dir", readOnly, "--metrics",
+                 m},
+                d, &out),
+            1)
+      << out;
+  EXPECT_NE(out.find(": error: --checkpoint-dir " + readOnly +
+                     ": is not writable: cannot create a file in it: "),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(exists(m));
+  // --nproc: the launcher says it once, before starting any rank.
+  ASSERT_EQ(run({"--nproc", "2", "--steps", "1000", "--checkpoint-dir",
+                 file + "/c"},
+                d, &out),
+            1)
+      << out;
+  EXPECT_EQ(out.find("error:"), out.rfind("error:")) << out;
+  EXPECT_EQ(out.find("rank"), std::string::npos) << out;
+  ::chmod(mine.c_str(), 0755);
+}
+
+namespace {
+
+/// The launcher's two ranks once it trains: {rank 0's pid, rank 1's}.
+std::pair<pid_t, pid_t> ranksOf(pid_t launcher) {
+  pid_t r0 = -1, r1 = -1;
+  for (pid_t c : mp::childrenOf(launcher)) {
+    const std::string r = mp::environOf(c, "RANK");
+    if (r == "0")
+      r0 = c;
+    else if (r == "1")
+      r1 = c;
+  }
+  return {r0, r1};
+}
+
+} // namespace
+
+TEST(Hardening, TheLauncherNamesADeadRankAndStopsTheOthers) {
+  TempDir d;
+  const std::string m = d.path + "/m.jsonl";
+  Child child({"--nproc", "2", "--steps", "1000000", "--metrics", m},
+              d.path + "/out.txt");
+  ASSERT_TRUE(waitForStep2(m)) << child.output();
+  const auto [r0, r1] = ranksOf(child.pid);
+  ASSERT_GT(r0, 0);
+  ASSERT_GT(r1, 0);
+  ASSERT_EQ(::kill(r1, SIGKILL), 0);
+  // (Before: exit 137 and no message, or only rank 0's raw gloo error.)
+  EXPECT_EQ(child.wait(60), 137) << child.output();
+  EXPECT_NE(child.output().find(": error: rank 1 of 2 (pid " +
+                                std::to_string(r1) +
+                                ") was killed by signal 9 (SIGKILL); stopping "
+                                "the other ranks\n"),
+            std::string::npos)
+      << child.output();
+  EXPECT_FALSE(mp::alive(r0));
+}
+
+TEST(Hardening, RanksDieWithTheirLauncher) {
+  // The ranks become the test's own orphans, so it reaps them.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  TempDir d;
+  const std::string m = d.path + "/m.jsonl";
+  Child child({"--nproc", "2", "--steps", "1000000", "--metrics", m},
+              d.path + "/out.txt");
+  ASSERT_TRUE(waitForStep2(m)) << child.output();
+  const auto [r0, r1] = ranksOf(child.pid);
+  ASSERT_GT(r0, 0);
+  ASSERT_GT(r1, 0);
+  child.kill(SIGKILL); // (before: both ranks trained on at full CPU)
+  EXPECT_TRUE(waitUntil([&] { return !mp::alive(r0) && !mp::alive(r1); }, 30));
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+TEST(Hardening, ARankNoticesAStoppedLauncher) {
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  TempDir d;
+  const std::string m = d.path + "/m.jsonl";
+  Child child({"--nproc", "2", "--steps", "1000000", "--metrics", m,
+               "--timeout", "3"},
+              d.path + "/out.txt");
+  ASSERT_TRUE(waitForStep2(m)) << child.output();
+  const auto [r0, r1] = ranksOf(child.pid);
+  ASSERT_GT(r0, 0);
+  ASSERT_GT(r1, 0);
+  const pid_t launcher = child.pid;
+  ASSERT_EQ(::kill(launcher, SIGSTOP), 0); // alive, answering nothing
+  EXPECT_TRUE(waitUntil([&] { return !mp::alive(r0) || !mp::alive(r1); }, 60))
+      << child.output();
+  EXPECT_TRUE(waitUntil([&] { return !mp::alive(r0) && !mp::alive(r1); }, 60))
+      << child.output();
+  const std::string out = child.output();
+  child.kill(SIGKILL);
+  EXPECT_NE(out.find("the launcher (pid " + std::to_string(launcher) +
+                     ") has sent no heartbeat for 3 s"),
+            std::string::npos)
+      << out;
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
 }

@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/serialize/archive.h>
 
 #include <cmath>
+#include <sstream>
 
 using namespace mtprt;
 
@@ -151,6 +153,40 @@ TEST(Gate, ProbabilityVectorAndSmall) {
                  {true, false, true, true});
   EXPECT_EQ(a[1], 0.0);
   EXPECT_NEAR(a[0] + a[2] + a[3], 1.0, 1e-6);
+}
+
+TEST(Gate, ItsWidthIsTheDgfgHidden) {
+  // dgfg = { hidden = H }: 4 -> H -> 1, 6H + 1 parameters; the default 32
+  // draws the same initial weights as before the width was a knob.
+  Gate g32(5, 1e-2, 0.2), g64(5, 1e-2, 0.2, 64);
+  EXPECT_EQ(g32.numParameters(), 193);
+  EXPECT_EQ(g64.numParameters(), 6 * 64 + 1);
+  const std::vector<double> losses{1.0, 2.0, 0.5}, norms{1.0, 0.3, 4.0};
+  const std::vector<std::vector<double>> cos{
+      {1, 0.5, -0.2}, {0.5, 1, 0.3}, {-0.2, 0.3, 1}};
+  const std::vector<bool> present{true, true, true};
+  EXPECT_NE(g32.alpha(losses, norms, cos, present),
+            g64.alpha(losses, norms, cos, present));
+  EXPECT_THROW(Gate(5, 1e-2, 0.2, 0), std::invalid_argument);
+  // A checkpoint's gate of another width is refused by name, not copied.
+  torch::serialize::OutputArchive out;
+  g32.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  const std::string b = bytes.str();
+  in.load_from(b.data(), b.size());
+  try {
+    g64.load(in);
+    ADD_FAILURE() << "a 32-wide gate loaded into a 64-wide one";
+  } catch (const std::runtime_error &e) {
+    EXPECT_NE(std::string(e.what()).find("the DGFG gate's w1 has shape [32, "
+                                         "4], this program's gate [64, 4] "
+                                         "(another dgfg width: hidden = 32 vs "
+                                         "64)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Gate, ConflictingTaskLosesWeightWithinTwentySteps) {

@@ -65,6 +65,65 @@ inline at::Tensor loadTensor(const std::string &file) {
   return t;
 }
 
+//===----------------------------------------------------------------------===//
+// Other processes, seen through /proc: a launcher's ranks and their fate
+//===----------------------------------------------------------------------===//
+
+/// The processes whose parent is `parent` (/proc/<pid>/stat, field 4).
+inline std::vector<pid_t> childrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR *d = opendir("/proc");
+  if (!d)
+    return out;
+  while (dirent *e = readdir(d)) {
+    char *end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (*end || pid <= 0)
+      continue;
+    std::ifstream f("/proc/" + std::string(e->d_name) + "/stat");
+    std::string stat;
+    std::getline(f, stat);
+    // pid (comm) state ppid ...; comm may hold spaces: parse after ')'.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos)
+      continue;
+    std::istringstream rest(stat.substr(close + 1));
+    char state = 0;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent)
+      out.push_back(static_cast<pid_t>(pid));
+  }
+  closedir(d);
+  return out;
+}
+
+/// The value of `name` in the environment `pid` started with ("" if none).
+inline std::string environOf(pid_t pid, const std::string &name) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/environ",
+                  std::ios::binary);
+  std::string entry;
+  while (std::getline(f, entry, '\0'))
+    if (entry.rfind(name + "=", 0) == 0)
+      return entry.substr(name.size() + 1);
+  return "";
+}
+
+/// Whether `pid` still runs: not gone, not a zombie (an orphan's zombie may
+/// wait for a parent that never reaps it). Reaps it when it is our child.
+inline bool alive(pid_t pid) {
+  int st = 0;
+  if (waitpid(pid, &st, WNOHANG) == pid)
+    return false;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(f, stat))
+    return false;
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() &&
+         stat[close + 2] != 'Z';
+}
+
 class Launch {
 public:
   Launch(std::string test, int world, std::vector<std::string> env = {},
@@ -186,6 +245,9 @@ public:
         p = 0;
       }
   }
+
+  /// Worker r's process id (0 once it has been waited for).
+  pid_t pid(int r) const { return pids_.at(r); }
 
   at::Tensor load(const std::string &name, int rank) const {
     return loadTensor(path(dir_, name, rank));

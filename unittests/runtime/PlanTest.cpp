@@ -1,14 +1,29 @@
 //===- PlanTest.cpp - the runtime reads the compiler's plan ---------------===//
 
 #include "mtprt/Driver.h"
+#include "mtprt/Memory.h"
 #include "mtprt/Plan.h"
 
 #include "schema/plan_generated.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <dirent.h>
+#include <fcntl.h>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
 
 using namespace mtprt;
 namespace fb = mtp::fb;
@@ -130,6 +145,14 @@ TEST(Plan, StrategyAndTrainingReachTheProgram) {
   EXPECT_DOUBLE_EQ(p.compressTopK, 0.1);
   EXPECT_EQ(p.compressBlock, 128);
   EXPECT_DOUBLE_EQ(p.compressDecay, 0.9);
+  EXPECT_EQ(p.compressBits, 8);
+  EXPECT_EQ(p.train.gateHidden, 16);
+  EXPECT_DOUBLE_EQ(p.train.recalibrateReuse, 0.15);
+  EXPECT_DOUBLE_EQ(p.train.recalibrateStd, 0.4);
+  EXPECT_DOUBLE_EQ(p.train.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(p.train.beta2, 0.999);
+  EXPECT_DOUBLE_EQ(p.train.eps, 1e-8);
+  EXPECT_EQ(p.checkpointEvery, 0);
 }
 
 TEST(Plan, APlanWithoutStrategyRunsWithTheDefaults) {
@@ -175,3 +198,816 @@ TEST(Plan, BadFilesAreRefusedWithWhatToDo) {
 }
 
 } // namespace
+
+//===----------------------------------------------------------------------===//
+// Every field of the plan either changes the run or is a description
+//===----------------------------------------------------------------------===//
+//
+// A plan built field by field (as mtpc writes one), run by the driver as
+// mtprt-run would (programFromPlan, runDriver), once as written and once per
+// changed field: a field the runtime honours changes what the run does —
+// losses, the measured peak, the host pool, the metrics records, the
+// checkpoints, the events, the summary — or makes the plan refuse to run; a
+// descriptive field (the planner's predictions and cost-model figures)
+// changes nothing. (Before #15 item 8, AdamW's betas and eps, the gate's
+// width, its recalibration thresholds, save_every and the collective's bits
+// were written into the plan and ignored.) The list of fields is checked
+// against runtime/schema/plan.fbs, so a new field must be classified here.
+
+namespace {
+
+struct TaskFields {
+  std::string name, head;
+  int64_t tap = 1;
+  bool pooled = false;
+  int64_t classes = 0, decoderLayers = 0, targetVocab = 0, targetSeq = 0;
+  double weight = 1.0;
+  std::string loss = "cross_entropy";
+  std::string lrKind; ///< empty: no schedule of its own
+  double lrPeak = 0;
+  int64_t lrWarmup = 0;
+};
+
+/// Every field of plan.fbs, with a small valid plan as the defaults.
+struct PlanFields {
+  std::string model = "knobs", source = "knobs.mtp";
+  // Target
+  std::string device = "cpu", precision = "fp32";
+  int64_t memory = 1 << 30, usable = 1 << 30, gpus = 1, micro = 8, global = 8;
+  // Backbone
+  std::string kind = "transformer";
+  int64_t layers = 2, hidden = 16, heads = 2, ffn = 32, vocab = 40, seq = 12;
+  double dropout = 0.1;
+  std::vector<TaskFields> tasks = {
+      {"cls", "classify", 1, true, 4},
+      {"tag", "tag", 2, false, 6, 0, 0, 0, 0.5},
+      {"gen", "decoder", 2, false, 0, 1, 0, 4}};
+  // Units: the decisions (a unit per backbone block and head, kept unless
+  // listed), regions, the offload and bucket tables.
+  std::vector<int64_t> offloadBlocks;
+  std::vector<std::string> offloadHeads;
+  int64_t unitSavedBytes = 100, unitFlops = 1000;
+  std::vector<std::pair<int64_t, int64_t>> regions;
+  int64_t offloadTableBytes = 0; ///< one Offload entry when > 0
+  int64_t bucketElements = 0;    ///< one Bucket entry when > 0
+  int64_t predicted = 123456, keepPeak = 200000, uniformPeak = 100000;
+  double addedSeconds = 1e-4;
+  // Strategy
+  std::string scope = "features";
+  int64_t scopeLayers = 1;
+  double gfmKeep = 1.0, clip = 0.0;
+  int64_t gateHidden = 32;
+  double reuse = 0.15, stdThreshold = 0.4;
+  std::string collective = "auto";
+  double topk = 0.15;
+  int64_t block = 256, bits = 8;
+  double decay = 0.8;
+  // Train
+  int64_t steps = 3;
+  uint64_t seed = 0;
+  std::string data = "synthetic";
+  std::string lrKind = "constant";
+  double lrPeak = 3e-3;
+  int64_t lrWarmup = 0;
+  double weightDecay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  int64_t logEvery = 1, saveEvery = 0;
+};
+
+std::string build(const PlanFields &f) {
+  flatbuffers::FlatBufferBuilder b;
+  auto lr = [&](const std::string &kind, double peak, int64_t warmup) {
+    return kind.empty() ? flatbuffers::Offset<fb::LrSchedule>()
+                        : fb::CreateLrSchedule(b, b.CreateString(kind), peak,
+                                               warmup);
+  };
+  auto backbone =
+      fb::CreateBackbone(b, b.CreateString(f.kind), f.layers, f.hidden,
+                         f.heads, f.ffn, f.vocab, f.seq, f.dropout);
+  std::vector<flatbuffers::Offset<fb::Task>> tasks;
+  for (const TaskFields &t : f.tasks)
+    tasks.push_back(fb::CreateTask(
+        b, b.CreateString(t.name), b.CreateString(t.head), t.tap, t.pooled,
+        t.classes, t.decoderLayers, t.targetVocab, t.targetSeq, t.weight,
+        b.CreateString(t.loss), lr(t.lrKind, t.lrPeak, t.lrWarmup)));
+  std::vector<flatbuffers::Offset<fb::Unit>> units;
+  for (int64_t block = 0; block <= 2 * f.layers; ++block) {
+    const bool off = std::count(f.offloadBlocks.begin(), f.offloadBlocks.end(),
+                                block) > 0;
+    const std::string name = "block" + std::to_string(block);
+    units.push_back(fb::CreateUnit(
+        b, b.CreateString(name), b.CreateString(block ? "mlp_up" : "embed"),
+        (block + 1) / 2, block, b.CreateString(""), f.unitSavedBytes,
+        f.unitFlops, off ? fb::Decision::Offload : fb::Decision::Keep));
+  }
+  for (const TaskFields &t : f.tasks) {
+    const bool off = std::count(f.offloadHeads.begin(), f.offloadHeads.end(),
+                                t.name) > 0;
+    units.push_back(fb::CreateUnit(
+        b, b.CreateString("head_" + t.name), b.CreateString("head"), t.tap,
+        -1, b.CreateString(t.name), f.unitSavedBytes, f.unitFlops,
+        off ? fb::Decision::Offload : fb::Decision::Keep));
+  }
+  std::vector<fb::Region> regions;
+  for (auto [first, last] : f.regions)
+    regions.emplace_back(first, last);
+  std::vector<flatbuffers::Offset<fb::Offload>> offloads;
+  if (f.offloadTableBytes > 0)
+    offloads.push_back(fb::CreateOffload(b, b.CreateString("block1"),
+                                         f.offloadTableBytes, 1, 1e-5));
+  std::vector<flatbuffers::Offset<fb::Bucket>> buckets;
+  if (f.bucketElements > 0)
+    buckets.push_back(fb::CreateBucket(b, f.bucketElements, true, f.topk,
+                                       f.block, f.bits, f.decay));
+  auto target = fb::CreateTarget(b, b.CreateString(f.device),
+                                 b.CreateString(f.precision), f.memory,
+                                 f.usable, f.gpus, f.micro, f.global);
+  auto strategy = fb::CreateStrategy(
+      b, b.CreateString(f.scope), f.scopeLayers, f.gfmKeep, f.clip,
+      f.gateHidden, f.reuse, f.stdThreshold, b.CreateString(f.collective),
+      f.topk, f.block, f.bits, f.decay);
+  auto train = fb::CreateTrain(b, f.steps, f.seed, b.CreateString(f.data),
+                               lr(f.lrKind, f.lrPeak, f.lrWarmup),
+                               f.weightDecay, f.beta1, f.beta2, f.eps,
+                               f.logEvery, f.saveEvery);
+  auto plan = fb::CreatePlan(
+      b, unsigned(fb::PlanVersion::Current), b.CreateString(f.model),
+      b.CreateString(f.source), target, backbone, b.CreateVector(tasks),
+      b.CreateVector(units), b.CreateVectorOfStructs(regions),
+      b.CreateVector(offloads), b.CreateVector(buckets), f.predicted,
+      f.keepPeak, f.uniformPeak, f.addedSeconds, strategy, train);
+  fb::FinishPlanBuffer(b, plan);
+  return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()),
+                     b.GetSize());
+}
+
+std::string slurp(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+struct Scratch {
+  std::string path;
+  Scratch() {
+    std::string t = "/tmp/mtprt-plan-XXXXXX";
+    path = mkdtemp(t.data());
+  }
+  ~Scratch() { std::system(("rm -rf '" + path + "'").c_str()); }
+};
+
+/// The JSON value after `key` in a metrics record (an object or a number).
+std::string value(const std::string &line, const std::string &key) {
+  const size_t at = line.find("\"" + key + "\":");
+  if (at == std::string::npos)
+    return "";
+  size_t i = at + key.size() + 3, depth = 0;
+  const size_t from = i;
+  for (; i < line.size(); ++i) {
+    const char c = line[i];
+    if (c == '{' || c == '[')
+      ++depth;
+    else if (c == '}' || c == ']') {
+      if (depth == 0)
+        break;
+      --depth;
+    } else if (c == ',' && depth == 0)
+      break;
+  }
+  return line.substr(from, i - from);
+}
+
+/// What one run did.
+struct PlanRun {
+  int rc = -1;
+  std::string output;      ///< stdout and stderr
+  std::string losses;      ///< every record's loss and alpha objects
+  int64_t peak = 0;        ///< largest measured_peak_bytes
+  int64_t hostPool = 0;    ///< largest host_pool_bytes
+  std::string predicted;   ///< predicted_peak_bytes as logged
+  int records = 0, events = 0;
+  std::vector<std::string> checkpoints; ///< file names
+  std::string metrics;                  ///< the file
+  std::vector<std::pair<int64_t, int64_t>> regions; ///< the step's
+};
+
+PlanRun runPlan(const PlanFields &f, const Scratch &dir,
+            std::vector<std::string> args = {}) {
+  static int n = 0;
+  const std::string tag = std::to_string(n++);
+  const std::string planFile = dir.path + "/p" + tag + ".mtpplan";
+  const std::string metrics = dir.path + "/m" + tag + ".jsonl";
+  const std::string ckpt = dir.path + "/c" + tag;
+  {
+    std::ofstream(planFile, std::ios::binary) << build(f);
+  }
+  PlanRun r;
+  const std::string log = dir.path + "/out" + tag + ".txt";
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int out = dup(1), err = dup(2);
+  dup2(fd, 1);
+  dup2(fd, 2);
+  ::close(fd);
+  try {
+    Program p = programFromPlan(loadPlan(planFile));
+    r.regions = p.schedule.regions;
+    args.insert(args.begin(), {"mtprt-run", "--threads", "1", "--progress",
+                               "off", "--metrics", metrics,
+                               "--checkpoint-dir", ckpt});
+    std::vector<char *> argv;
+    for (std::string &a : args)
+      argv.push_back(a.data());
+    r.rc = runDriver(static_cast<int>(argv.size()), argv.data(), p);
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    r.rc = 1;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  dup2(out, 1);
+  dup2(err, 2);
+  ::close(out);
+  ::close(err);
+  r.output = slurp(log);
+  r.metrics = slurp(metrics);
+  std::istringstream in(r.metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("\"event\"") != std::string::npos) {
+      ++r.events;
+      continue;
+    }
+    ++r.records;
+    r.losses += value(line, "loss") + value(line, "alpha") + "\n";
+    r.peak = std::max<int64_t>(r.peak,
+                               std::atoll(value(line, "measured_peak_bytes").c_str()));
+    r.hostPool = std::max<int64_t>(
+        r.hostPool, std::atoll(value(line, "host_pool_bytes").c_str()));
+    r.predicted = value(line, "predicted_peak_bytes");
+  }
+  if (DIR *d = opendir(ckpt.c_str())) {
+    while (dirent *e = readdir(d))
+      if (std::string(e->d_name).rfind("step-", 0) == 0)
+        r.checkpoints.push_back(e->d_name);
+    closedir(d);
+  }
+  std::sort(r.checkpoints.begin(), r.checkpoints.end());
+  return r;
+}
+
+/// How a changed field shows.
+enum class Shows {
+  Losses,     ///< the losses (or α) of some step differ
+  Peak,       ///< the measured peak differs
+  HostPool,   ///< the host pool's peak differs
+  Records,    ///< the number of metrics records differs
+  Checkpoints,///< other checkpoint files
+  Regions,    ///< the step runs other checkpoint regions
+  Events,     ///< DGFG recalibration events appear
+  Predicted,  ///< the logged prediction
+  Output,     ///< the output says so (`text`)
+  Refused,    ///< the run refuses, saying `text`
+  Nothing,    ///< a description: the run is the same
+};
+
+struct Change {
+  const char *field; ///< Table.field as in plan.fbs
+  std::function<void(PlanFields &)> apply;
+  Shows shows;
+  std::string text = {};
+  /// Applied to the reference too (then it runs again), so that the change
+  /// is of this field alone.
+  std::function<void(PlanFields &)> prepare = {};
+};
+
+/// The fields of every table and struct of plan.fbs, as "Table.field".
+std::set<std::string> schemaFields() {
+  std::istringstream in(slurp(MTPRT_PLAN_SCHEMA));
+  std::set<std::string> out;
+  std::string line, table;
+  while (std::getline(in, line)) {
+    line = line.substr(0, line.find("//"));
+    std::istringstream words(line);
+    std::string first, second;
+    words >> first >> second;
+    if (first == "table" || first == "struct") {
+      table = second;
+      const size_t open = line.find('{');
+      line = open == std::string::npos ? "" : line.substr(open + 1);
+    }
+    if (table.empty())
+      continue;
+    const size_t close = line.find('}');
+    // "layers: long; hidden: long; ..." declares several on one line.
+    std::istringstream decls(line.substr(0, close));
+    std::string decl;
+    while (std::getline(decls, decl, ';')) {
+      const size_t c = decl.find(':');
+      if (c == std::string::npos)
+        continue;
+      std::string n = decl.substr(0, c);
+      n.erase(0, n.find_first_not_of(" \t"));
+      n.erase(n.find_last_not_of(" \t") + 1);
+      if (!n.empty())
+        out.insert(table + "." + n);
+    }
+    if (close != std::string::npos)
+      table.clear();
+  }
+  return out;
+}
+
+} // namespace
+
+namespace {
+
+/// A JSON Lines file for train.data with the synthetic batches' shapes.
+void writeData(const std::string &jsonl) {
+  std::ofstream o(jsonl);
+  for (int r = 0; r < 16; ++r) {
+    o << "{\"tokens\": [";
+    for (int i = 0; i < 12; ++i)
+      o << (i ? ", " : "") << (r * 7 + i * 3) % 40;
+    o << "], \"labels\": {\"cls\": " << r % 4 << ", \"tag\": [";
+    for (int i = 0; i < 12; ++i)
+      o << (i ? ", " : "") << (r + i) % 6;
+    o << "], \"gen\": [";
+    for (int i = 0; i < 4; ++i)
+      o << (i ? ", " : "") << (r * 3 + i) % 40;
+    o << "]}}\n";
+  }
+}
+
+/// Every field of plan.fbs and how changing it shows.
+std::vector<Change> allChanges(const std::string &jsonl) {
+  using F = PlanFields;
+  auto task = [](int t, std::function<void(TaskFields &)> fn) {
+    return [t, fn](F &f) { fn(f.tasks[t]); };
+  };
+  return {
+      {"Plan.version", [](F &) {}, Shows::Nothing}, // checked: PlanTest above
+      {"Plan.model", [](F &f) { f.model = "renamed"; }, Shows::Output,
+       "summary: model 'renamed'"},
+      {"Plan.source", [](F &f) { f.source = "other.mtp"; }, Shows::Nothing},
+      {"Plan.target", [](F &) {}, Shows::Nothing},   // its fields below
+      {"Plan.backbone", [](F &) {}, Shows::Nothing}, // its fields below
+      {"Plan.tasks", [](F &f) { f.tasks.pop_back(); }, Shows::Losses},
+      {"Plan.units", [](F &f) { f.offloadBlocks = {1}; }, Shows::HostPool},
+      {"Plan.regions", [](F &f) { f.regions = {{1, 2}}; }, Shows::Peak},
+      {"Plan.offloads", [](F &f) { f.offloadTableBytes = 4096; },
+       Shows::Nothing},
+      {"Plan.buckets", [](F &f) { f.bucketElements = 1000; }, Shows::Nothing},
+      {"Plan.predicted_peak_bytes", [](F &f) { f.predicted = 654321; },
+       Shows::Predicted},
+      {"Plan.keep_peak_bytes", [](F &f) { f.keepPeak = 1; }, Shows::Nothing},
+      {"Plan.uniform_peak_bytes", [](F &f) { f.uniformPeak = 1; },
+       Shows::Nothing},
+      {"Plan.added_seconds", [](F &f) { f.addedSeconds = 9; }, Shows::Nothing},
+      {"Plan.strategy", [](F &) {}, Shows::Nothing}, // its fields below
+      {"Plan.train", [](F &) {}, Shows::Nothing},    // its fields below
+
+      {"Target.device", [](F &f) { f.device = "cuda"; },
+       cudaMemoryStatsAvailable() ? Shows::Peak : Shows::Refused,
+       "no usable CUDA device"},
+      {"Target.precision", [](F &f) { f.precision = "bf16"; }, Shows::Losses},
+      {"Target.memory_bytes", [](F &f) { f.memory = 1 << 20; },
+       Shows::Nothing},
+      {"Target.usable_bytes", [](F &f) { f.usable = 1 << 20; },
+       Shows::Nothing},
+      {"Target.gpus", [](F &f) { f.gpus = 2; }, Shows::Output,
+       "(the plan is for 2 process(es), this run has 1"},
+      {"Target.micro_batch", [](F &f) { f.micro = 4; }, Shows::Peak},
+      {"Target.global_batch", [](F &f) { f.global = 16; }, Shows::Losses},
+
+      {"Backbone.kind", [](F &f) { f.kind = "rnn"; }, Shows::Refused,
+       "has backbone kind 'rnn': this runtime builds 'transformer' backbones "
+       "only"},
+      {"Backbone.layers", [](F &f) { f.layers = 3; }, Shows::Losses},
+      {"Backbone.hidden", [](F &f) { f.hidden = 24; }, Shows::Losses},
+      {"Backbone.heads", [](F &f) { f.heads = 4; }, Shows::Losses},
+      {"Backbone.ffn", [](F &f) { f.ffn = 48; }, Shows::Losses},
+      {"Backbone.vocab", [](F &f) { f.vocab = 50; }, Shows::Losses},
+      {"Backbone.seq", [](F &f) { f.seq = 10; }, Shows::Losses},
+      {"Backbone.dropout", [](F &f) { f.dropout = 0.0; }, Shows::Losses},
+
+      {"Task.name", task(0, [](TaskFields &t) { t.name = "klass"; }),
+       Shows::Losses},
+      {"Task.head", task(1, [](TaskFields &t) { t.head = "span"; }),
+       Shows::Losses},
+      {"Task.tap_layer", task(0, [](TaskFields &t) { t.tap = 2; }),
+       Shows::Losses},
+      // A classify head always reads the pooled (first-token) vector; the
+      // flag records how the spec said it (docs/language.md).
+      {"Task.pooled", task(0, [](TaskFields &t) { t.pooled = false; }),
+       Shows::Nothing},
+      {"Task.classes", task(0, [](TaskFields &t) { t.classes = 5; }),
+       Shows::Losses},
+      {"Task.decoder_layers",
+       task(2, [](TaskFields &t) { t.decoderLayers = 2; }), Shows::Losses},
+      {"Task.target_vocab", task(2, [](TaskFields &t) { t.targetVocab = 20; }),
+       Shows::Losses},
+      {"Task.target_seq", task(2, [](TaskFields &t) { t.targetSeq = 3; }),
+       Shows::Losses},
+      {"Task.weight", task(1, [](TaskFields &t) { t.weight = 1.0; }),
+       Shows::Losses},
+      {"Task.loss", task(0, [](TaskFields &t) { t.loss = "mse"; }),
+       Shows::Losses},
+      {"Task.lr", task(1,
+                       [](TaskFields &t) {
+                         t.lrKind = "constant";
+                         t.lrPeak = 3e-2;
+                       }),
+       Shows::Losses},
+      {"LrSchedule.kind", [](F &f) { f.lrKind = "linear"; }, Shows::Losses},
+      {"LrSchedule.peak", [](F &f) { f.lrPeak = 1e-2; }, Shows::Losses},
+      {"LrSchedule.warmup", [](F &f) { f.lrWarmup = 2; }, Shows::Losses},
+
+      {"Strategy.scope", [](F &f) { f.scope = "sum"; }, Shows::Losses},
+      {"Strategy.scope_layers", [](F &f) { f.scopeLayers = 2; }, Shows::Losses,
+       "", [](F &f) { f.scope = "params"; }},
+      {"Strategy.gfm_keep", [](F &f) { f.gfmKeep = 0.5; }, Shows::Losses},
+      {"Strategy.clip_max_norm", [](F &f) { f.clip = 0.01; }, Shows::Losses},
+      {"Strategy.gate_hidden", [](F &f) { f.gateHidden = 64; }, Shows::Losses},
+      // (These tasks share every activation: reuse ratio 1, below a
+      // threshold of 2 only; every cosine matrix spreads above 0.)
+      {"Strategy.recalibrate_reuse", [](F &f) { f.reuse = 2.0; },
+       Shows::Events, "", [](F &f) { f.stdThreshold = 0.0; }},
+      {"Strategy.recalibrate_std", [](F &f) { f.stdThreshold = 0.0; },
+       Shows::Events, "",
+       [](F &f) {
+         f.reuse = 2.0;
+         f.stdThreshold = 10.0;
+       }},
+      // The collective's fields act between processes (the two-process test
+      // below): one process exchanges nothing.
+      {"Strategy.collective", [](F &f) { f.collective = "none"; },
+       Shows::Nothing},
+      {"Strategy.topk", [](F &f) { f.topk = 0.5; }, Shows::Nothing},
+      {"Strategy.block", [](F &f) { f.block = 64; }, Shows::Nothing},
+      {"Strategy.bits", [](F &f) { f.bits = 4; }, Shows::Nothing},
+      {"Strategy.decay", [](F &f) { f.decay = 0.2; }, Shows::Nothing},
+
+      {"Train.steps", [](F &f) { f.steps = 4; }, Shows::Records},
+      {"Train.seed", [](F &f) { f.seed = 3; }, Shows::Losses},
+      {"Train.data", [jsonl](F &f) { f.data = jsonl; }, Shows::Losses},
+      {"Train.lr", [](F &f) { f.lrPeak = 1e-2; }, Shows::Losses},
+      {"Train.weight_decay", [](F &f) { f.weightDecay = 0.5; }, Shows::Losses},
+      {"Train.beta1", [](F &f) { f.beta1 = 0.5; }, Shows::Losses},
+      {"Train.beta2", [](F &f) { f.beta2 = 0.9; }, Shows::Losses},
+      {"Train.eps", [](F &f) { f.eps = 0.1; }, Shows::Losses},
+      {"Train.log_every", [](F &f) { f.logEvery = 2; }, Shows::Records},
+      {"Train.save_every", [](F &f) { f.saveEvery = 2; }, Shows::Checkpoints},
+
+      {"Unit.decision", [](F &f) { f.offloadHeads = {"tag"}; },
+       Shows::HostPool},
+      {"Unit.block", [](F &f) { f.offloadBlocks = {2}; }, Shows::HostPool, "",
+       [](F &f) { f.offloadBlocks = {1}; }},
+      {"Unit.task", [](F &f) { f.offloadHeads = {"cls"}; }, Shows::HostPool,
+       "", [](F &f) { f.offloadHeads = {"tag"}; }},
+      {"Unit.name", [](F &) {}, Shows::Nothing},
+      {"Unit.kind", [](F &) {}, Shows::Nothing},
+      {"Unit.layer", [](F &) {}, Shows::Nothing},
+      {"Unit.saved_bytes", [](F &f) { f.unitSavedBytes = 7; }, Shows::Nothing},
+      {"Unit.fwd_flops", [](F &f) { f.unitFlops = 7; }, Shows::Nothing},
+      // (Recomputing layer 1 or only its MLP peaks alike: the bottom
+      // layer's backward holds both units either way. The run's schedule
+      // shows it.)
+      {"Region.first_block", [](F &f) { f.regions = {{2, 2}}; },
+       Shows::Regions, "", [](F &f) { f.regions = {{1, 2}}; }},
+      {"Region.last_block", [](F &f) { f.regions = {{1, 1}}; }, Shows::Peak,
+       "", [](F &f) { f.regions = {{1, 2}}; }},
+      {"Offload.unit", [](F &) {}, Shows::Nothing},
+      {"Offload.bytes", [](F &f) { f.offloadTableBytes = 4096; },
+       Shows::Nothing},
+      {"Offload.stream", [](F &) {}, Shows::Nothing},
+      {"Offload.exposed_wait_s", [](F &) {}, Shows::Nothing},
+      {"Bucket.elements", [](F &f) { f.bucketElements = 1000; },
+       Shows::Nothing},
+      {"Bucket.compressed", [](F &) {}, Shows::Nothing},
+      {"Bucket.topk", [](F &) {}, Shows::Nothing},
+      {"Bucket.block", [](F &) {}, Shows::Nothing},
+      {"Bucket.bits", [](F &) {}, Shows::Nothing},
+      {"Bucket.decay", [](F &) {}, Shows::Nothing},
+  };
+
+}
+
+/// Runs the plan as written and once per change of a field of `table`.
+void checkTable(const std::string &table) {
+  Scratch dir;
+  const std::string jsonl = dir.path + "/d.jsonl";
+  writeData(jsonl);
+  const PlanFields base;
+  const PlanRun ref = runPlan(base, dir);
+  ASSERT_EQ(ref.rc, 0) << ref.output;
+  ASSERT_EQ(ref.records, 3) << ref.output;
+  // The baseline is deterministic, so any difference below is the field's.
+  const PlanRun again = runPlan(base, dir);
+  ASSERT_EQ(again.losses, ref.losses);
+  ASSERT_EQ(again.peak, ref.peak);
+  EXPECT_EQ(ref.hostPool, 0);
+  EXPECT_EQ(ref.events, 0);
+
+  int checked = 0;
+  for (const Change &c : allChanges(jsonl)) {
+    if (std::string(c.field).rfind(table + ".", 0) != 0)
+      continue;
+    ++checked;
+    PlanFields f = base;
+    PlanRun prepared;
+    if (c.prepare) {
+      c.prepare(f);
+      prepared = runPlan(f, dir);
+      ASSERT_EQ(prepared.rc, 0) << c.field << ":\n" << prepared.output;
+    }
+    const PlanRun &ref0 = c.prepare ? prepared : ref;
+    c.apply(f);
+    const PlanRun r = runPlan(f, dir);
+    const std::string what = std::string(c.field) + ":\n" + r.output;
+    if (c.shows == Shows::Refused) {
+      EXPECT_NE(r.rc, 0) << what;
+      EXPECT_NE(r.output.find(c.text), std::string::npos) << what;
+      continue;
+    }
+    ASSERT_EQ(r.rc, 0) << what;
+    switch (c.shows) {
+    case Shows::Losses:
+      EXPECT_NE(r.losses, ref0.losses) << what;
+      break;
+    case Shows::Peak:
+      EXPECT_NE(r.peak, ref0.peak) << what;
+      break;
+    case Shows::HostPool:
+      EXPECT_NE(r.hostPool, ref0.hostPool) << what;
+      break;
+    case Shows::Records:
+      EXPECT_NE(r.records, ref0.records) << what;
+      break;
+    case Shows::Regions:
+      EXPECT_NE(r.regions, ref0.regions) << what;
+      break;
+    case Shows::Checkpoints:
+      EXPECT_NE(r.checkpoints, ref0.checkpoints) << what;
+      break;
+    case Shows::Events:
+      EXPECT_EQ(ref0.events, 0) << what << ref0.metrics;
+      EXPECT_GT(r.events, 0) << what << r.metrics;
+      break;
+    case Shows::Predicted:
+      EXPECT_NE(r.predicted, ref0.predicted) << what;
+      break;
+    case Shows::Output:
+      EXPECT_NE(r.output.find(c.text), std::string::npos) << what;
+      EXPECT_EQ(ref0.output.find(c.text), std::string::npos) << what;
+      break;
+    case Shows::Nothing:
+      EXPECT_EQ(r.losses, ref0.losses) << what;
+      EXPECT_EQ(r.peak, ref0.peak) << what;
+      EXPECT_EQ(r.records, ref0.records) << what;
+      break;
+    case Shows::Refused:
+      break;
+    }
+  }
+  EXPECT_GT(checked, 0) << table;
+}
+
+} // namespace
+
+TEST(PlanFields, PlanAndTarget) {
+  checkTable("Plan");
+  checkTable("Target");
+}
+TEST(PlanFields, Backbone) { checkTable("Backbone"); }
+TEST(PlanFields, TaskAndLrSchedule) {
+  checkTable("Task");
+  checkTable("LrSchedule");
+}
+TEST(PlanFields, Strategy) { checkTable("Strategy"); }
+TEST(PlanFields, Train) { checkTable("Train"); }
+TEST(PlanFields, UnitRegionOffloadBucket) {
+  checkTable("Unit");
+  checkTable("Region");
+  checkTable("Offload");
+  checkTable("Bucket");
+}
+
+TEST(PlanFields, EveryFieldOfTheSchemaIsClassified) {
+  std::set<std::string> covered;
+  for (const Change &c : allChanges(""))
+    covered.insert(c.field);
+  const std::set<std::string> schema = schemaFields();
+  EXPECT_GT(schema.size(), 80u);
+  for (const std::string &field : schema)
+    EXPECT_TRUE(covered.count(field))
+        << field << " (runtime/schema/plan.fbs) is not classified in "
+                    "unittests/runtime/PlanTest.cpp: does the runtime honour "
+                    "it (a change shows in the run) or is it a description?";
+  for (const std::string &field : covered)
+    EXPECT_TRUE(schema.count(field))
+        << field << " is not in runtime/schema/plan.fbs";
+}
+
+//===----------------------------------------------------------------------===//
+// Two processes: mtprt-run --plan --nproc 2
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// mtprt-run as a child process (output to `log`); its exit code, -1 after
+/// `timeoutS`.
+int runTool(const std::vector<std::string> &args, const std::string &log,
+            int timeoutS = 90) {
+  std::vector<std::string> av = {MTPRT_RUN, "--threads", "1", "--progress",
+                                 "off"};
+  av.insert(av.end(), args.begin(), args.end());
+  std::vector<char *> avp;
+  for (std::string &a : av)
+    avp.push_back(a.data());
+  avp.push_back(nullptr);
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fd, 1);
+    dup2(fd, 2);
+    // (Not the test's own MTPRT_RUN_PLAN: the child reads --plan.)
+    unsetenv("MTPRT_RUN_PLAN");
+    execv(avp[0], avp.data());
+    _exit(127);
+  }
+  ::close(fd);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(timeoutS);
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/// The last metrics record's value of `key`.
+std::string lastValue(const std::string &metrics, const std::string &key) {
+  std::istringstream in(slurp(metrics));
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find("\"event\"") == std::string::npos)
+      last = line;
+  return value(last, key);
+}
+
+PlanFields twoRanks() {
+  PlanFields f;
+  f.gpus = 2;
+  f.global = 16; // 8 rows per rank
+  f.collective = "compressed";
+  f.dropout = 0.0;
+  return f;
+}
+
+} // namespace
+
+namespace {
+
+struct Exchanged {
+  int rc = -1;
+  std::string sent, full, losses, output;
+};
+
+/// The plan on two ranks: the last record's bytes, every record's losses.
+Exchanged exchange(const Scratch &dir, const PlanFields &f) {
+  static int n = 0;
+  const std::string tag = std::to_string(n++);
+  const std::string plan = dir.path + "/p" + tag + ".mtpplan",
+                    m = dir.path + "/m" + tag + ".jsonl",
+                    log = dir.path + "/log" + tag + ".txt";
+  {
+    std::ofstream(plan, std::ios::binary) << build(f);
+  }
+  Exchanged r;
+  r.rc = runTool({"--plan", plan, "--nproc", "2", "--metrics", m}, log);
+  r.output = slurp(log);
+  r.sent = lastValue(m, "bytes_sent");
+  r.full = lastValue(m, "bytes_sent_uncompressed");
+  std::istringstream in(slurp(m));
+  std::string line;
+  while (std::getline(in, line))
+    r.losses += value(line, "loss");
+  return r;
+}
+
+int64_t bytes(const std::string &v) { return std::atoll(v.c_str()); }
+
+} // namespace
+
+TEST(PlanFields, TheCollectiveAndItsTopkReachTheExchange) {
+  Scratch dir;
+  PlanFields f = twoRanks();
+  f.steps = 1;
+  const Exchanged base = exchange(dir, f);
+  ASSERT_EQ(base.rc, 0) << base.output;
+  ASSERT_FALSE(base.sent.empty()) << base.output;
+  EXPECT_LT(bytes(base.sent), bytes(base.full) / 3);
+  f.collective = "none";
+  Exchanged r = exchange(dir, f);
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(r.sent, r.full) << "Strategy.collective";
+  f = twoRanks();
+  f.steps = 1;
+  f.topk = 0.3;
+  r = exchange(dir, f);
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_GT(bytes(r.sent), bytes(base.sent)) << "Strategy.topk";
+}
+
+TEST(PlanFields, TheBlockAndTheDecayReachTheExchange) {
+  Scratch dir;
+  // Three steps: the residual of step 1 feeds step 2's exchange, whose
+  // update shows in step 3's losses.
+  const Exchanged base = exchange(dir, twoRanks());
+  ASSERT_EQ(base.rc, 0) << base.output;
+  PlanFields f = twoRanks();
+  f.block = 32;
+  Exchanged r = exchange(dir, f);
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_GT(bytes(r.sent), bytes(base.sent))
+      << "Strategy.block (more blocks, more scales)";
+  f = twoRanks();
+  f.decay = 0.1;
+  r = exchange(dir, f);
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(r.sent, base.sent);
+  EXPECT_NE(r.losses, base.losses) << "Strategy.decay";
+}
+
+TEST(PlanFields, BitsOtherThanEightAreRefusedWhereTheyWouldRun) {
+  Scratch dir;
+  PlanFields f = twoRanks();
+  f.bits = 4;
+  const Exchanged r = exchange(dir, f);
+  EXPECT_EQ(r.rc, 1) << r.output;
+  // Said once, by the launcher, before any rank starts.
+  EXPECT_NE(r.output.find(std::string(MTPRT_RUN) +
+                          ": error: the plan's collective quantizes to 4 "
+                          "bits per value; this runtime's GSC kernels "
+                          "quantize to 8 bits only: re-plan with "
+                          "compressed(bits = 8), or run with --no-compress\n"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("error:"), r.output.rfind("error:")) << r.output;
+  EXPECT_EQ(r.output.find("rank"), std::string::npos) << r.output;
+}
+
+TEST(PlanFields, ANonFiniteLossOnOneRankStopsBothRanks) {
+  // An mse task whose label no float can square, in one row of rank 1's
+  // half of the second global batch: rank 1's loss is infinite, rank 0's
+  // finite. The per-step all-reduce makes both ranks stop at step 2; rank 0
+  // says so once; step 1's checkpoints stay.
+  Scratch dir;
+  PlanFields f = twoRanks();
+  f.collective = "none";
+  f.steps = 10;
+  f.tasks = {{"cls", "classify", 1, true, 4},
+             {"reg", "classify", 2, true, 1, 0, 0, 0, 1.0, "mse"}};
+  f.data = dir.path + "/d.jsonl";
+  {
+    std::ofstream o(f.data);
+    for (int r = 0; r < 32; ++r) {
+      o << "{\"tokens\": [";
+      for (int i = 0; i < 12; ++i)
+        o << (i ? ", " : "") << (r * 5 + i) % 40;
+      o << "], \"labels\": {\"cls\": " << r % 4 << ", \"reg\": ["
+        << (r == 24 ? "1e30" : "0.5") << "]}}\n";
+    }
+  }
+  const std::string plan = dir.path + "/p.mtpplan", c = dir.path + "/c",
+                    log = dir.path + "/log.txt";
+  {
+    std::ofstream(plan, std::ios::binary) << build(f);
+  }
+  EXPECT_EQ(runTool({"--plan", plan, "--nproc", "2", "--checkpoint-dir", c,
+                     "--checkpoint-every", "1"},
+                    log),
+            1);
+  const std::string out = slurp(log);
+  const std::string said = ": error: step 2 of 10 (metrics \"step\": 1) is not "
+                           "finite: task 'reg': loss not finite on another "
+                           "rank";
+  EXPECT_NE(out.find(said), std::string::npos) << out;
+  EXPECT_EQ(out.find("is not finite"), out.rfind("is not finite")) << out;
+  EXPECT_NE(out.find("exited with code 1; stopping the other ranks"),
+            std::string::npos)
+      << out;
+  for (int r = 0; r < 2; ++r) {
+    const std::string rank = ".rank" + std::to_string(r) + ".ckpt";
+    EXPECT_EQ(slurp(c + "/step-000000001" + rank).substr(0, 12),
+              "MTPRTCKPT 1\n");
+    EXPECT_TRUE(slurp(c + "/step-000000002" + rank).empty()) << out;
+  }
+}

@@ -6,6 +6,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+
+#include <limits>
 #include <torch/optim/adamw.h>
 
 #include <cmath>
@@ -542,6 +544,58 @@ TEST(Facade, RawBatchesStepsAndJson) {
   TrainConfig fp16;
   fp16.precision = Precision::Fp16;
   EXPECT_THROW(Trainer(mc, heads, fp16), std::invalid_argument); // needs CUDA
+}
+
+TEST(Facade, StepStatsCarryPresenceAndTheTasksGradientNorms) {
+  // What the driver's non-finite check reads, already on the host: each
+  // task's loss and its processed gradient's norm (no extra sync).
+  ModelConfig mc = small(0.0);
+  std::vector<HeadConfig> heads(2);
+  heads[0] = {"cls", HeadKind::Classify, 1};
+  heads[0].classes = 4;
+  heads[1] = {"reg", HeadKind::Classify, 3}; // the top layer: params scope too
+  heads[1].classes = 1;
+  heads[1].loss = LossKind::Mse;
+  const int64_t b = 2;
+  std::vector<int64_t> tokens(b * mc.seq, 3), cls = {1, 2};
+  for (GradScope scope :
+       {GradScope::Features, GradScope::Params, GradScope::Sum}) {
+    TrainConfig tc;
+    tc.scope = scope;
+    tc.clipNorm = 1.0;
+    Trainer trainer(mc, heads, tc);
+    std::vector<float> reg = {0.5f, -0.5f};
+    trainer.setBatch(b, tokens.data(), {cls.data(), reg.data()});
+    StepStats s = trainer.step({});
+    ASSERT_EQ(s.present, std::vector<bool>({true, true}));
+    ASSERT_EQ(s.gradNorm.size(), 2u);
+    for (double n : s.gradNorm)
+      if (scope == GradScope::Sum)
+        EXPECT_EQ(n, 0.0); // no per-task gradients at scope sum
+      else
+        EXPECT_TRUE(std::isfinite(n)) << n;
+    if (scope != GradScope::Sum)
+      EXPECT_GT(s.gradNorm[1], 0.0);
+    // A label no float can square: the loss overflows (its gradient,
+    // 2 (pred - y) / n, need not).
+    reg = {1e30f, 0.5f};
+    trainer.setBatch(b, tokens.data(), {cls.data(), reg.data()});
+    s = trainer.step({});
+    EXPECT_TRUE(std::isfinite(s.loss[0]));
+    EXPECT_FALSE(std::isfinite(s.loss[1])) << s.loss[1];
+    // An infinite label (JSON's 1e999): the gradient too.
+    reg = {std::numeric_limits<float>::infinity(), 0.5f};
+    trainer.setBatch(b, tokens.data(), {cls.data(), reg.data()});
+    s = trainer.step({});
+    EXPECT_FALSE(std::isfinite(s.loss[1])) << s.loss[1];
+    if (scope != GradScope::Sum)
+      EXPECT_FALSE(std::isfinite(s.gradNorm[1])) << toString(scope);
+    // Without labels: absent, not non-finite.
+    trainer.setBatch(b, tokens.data(), {cls.data(), nullptr});
+    s = trainer.step({});
+    EXPECT_EQ(s.present, std::vector<bool>({true, false}));
+    EXPECT_TRUE(std::isnan(s.loss[1]));
+  }
 }
 
 TEST(Facade, UnitGrainStepEqualsTheScheduledStep) {

@@ -72,13 +72,19 @@ struct TrainConfig {
   double gfmKeep = 1.0;   ///< GFM: kept fraction of rfft bins; 1 = off
   double clipNorm = 0.0;  ///< per-task clip; 0 = off
   bool gate = true;       ///< DGFG; false = uniform α over present tasks
+  int64_t gateHidden = 32; ///< DGFG gate MLP width (4 → gateHidden → 1)
   double gateLr = 1e-2;
   double gateEntropy = 0.2; ///< entropy bonus weight τ in the gate objective
   int64_t cosineEvery =
       1; ///< measure the cosine matrix every m steps (0 = never)
+  /// SPEC.md §3 B8: the gate is reset after a measured step whose
+  /// activation_reuse_ratio is below recalibrateReuse and whose cosine
+  /// matrix's standard deviation is above recalibrateStd.
+  double recalibrateReuse = 0.15, recalibrateStd = 0.4;
   LrConfig backboneLr;
   std::vector<LrConfig> headLr; ///< one per head; empty = backboneLr for all
   double weightDecay = 0.01;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8; ///< AdamW
   double initialLossScale = 65536.0; ///< fp16 only
 };
 
@@ -131,6 +137,12 @@ struct StepStats {
   int64_t step = 0;
   std::vector<std::string> tasks;
   std::vector<double> loss;  ///< per task; NaN where the batch had no labels
+  std::vector<bool> present; ///< per task: the batch had its labels
+  /// Per task: the norm of its processed gradient (after GFM, before the
+  /// clip; the largest over micro-batches), where the per-task pipeline
+  /// computes it (scopes features and params); 0 at scope sum and for absent
+  /// tasks. Non-finite when the task's gradient is.
+  std::vector<double> gradNorm;
   std::vector<double> alpha; ///< per task; 0 where absent
   std::vector<std::vector<double>>
       gradientCosineSimMatrix; ///< T×T; empty when not measured

@@ -40,6 +40,7 @@ struct Program {
   int64_t steps = 100;             ///< default for --steps
   uint64_t seed = 0;               ///< default for --seed
   int64_t logEvery = 1;            ///< default for --log-every
+  int64_t checkpointEvery = 0;     ///< default for --checkpoint-every
   std::string data = "synthetic";  ///< default for --data
   int64_t predictedPeakBytes = -1; ///< the plan's prediction, logged
   int64_t plannedProcesses = 1;    ///< the processes the plan was made for
@@ -47,14 +48,20 @@ struct Program {
   bool compress = false;
   double compressTopK = 0.15, compressDecay = 0.8;
   int64_t compressBlock = 256;
+  /// Bits per quantized value; the runtime's GSC kernels are 8-bit, so a
+  /// compressed exchange with another width is refused.
+  int64_t compressBits = 8;
   /// One step at the unit grain, on the batch the driver set (generated
   /// programs); unset = trainer.step(schedule).
   std::function<StepStats(Trainer &)> step;
 };
 
 /// Parses argv, runs, and returns the process exit code: 0 done (or already
-/// at --steps), 1 runtime error (message on stderr), 2 bad command line,
+/// at --steps), 1 runtime error (message on stderr; also a non-finite loss or
+/// gradient, which stops the run without saving), 2 bad command line,
 /// 130 interrupted (a checkpoint was saved when --checkpoint-dir is set).
+/// With --nproc, the first failing rank's code (128 + N for a rank killed by
+/// signal N), named on stderr.
 int runDriver(int argc, char **argv, const Program &program);
 
 } // namespace mtprt

@@ -23,6 +23,7 @@ struct Plan {
   std::string device, precision; ///< the target the plan was made for
   int64_t gpus = 1, microBatch = 1, globalBatch = 1, memoryBytes = 0,
           usableBytes = 0;
+  std::string backboneKind = "transformer";
   ModelConfig model;
   std::vector<HeadConfig> heads; ///< in the spec's task order
   /// The strategy and the training settings (defaults when the plan
@@ -33,7 +34,7 @@ struct Plan {
   std::string data = "synthetic";
   std::string collective = "auto";
   double compressTopK = 0.15, compressDecay = 0.8;
-  int64_t compressBlock = 256;
+  int64_t compressBlock = 256, compressBits = 8;
   /// regions, offloadUnits and offloadHeadList from the decisions.
   Schedule schedule;
   int64_t predictedPeakBytes = 0, keepPeakBytes = 0, uniformPeakBytes = -1;
@@ -50,8 +51,14 @@ Plan readPlan(const void *data, size_t size, const std::string &name);
 Plan loadPlan(const std::string &path);
 
 struct Program;
-/// The driver's program for a plan: its model, heads, schedule, precision,
-/// batch and micro-batches, and the predicted peak to log beside the measured.
+/// The driver's program for a plan: every field the runtime acts on (the
+/// table in docs/runtime.md, "The compiler's plan") — model, heads, schedule,
+/// precision, batch and micro-batches, the strategy (scope, GFM, clip, the
+/// DGFG gate's width and recalibration thresholds, compression), the training
+/// settings (steps, seed, data, learning rates, AdamW's weight decay, betas
+/// and eps, log and save intervals) — and the predicted peak to log beside
+/// the measured. Throws std::runtime_error for a plan this runtime cannot run
+/// as written (a backbone kind it does not build).
 Program programFromPlan(const Plan &plan);
 
 } // namespace mtprt

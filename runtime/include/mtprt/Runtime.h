@@ -106,9 +106,13 @@ std::string toJsonLine(const StepStats &stats);
 /// matrix (diagonal included); NaN when it was not measured.
 double cosineMatrixStd(const StepStats &stats);
 /// SPEC.md §3 B8: the DGFG gate is recalibrated when the tasks share little
-/// (activation_reuse_ratio < 0.15) and their gradients disagree in a spread
-/// way (cosine matrix std > 0.4). Needs a measured matrix.
-bool needsGateRecalibration(const StepStats &stats);
+/// (activation_reuse_ratio < reuseThreshold, default 0.15) and their
+/// gradients disagree in a spread way (cosine matrix std > stdThreshold,
+/// default 0.4; TrainConfig.recalibrateReuse / recalibrateStd, the plan's
+/// dgfg thresholds). Needs a measured matrix.
+bool needsGateRecalibration(const StepStats &stats,
+                            double reuseThreshold = 0.15,
+                            double stdThreshold = 0.4);
 /// The event record the driver logs when it recalibrates.
 std::string recalibrationJsonLine(const StepStats &stats);
 

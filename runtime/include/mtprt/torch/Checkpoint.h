@@ -52,9 +52,15 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
 std::vector<std::pair<int64_t, std::string>>
 listCheckpoints(const std::string &dir, int rank);
 
+/// What a checkpoint's header records.
+struct CheckpointInfo {
+  int64_t step = -1, rank = -1, world = -1;
+};
+
 /// Checks the header and checksum; throws std::runtime_error naming the file
 /// and what is wrong (truncated, checksum mismatch, not a checkpoint).
-void verifyCheckpoint(const std::string &path);
+/// Returns the header's step, rank and world size.
+CheckpointInfo verifyCheckpoint(const std::string &path);
 
 /// Verifies, then restores everything into `core` (and `exchange`). Throws
 /// std::runtime_error naming the file when it is bad or does not fit (world

@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,7 +31,9 @@ struct DistOptions {
   int worldSize = 1;
   std::string masterAddr = "127.0.0.1";
   int masterPort = 29500;
-  int timeoutS = 120; ///< rendezvous and collective timeout
+  /// Joining (the TCPStore and the process group together) and every
+  /// collective give up after this long (--timeout).
+  int timeoutS = 120;
   /// "cpu": gloo; "cuda[:N]": NCCL (built with MTPRT_TORCH_CUDA only).
   std::string device = "cpu";
   /// Make the group even at world size 1 (device checks of the collective
@@ -46,6 +49,12 @@ DistOptions distOptionsFromEnv(DistOptions defaults);
 /// A c10d process group: TCPStore rendezvous at masterAddr:masterPort (rank 0
 /// serves it unless `serveStore` is false because a launcher already does),
 /// then ProcessGroupGloo. World size 1 makes no store and no group.
+///
+/// Errors are one line each, std::runtime_error, without LibTorch's
+/// backtrace: a join that has not finished after timeoutS (c10d's own
+/// TCPStore retries a connect for up to twice its timeout, and waits for a
+/// master that accepted but never answers forever) names the master and the
+/// timeout; a failed collective names the operation and this rank.
 class Communicator {
 public:
   explicit Communicator(const DistOptions &options, bool serveStore = true);
@@ -85,11 +94,34 @@ public:
   explicit StoreServer(int port = 0, int timeoutS = 120);
   ~StoreServer();
   int port() const;
+  /// One heartbeat: advances the counter a LauncherWatch reads.
+  void beat();
 
 private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// A rank's watch on the launcher that serves its store: a thread reads the
+/// launcher's heartbeat counter (StoreServer::beat) every interval; when the
+/// counter has not advanced for timeoutS, or the store stops answering (a
+/// stopped, hung or vanished launcher), `lost` is called once, from the
+/// watch's thread, with a one-line reason (the driver prints it and exits).
+class LauncherWatch {
+public:
+  LauncherWatch(const std::string &masterAddr, int masterPort, int timeoutS,
+                std::function<void(const std::string &)> lost);
+  ~LauncherWatch();
+  LauncherWatch(const LauncherWatch &) = delete;
+  LauncherWatch &operator=(const LauncherWatch &) = delete;
+
+private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+/// The key StoreServer::beat advances.
+extern const char *const kLauncherBeatKey;
 
 /// GSC knobs (SPEC.md §3 C10 defaults).
 struct GscOptions {

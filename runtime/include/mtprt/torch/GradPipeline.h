@@ -55,9 +55,10 @@ std::vector<std::vector<double>> cosineMatrix(const at::Tensor &gram);
 
 /// The DGFG gate (SPEC.md §5). Per present task t it reads four signals —
 /// log(1 + loss_t), log(norm_t + 1e-12), the mean and the minimum cosine of
-/// ĝ_t with the other present tasks — through a shared MLP 4 → 32 → 1 (tanh)
-/// to a logit; α = softmax over the present tasks (absent: 0). 193
-/// parameters whatever the task count.
+/// ĝ_t with the other present tasks — through a shared MLP 4 → H → 1 (tanh;
+/// H = `hidden`, TrainConfig.gateHidden, the plan's dgfg width) to a logit;
+/// α = softmax over the present tasks (absent: 0). 6H + 1 parameters (193 at
+/// the default H = 32) whatever the task count.
 ///
 /// Online objective (one Adam step per optimizer step, on the step's Gram
 /// matrix G of ĝ, detached), leave-one-out agreement: maximize
@@ -72,7 +73,7 @@ std::vector<std::vector<double>> cosineMatrix(const at::Tensor &gram);
 /// the tasks that agree.
 class Gate {
 public:
-  Gate(uint64_t seed, double lr, double entropyWeight);
+  Gate(uint64_t seed, double lr, double entropyWeight, int64_t hidden = 32);
   ~Gate();
   /// α for the given signals (no grad).
   std::vector<double> alpha(const std::vector<double> &losses,
@@ -86,7 +87,8 @@ public:
                 const std::vector<bool> &present, const at::Tensor &gram);
   int64_t numParameters() const;
 
-  /// Checkpointing: the MLP's parameters and its Adam state.
+  /// Checkpointing: the MLP's parameters and its Adam state. load throws
+  /// std::runtime_error when the archive's gate has another width.
   void save(torch::serialize::OutputArchive &archive) const;
   void load(torch::serialize::InputArchive &archive);
   /// SPEC.md §3 B8 recalibration: back to the initial (seeded) weights with a
