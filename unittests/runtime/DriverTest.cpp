@@ -24,6 +24,7 @@
 #include <fstream>
 #include <pty.h>
 #include <sstream>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
@@ -64,8 +65,11 @@ struct Child {
   std::string out;
   int rc = -1;
 
+  /// `addressSpace` > 0: the child runs under that RLIMIT_AS (bytes), so a
+  /// reader that allocates without bound fails instead of exhausting the
+  /// machine.
   Child(const std::vector<std::string> &args, const std::string &outFile,
-        const std::vector<std::string> &env = {})
+        const std::vector<std::string> &env = {}, uint64_t addressSpace = 0)
       : out(outFile) {
     std::vector<std::string> av = {MTPRT_DEMO, "--threads", "1", "--progress",
                                    "plain"};
@@ -87,6 +91,10 @@ struct Child {
     if (pid == 0) {
       dup2(fd, 1);
       dup2(fd, 2);
+      if (addressSpace) {
+        rlimit r{addressSpace, addressSpace};
+        setrlimit(RLIMIT_AS, &r);
+      }
       execve(avp[0], avp.data(), evp.data());
       _exit(127);
     }
@@ -126,10 +134,13 @@ struct Child {
   std::string output() const { return readFile(out); }
 };
 
+/// The demo needs about 3 GiB of address space (LibTorch's mappings).
+constexpr uint64_t kDemoAddressSpace = uint64_t(4) << 30;
+
 int run(const std::vector<std::string> &args, const TempDir &dir,
         std::string *output = nullptr,
-        const std::vector<std::string> &env = {}) {
-  Child c(args, dir.path + "/out.txt", env);
+        const std::vector<std::string> &env = {}, uint64_t addressSpace = 0) {
+  Child c(args, dir.path + "/out.txt", env, addressSpace);
   const int rc = c.wait(90);
   if (output)
     *output = c.output();
@@ -620,6 +631,54 @@ TEST(Data, BinaryShardRoundTripsAndRejectsBadFiles) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(Data, BadFilesStopTheProgramWithTheirErrorNotASignal) {
+  // Through the real program (training and --write-shard), under an
+  // address-space limit: a 60 KB line of 30k '[' (once a stack overflow),
+  // hex (once read as an id), a shard whose task count has a flipped byte
+  // (once ~34 GB and the OOM killer).
+  TempDir d;
+  const std::string nested = d.path + "/nested.jsonl",
+                    hex = d.path + "/hex.jsonl", shard = d.path + "/s.shard",
+                    bad = d.path + "/bad.shard";
+  std::ofstream(nested) << "{\"tokens\": " << std::string(30000, '[') << "\n";
+  std::ofstream(hex) << R"({"tokens": [0x10, 1, 2, 3, 4, 5, 6, 7]})" << "\n";
+  writeShard(MTPRT_EXAMPLES_DIR "/data/sample.jsonl", shard, demoModel(),
+             demoHeads());
+  {
+    std::string b = readFile(shard);
+    b[15] = char(b[15] ^ 0x7f); // the task count's high byte
+    std::ofstream(bad, std::ios::binary) << b;
+  }
+  std::string out;
+  for (const auto &args : std::vector<std::vector<std::string>>{
+           {"--data", nested, "--steps", "1"},
+           {"--data", nested, "--write-shard", d.path + "/out.shard"}}) {
+    EXPECT_EQ(run(args, d, &out, {}, kDemoAddressSpace), 1) << out;
+    EXPECT_NE(out.find("error: mtprt: data file " + nested +
+                       ", record on line 1, field tokens[0]: expected an "
+                       "integer in [0, 32)"),
+              std::string::npos)
+        << out;
+  }
+  EXPECT_EQ(run({"--data", hex, "--steps", "1"}, d, &out, {},
+                kDemoAddressSpace),
+            1)
+      << out;
+  EXPECT_NE(out.find("error: mtprt: data file " + hex +
+                     ", record on line 1: malformed JSON at column 14: "
+                     "hexadecimal numbers are not JSON"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(run({"--data", bad, "--steps", "1"}, d, &out, {},
+                kDemoAddressSpace),
+            1)
+      << out;
+  EXPECT_NE(out.find("error: mtprt: data file " + bad +
+                     ": field tasks: 2130706435, but the program has 3"),
+            std::string::npos)
+      << out;
 }
 
 TEST(Data, SyntheticIsSeededAndRelatednessControlsSharing) {
