@@ -686,10 +686,16 @@ int train(const Program &p, const Options &o) {
     int64_t chosen = -1;
     for (const auto &[step, path] : listCheckpoints(o.checkpointDir, d.rank)) {
       try {
-        verifyCheckpoint(path);
+        const CheckpointHeader h = verifyCheckpoint(path);
+        if (h.step != step || h.rank != d.rank)
+          throw CheckpointError(
+              "mtprt: checkpoint " + path + ": its header says step " +
+              std::to_string(h.step) + " of rank " + std::to_string(h.rank) +
+              ", its name step " + std::to_string(step) + " of rank " +
+              std::to_string(d.rank) + " (renamed or copied over?)");
         chosen = step;
         break;
-      } catch (const std::runtime_error &e) {
+      } catch (const CheckpointError &e) {
         if (!o.resumeFallback)
           throw std::runtime_error(std::string(e.what()) +
                                    " (--resume-fallback uses the previous "
@@ -923,6 +929,17 @@ int runDriver(int argc, char **argv, const Program &program) {
     std::fprintf(stderr, "%s: error: %s (see --help)\n", name.c_str(),
                  e.what());
     return 2;
+  } catch (const std::bad_alloc &) {
+    std::fprintf(stderr,
+                 "%s: error: out of memory; lower --batch-size, or re-plan "
+                 "the spec for this machine's memory\n",
+                 name.c_str());
+    return 1;
+  } catch (const c10::Error &e) {
+    // LibTorch's message, without the C++ backtrace it carries.
+    std::fprintf(stderr, "%s: error: %s\n", name.c_str(),
+                 e.what_without_backtrace());
+    return 1;
   } catch (const std::exception &e) {
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
     return 1;

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "mtprt/Driver.h"
+#include "mtprt/Crc32.h"
 #include "mtprt/Runtime.h"
 #include "mtprt/torch/Checkpoint.h"
 #include "mtprt/torch/Data.h"
@@ -291,6 +292,91 @@ TEST(Driver, ResumeIsBitIdenticalAndCorruptionIsRefused) {
         }
       },
       std::runtime_error);
+}
+
+TEST(Driver, ResumeFallbackSkipsEveryBadHeaderAndTorchErrorsAreOneLine) {
+  // Issue #15 item 4: a header's `bytes` of -1, 1e15 and 18e9 once gave
+  // basic_string::_M_create, std::bad_alloc (naming no file) and 51 s of
+  // zero-filling, and --resume-fallback did not skip them. Under an
+  // address-space limit, so a regression fails instead of filling memory.
+  TempDir d;
+  const std::string c = d.path + "/c";
+  std::string out;
+  ASSERT_EQ(run({"--steps", "6", "--checkpoint-dir", c, "--checkpoint-every",
+                 "3"},
+                d, &out),
+            0)
+      << out;
+  const std::string six = checkpointPath(c, 6, 0);
+  const std::string good = readFile(six);
+  const size_t line = good.find('\n') + 1, end = good.find('\n', line);
+  const std::string header = good.substr(line, end - line);
+  const size_t bytesAt = header.find(" bytes ") + 7,
+               bytesEnd = header.find(' ', bytesAt);
+  for (const std::string &bytes : {"-1", "1e15", "18000000000"}) {
+    std::string bad = good;
+    bad.replace(line + bytesAt, bytesEnd - bytesAt, bytes);
+    std::ofstream(six, std::ios::binary | std::ios::trunc) << bad;
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(run({"--steps", "8", "--checkpoint-dir", c, "--resume"}, d, &out,
+                  {}, kDemoAddressSpace),
+              1)
+        << out;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+    EXPECT_NE(out.find("error: mtprt: checkpoint " + six + ": "),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("(--resume-fallback uses the previous good "
+                       "checkpoint)"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find(bytes == "18000000000"
+                           ? "truncated: "
+                           : "malformed header: field bytes: expected a "
+                             "decimal number, got '" +
+                                 bytes + "'"),
+              std::string::npos)
+        << out;
+    ASSERT_EQ(run({"--steps", "6", "--checkpoint-dir", c, "--resume",
+                   "--resume-fallback"},
+                  d, &out, {}, kDemoAddressSpace),
+              0)
+        << out;
+    EXPECT_NE(out.find("resumed from " + checkpointPath(c, 3, 0)),
+              std::string::npos)
+        << out;
+    // That run wrote step 6 again (a good one).
+  }
+
+  // Issue #15 item 13: a checksum that matches a payload LibTorch cannot
+  // read is one clean message, without c10's backtrace.
+  const std::string junk(4096, 'j');
+  std::ofstream(six, std::ios::binary | std::ios::trunc)
+      << checkpointHeaderText(6, 0, 1, junk.size(),
+                              mtprt::crc32(junk.data(), junk.size()))
+      << junk;
+  ASSERT_EQ(run({"--steps", "8", "--checkpoint-dir", c, "--resume"}, d, &out,
+                {}, kDemoAddressSpace),
+            1)
+      << out;
+  EXPECT_NE(out.find("error: mtprt: checkpoint " + six +
+                     ": its checksum matches but LibTorch cannot read the "
+                     "archive"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("Exception raised from"), std::string::npos) << out;
+  EXPECT_EQ(out.find("frame #"), std::string::npos) << out;
+  // A header whose step is not its name's (copied over another).
+  std::ofstream(six, std::ios::binary | std::ios::trunc)
+      << readFile(checkpointPath(c, 3, 0));
+  ASSERT_EQ(run({"--steps", "8", "--checkpoint-dir", c, "--resume"}, d, &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("error: mtprt: checkpoint " + six +
+                     ": its header says step 3 of rank 0, its name step 6 of "
+                     "rank 0 (renamed or copied over?)"),
+            std::string::npos)
+      << out;
 }
 
 TEST(Driver, KilledInsideACheckpointWriteResumesFromThePreviousOne) {

@@ -11,11 +11,13 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "mtprt/CheckpointFormat.h"
 #include "mtprt/Crc32.h"
 #include "mtprt/DataFormat.h"
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -388,6 +390,166 @@ TEST(Readers, ShardHeaderFieldsAreCheckedBeforeAllocating) {
                 }
             }),
             "ok");
+}
+
+//===----------------------------------------------------------------------===//
+// Checkpoint headers
+//===----------------------------------------------------------------------===//
+
+const std::string kPayload = "a payload of some bytes";
+
+std::string checkpoint(const std::string &line,
+                       const std::string &payload = kPayload) {
+  return "MTPRTCKPT 1\n" + line + "\n" + payload;
+}
+
+std::string goodLine(const std::string &payload = kPayload) {
+  char crc[9];
+  std::snprintf(crc, sizeof crc, "%08x", crc32(payload.data(), payload.size()));
+  return "step 6 rank 1 world 2 bytes " + std::to_string(payload.size()) +
+         " crc32 " + crc;
+}
+
+std::string headerError(const std::string &file) {
+  return limited([&] { verifyCheckpointBytes(file, "c.ckpt"); });
+}
+
+std::string ckptFails(const std::string &what) {
+  return fileError("mtprt: checkpoint c.ckpt: " + what);
+}
+
+TEST(Readers, CheckpointHeaderRoundTrips) {
+  const std::string text =
+      checkpointHeaderText(6, 1, 2, kPayload.size(),
+                           crc32(kPayload.data(), kPayload.size()));
+  EXPECT_EQ(text, "MTPRTCKPT 1\n" + goodLine() + "\n");
+  const CheckpointHeader h = verifyCheckpointBytes(text + kPayload, "c.ckpt");
+  EXPECT_EQ(h.step, 6);
+  EXPECT_EQ(h.rank, 1);
+  EXPECT_EQ(h.world, 2);
+  EXPECT_EQ(h.bytes, kPayload.size());
+  EXPECT_EQ(h.headerBytes, text.size());
+}
+
+TEST(Readers, CheckpointHeaderFieldsAreCheckedBeforeAllocating) {
+  const std::string crc = goodLine().substr(goodLine().size() - 8);
+  auto line = [&](const std::string &bytes) {
+    return checkpoint("step 6 rank 1 world 2 bytes " + bytes + " crc32 " + crc);
+  };
+  // Issue #15 item 4: -1 (once basic_string::_M_create), 1e15 (once
+  // std::bad_alloc), 18e9 (once 51 s zero-filling 18 GB).
+  EXPECT_EQ(headerError(line("-1")),
+            ckptFails("malformed header: field bytes: expected a decimal "
+                      "number, got '-1'"));
+  EXPECT_EQ(headerError(line("1e15")),
+            ckptFails("malformed header: field bytes: expected a decimal "
+                      "number, got '1e15'"));
+  EXPECT_EQ(headerError(line("18000000000")),
+            ckptFails("truncated: 23 of 18000000000 payload bytes"));
+  EXPECT_EQ(headerError(line("99999999999999999999")),
+            ckptFails("malformed header: field bytes: expected a decimal "
+                      "number, got '99999999999999999999'"));
+  EXPECT_EQ(headerError(line("22")),
+            ckptFails("trailing bytes after the payload (the header says 22 "
+                      "bytes, the file has 23 after the header)"));
+  EXPECT_EQ(headerError(checkpoint("step -6 rank 1 world 2 bytes 23 crc32 " +
+                                   crc)),
+            ckptFails("malformed header: field step: expected a decimal "
+                      "number, got '-6'"));
+  EXPECT_EQ(headerError(checkpoint("step 6 rank 2 world 2 bytes 23 crc32 " +
+                                   crc)),
+            ckptFails("field rank: 2 is not below the world size 2"));
+  EXPECT_EQ(headerError(checkpoint("step 6 rank 0 world 0 bytes 23 crc32 " +
+                                   crc)),
+            ckptFails("field world: 0 is out of [1, 1048576]"));
+  EXPECT_EQ(headerError(checkpoint("step 6 rank 1 world 2 bytes 23 crc32 " +
+                                   crc.substr(1))),
+            ckptFails("malformed header: field crc32: expected 8 lowercase "
+                      "hex digits, "
+                      "got '" + crc.substr(1) + "'"));
+  EXPECT_EQ(headerError(checkpoint("step 6 rank 1 world 2 bytes 23 crc32 " +
+                                   crc + " ")),
+            ckptFails("malformed header: field crc32: expected 8 lowercase "
+                      "hex digits, "
+                      "got '" + crc + "'"));
+  EXPECT_EQ(headerError(checkpoint("step 6 rank 1 world 2 size 23 crc32 " +
+                                   crc)),
+            ckptFails("malformed header: expected 'bytes' at byte 34 of the "
+                      "header, got 'size'"));
+  EXPECT_EQ(headerError(checkpoint(goodLine(), "A payload of some bytes")),
+            ckptFails("checksum mismatch (crc32 " +
+                      [] {
+                        char b[9];
+                        std::snprintf(b, sizeof b, "%08x",
+                                      crc32("A payload of some bytes", 23));
+                        return std::string(b);
+                      }() +
+                      ", header " + crc + ")"));
+  EXPECT_EQ(headerError("MTPRTCKPT 1\nstep 6 rank 1"),
+            ckptFails("truncated header"));
+  EXPECT_EQ(headerError("MTPRTCKPT 1\n" + std::string(300, 'x')),
+            ckptFails("malformed header: no end of line in its first 256 "
+                      "bytes"));
+  EXPECT_EQ(headerError("MTPRTCKPT 2\n" + goodLine() + "\n" + kPayload),
+            ckptFails("checkpoint format 2, this runtime reads format 1"));
+  EXPECT_EQ(headerError("PK\x03\x04 a zip"),
+            ckptFails("not an mtprt checkpoint (bad magic)"));
+  // Every prefix and every single-byte change: the runtime's own error,
+  // within the limit. (The CRC covers the payload: a digit of step, rank or
+  // world changed into another reads, and the driver compares those with
+  // the file's name and the run.)
+  const std::string good = checkpoint(goodLine());
+  const size_t numbersEnd = good.find(" bytes");
+  EXPECT_EQ(limited([&] {
+              for (size_t n = 0; n < good.size(); ++n)
+                try {
+                  verifyCheckpointBytes(good.substr(0, n), "c.ckpt");
+                  throw std::logic_error(std::to_string(n) +
+                                         "-byte prefix accepted");
+                } catch (const CheckpointError &) {
+                }
+              for (size_t i = 0; i < good.size(); ++i)
+                for (int x = 1; x < 256; ++x) {
+                  std::string f = good;
+                  f[i] = char(f[i] ^ x);
+                  const bool digits = i < numbersEnd &&
+                                      std::isdigit((unsigned char)good[i]) &&
+                                      std::isdigit((unsigned char)f[i]);
+                  try {
+                    verifyCheckpointBytes(f, "c.ckpt");
+                    if (!digits)
+                      throw std::logic_error("a change at byte " +
+                                           std::to_string(i) + " accepted");
+                  } catch (const CheckpointError &) {
+                  }
+                }
+            }),
+            "ok");
+}
+
+TEST(Readers, CheckpointFilesAreReadInPieces) {
+  // A file claiming 18e9 payload bytes but holding a few: refused from its
+  // length, in a child that may grow by 64 MiB.
+  char name[] = "/tmp/mtprt-readers-XXXXXX";
+  const int fd = ::mkstemp(name);
+  ASSERT_GE(fd, 0);
+  const std::string file =
+      checkpoint("step 6 rank 1 world 2 bytes 18000000000 crc32 00000000");
+  ASSERT_EQ(::write(fd, file.data(), file.size()), ssize_t(file.size()));
+  ::close(fd);
+  EXPECT_EQ(limited([&] {
+              std::string payload;
+              readCheckpointFile(name, &payload);
+            },
+                    uint64_t(64) << 20),
+            fileError(std::string("mtprt: checkpoint ") + name +
+                      ": truncated: 23 of 18000000000 payload bytes"));
+  EXPECT_EQ(limited([&] { readCheckpointFile(name); }, uint64_t(64) << 20),
+            fileError(std::string("mtprt: checkpoint ") + name +
+                      ": truncated: 23 of 18000000000 payload bytes"));
+  ::unlink(name);
+  EXPECT_EQ(limited([] { readCheckpointFile("/tmp"); }),
+            fileError("mtprt: checkpoint /tmp: not a regular file"));
 }
 
 } // namespace
