@@ -54,13 +54,15 @@ public:
     i_ += k.size() + 1;
   }
 
-  /// A decimal number in [lo, hi] ending in `end`.
+  /// A decimal number in [lo, hi] ending in `end`, spelled as the writer
+  /// spells it (no sign, no leading zeros).
   int64_t decimal(const char *field, int64_t lo, int64_t hi, char end) {
     const size_t b = i_;
     uint64_t v = 0;
     while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9' && i_ - b < 19)
       v = v * 10 + uint64_t(s_[i_++] - '0');
-    if (i_ == b || i_ >= s_.size() || s_[i_] != end) {
+    if (i_ == b || i_ >= s_.size() || s_[i_] != end ||
+        (s_[b] == '0' && i_ - b > 1)) {
       i_ = b;
       fail(path_, std::string("malformed header: field ") + field +
                       ": expected a decimal number, got '" + word() + "'");

@@ -224,6 +224,21 @@ TEST(Driver, HelpAndBadCommandLines) {
       run({"--batch-size", "7", "--world-size", "2", "--rank", "0"}, d, &out),
       2);
   EXPECT_NE(out.find("does not split evenly"), std::string::npos) << out;
+  // --batch-size is bounded (limits::kGlobalBatch), and one the memory
+  // cannot hold is refused before a step allocates it (once the OOM killer
+  // ended the run); under an address-space limit so a regression fails.
+  EXPECT_EQ(run({"--batch-size", "20000000"}, d, &out), 2);
+  EXPECT_NE(out.find("--batch-size expects an integer in [1, 16777216]"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(run({"--batch-size", "16000000", "--steps", "1"}, d, &out, {},
+                kDemoAddressSpace),
+            2)
+      << out;
+  EXPECT_NE(out.find("--batch-size 16000000: a step at this batch holds at "
+                     "least "),
+            std::string::npos)
+      << out;
   EXPECT_EQ(run({"--data", d.path + "/missing.jsonl", "--steps", "1"}, d, &out),
             1);
   EXPECT_NE(out.find(d.path + "/missing.jsonl: cannot be opened"),

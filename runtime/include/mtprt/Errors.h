@@ -32,9 +32,15 @@ struct CheckpointError : FileError {
   using FileError::FileError;
 };
 
-/// A plan file or a binary's embedded plan (`mtprt: plan ...`).
+/// A plan file or a binary's embedded plan: `mtprt: plan <name>: <reason>`.
 struct PlanError : FileError {
-  using FileError::FileError;
+  PlanError(const std::string &name, const std::string &reason)
+      : FileError("mtprt: plan " + name + ": " + reason), reason_(reason) {}
+  /// What is wrong and what to do, without the file's name.
+  const std::string &reason() const { return reason_; }
+
+private:
+  std::string reason_;
 };
 
 } // namespace mtprt

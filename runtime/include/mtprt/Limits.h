@@ -48,8 +48,10 @@ inline constexpr Range kLabels{2, int64_t(1) << 20};
 inline constexpr Range kDecoderLayers{1, 64};
 inline constexpr int64_t kMaxTasks = 4096;
 inline constexpr RealRange kLossWeight{0.0, 1e6};
-/// A name a file carries (a task, a unit): at most this many bytes.
+/// A name a file carries (a task, a unit, a model): at most this many bytes;
+/// a path (the spec, the data): at most kMaxPathBytes.
 inline constexpr int64_t kMaxNameBytes = 4096;
+inline constexpr int64_t kMaxPathBytes = 4096;
 
 // Budget.
 inline constexpr Range kGpus{1, 4096};
