@@ -7,10 +7,39 @@
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringSwitch.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/Support/FormatVariadic.h"
+
+#include <cstdio>
 
 using namespace mlir;
 using namespace mtp;
+namespace limits = mtprt::limits;
+
+/// The shared bounds (mtprt/Limits.h) on a real the op carries (NaN and
+/// ±inf lie in no range): the same ones Sema reports on a `.mtp` and the
+/// runtime checks in a plan; the message names the range as Sema's does.
+static std::string realBound(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+static std::string rangeText(limits::RealRange r) {
+  return (r.openLo ? "(" : "[") + realBound(r.lo) + ", " + realBound(r.hi) +
+         (r.openHi ? ")" : "]");
+}
+static LogicalResult checkReal(function_ref<InFlightDiagnostic()> emitError,
+                               StringRef what, double value,
+                               limits::RealRange range) {
+  if (range.contains(value))
+    return success();
+  return emitError() << what << " must lie in " << rangeText(range)
+                     << ", got " << value;
+}
+static LogicalResult checkReal(Operation *op, StringRef what, double value,
+                               limits::RealRange range) {
+  return checkReal([op] { return op->emitOpError(); }, what, value, range);
+}
 
 //===----------------------------------------------------------------------===//
 // custom<Bytes>: byte counts print with the largest exact binary unit
@@ -219,10 +248,9 @@ void LRScheduleAttr::print(AsmPrinter &printer) const {
 LogicalResult
 LRScheduleAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                        ScheduleKind, APFloat peak, int64_t warmup) {
-  double value = peak.convertToDouble();
-  if (!(value > 0.0) || std::isinf(value))
-    return emitError() << "learning rate must be positive and finite, got "
-                       << value;
+  if (failed(checkReal(emitError, "learning rate", peak.convertToDouble(),
+                       limits::kLearningRate)))
+    return failure();
   if (warmup < 0)
     return emitError() << "warm-up steps must be non-negative, got " << warmup;
   return success();
@@ -371,7 +399,6 @@ LogicalResult ModelOp::verifyRegions() {
 // BackboneOp
 //===----------------------------------------------------------------------===//
 
-namespace limits = mtprt::limits;
 
 /// The shared bounds (mtprt/Limits.h) on an integer the op carries: the same
 /// ones Sema reports on a `.mtp` and the runtime checks in a plan.
@@ -398,10 +425,8 @@ LogicalResult BackboneOp::verify() {
     return emitOpError("hidden size ")
            << getHidden() << " does not split into " << getHeads()
            << " attention heads";
-  double dropout = getDropout().convertToDouble();
-  if (!(dropout >= 0.0 && dropout < 1.0))
-    return emitOpError("dropout must lie in [0, 1), got ") << dropout;
-  return success();
+  return checkReal(*this, "dropout", getDropout().convertToDouble(),
+                   limits::kDropout);
 }
 
 //===----------------------------------------------------------------------===//
@@ -497,10 +522,9 @@ LogicalResult TaskOp::verify() {
     return emitOpError("only a 'classify' head reads a pooled tap; '")
            << kind << "' reads every token";
 
-  double weight = getWeight().convertToDouble();
-  if (!(weight >= 0.0) || std::isinf(weight))
-    return emitOpError("loss weight must be finite and non-negative, got ")
-           << weight;
+  if (failed(checkReal(*this, "loss weight", getWeight().convertToDouble(),
+                       limits::kLossWeight)))
+    return failure();
 
   for (auto [what, value, range] :
        {std::tuple<StringRef, std::optional<uint64_t>, limits::Range>{
@@ -611,22 +635,22 @@ LogicalResult StrategyOp::verify() {
     return emitOpError("offload latency bound must be positive, got ")
            << latency << " s";
   if (std::optional<APFloat> keep = getGfmKeep())
-    if (!inRange(keep->convertToDouble(), 0.0, 1.0, /*openLo=*/true))
-      return emitOpError("GFM keep fraction must lie in (0, 1], got ")
-             << keep->convertToDouble();
-  for (auto [name, value] :
-       {std::pair<StringRef, double>{"reuse threshold",
-                                     getReuseThreshold().convertToDouble()},
-        {"similarity std threshold", getSimStdThreshold().convertToDouble()},
-        {"residual decay", getResidualDecay().convertToDouble()}})
-    if (!inRange(value, 0.0, 1.0))
-      return emitOpError() << name << " must lie in [0, 1], got " << value;
-  double maxNorm = getClipMaxNorm().convertToDouble();
-  if (!(maxNorm > 0.0) || std::isinf(maxNorm))
-    return emitOpError("clip max_norm must be positive, got ") << maxNorm;
-  double topk = getTopk().convertToDouble();
-  if (!inRange(topk, 0.0, 1.0, /*openLo=*/true))
-    return emitOpError("top-k fraction must lie in (0, 1], got ") << topk;
+    if (failed(checkReal(*this, "GFM keep fraction", keep->convertToDouble(),
+                         limits::kGfmKeep)))
+      return failure();
+  for (auto [name, value, range] :
+       {std::tuple<StringRef, double, limits::RealRange>{
+            "reuse threshold", getReuseThreshold().convertToDouble(),
+            limits::kRecalibration},
+        {"similarity std threshold", getSimStdThreshold().convertToDouble(),
+         limits::kRecalibration},
+        {"residual decay", getResidualDecay().convertToDouble(),
+         limits::kResidualDecay},
+        {"clip max_norm", getClipMaxNorm().convertToDouble(),
+         limits::kClipNorm},
+        {"top-k fraction", getTopk().convertToDouble(), limits::kTopK}})
+    if (failed(checkReal(*this, name, value, range)))
+      return failure();
   int64_t bits = getQuantBits();
   if (bits != 2 && bits != 4 && bits != 8 && bits != 16)
     return emitOpError("quantization bits must be 2, 4, 8 or 16, got ")
@@ -664,17 +688,15 @@ LogicalResult TrainOp::verify() {
     return emitOpError("warm-up of ")
            << getLr().getWarmup() << " steps exceeds the " << getSteps()
            << " training steps";
-  double wd = getWeightDecay().convertToDouble();
-  if (!(wd >= 0.0) || std::isinf(wd))
-    return emitOpError("weight decay must be non-negative, got ") << wd;
-  for (auto [name, beta] :
-       {std::pair<StringRef, double>{"beta1", getBeta1().convertToDouble()},
-        {"beta2", getBeta2().convertToDouble()}})
-    if (!(beta >= 0.0 && beta < 1.0))
-      return emitOpError() << name << " must lie in [0, 1), got " << beta;
-  double eps = getEps().convertToDouble();
-  if (!(eps > 0.0))
-    return emitOpError("eps must be positive, got ") << eps;
+  for (auto [name, value, range] :
+       {std::tuple<StringRef, double, limits::RealRange>{
+            "weight decay", getWeightDecay().convertToDouble(),
+            limits::kWeightDecay},
+        {"beta1", getBeta1().convertToDouble(), limits::kBeta},
+        {"beta2", getBeta2().convertToDouble(), limits::kBeta},
+        {"eps", getEps().convertToDouble(), limits::kEps}})
+    if (failed(checkReal(*this, name, value, range)))
+      return failure();
   return success();
 }
 

@@ -178,6 +178,11 @@ public:
     return v.integer;
   }
 
+  /// A real in one of the shared ranges (mtprt/Limits.h).
+  std::optional<double> real(const ast::Value &v, StringRef what,
+                             mtprt::limits::RealRange r) {
+    return real(v, what, r.lo, r.hi, r.openLo, r.openHi);
+  }
   /// A real in [lo, hi]; openLo/openHi exclude the ends.
   std::optional<double> real(const ast::Value &v, StringRef what, double lo,
                              double hi, bool openLo = false,
@@ -518,7 +523,7 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
     out.ffn = integer(*v, "ffn", limits::kFfn).value_or(0);
   out.dropout = 0.1;
   if (const ast::Value *v = f.get("dropout"))
-    out.dropout = real(*v, "dropout", 0.0, 1.0, false, true).value_or(0.0);
+    out.dropout = real(*v, "dropout", limits::kDropout).value_or(0.0);
   if (out.hidden > 0 && out.heads > 0 && out.hidden % out.heads != 0) {
     auto diag = error(f.locOf("heads"));
     diag << "'heads' = " << out.heads << " does not divide 'hidden' = "
@@ -684,7 +689,7 @@ void Sema::checkTasks(const ast::Model &model, CheckedSpec &spec) {
     }
     if (!t.weights.empty())
       task.weight =
-          real(t.weights[0].first, "weight", 0.0, 1e6).value_or(1.0);
+          real(t.weights[0].first, "weight", limits::kLossWeight).value_or(1.0);
     spec.tasks.push_back(std::move(task));
   }
 }
@@ -880,7 +885,7 @@ std::optional<Schedule> Sema::schedule(const ast::Value &v, StringRef what) {
   Schedule s;
   s.kind = *kind;
   if (const ast::Value *p = a.get("peak")) {
-    std::optional<double> peak = real(*p, "peak", 0.0, 10.0, true);
+    std::optional<double> peak = real(*p, "peak", limits::kLearningRate);
     if (!peak)
       return std::nullopt;
     s.peak = *peak;
@@ -1010,7 +1015,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
     } else if (v->kind == ast::Value::Kind::Block) {
       Fields g(*this, "gfm = { }", v->entries, {"keep"});
       if (const ast::Value *k = g.get("keep"))
-        out.gfmKeep = real(*k, "keep", 0.0, 1.0, true).value_or(0.3);
+        out.gfmKeep = real(*k, "keep", limits::kGfmKeep).value_or(0.3);
     } else {
       error(v->loc) << "'gfm' expects none or { keep = 0.3 }, got "
                     << describe(*v);
@@ -1048,10 +1053,10 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
         out.dgfgHidden = integer(*h, "hidden", limits::kDgfgHidden).value_or(32);
       if (const ast::Value *r = g.get("reuse_threshold"))
         out.reuseThreshold =
-            real(*r, "reuse_threshold", 0.0, 1.0).value_or(0.15);
+            real(*r, "reuse_threshold", limits::kRecalibration).value_or(0.15);
       if (const ast::Value *s = g.get("std_threshold"))
         out.simStdThreshold =
-            real(*s, "std_threshold", 0.0, 1.0).value_or(0.4);
+            real(*s, "std_threshold", limits::kRecalibration).value_or(0.4);
     } else {
       error(v->loc) << "'dgfg' expects none or { hidden = 32 }, got "
                     << describe(*v);
@@ -1070,7 +1075,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
                "max_norm");
         if (const ast::Value *m = a.get("max_norm"))
           out.clipMaxNorm =
-              real(*m, "max_norm", 0.0, 1e9, true).value_or(1.0);
+              real(*m, "max_norm", limits::kClipNorm).value_or(1.0);
       }
     }
   }
@@ -1090,7 +1095,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
                    ? ArrayRef<StringRef>()
                    : ArrayRef<StringRef>({"topk", "block", "bits", "residual"}));
         if (const ast::Value *t = a.get("topk"))
-          out.topk = real(*t, "topk", 0.0, 1.0, true).value_or(0.15);
+          out.topk = real(*t, "topk", limits::kTopK).value_or(0.15);
         if (const ast::Value *b = a.get("block"))
           out.quantBlock = integer(*b, "block", limits::kQuantBlock).value_or(256);
         if (const ast::Value *b = a.get("bits")) {
@@ -1102,7 +1107,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
             out.quantBits = *bits;
         }
         if (const ast::Value *r = a.get("residual"))
-          out.residualDecay = real(*r, "residual", 0.0, 1.0).value_or(0.8);
+          out.residualDecay = real(*r, "residual", limits::kResidualDecay).value_or(0.8);
       }
     }
   }
@@ -1141,13 +1146,13 @@ void Sema::checkTrain(const ast::Section *section, CheckedSpec &spec) {
       if (v->kind == ast::Value::Kind::Call) {
         Args a(*this, *v, {"weight_decay", "beta1", "beta2", "eps"});
         if (const ast::Value *x = a.get("weight_decay"))
-          out.weightDecay = real(*x, "weight_decay", 0.0, 10.0).value_or(0.01);
+          out.weightDecay = real(*x, "weight_decay", limits::kWeightDecay).value_or(0.01);
         if (const ast::Value *x = a.get("beta1"))
-          out.beta1 = real(*x, "beta1", 0.0, 1.0, false, true).value_or(0.9);
+          out.beta1 = real(*x, "beta1", limits::kBeta).value_or(0.9);
         if (const ast::Value *x = a.get("beta2"))
-          out.beta2 = real(*x, "beta2", 0.0, 1.0, false, true).value_or(0.999);
+          out.beta2 = real(*x, "beta2", limits::kBeta).value_or(0.999);
         if (const ast::Value *x = a.get("eps"))
-          out.eps = real(*x, "eps", 0.0, 1.0, true).value_or(1e-8);
+          out.eps = real(*x, "eps", limits::kEps).value_or(1e-8);
       }
     } else {
       auto diag = error(v->loc);

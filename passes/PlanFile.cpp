@@ -5,6 +5,8 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 
+#include "mtprt/Plan.h"
+#include "mtprt/PlanFrame.h"
 #include "schema/plan_generated.h"
 
 #include "llvm/Support/Format.h"
@@ -15,6 +17,8 @@ using namespace mtp;
 
 namespace {
 constexpr unsigned kPlanVersion = unsigned(fb::PlanVersion::Current);
+static_assert(kPlanVersion == mtprt::kPlanVersion,
+              "plan.fbs's PlanVersion and mtprt/PlanFrame.h's are one number");
 
 int64_t stepInt(StepOp step, StringRef name, int64_t otherwise) {
   auto attr = step->getAttrOfType<IntegerAttr>(name);
@@ -163,35 +167,26 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
       stepInt(step, "mtp.uniform_peak_bytes", -1), addedSeconds, strategy,
       train);
   fb::FinishPlanBuffer(b, plan);
-  return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()),
-                     b.GetSize());
+  return mtprt::framePlan(b.GetBufferPointer(), b.GetSize());
 }
 
 llvm::Error mtp::verifyPlanFile(StringRef bytes) {
-  auto fail = [](const llvm::Twine &why) {
+  // The runtime's checks, so inspect accepts exactly what a run accepts.
+  std::string why = mtprt::checkPlan(bytes.data(), bytes.size(), "plan");
+  if (!why.empty())
     return llvm::createStringError(llvm::inconvertibleErrorCode(), why);
-  };
-  const auto *data = reinterpret_cast<const uint8_t *>(bytes.data());
-  if (bytes.size() < 8 || !fb::PlanBufferHasIdentifier(data))
-    return fail("not an mtpc plan (no 'MTPP' identifier); write one with "
-                "`mtpc plan SPEC --format=fb -o PLAN`");
-  flatbuffers::Verifier verifier(data, bytes.size());
-  if (!fb::VerifyPlanBuffer(verifier))
-    return fail("the plan is corrupt (the flatbuffers verifier rejects it); "
-                "write it again with `mtpc plan SPEC --format=fb -o PLAN`");
-  const fb::Plan *plan = fb::GetPlan(data);
-  if (plan->version() != kPlanVersion)
-    return fail("plan version " + llvm::Twine(plan->version()) +
-                ", this mtpc reads version " + llvm::Twine(kPlanVersion) +
-                "; re-plan the spec with this mtpc");
   return llvm::Error::success();
+}
+
+const fb::Plan *mtp::getPlan(StringRef verified) {
+  return fb::GetPlan(reinterpret_cast<const uint8_t *>(verified.data()) +
+                     mtprt::kPlanFrameBytes);
 }
 
 llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
   if (llvm::Error err = verifyPlanFile(bytes))
     return err;
-  const fb::Plan *plan =
-      fb::GetPlan(reinterpret_cast<const uint8_t *>(bytes.data()));
+  const fb::Plan *plan = getPlan(bytes);
 
   os << "plan v" << plan->version() << " for model '" << str(plan->model())
      << "' from " << str(plan->source()) << "\n";

@@ -1,8 +1,10 @@
 //===- PlanFile.h - the plan as a flatbuffer ---------------------*- C++ -*-===//
 //
-// The binary plan (runtime/schema/plan.fbs) that `mtpc plan --format=fb`
-// writes, the generated binary embeds and `mtpc inspect` prints. Reading
-// always goes through the flatbuffers verifier and the version check.
+// The binary plan (runtime/schema/plan.fbs inside the frame of
+// runtime/include/mtprt/PlanFrame.h) that `mtpc plan --format=fb` writes, the
+// generated binary embeds and `mtpc inspect` prints. Reading always goes
+// through the runtime's own checks (mtprt::checkPlan): the frame's version,
+// length and CRC-32, the flatbuffers verifier, and every field.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,17 +20,24 @@
 #include <string>
 
 namespace mtp {
+namespace fb {
+struct Plan;
+} // namespace fb
 
-/// The planned model as a flatbuffer; `source` names the spec.
+/// The planned model as a plan file (frame + flatbuffer); `source` names the
+/// spec.
 std::string serializePlan(ModelOp model, const MemoryReport &report,
                           llvm::StringRef source);
 
-/// Verifies `bytes` (identifier, structure, version): success means
-/// `fb::GetPlan(bytes)` (schema/plan_generated.h) may be read. The error says
-/// what is wrong with the file and what to do.
+/// Verifies `bytes` as the runtime would (frame, CRC, structure, version,
+/// fields): success means getPlan(bytes) may be read. The error says what is
+/// wrong with the file and what to do.
 llvm::Error verifyPlanFile(llvm::StringRef bytes);
 
-/// Verifies `bytes` (identifier, structure, version) and prints the plan.
+/// The flatbuffer inside a plan file verifyPlanFile accepted.
+const fb::Plan *getPlan(llvm::StringRef verified);
+
+/// Verifies `bytes` (as verifyPlanFile) and prints the plan.
 /// The error says what is wrong with the file and what to do.
 llvm::Error printPlanFile(llvm::StringRef bytes, llvm::raw_ostream &os);
 

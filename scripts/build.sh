@@ -33,7 +33,8 @@ configure "$build/configure.log" -G Ninja -S "$root" -B "$build" -Wno-dev \
   -DLLVM_EXTERNAL_LIT=/usr/lib/llvm-19/build/utils/lit/lit.py
 cmake --build "$build"
 
-# The frontend fuzzer needs clang (libFuzzer); MTPC_FUZZ=OFF skips it.
+# The frontend fuzzer needs clang (libFuzzer); MTPC_FUZZ=OFF skips it (and the
+# runtime readers' fuzzers below).
 if [ "${MTPC_FUZZ:-ON}" = ON ] && command -v clang++-19 >/dev/null; then
   echo "[build] frontend fuzzer -> $build/fuzz (clang-19, -fsanitize=fuzzer,address)"
   configure "$build/fuzz-configure.log" -G Ninja -S "$root/frontend/fuzz" -B "$build/fuzz" -Wno-dev \
@@ -53,3 +54,14 @@ configure "$build/runtime-configure.log" -G Ninja -S "$root/runtime" -B "$build/
   -DMTPRT_TORCH_CUDA="$MTPC_TORCH_CUDA_MATCH" \
   -DMTPRT_ENABLE_CUDA="${MTPC_CUDA:-ON}"
 cmake --build "$build/runtime"
+
+# The runtime readers' fuzzers (JSON Lines, shards, checkpoint headers, plans):
+# torch-free, so they need only clang-19 and flatc; MTPC_FUZZ=OFF skips them.
+if [ "${MTPC_FUZZ:-ON}" = ON ] && command -v clang++-19 >/dev/null; then
+  echo "[build] runtime reader fuzzers -> $build/fuzz-runtime (clang-19, -fsanitize=fuzzer,address,undefined)"
+  configure "$build/fuzz-runtime-configure.log" -G Ninja -S "$root/runtime/fuzz" -B "$build/fuzz-runtime" -Wno-dev \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CXX_COMPILER=clang++-19 \
+    -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
+  cmake --build "$build/fuzz-runtime"
+fi

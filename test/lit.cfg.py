@@ -73,6 +73,20 @@ plan_runner = os.path.join(config.mtpc_obj_root, "runtime", "tools", "mtprt-run"
 if os.path.exists(plan_runner):
     config.available_features.add("runtime")
     config.substitutions.append(("%mtprt-run", plan_runner))
+    # The hand-written demo program: it writes the shards and checkpoints
+    # the reader fuzzers start from.
+    config.substitutions.append(("%mtprt-demo", os.path.join(
+        config.mtpc_obj_root, "runtime", "tools", "mtprt-demo")))
+
+# The runtime readers' fuzzers (runtime/fuzz/), when scripts/build.sh built
+# them (clang-19 present).
+reader_fuzzers = {name: os.path.join(config.mtpc_obj_root, "fuzz-runtime",
+                                     "mtprt-fuzz-" + name)
+                  for name in ["jsonl", "shard", "checkpoint", "plan"]}
+if all(os.path.exists(p) for p in reader_fuzzers.values()):
+    config.available_features.add("reader-fuzzers")
+    for name, path in reader_fuzzers.items():
+        config.substitutions.append(("%mtprt-fuzz-" + name, path))
 
 # The CUDA toolkit compiles the emitted kernels (it runs them only on a GPU).
 if os.path.exists("/usr/local/cuda/bin/nvcc"):

@@ -2,6 +2,8 @@
 
 #include "mtprt/torch/Checkpoint.h"
 
+#include "mtprt/Crc32.h"
+
 #include "mtprt/torch/Distributed.h"
 #include "mtprt/torch/Trainer.h"
 
@@ -14,7 +16,6 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
 
-#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -30,27 +31,15 @@ namespace mtprt {
 
 namespace {
 
-constexpr const char *kMagic = "MTPRTCKPT 1\n";
-
-uint32_t crc32(const char *data, size_t n) {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k)
-        c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < n; ++i)
-    c = table[(c ^ static_cast<uint8_t>(data[i])) & 0xFF] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
+[[noreturn]] void fail(const std::string &path, const std::string &what) {
+  throw CheckpointError("mtprt: checkpoint " + path + ": " + what);
 }
 
-[[noreturn]] void fail(const std::string &path, const std::string &what) {
-  throw std::runtime_error("mtprt: checkpoint " + path + ": " + what);
+/// LibTorch's message without the C++ backtrace c10 appends to it.
+std::string torchMessage(const std::exception &e) {
+  if (const auto *c = dynamic_cast<const c10::Error *>(&e))
+    return c->what_without_backtrace();
+  return e.what();
 }
 
 void writeAll(int fd, const char *p, size_t n, const std::string &path) {
@@ -66,50 +55,11 @@ void writeAll(int fd, const char *p, size_t n, const std::string &path) {
   }
 }
 
-struct Header {
-  int64_t step = -1, rank = -1, world = -1, bytes = -1;
-  uint32_t crc = 0;
-};
-
-/// Reads and checks the file; returns the header and the payload.
-std::pair<Header, std::string> readVerified(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    fail(path, "cannot be opened");
-  std::string magic(std::strlen(kMagic), '\0');
-  in.read(magic.data(), magic.size());
-  if (!in || magic != kMagic)
-    fail(path, "not an mtprt checkpoint (bad magic)");
-  std::string line;
-  if (!std::getline(in, line))
-    fail(path, "truncated header");
-  Header h;
-  char crc[16] = {0};
-  long long step, rank, world, bytes;
-  if (std::sscanf(line.c_str(),
-                  "step %lld rank %lld world %lld bytes %lld "
-                  "crc32 %8s",
-                  &step, &rank, &world, &bytes, crc) != 5)
-    fail(path, "malformed header '" + line + "'");
-  h.step = step;
-  h.rank = rank;
-  h.world = world;
-  h.bytes = bytes;
-  h.crc = static_cast<uint32_t>(std::strtoul(crc, nullptr, 16));
-  std::string payload(static_cast<size_t>(h.bytes), '\0');
-  in.read(payload.data(), h.bytes);
-  if (in.gcount() != h.bytes)
-    fail(path, "truncated: " + std::to_string(in.gcount()) + " of " +
-                   std::to_string(h.bytes) + " payload bytes");
-  if (in.peek() != std::char_traits<char>::eof())
-    fail(path, "trailing bytes after the payload");
-  const uint32_t got = crc32(payload.data(), payload.size());
-  if (got != h.crc) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf,
-                  "checksum mismatch (crc32 %08x, header %08x)", got, h.crc);
-    fail(path, buf);
-  }
+/// Reads and checks the file (mtprt/CheckpointFormat.h); returns the
+/// header and the payload.
+std::pair<CheckpointHeader, std::string> readVerified(const std::string &path) {
+  std::string payload;
+  CheckpointHeader h = readCheckpointFile(path, &payload);
   return {h, std::move(payload)};
 }
 
@@ -198,11 +148,9 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
   ar.save_to(payloadStream);
   const std::string payload = payloadStream.str();
 
-  char header[160];
-  std::snprintf(header, sizeof header,
-                "%sstep %lld rank %d world %d bytes %zu crc32 %08x\n", kMagic,
-                static_cast<long long>(core.stepsTaken()), rank, world,
-                payload.size(), crc32(payload.data(), payload.size()));
+  const std::string header =
+      checkpointHeaderText(core.stepsTaken(), rank, world, payload.size(),
+                           crc32(payload.data(), payload.size()));
   const std::string path = checkpointPath(dir, core.stepsTaken(), rank);
   const std::string tmp = dir + "/.tmp-" + path.substr(dir.size() + 1) + "." +
                           std::to_string(::getpid());
@@ -210,7 +158,7 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
   if (fd < 0)
     fail(tmp, std::string("cannot be created: ") + std::strerror(errno));
   try {
-    writeAll(fd, header, std::strlen(header), tmp);
+    writeAll(fd, header.data(), header.size(), tmp);
     const size_t half = payload.size() / 2;
     writeAll(fd, payload.data(), half, tmp);
     if (duringWrite)
@@ -248,9 +196,8 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
   return path;
 }
 
-CheckpointInfo verifyCheckpoint(const std::string &path) {
-  const Header h = readVerified(path).first;
-  return {h.step, h.rank, h.world};
+CheckpointHeader verifyCheckpoint(const std::string &path) {
+  return readCheckpointFile(path);
 }
 
 CheckpointExtra loadCheckpoint(const std::string &path, int world,
@@ -264,7 +211,9 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
   try {
     ar.load_from(payload.data(), payload.size());
   } catch (const std::exception &e) {
-    fail(path, std::string("unreadable archive: ") + e.what());
+    fail(path, "its checksum matches but LibTorch cannot read the archive "
+               "(written by another LibTorch?): " +
+                   torchMessage(e));
   }
   CheckpointExtra extra;
   try {
@@ -321,10 +270,10 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
     for (int64_t i = 0; i < c.size(0); ++i)
       for (int64_t j = 0; j < c.size(0); ++j)
         cos[i][j] = c[i][j].item<double>();
+  } catch (const CheckpointError &) {
+    throw;
   } catch (const std::exception &e) {
-    if (std::string(e.what()).rfind("mtprt: checkpoint", 0) == 0)
-      throw;
-    fail(path, std::string("does not fit this program: ") + e.what());
+    fail(path, "does not fit this program: " + torchMessage(e));
   }
   return extra;
 }
@@ -332,15 +281,19 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
 std::vector<std::pair<std::string, at::Tensor>>
 checkpointParameters(const std::string &path) {
   auto [header, payload] = readVerified(path);
-  torch::serialize::InputArchive ar;
-  ar.load_from(payload.data(), payload.size());
-  torch::serialize::InputArchive model;
-  ar.read("model", model);
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const std::string &k : model.keys()) {
-    at::Tensor t;
-    model.read(k, t);
-    out.emplace_back(k, t);
+  try {
+    torch::serialize::InputArchive ar;
+    ar.load_from(payload.data(), payload.size());
+    torch::serialize::InputArchive model;
+    ar.read("model", model);
+    for (const std::string &k : model.keys()) {
+      at::Tensor t;
+      model.read(k, t);
+      out.emplace_back(k, t);
+    }
+  } catch (const std::exception &e) {
+    fail(path, "unreadable archive: " + torchMessage(e));
   }
   return out;
 }

@@ -1,6 +1,7 @@
 //===- Driver.cpp - the training program around a step --------------------===//
 
 #include "mtprt/Driver.h"
+#include "mtprt/Limits.h"
 #include "mtprt/Memory.h"
 #include "mtprt/kernels/Specialized.h"
 
@@ -302,7 +303,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
     if (arg == "--steps")
       o.steps = toInt(arg, value, 0, big);
     else if (arg == "--batch-size")
-      o.batchSize = toInt(arg, value, 1, big);
+      o.batchSize = toInt(arg, value, limits::kGlobalBatch.lo,
+                          limits::kGlobalBatch.hi);
     else if (arg == "--data")
       o.data = value;
     else if (arg == "--relatedness")
@@ -330,7 +332,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
     else if (arg == "--rank")
       o.rank = static_cast<int>(toInt(arg, value, 0, 1 << 20));
     else if (arg == "--world-size")
-      o.worldSize = static_cast<int>(toInt(arg, value, 1, 1 << 20));
+      o.worldSize = static_cast<int>(toInt(arg, value, limits::kWorldSize.lo,
+                                           limits::kWorldSize.hi));
     else if (arg == "--master-addr")
       o.masterAddr = value;
     else if (arg == "--master-port")
@@ -769,6 +772,97 @@ std::string nonFiniteParameter(TrainerCore &core) {
   return "?";
 }
 
+/// Bytes as a person reads them (B, KiB, ..., TiB).
+std::string sized(double bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 5)
+    bytes /= 1024, ++u;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+  return buf;
+}
+
+/// The most CPU memory this process can have, and what sets it: the
+/// machine's physical memory, the cgroup's limit (as mounted: inside a
+/// container, its own), or what the address-space limit (ulimit -v) leaves.
+std::pair<double, std::string> cpuMemoryLimit() {
+  const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  double bytes = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * page;
+  std::string what = "the machine's physical memory";
+  auto consider = [&](double v, const char *why) {
+    if (v > 0 && v < bytes) {
+      bytes = v;
+      what = why;
+    }
+  };
+  for (const char *f : {"/sys/fs/cgroup/memory.max",
+                        "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(f);
+    double v = 0;
+    if (in >> v) // "max" (no limit) does not parse
+      consider(v, "the cgroup's memory limit");
+  }
+  rlimit r{};
+  if (::getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY) {
+    std::ifstream statm("/proc/self/statm");
+    double pages = 0;
+    statm >> pages;
+    consider(static_cast<double>(r.rlim_cur) - pages * page,
+             "what the address-space limit (ulimit -v) leaves");
+  }
+  return {bytes, what};
+}
+
+/// Refuses a --batch-size the CPU's memory certainly cannot hold, before a
+/// step allocates it (the OOM killer would end the process instead): from
+/// the plan's predicted peak (activations scale with the batch, parameters,
+/// gradients and AdamW's moments do not) or, without a plan, from the least
+/// a step keeps. Per rank. CUDA's allocator refuses cleanly by itself.
+void checkBatchFitsMemory(const Program &p, const Options &o,
+                          const ModelConfig &mc, TrainerCore &core,
+                          int worldSize) {
+  if (mc.device.rfind("cuda", 0) == 0)
+    return;
+  double paramBytes = 0;
+  for (const at::Tensor &t : core.model().parameters())
+    paramBytes += static_cast<double>(t.numel() * t.element_size());
+  const double fixed = 4 * paramBytes;
+  const double rows = static_cast<double>(o.batchSize) / worldSize;
+  const bool planned = p.predictedPeakBytes > 0 && p.batchSize > 0;
+  double perRow, need;
+  std::string basis;
+  if (planned) {
+    const double plannedRows =
+        static_cast<double>(p.batchSize) / std::max<int64_t>(1, p.plannedProcesses);
+    if (rows <= plannedRows)
+      return;
+    perRow = std::max(0.0, double(p.predictedPeakBytes) - fixed) / plannedRows;
+    need = fixed + perRow * rows;
+    basis = "the plan predicts " + sized(double(p.predictedPeakBytes)) +
+            " per process for its batch of " + std::to_string(p.batchSize) +
+            ", which scales to about " + sized(need) + " at this batch";
+  } else {
+    // An embedding output and one layer's, at 2 bytes a value: any step
+    // holds at least that at once.
+    perRow = 2.0 * double(mc.seq) * double(mc.hidden) * 2;
+    need = fixed + perRow * rows;
+    basis = "a step at this batch holds at least " + sized(need);
+  }
+  const auto [limit, what] = cpuMemoryLimit();
+  if (need <= limit)
+    return;
+  const double most =
+      perRow > 0 ? std::floor(std::max(0.0, limit - fixed) / perRow) : 0;
+  const int64_t fits = std::max<int64_t>(
+      1, static_cast<int64_t>(most) * worldSize);
+  throw UsageError("--batch-size " + std::to_string(o.batchSize) + ": " +
+                   basis + ", more than the " + sized(limit) + " of " + what +
+                   "; use --batch-size " + std::to_string(fits) + " or less" +
+                   (planned ? " (or re-plan the spec for the batch you want)"
+                            : ""));
+}
+
 int train(const std::string &name, const Program &p, const Options &o) {
   DistOptions d;
   d = distOptionsFromEnv(d);
@@ -850,6 +944,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
         "parts); run it on a GPU machine, or pass --device cpu");
   Trainer trainer(mc, p.heads, tc);
   TrainerCore &core = trainer.core();
+  checkBatchFitsMemory(p, o, mc, core, d.worldSize);
   // Our --nproc launcher, or torchrun's agent, already serves the store.
   const char *agentStore = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   const bool served = std::getenv("MTPRT_STORE_SERVED") != nullptr ||
@@ -887,10 +982,17 @@ int train(const std::string &name, const Program &p, const Options &o) {
     int64_t chosen = -1, chosenWorld = -1;
     for (const auto &[step, path] : listCheckpoints(o.checkpointDir, d.rank)) {
       try {
-        chosenWorld = verifyCheckpoint(path).world;
+        const CheckpointHeader h = verifyCheckpoint(path);
+        if (h.step != step || h.rank != d.rank)
+          throw CheckpointError(
+              "mtprt: checkpoint " + path + ": its header says step " +
+              std::to_string(h.step) + " of rank " + std::to_string(h.rank) +
+              ", its name step " + std::to_string(step) + " of rank " +
+              std::to_string(d.rank) + " (renamed or copied over?)");
+        chosenWorld = h.world;
         chosen = step;
         break;
-      } catch (const std::runtime_error &e) {
+      } catch (const CheckpointError &e) {
         if (!o.resumeFallback)
           throw std::runtime_error(std::string(e.what()) +
                                    " (--resume-fallback uses the previous "
@@ -1225,6 +1327,17 @@ int runDriver(int argc, char **argv, const Program &program) {
     std::fprintf(stderr, "%s: error: %s (see --help)\n", name.c_str(),
                  e.what());
     return 2;
+  } catch (const std::bad_alloc &) {
+    std::fprintf(stderr,
+                 "%s: error: out of memory; lower --batch-size, or re-plan "
+                 "the spec for this machine's memory\n",
+                 name.c_str());
+    return 1;
+  } catch (const c10::Error &e) {
+    // LibTorch's message, without the C++ backtrace it carries.
+    std::fprintf(stderr, "%s: error: %s\n", name.c_str(),
+                 e.what_without_backtrace());
+    return 1;
   } catch (const std::exception &e) {
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
     return 1;

@@ -1,195 +1,314 @@
 //===- Plan.cpp - the compiler's plan, read by the runtime ----------------===//
+//
+// Torch-free: the runtime's loader, `mtpc inspect` (through checkPlan; the
+// compiler builds this file with exceptions on) and the fuzz target read
+// plans here, one set of checks for all three. Nothing the plan says is used
+// before it is checked: the frame (version, length, CRC-32:
+// mtprt/PlanFrame.h), the flatbuffers verifier, the version, then every
+// field the runtime uses against mtprt/Limits.h and the schedule rule.
+//
+//===----------------------------------------------------------------------===//
 
 #include "mtprt/Plan.h"
 #include "mtprt/Driver.h"
+#include "mtprt/Errors.h"
+#include "mtprt/Limits.h"
+#include "mtprt/PlanFrame.h"
 
 #include "schema/plan_generated.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
+#include <map>
 #include <stdexcept>
+#include <sys/stat.h>
 
 namespace mtprt {
 namespace {
 
-/// The version this runtime reads: the schema's, as mtpc writes it.
-constexpr unsigned kPlanVersion = unsigned(mtp::fb::PlanVersion::Current);
+static_assert(unsigned(mtp::fb::PlanVersion::Current) == kPlanVersion,
+              "plan.fbs's PlanVersion and mtprt/PlanFrame.h's kPlanVersion "
+              "are one number");
 
-[[noreturn]] void fail(const std::string &name, const std::string &why) {
-  throw std::runtime_error("mtprt: plan " + name + ": " + why);
+const char *const kAgain =
+    "; write it again with `mtpc plan SPEC --format=fb -o PLAN` (a plan "
+    "that mtpc wrote never has this: it was damaged after its checksum was "
+    "computed, or forged)";
+
+std::string shortest(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
-std::string str(const flatbuffers::String *s) {
-  return s ? s->str() : std::string();
+/// Checks fields as it reads them; every failure names the field.
+class Checker {
+public:
+  explicit Checker(const std::string &name) : name_(name) {}
+
+  [[noreturn]] void fail(const std::string &why) const {
+    throw PlanError(name_, why);
+  }
+  [[noreturn]] void field(const std::string &f, const std::string &why) const {
+    fail("field " + f + ": " + why + kAgain);
+  }
+
+  int64_t range(const std::string &f, int64_t v, limits::Range r) const {
+    if (!r.contains(v))
+      field(f, std::to_string(v) + " is out of [" + std::to_string(r.lo) +
+                   ", " + std::to_string(r.hi) + "]");
+    return v;
+  }
+  double real(const std::string &f, double v, limits::RealRange r) const {
+    if (!r.contains(v))
+      field(f, shortest(v) + " is out of " + (r.openLo ? "(" : "[") +
+                   shortest(r.lo) + ", " + shortest(r.hi) +
+                   (r.openHi ? ")" : "]"));
+    return v;
+  }
+  /// A string of at most `max` bytes; `required`: not empty either.
+  std::string text(const std::string &f, const flatbuffers::String *s,
+                   bool required, int64_t max = limits::kMaxNameBytes) const {
+    const std::string v = s ? s->str() : std::string();
+    if (required && v.empty())
+      field(f, "missing or empty");
+    if (static_cast<int64_t>(v.size()) > max)
+      field(f, std::to_string(v.size()) + " bytes, more than " +
+                   std::to_string(max));
+    return v;
+  }
+  /// One of `choices`.
+  std::string oneOf(const std::string &f, const flatbuffers::String *s,
+                    std::initializer_list<const char *> choices) const {
+    const std::string v = text(f, s, false);
+    std::string all;
+    for (const char *c : choices) {
+      if (v == c)
+        return v;
+      all += std::string(all.empty() ? "" : ", ") + c;
+    }
+    field(f, "'" + v.substr(0, 64) + "' is none of " + all +
+                 " (a plan from another mtpc?)");
+  }
+
+private:
+  const std::string &name_;
+};
+
+HeadKind headKind(const std::string &head) {
+  return head == "classify" ? HeadKind::Classify
+         : head == "tag"    ? HeadKind::Tag
+         : head == "span"   ? HeadKind::Span
+                            : HeadKind::Decoder;
 }
 
-HeadKind headKind(const std::string &name, const std::string &head,
-                  const std::string &task) {
-  if (head == "classify")
-    return HeadKind::Classify;
-  if (head == "tag")
-    return HeadKind::Tag;
-  if (head == "span")
-    return HeadKind::Span;
-  if (head == "decoder")
-    return HeadKind::Decoder;
-  fail(name, "task '" + task + "' has head kind '" + head +
-                 "', which this runtime does not know; re-plan the spec "
-                 "with the mtpc that matches this runtime");
+LrConfig lrOf(const Checker &c, const std::string &f,
+              const mtp::fb::LrSchedule *l, int64_t steps) {
+  LrConfig out;
+  const std::string kind =
+      c.oneOf(f + ".kind", l->kind(), {"constant", "linear", "cosine"});
+  out.schedule = kind == "cosine"   ? LrSchedule::Cosine
+                 : kind == "linear" ? LrSchedule::Linear
+                                    : LrSchedule::Constant;
+  out.lr = c.real(f + ".peak", l->peak(), limits::kLearningRate);
+  out.warmupSteps = c.range(f + ".warmup", l->warmup(), limits::kWarmup);
+  if (out.warmupSteps > steps)
+    c.field(f + ".warmup", std::to_string(out.warmupSteps) +
+                               " exceeds the " + std::to_string(steps) +
+                               " training steps");
+  out.totalSteps = steps;
+  return out;
 }
 
 } // namespace
 
 Plan readPlan(const void *data, size_t size, const std::string &name) {
-  const auto *bytes = static_cast<const uint8_t *>(data);
-  const std::string again =
-      "; write it again with `mtpc plan SPEC --format=fb -o PLAN`";
-  if (size < 8 || !mtp::fb::PlanBufferHasIdentifier(bytes))
-    fail(name, "not an mtpc plan (no 'MTPP' identifier)" + again);
-  flatbuffers::Verifier verifier(bytes, size);
+  const Checker c(name);
+  const uint8_t *bytes = nullptr;
+  size_t n = 0;
+  if (std::string why = checkPlanFrame(data, size, &bytes, &n); !why.empty())
+    c.fail(why);
+  if (n < 8 || !mtp::fb::PlanBufferHasIdentifier(bytes))
+    c.fail(std::string("the frame holds no flatbuffer plan (no 'MTPP' "
+                       "identifier)") +
+           kAgain);
+  flatbuffers::Verifier verifier(bytes, n);
   if (!mtp::fb::VerifyPlanBuffer(verifier))
-    fail(name, "the plan is corrupt (the flatbuffers verifier rejects it)" +
-                   again);
+    c.fail(std::string("the plan is corrupt (the flatbuffers verifier "
+                       "rejects it)") +
+           kAgain);
   const mtp::fb::Plan *fb = mtp::fb::GetPlan(bytes);
   if (fb->version() != kPlanVersion)
-    fail(name, "plan version " + std::to_string(fb->version()) +
-                   ", this runtime reads version " +
-                   std::to_string(kPlanVersion) +
-                   "; re-plan the spec with the matching mtpc");
+    c.fail("the flatbuffer says plan version " +
+           std::to_string(fb->version()) + ", its frame version " +
+           std::to_string(kPlanVersion) + kAgain);
   if (!fb->backbone() || !fb->tasks() || !fb->units())
-    fail(name, "the plan has no backbone, tasks or units" + again);
+    c.fail(std::string("the plan has no backbone, tasks or units") + kAgain);
 
   Plan plan;
-  plan.modelName = str(fb->model());
-  plan.source = str(fb->source());
+  plan.modelName = c.text("model", fb->model(), false);
+  plan.source = c.text("source", fb->source(), false, limits::kMaxPathBytes);
   if (const auto *t = fb->target()) {
-    plan.device = str(t->device());
-    plan.precision = str(t->precision());
-    plan.gpus = t->gpus();
-    plan.microBatch = t->micro_batch();
-    plan.globalBatch = t->global_batch();
-    plan.memoryBytes = t->memory_bytes();
-    plan.usableBytes = t->usable_bytes();
+    plan.device = c.text("target.device", t->device(), true);
+    plan.precision =
+        c.oneOf("target.precision", t->precision(), {"fp32", "bf16", "fp16"});
+    plan.gpus = c.range("target.gpus", t->gpus(), limits::kGpus);
+    plan.microBatch =
+        c.range("target.micro_batch", t->micro_batch(), limits::kMicroBatch);
+    plan.globalBatch = c.range("target.global_batch", t->global_batch(),
+                               limits::kGlobalBatch);
+    if (plan.globalBatch % (plan.microBatch * plan.gpus) != 0)
+      c.field("target.global_batch",
+              std::to_string(plan.globalBatch) +
+                  " is not a multiple of micro_batch x gpus = " +
+                  std::to_string(plan.microBatch * plan.gpus));
+    plan.memoryBytes = c.range("target.memory_bytes", t->memory_bytes(),
+                               {0, INT64_MAX});
+    plan.usableBytes = c.range("target.usable_bytes", t->usable_bytes(),
+                               {0, plan.memoryBytes});
   }
-  const auto *bb = fb->backbone();
-  if (bb->kind())
-    plan.backboneKind = bb->kind()->str();
-  plan.model.vocab = bb->vocab();
-  plan.model.seq = bb->seq();
-  plan.model.layers = bb->layers();
-  plan.model.hidden = bb->hidden();
-  plan.model.heads = bb->heads();
-  plan.model.ffn = bb->ffn();
-  plan.model.dropout = bb->dropout();
-  if (plan.model.layers < 1 || plan.model.hidden < 1 || plan.model.heads < 1 ||
-      plan.model.hidden % plan.model.heads || plan.model.vocab < 1 ||
-      plan.model.seq < 1 || plan.model.ffn < 1)
-    fail(name, "backbone dimensions are not a valid transformer" + again);
 
-  for (const mtp::fb::Task *t : *fb->tasks()) {
+  const auto *bb = fb->backbone();
+  plan.backboneKind = c.oneOf("backbone.kind", bb->kind(), {"transformer"});
+  ModelConfig &m = plan.model;
+  m.layers = c.range("backbone.layers", bb->layers(), limits::kLayers);
+  m.hidden = c.range("backbone.hidden", bb->hidden(), limits::kHidden);
+  m.heads = c.range("backbone.heads", bb->heads(), limits::kHeads);
+  m.ffn = c.range("backbone.ffn", bb->ffn(), limits::kFfn);
+  m.vocab = c.range("backbone.vocab", bb->vocab(), limits::kVocab);
+  m.seq = c.range("backbone.seq", bb->seq(), limits::kSeq);
+  m.dropout = c.real("backbone.dropout", bb->dropout(), limits::kDropout);
+  if (m.hidden % m.heads)
+    c.field("backbone.heads", std::to_string(m.heads) +
+                                  " attention heads do not divide hidden " +
+                                  std::to_string(m.hidden));
+
+  const auto &tasks = *fb->tasks();
+  if (tasks.size() < 1 || tasks.size() > size_t(limits::kMaxTasks))
+    c.field("tasks", std::to_string(tasks.size()) + " tasks, not in [1, " +
+                         std::to_string(limits::kMaxTasks) + "]");
+  std::map<std::string, int64_t> taskIndex;
+  for (unsigned i = 0; i < tasks.size(); ++i) {
+    const mtp::fb::Task *t = tasks.Get(i);
+    const std::string f = "tasks[" + std::to_string(i) + "]";
     HeadConfig h;
-    h.name = str(t->name());
-    h.kind = headKind(name, str(t->head()), h.name);
-    h.tap = t->tap_layer();
-    if (h.tap < 0 || h.tap > plan.model.layers)
-      fail(name, "task '" + h.name + "' reads layer " + std::to_string(h.tap) +
-                     " of " + std::to_string(plan.model.layers) + again);
-    h.loss = str(t->loss()) == "mse" ? LossKind::Mse : LossKind::CrossEntropy;
-    if (t->classes() > 0)
-      h.classes = t->classes();
-    if (h.kind == HeadKind::Decoder) {
-      h.decoderLayers = t->decoder_layers();
-      h.targetVocab = t->target_vocab();
-      h.targetSeq = t->target_seq();
+    h.name = c.text(f + ".name", t->name(), true);
+    if (!taskIndex.emplace(h.name, int64_t(i)).second)
+      c.field(f + ".name", "'" + h.name + "' names two tasks");
+    const std::string ft = "task '" + h.name + "' (" + f + ")";
+    h.kind = headKind(
+        c.oneOf(ft + ".head", t->head(), {"classify", "tag", "span", "decoder"}));
+    h.tap = c.range(ft + ".tap_layer", t->tap_layer(), {0, m.layers});
+    h.loss = c.oneOf(ft + ".loss", t->loss(), {"cross_entropy", "mse"}) == "mse"
+                 ? LossKind::Mse
+                 : LossKind::CrossEntropy;
+    if (h.loss == LossKind::Mse && h.kind != HeadKind::Classify)
+      c.field(ft + ".loss", "mse needs a classify head");
+    switch (h.kind) {
+    case HeadKind::Classify:
+      h.classes = c.range(ft + ".classes", t->classes(), limits::kClasses);
+      break;
+    case HeadKind::Tag:
+      h.classes = c.range(ft + ".classes", t->classes(), limits::kLabels);
+      break;
+    case HeadKind::Span:
+      break;
+    case HeadKind::Decoder:
+      h.decoderLayers = c.range(ft + ".decoder_layers", t->decoder_layers(),
+                                limits::kDecoderLayers);
+      // 0: the backbone's vocabulary.
+      h.targetVocab = t->target_vocab() == 0
+                          ? 0
+                          : c.range(ft + ".target_vocab", t->target_vocab(),
+                                    limits::kVocab);
+      h.targetSeq = c.range(ft + ".target_seq", t->target_seq(), {1, m.seq});
+      break;
     }
-    h.weight = t->weight();
-    if (!(h.weight >= 0.0))
-      fail(name, "task '" + h.name + "' has loss weight " +
-                     std::to_string(h.weight) + again);
+    h.weight = c.real(ft + ".weight", t->weight(), limits::kLossWeight);
     plan.heads.push_back(h);
   }
 
   // Decisions: offloaded backbone blocks and heads; recompute comes as the
   // regions.
-  for (const mtp::fb::Unit *u : *fb->units()) {
-    if (u->decision() != mtp::fb::Decision::Offload)
-      continue;
-    std::string task = str(u->task());
+  const auto &units = *fb->units();
+  for (unsigned i = 0; i < units.size(); ++i) {
+    const mtp::fb::Unit *u = units.Get(i);
+    const std::string f = "units[" + std::to_string(i) + "]";
+    c.text(f + ".name", u->name(), false);
+    c.range(f + ".saved_bytes", u->saved_bytes(), {0, INT64_MAX});
+    c.range(f + ".fwd_flops", u->fwd_flops(), {0, INT64_MAX});
+    const auto decision = static_cast<int>(u->decision());
+    if (decision < int(mtp::fb::Decision::MIN) ||
+        decision > int(mtp::fb::Decision::MAX))
+      c.field(f + ".decision", std::to_string(decision) +
+                                   " is none of keep, recompute, offload");
+    const std::string task = c.text(f + ".task", u->task(), false);
     if (task.empty()) {
-      int64_t block = u->block();
-      if (block < 0 || block > 2 * plan.model.layers)
-        fail(name, "unit '" + str(u->name()) + "' has block " +
-                       std::to_string(block) + again);
-      auto &units = plan.schedule.offloadUnits;
-      if (units.empty() || units.back() != block)
-        units.push_back(block);
+      const int64_t block =
+          c.range(f + ".block", u->block(), {0, 2 * m.layers});
+      if (u->decision() == mtp::fb::Decision::Offload) {
+        auto &offloaded = plan.schedule.offloadUnits;
+        if (offloaded.empty() || offloaded.back() != block)
+          offloaded.push_back(block);
+      }
       continue;
     }
-    int64_t index = -1;
-    for (size_t i = 0; i < plan.heads.size(); ++i)
-      if (plan.heads[i].name == task)
-        index = int64_t(i);
-    if (index < 0)
-      fail(name, "unit '" + str(u->name()) + "' belongs to no task '" + task +
-                     "'" + again);
-    auto &heads = plan.schedule.offloadHeadList;
-    if (heads.empty() || heads.back() != index)
-      heads.push_back(index);
+    const auto it = taskIndex.find(task);
+    if (it == taskIndex.end())
+      c.field(f + ".task", "'" + task.substr(0, 64) + "' is no task");
+    if (u->decision() == mtp::fb::Decision::Offload) {
+      auto &heads = plan.schedule.offloadHeadList;
+      if (heads.empty() || heads.back() != it->second)
+        heads.push_back(it->second);
+    }
   }
   if (fb->regions())
     for (const mtp::fb::Region *r : *fb->regions())
       plan.schedule.regions.emplace_back(r->first_block(), r->last_block());
 
   // The strategy and training settings the step runs with.
-  auto lrOf = [&](const mtp::fb::LrSchedule *l, int64_t steps) {
-    LrConfig c;
-    c.lr = l->peak();
-    const std::string kind = str(l->kind());
-    c.schedule = kind == "cosine"   ? LrSchedule::Cosine
-                 : kind == "linear" ? LrSchedule::Linear
-                                    : LrSchedule::Constant;
-    if (kind != "cosine" && kind != "linear" && kind != "constant")
-      fail(name, "learning-rate schedule '" + kind + "' is unknown" + again);
-    if (!(c.lr >= 0.0) || l->warmup() < 0)
-      fail(name, "a learning-rate schedule is out of range" + again);
-    c.warmupSteps = l->warmup();
-    c.totalSteps = steps;
-    return c;
-  };
   if (const auto *tr = fb->train()) {
-    plan.steps = tr->steps();
+    plan.steps = c.range("train.steps", tr->steps(), limits::kSteps);
     plan.seed = tr->seed();
-    plan.data = str(tr->data());
-    plan.logEvery = tr->log_every();
-    plan.saveEvery = tr->save_every();
-    if (plan.steps < 1 || plan.logEvery < 1 || plan.saveEvery < 0)
-      fail(name, "train has steps " + std::to_string(plan.steps) +
-                     ", log_every " + std::to_string(plan.logEvery) + again);
+    plan.data = c.text("train.data", tr->data(), true, limits::kMaxPathBytes);
+    plan.logEvery = c.range("train.log_every", tr->log_every(), {1, INT64_MAX});
+    plan.saveEvery =
+        c.range("train.save_every", tr->save_every(), {0, INT64_MAX});
     if (tr->lr())
-      plan.train.backboneLr = lrOf(tr->lr(), plan.steps);
-    plan.train.weightDecay = tr->weight_decay();
-    plan.train.beta1 = tr->beta1();
-    plan.train.beta2 = tr->beta2();
-    plan.train.eps = tr->eps();
-    for (const mtp::fb::Task *t : *fb->tasks()) {
-      plan.train.headLr.push_back(t->lr() ? lrOf(t->lr(), plan.steps)
-                                          : plan.train.backboneLr);
+      plan.train.backboneLr = lrOf(c, "train.lr", tr->lr(), plan.steps);
+    plan.train.weightDecay =
+        c.real("train.weight_decay", tr->weight_decay(), limits::kWeightDecay);
+    plan.train.beta1 = c.real("train.beta1", tr->beta1(), limits::kBeta);
+    plan.train.beta2 = c.real("train.beta2", tr->beta2(), limits::kBeta);
+    plan.train.eps = c.real("train.eps", tr->eps(), limits::kEps);
+    for (unsigned i = 0; i < tasks.size(); ++i) {
+      const mtp::fb::Task *t = tasks.Get(i);
+      plan.train.headLr.push_back(
+          t->lr() ? lrOf(c, "task '" + plan.heads[i].name + "' (tasks[" +
+                                std::to_string(i) + "]).lr",
+                         t->lr(), plan.steps)
+                  : plan.train.backboneLr);
     }
   }
   if (const auto *st = fb->strategy()) {
-    const std::string scope = str(st->scope());
-    if (scope == "sum")
-      plan.train.scope = GradScope::Sum;
-    else if (scope == "params")
-      plan.train.scope = GradScope::Params;
-    else if (scope == "features")
-      plan.train.scope = GradScope::Features;
-    else
-      fail(name, "gradient scope '" + scope + "' is unknown" + again);
-    plan.train.paramsTopK = st->scope_layers();
-    plan.train.gfmKeep = st->gfm_keep();
-    plan.train.clipNorm = st->clip_max_norm();
+    const std::string scope =
+        c.oneOf("strategy.scope", st->scope(), {"sum", "features", "params"});
+    plan.train.scope = scope == "sum"      ? GradScope::Sum
+                       : scope == "params" ? GradScope::Params
+                                           : GradScope::Features;
+    plan.train.paramsTopK =
+        c.range("strategy.scope_layers", st->scope_layers(), {1, m.layers});
+    plan.train.gfmKeep =
+        c.real("strategy.gfm_keep", st->gfm_keep(), limits::kGfmKeep);
+    plan.train.clipNorm = st->clip_max_norm() == 0.0
+                              ? 0.0
+                              : c.real("strategy.clip_max_norm",
+                                       st->clip_max_norm(), limits::kClipNorm);
+    if (st->gate_hidden() != 0)
+      c.range("strategy.gate_hidden", st->gate_hidden(), limits::kDgfgHidden);
     plan.train.gate = st->gate_hidden() > 0;
     if (plan.train.gate)
       plan.train.gateHidden = st->gate_hidden();
@@ -198,28 +317,55 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     // The cosine matrix feeds the gate and its recalibration; without the
     // gate the probe would only cost time (and memory the plan did not count).
     plan.train.cosineEvery = plan.train.gate ? 1 : 0;
-    if (!(plan.train.gfmKeep > 0.0 && plan.train.gfmKeep <= 1.0) ||
-        !(plan.train.clipNorm >= 0.0) || plan.train.paramsTopK < 1 ||
-        plan.train.paramsTopK > plan.model.layers)
-      fail(name, "the strategy is out of range (gfm keep " +
-                     std::to_string(plan.train.gfmKeep) + ", clip " +
-                     std::to_string(plan.train.clipNorm) + ", scope layers " +
-                     std::to_string(plan.train.paramsTopK) + ")" + again);
-    plan.collective = str(st->collective());
-    plan.compressTopK = st->topk();
-    plan.compressDecay = st->decay();
-    plan.compressBlock = st->block();
-    plan.compressBits = st->bits();
-    if (!(plan.compressTopK > 0.0 && plan.compressTopK <= 1.0) ||
-        plan.compressBlock < 1)
-      fail(name, "the compression settings are out of range" + again);
+    c.real("strategy.recalibrate_reuse", st->recalibrate_reuse(),
+           limits::kRecalibration);
+    c.real("strategy.recalibrate_std", st->recalibrate_std(),
+           limits::kRecalibration);
+    plan.collective = c.oneOf("strategy.collective", st->collective(),
+                              {"auto", "none", "compressed"});
+    plan.compressTopK = c.real("strategy.topk", st->topk(), limits::kTopK);
+    plan.compressDecay =
+        c.real("strategy.decay", st->decay(), limits::kResidualDecay);
+    plan.compressBlock =
+        c.range("strategy.block", st->block(), limits::kQuantBlock);
+    const int64_t bits = c.range("strategy.bits", st->bits(), limits::kQuantBits);
+    if (bits & (bits - 1))
+      c.field("strategy.bits", std::to_string(bits) + " is not a power of two");
+    plan.compressBits = bits;
   }
 
-  plan.predictedPeakBytes = fb->predicted_peak_bytes();
-  plan.keepPeakBytes = fb->keep_peak_bytes();
-  plan.uniformPeakBytes = fb->uniform_peak_bytes();
-  plan.addedSeconds = fb->added_seconds();
+  plan.predictedPeakBytes = c.range("predicted_peak_bytes",
+                                    fb->predicted_peak_bytes(), {0, INT64_MAX});
+  plan.keepPeakBytes =
+      c.range("keep_peak_bytes", fb->keep_peak_bytes(), {0, INT64_MAX});
+  plan.uniformPeakBytes =
+      c.range("uniform_peak_bytes", fb->uniform_peak_bytes(), {-1, INT64_MAX});
+  plan.addedSeconds = c.real("added_seconds", fb->added_seconds(),
+                             {0.0, 1e300});
+
+  // The decisions must be a schedule the trainer runs (the trainer's own
+  // rule), so a bad one is refused here, naming the plan.
+  try {
+    validateSchedule(plan.schedule, m.layers, plan.heads);
+  } catch (const std::invalid_argument &e) {
+    std::string why = e.what();
+    if (why.rfind("mtprt: ", 0) == 0)
+      why = why.substr(7);
+    c.fail("its decisions are not a schedule this runtime runs (" + why +
+           ")" + kAgain);
+  }
   return plan;
+}
+
+std::string checkPlan(const void *data, size_t size, const std::string &name) {
+  try {
+    readPlan(data, size, name);
+  } catch (const PlanError &e) {
+    return e.reason();
+  } catch (const std::exception &e) {
+    return std::string("cannot be read: ") + e.what();
+  }
+  return "";
 }
 
 Program programFromPlan(const Plan &plan) {
@@ -263,10 +409,21 @@ Program programFromPlan(const Plan &plan) {
 }
 
 Plan loadPlan(const std::string &path) {
+  const std::string what =
+      "; write one with `mtpc plan SPEC --format=fb -o " + path + "`";
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0)
+    throw PlanError(path, "cannot open it" + what);
+  if (!S_ISREG(st.st_mode))
+    throw PlanError(path, "not a regular file" + what);
+  // The flatbuffer is at most 2 GiB (flatbuffers' own bound): a larger file
+  // is not a plan, and is not read into memory.
+  if (uint64_t(st.st_size) > kPlanFrameBytes + FLATBUFFERS_MAX_BUFFER_SIZE)
+    throw PlanError(path, std::to_string(st.st_size) +
+                              " bytes, more than any plan" + what);
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    fail(path, "cannot open it; write one with `mtpc plan SPEC --format=fb -o " +
-                   path + "`");
+    throw PlanError(path, "cannot open it" + what);
   std::string bytes((std::istreambuf_iterator<char>(in)),
                     std::istreambuf_iterator<char>());
   return readPlan(bytes.data(), bytes.size(), path);

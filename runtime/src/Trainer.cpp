@@ -176,53 +176,7 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
 TrainerCore::~TrainerCore() = default;
 
 void TrainerCore::validate(const Schedule &s) const {
-  const int64_t units = model_->numUnits();
-  std::set<int64_t> taps;
-  for (const HeadConfig &h : model_->heads())
-    taps.insert(Model::tapUnit(h.tap));
-  std::vector<bool> used(units, false);
-  for (size_t i = 0; i < s.regions.size(); ++i) {
-    const auto &r = s.regions[i];
-    const std::string f = "Schedule.regions[" + std::to_string(i) + "]";
-    if (r.first < 0 || r.second >= units || r.first > r.second)
-      bad(f, "must be a unit range [first, last] within [0, " +
-                 std::to_string(units - 1) + "]");
-    for (int64_t u = r.first; u <= r.second; ++u) {
-      if (used[u])
-        bad(f, "overlaps another region at unit " + std::to_string(u));
-      used[u] = true;
-      if (u < r.second && taps.count(u))
-        bad(f, "contains a head's tap (unit " + std::to_string(u) +
-                   ") before its end; end the region at the tap");
-    }
-  }
-  for (size_t i = 0; i < s.offloadHeadList.size(); ++i)
-    if (s.offloadHeadList[i] < 0 || s.offloadHeadList[i] >= model_->numHeads())
-      bad("Schedule.offloadHeadList[" + std::to_string(i) + "]",
-          "head " + std::to_string(s.offloadHeadList[i]) + " out of range");
-  for (size_t i = 0; i < s.offloadUnits.size(); ++i) {
-    const int64_t u = s.offloadUnits[i];
-    const std::string f = "Schedule.offloadUnits[" + std::to_string(i) + "]";
-    if (u < 1 || u >= units)
-      bad(f, "must be a backbone unit within [1, " + std::to_string(units - 1) +
-                 "], got " + std::to_string(u));
-    if (used[u])
-      bad(f, "unit " + std::to_string(u) +
-                 " is inside a checkpoint region; offload its boundary instead");
-  }
-  if (s.prefetchAhead < 0)
-    bad("Schedule.prefetchAhead", "must be >= 0");
-  std::vector<bool> seen(model_->numHeads(), false);
-  for (size_t i = 0; i < s.headOrder.size(); ++i) {
-    const int64_t h = s.headOrder[i];
-    if (h < 0 || h >= model_->numHeads() || seen[h])
-      bad("Schedule.headOrder[" + std::to_string(i) + "]",
-          "must be a permutation of the head indices");
-    seen[h] = true;
-  }
-  if (!s.headOrder.empty() &&
-      static_cast<int64_t>(s.headOrder.size()) != model_->numHeads())
-    bad("Schedule.headOrder", "must list every head once (or be empty)");
+  validateSchedule(s, model_->config().layers, model_->heads());
 }
 
 std::vector<double> TrainerCore::computeAlpha(

@@ -94,7 +94,7 @@ mtp.model @unknown_head {
 
 mtp.model @negative_weight {
   mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
-  // expected-error @+1 {{'mtp.task' op loss weight must be finite and non-negative, got -1.000000e+00}}
+  // expected-error @+1 {{'mtp.task' op loss weight must lie in [0, 1e+06], got -1.000000e+00}}
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight -1.0
 }
 
@@ -226,7 +226,7 @@ mtp.model @bad_dropout {
 
 mtp.model @bad_lr {
   mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
-  // expected-error @+1 {{learning rate must be positive and finite, got 0.000000e+00}}
+  // expected-error @+1 {{learning rate must lie in (0, 10], got 0.000000e+00}}
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0 lr cosine(0.0)
 }
 

@@ -18,6 +18,7 @@
 
 #include "codegen/Codegen.h"
 #include "passes/PlanFile.h"
+#include "mtprt/PlanFrame.h"
 #include "schema/plan_generated.h"
 
 #include "llvm/ADT/STLExtras.h"
@@ -1925,11 +1926,11 @@ int mtp::runReportCommand(llvm::ArrayRef<char *> args) {
     plan.buffer = std::move(*buf);
     plan.bytes = plan.buffer->getBuffer();
     // A training binary carries its plan after a marker (mtpc build).
-    if (plan.bytes.size() < 8 || plan.bytes.substr(4, 4) != "MTPP") {
+    if (!mtprt::looksLikePlan(plan.bytes.data(), plan.bytes.size())) {
       StringRef embedded = mtp::findEmbeddedPlan(plan.bytes);
       if (embedded.empty()) {
         error() << planPath
-                << ": neither a plan (no 'MTPP' identifier) nor a binary "
+                << ": neither a plan (no 'MTPPLAN' header) nor a binary "
                    "carrying one; pass `mtpc plan SPEC --format=fb -o PLAN`'s "
                    "file or the binary `mtpc build` wrote\n";
         return kBadInput;
@@ -1940,8 +1941,7 @@ int mtp::runReportCommand(llvm::ArrayRef<char *> args) {
       error() << planPath << ": " << llvm::toString(std::move(err)) << "\n";
       return kBadInput;
     }
-    plan.plan =
-        mtp::fb::GetPlan(reinterpret_cast<const uint8_t *>(plan.bytes.data()));
+    plan.plan = mtp::getPlan(plan.bytes);
   }
 
   std::string page = renderPage(*run, plan.plan, planPath);

@@ -29,6 +29,7 @@
 #include "passes/CostModel.h"
 #include "passes/MemoryAnalysis.h"
 #include "passes/PlanFile.h"
+#include "mtprt/PlanFrame.h"
 #include "passes/PlanReport.h"
 #include "passes/Passes.h"
 #include "passes/Pipelines.h"
@@ -412,7 +413,7 @@ int main(int argc, char **argv) {
     StringRef bytes = input->getBuffer();
     // A training binary carries its plan after a marker (mtpc build).
     // (Not one: the plan file's own checks say what is wrong with it.)
-    if (bytes.size() < 8 || bytes.substr(4, 4) != "MTPP")
+    if (!mtprt::looksLikePlan(bytes.data(), bytes.size()))
       if (StringRef embedded = mtp::findEmbeddedPlan(bytes); !embedded.empty())
         bytes = embedded;
     if (llvm::Error err = mtp::printPlanFile(bytes, output->os())) {

@@ -4,6 +4,7 @@
 #include "passes/PlanFile.h"
 #include "passes/Passes.h"
 
+#include "mtprt/PlanFrame.h"
 #include "schema/plan_generated.h"
 
 #include "mlir/IR/BuiltinOps.h"
@@ -61,10 +62,17 @@ protected:
 };
 
 TEST_F(PlanFileTest, RoundTripsTheModelAndTheUnits) {
-  flatbuffers::Verifier verifier(
-      reinterpret_cast<const uint8_t *>(bytes.data()), bytes.size());
+  // The frame: magic, version, CRC-32 and length, then the flatbuffer.
+  ASSERT_GT(bytes.size(), mtprt::kPlanFrameBytes);
+  EXPECT_EQ(bytes.substr(0, 8), "MTPPLAN\n");
+  const auto *flat =
+      reinterpret_cast<const uint8_t *>(bytes.data()) + mtprt::kPlanFrameBytes;
+  const size_t flatSize = bytes.size() - mtprt::kPlanFrameBytes;
+  EXPECT_EQ(bytes, mtprt::framePlan(flat, flatSize));
+  flatbuffers::Verifier verifier(flat, flatSize);
   ASSERT_TRUE(fb::VerifyPlanBuffer(verifier));
-  const fb::Plan *plan = fb::GetPlan(bytes.data());
+  const fb::Plan *plan = getPlan(bytes);
+  EXPECT_EQ(plan, fb::GetPlan(flat));
   EXPECT_EQ(plan->version(), unsigned(fb::PlanVersion::Current));
   EXPECT_EQ(plan->backbone()->hidden(), 8);
   ASSERT_EQ(plan->tasks()->size(), 2u);
@@ -81,39 +89,65 @@ TEST_F(PlanFileTest, RoundTripsTheModelAndTheUnits) {
   std::string error;
   std::string text = printed(bytes, &error);
   EXPECT_EQ(error, "");
-  EXPECT_NE(text.find("plan v1 for model 'm' from m.mtp"), std::string::npos)
+  EXPECT_NE(text.find("plan v2 for model 'm' from m.mtp"), std::string::npos)
       << text;
 }
 
 TEST_F(PlanFileTest, AnotherVersionIsRefused) {
-  flatbuffers::FlatBufferBuilder b;
-  fb::FinishPlanBuffer(b, fb::CreatePlan(b, unsigned(fb::PlanVersion::Current) + 1));
+  // A version-1 plan: the bare flatbuffer.
   std::string error;
-  printed(llvm::StringRef(reinterpret_cast<const char *>(b.GetBufferPointer()),
-                          b.GetSize()),
-          &error);
-  EXPECT_NE(error.find("plan version 2, this mtpc reads version 1"),
+  printed(bytes.substr(mtprt::kPlanFrameBytes), &error);
+  EXPECT_NE(error.find("plan version 1 (a bare flatbuffer, written before "
+                       "plans carried a checksum); this mtpc and runtime read "
+                       "version 2"),
+            std::string::npos)
+      << error;
+  std::string v3 = bytes;
+  v3[8] = 3;
+  printed(v3, &error);
+  EXPECT_NE(error.find("plan version 3; this mtpc and runtime read version 2"),
             std::string::npos)
       << error;
 }
 
-TEST_F(PlanFileTest, NoTruncationOrFlippedByteCrashes) {
-  // Every prefix is refused; every single-byte change is refused or read
-  // back within the buffer (the verifier bounds every offset).
+TEST_F(PlanFileTest, EveryTruncationAndFlippedByteIsRefused) {
+  // Every prefix and every single-byte change is refused (the frame's
+  // fields and the CRC-32; once 62% of flips were accepted).
   for (size_t n = 0; n < bytes.size(); ++n) {
     std::string error;
     printed(llvm::StringRef(bytes.data(), n), &error);
     EXPECT_NE(error, "") << "a " << n << "-byte prefix was accepted";
   }
-  int refused = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
     std::string flipped = bytes;
     flipped[i] = char(flipped[i] ^ 0x5a);
     std::string error;
     printed(flipped, &error);
-    refused += !error.empty();
+    EXPECT_NE(error, "") << "a flip at byte " << i << " was accepted";
   }
-  EXPECT_GT(refused, 0);
+}
+
+TEST_F(PlanFileTest, InspectChecksTheFieldsAsTheRuntimeDoes) {
+  // A forged plan (its CRC matches) with 2^20 layers: once printed by
+  // `mtpc inspect` and OOM-killed when run; now refused by both, with the
+  // runtime's own checks (mtprt::checkPlan).
+  flatbuffers::FlatBufferBuilder b;
+  auto backbone = fb::CreateBackbone(b, b.CreateString("transformer"),
+                                     int64_t(1) << 20, 8, 2, 16, 10, 4, 0.1);
+  std::vector<flatbuffers::Offset<fb::Task>> tasks = {fb::CreateTask(
+      b, b.CreateString("t"), b.CreateString("classify"), 1, true, 2, 0, 0, 0,
+      1.0, b.CreateString("cross_entropy"))};
+  std::vector<flatbuffers::Offset<fb::Unit>> units;
+  fb::FinishPlanBuffer(
+      b, fb::CreatePlan(b, unsigned(fb::PlanVersion::Current),
+                        b.CreateString("m"), b.CreateString("m.mtp"), 0,
+                        backbone, b.CreateVector(tasks), b.CreateVector(units)));
+  const std::string forged = mtprt::framePlan(b.GetBufferPointer(), b.GetSize());
+  std::string error;
+  printed(forged, &error);
+  EXPECT_NE(error.find("field backbone.layers: 1048576 is out of [1, 1024]"),
+            std::string::npos)
+      << error;
 }
 
 } // namespace

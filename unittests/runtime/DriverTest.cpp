@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "mtprt/Driver.h"
+#include "mtprt/Crc32.h"
 #include "mtprt/Runtime.h"
 #include "mtprt/torch/Checkpoint.h"
 #include "mtprt/torch/Data.h"
@@ -28,6 +29,7 @@
 #include <pty.h>
 #include <sstream>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
@@ -68,8 +70,11 @@ struct Child {
   std::string out;
   int rc = -1;
 
+  /// `addressSpace` > 0: the child runs under that RLIMIT_AS (bytes), so a
+  /// reader that allocates without bound fails instead of exhausting the
+  /// machine.
   Child(const std::vector<std::string> &args, const std::string &outFile,
-        const std::vector<std::string> &env = {})
+        const std::vector<std::string> &env = {}, uint64_t addressSpace = 0)
       : out(outFile) {
     std::vector<std::string> av = {MTPRT_DEMO, "--threads", "1", "--progress",
                                    "plain"};
@@ -91,6 +96,10 @@ struct Child {
     if (pid == 0) {
       dup2(fd, 1);
       dup2(fd, 2);
+      if (addressSpace) {
+        rlimit r{addressSpace, addressSpace};
+        setrlimit(RLIMIT_AS, &r);
+      }
       execve(avp[0], avp.data(), evp.data());
       _exit(127);
     }
@@ -130,10 +139,13 @@ struct Child {
   std::string output() const { return readFile(out); }
 };
 
+/// The demo needs about 3 GiB of address space (LibTorch's mappings).
+constexpr uint64_t kDemoAddressSpace = uint64_t(4) << 30;
+
 int run(const std::vector<std::string> &args, const TempDir &dir,
         std::string *output = nullptr,
-        const std::vector<std::string> &env = {}) {
-  Child c(args, dir.path + "/out.txt", env);
+        const std::vector<std::string> &env = {}, uint64_t addressSpace = 0) {
+  Child c(args, dir.path + "/out.txt", env, addressSpace);
   const int rc = c.wait(90);
   if (output)
     *output = c.output();
@@ -216,6 +228,21 @@ TEST(Driver, HelpAndBadCommandLines) {
       run({"--batch-size", "7", "--world-size", "2", "--rank", "0"}, d, &out),
       2);
   EXPECT_NE(out.find("does not split evenly"), std::string::npos) << out;
+  // --batch-size is bounded (limits::kGlobalBatch), and one the memory
+  // cannot hold is refused before a step allocates it (once the OOM killer
+  // ended the run); under an address-space limit so a regression fails.
+  EXPECT_EQ(run({"--batch-size", "20000000"}, d, &out), 2);
+  EXPECT_NE(out.find("--batch-size expects an integer in [1, 16777216]"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(run({"--batch-size", "16000000", "--steps", "1"}, d, &out, {},
+                kDemoAddressSpace),
+            2)
+      << out;
+  EXPECT_NE(out.find("--batch-size 16000000: a step at this batch holds at "
+                     "least "),
+            std::string::npos)
+      << out;
   EXPECT_EQ(run({"--data", d.path + "/missing.jsonl", "--steps", "1"}, d, &out),
             1);
   EXPECT_NE(out.find(d.path + "/missing.jsonl: cannot be opened"),
@@ -284,6 +311,91 @@ TEST(Driver, ResumeIsBitIdenticalAndCorruptionIsRefused) {
         }
       },
       std::runtime_error);
+}
+
+TEST(Driver, ResumeFallbackSkipsEveryBadHeaderAndTorchErrorsAreOneLine) {
+  // Issue #15 item 4: a header's `bytes` of -1, 1e15 and 18e9 once gave
+  // basic_string::_M_create, std::bad_alloc (naming no file) and 51 s of
+  // zero-filling, and --resume-fallback did not skip them. Under an
+  // address-space limit, so a regression fails instead of filling memory.
+  TempDir d;
+  const std::string c = d.path + "/c";
+  std::string out;
+  ASSERT_EQ(run({"--steps", "6", "--checkpoint-dir", c, "--checkpoint-every",
+                 "3"},
+                d, &out),
+            0)
+      << out;
+  const std::string six = checkpointPath(c, 6, 0);
+  const std::string good = readFile(six);
+  const size_t line = good.find('\n') + 1, end = good.find('\n', line);
+  const std::string header = good.substr(line, end - line);
+  const size_t bytesAt = header.find(" bytes ") + 7,
+               bytesEnd = header.find(' ', bytesAt);
+  for (const std::string &bytes : {"-1", "1e15", "18000000000"}) {
+    std::string bad = good;
+    bad.replace(line + bytesAt, bytesEnd - bytesAt, bytes);
+    std::ofstream(six, std::ios::binary | std::ios::trunc) << bad;
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(run({"--steps", "8", "--checkpoint-dir", c, "--resume"}, d, &out,
+                  {}, kDemoAddressSpace),
+              1)
+        << out;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+    EXPECT_NE(out.find("error: mtprt: checkpoint " + six + ": "),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("(--resume-fallback uses the previous good "
+                       "checkpoint)"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find(bytes == "18000000000"
+                           ? "truncated: "
+                           : "malformed header: field bytes: expected a "
+                             "decimal number, got '" +
+                                 bytes + "'"),
+              std::string::npos)
+        << out;
+    ASSERT_EQ(run({"--steps", "6", "--checkpoint-dir", c, "--resume",
+                   "--resume-fallback"},
+                  d, &out, {}, kDemoAddressSpace),
+              0)
+        << out;
+    EXPECT_NE(out.find("resumed from " + checkpointPath(c, 3, 0)),
+              std::string::npos)
+        << out;
+    // That run wrote step 6 again (a good one).
+  }
+
+  // Issue #15 item 13: a checksum that matches a payload LibTorch cannot
+  // read is one clean message, without c10's backtrace.
+  const std::string junk(4096, 'j');
+  std::ofstream(six, std::ios::binary | std::ios::trunc)
+      << checkpointHeaderText(6, 0, 1, junk.size(),
+                              mtprt::crc32(junk.data(), junk.size()))
+      << junk;
+  ASSERT_EQ(run({"--steps", "8", "--checkpoint-dir", c, "--resume"}, d, &out,
+                {}, kDemoAddressSpace),
+            1)
+      << out;
+  EXPECT_NE(out.find("error: mtprt: checkpoint " + six +
+                     ": its checksum matches but LibTorch cannot read the "
+                     "archive"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("Exception raised from"), std::string::npos) << out;
+  EXPECT_EQ(out.find("frame #"), std::string::npos) << out;
+  // A header whose step is not its name's (copied over another).
+  std::ofstream(six, std::ios::binary | std::ios::trunc)
+      << readFile(checkpointPath(c, 3, 0));
+  ASSERT_EQ(run({"--steps", "8", "--checkpoint-dir", c, "--resume"}, d, &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("error: mtprt: checkpoint " + six +
+                     ": its header says step 3 of rank 0, its name step 6 of "
+                     "rank 0 (renamed or copied over?)"),
+            std::string::npos)
+      << out;
 }
 
 TEST(Driver, KilledInsideACheckpointWriteResumesFromThePreviousOne) {
@@ -624,6 +736,54 @@ TEST(Data, BinaryShardRoundTripsAndRejectsBadFiles) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(Data, BadFilesStopTheProgramWithTheirErrorNotASignal) {
+  // Through the real program (training and --write-shard), under an
+  // address-space limit: a 60 KB line of 30k '[' (once a stack overflow),
+  // hex (once read as an id), a shard whose task count has a flipped byte
+  // (once ~34 GB and the OOM killer).
+  TempDir d;
+  const std::string nested = d.path + "/nested.jsonl",
+                    hex = d.path + "/hex.jsonl", shard = d.path + "/s.shard",
+                    bad = d.path + "/bad.shard";
+  std::ofstream(nested) << "{\"tokens\": " << std::string(30000, '[') << "\n";
+  std::ofstream(hex) << R"({"tokens": [0x10, 1, 2, 3, 4, 5, 6, 7]})" << "\n";
+  writeShard(MTPRT_EXAMPLES_DIR "/data/sample.jsonl", shard, demoModel(),
+             demoHeads());
+  {
+    std::string b = readFile(shard);
+    b[15] = char(b[15] ^ 0x7f); // the task count's high byte
+    std::ofstream(bad, std::ios::binary) << b;
+  }
+  std::string out;
+  for (const auto &args : std::vector<std::vector<std::string>>{
+           {"--data", nested, "--steps", "1"},
+           {"--data", nested, "--write-shard", d.path + "/out.shard"}}) {
+    EXPECT_EQ(run(args, d, &out, {}, kDemoAddressSpace), 1) << out;
+    EXPECT_NE(out.find("error: mtprt: data file " + nested +
+                       ", record on line 1, field tokens[0]: expected an "
+                       "integer in [0, 32)"),
+              std::string::npos)
+        << out;
+  }
+  EXPECT_EQ(run({"--data", hex, "--steps", "1"}, d, &out, {},
+                kDemoAddressSpace),
+            1)
+      << out;
+  EXPECT_NE(out.find("error: mtprt: data file " + hex +
+                     ", record on line 1: malformed JSON at column 14: "
+                     "hexadecimal numbers are not JSON"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(run({"--data", bad, "--steps", "1"}, d, &out, {},
+                kDemoAddressSpace),
+            1)
+      << out;
+  EXPECT_NE(out.find("error: mtprt: data file " + bad +
+                     ": field tasks: 2130706435, but the program has 3"),
+            std::string::npos)
+      << out;
 }
 
 TEST(Data, SyntheticIsSeededAndRelatednessControlsSharing) {

@@ -122,6 +122,13 @@ struct Schedule {
   int64_t prefetchAhead = 2;
 };
 
+/// Checks a schedule against a backbone of `layers` layers and its heads:
+/// regions are disjoint unit ranges that end at any tap they hold, offloaded
+/// units lie outside them, head indices are in range. Throws
+/// std::invalid_argument naming the field (`Schedule.regions[1]`).
+void validateSchedule(const Schedule &schedule, int64_t layers,
+                      const std::vector<HeadConfig> &heads);
+
 /// A handle to an activation inside a step driven unit by unit (0 = the
 /// micro-batch's token ids).
 using ValueId = int64_t;

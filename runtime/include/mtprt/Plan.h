@@ -1,7 +1,8 @@
 //===- Plan.h - the compiler's plan, read by the runtime ---------*- C++ -*-===//
 //
-// The flatbuffer `mtpc plan --format=fb` writes (runtime/schema/plan.fbs),
-// verified and turned into what a step needs: the model, the heads and the
+// The plan `mtpc plan --format=fb` writes (a frame, mtprt/PlanFrame.h, around
+// the flatbuffer of runtime/schema/plan.fbs), verified and turned into what a
+// step needs: the model, the heads and the
 // Schedule carrying the planner's decisions. Torch-free.
 //
 //===----------------------------------------------------------------------===//
@@ -10,6 +11,7 @@
 #define MTPRT_PLAN_H
 
 #include "mtprt/Config.h"
+#include "mtprt/Errors.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -41,13 +43,21 @@ struct Plan {
   double addedSeconds = 0.0;
 };
 
-/// Verifies `size` bytes at `data` — the 'MTPP' identifier, the flatbuffers
-/// verifier, the version, then every field the runtime uses — and reads
-/// them. Throws std::runtime_error naming `name` (the file), what is wrong
-/// and what to do; never reads outside the buffer.
+/// Verifies `size` bytes at `data` — the frame (mtprt/PlanFrame.h: version,
+/// length, CRC-32), the 'MTPP' identifier, the flatbuffers verifier, the
+/// version, then every field the runtime uses against mtprt/Limits.h
+/// (non-finite and out-of-range reals included) and the decisions against
+/// the schedule rule — and reads them. Throws PlanError naming `name` (the
+/// file), the field, what is wrong and what to do; never reads outside the
+/// buffer and allocates nothing a field says before checking it.
 Plan readPlan(const void *data, size_t size, const std::string &name);
 
-/// readPlan on a file's contents.
+/// readPlan's verdict without exceptions (for `mtpc inspect`, which is
+/// built without them): "" when the plan is good, else PlanError::reason().
+std::string checkPlan(const void *data, size_t size, const std::string &name);
+
+/// readPlan on a file's contents (a regular file of at most the 2 GiB a
+/// flatbuffer can hold).
 Plan loadPlan(const std::string &path);
 
 struct Program;

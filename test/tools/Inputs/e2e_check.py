@@ -5,11 +5,15 @@
   e2e_check.py --predicted PLAN.json M.jsonl
                                           the metrics' predicted_peak_bytes is
                                           the planned peak `mtpc plan` printed
-  e2e_check.py --patch-plan BINARY OUT    OUT = BINARY with its embedded
-                                          plan's root offset broken
+  e2e_check.py --patch-plan BINARY OUT [--fix-crc]
+                                          OUT = BINARY with its embedded
+                                          plan's root offset broken (and,
+                                          with --fix-crc, its frame's CRC-32
+                                          made to match: a forged plan)
 Prints one line; exits 1 when the check fails.
 """
 import json
+import zlib
 import sys
 
 
@@ -39,16 +43,25 @@ def main(argv):
         print(f"predicted {plan} logged {sorted(got)}")
         return 0 if got == {plan} else 1
     if argv[0] == "--patch-plan":
+        # The embedded plan: "MTPCPLAN", the size (u64), then the plan file:
+        # its 24-byte frame ("MTPPLAN\n", version, CRC-32, length) and the
+        # flatbuffer, whose first 4 bytes are its root offset.
         data = bytearray(open(argv[1], "rb").read())
         at = data.find(b"MTPCPLAN")
-        while at >= 0 and data[at + 20:at + 24] != b"MTPP":
+        while at >= 0 and data[at + 16:at + 24] != b"MTPPLAN\n":
             at = data.find(b"MTPCPLAN", at + 1)
         if at < 0:
             print("no embedded plan")
             return 1
-        data[at + 16:at + 20] = b"\xff\xff\xff\x7f"
+        frame = at + 16
+        flat = frame + 24
+        length = int.from_bytes(data[frame + 16:frame + 24], "little")
+        data[flat:flat + 4] = b"\xff\xff\xff\x7f"
+        if "--fix-crc" in argv[3:]:
+            crc = zlib.crc32(bytes(data[flat:flat + length]))
+            data[frame + 12:frame + 16] = crc.to_bytes(4, "little")
         open(argv[2], "wb").write(bytes(data))
-        print(f"patched the plan at offset {at + 16}")
+        print(f"patched the plan at offset {flat}")
         return 0
     print("unknown mode", argv[0])
     return 2

@@ -6,6 +6,8 @@
 //   step <n> rank <r> world <w> bytes <payload bytes> crc32 <8 hex>\n
 //   <payload: a torch::serialize archive>
 //
+// (the header: mtprt/CheckpointFormat.h, torch-free).
+//
 // The archive holds the model parameters, the AdamW state, the DGFG gate and
 // its Adam state, the GSC residual, the CPU (and CUDA) RNG state, the data
 // position, the step counters and the last cosine matrix. Written to a
@@ -19,6 +21,8 @@
 
 #ifndef MTPRT_TORCH_CHECKPOINT_H
 #define MTPRT_TORCH_CHECKPOINT_H
+
+#include "mtprt/CheckpointFormat.h"
 
 #include <ATen/ATen.h>
 
@@ -52,19 +56,15 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
 std::vector<std::pair<int64_t, std::string>>
 listCheckpoints(const std::string &dir, int rank);
 
-/// What a checkpoint's header records.
-struct CheckpointInfo {
-  int64_t step = -1, rank = -1, world = -1;
-};
-
-/// Checks the header and checksum; throws std::runtime_error naming the file
-/// and what is wrong (truncated, checksum mismatch, not a checkpoint).
-/// Returns the header's step, rank and world size.
-CheckpointInfo verifyCheckpoint(const std::string &path);
+/// Checks the header (every field, the payload size against the file's
+/// length) and the checksum, streaming (mtprt/CheckpointFormat.h); throws
+/// CheckpointError naming the file and what is wrong (truncated, checksum
+/// mismatch, not a checkpoint, the field out of range).
+CheckpointHeader verifyCheckpoint(const std::string &path);
 
 /// Verifies, then restores everything into `core` (and `exchange`). Throws
-/// std::runtime_error naming the file when it is bad or does not fit (world
-/// size, parameter shapes).
+/// CheckpointError naming the file when it is bad or does not fit (world
+/// size, parameter shapes), with LibTorch's message but not its backtrace.
 CheckpointExtra loadCheckpoint(const std::string &path, int world,
                                TrainerCore &core, GradExchange *exchange);
 

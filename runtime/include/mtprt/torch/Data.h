@@ -44,8 +44,9 @@ std::unique_ptr<DataSource> syntheticData(const ModelConfig &model,
 
 /// JSON Lines: one record per line,
 ///   {"tokens": [ids × seq], "labels": {"<task>": <label> | null, ...}}
-/// (label shapes as in Batch). Validates every record; throws
-/// std::runtime_error naming the file, the line and the field. Batches take
+/// (label shapes as in Batch). Validates every record (mtprt/DataFormat.h:
+/// strict JSON, bounded lines, no recursion); throws DataError naming the
+/// file, the line and the field. Batches take
 /// records in file order, wrapping around; a task's labels are used in a
 /// batch only when every record of it has them (else they are masked).
 std::unique_ptr<DataSource> loadJsonLines(const std::string &path,
@@ -53,8 +54,10 @@ std::unique_ptr<DataSource> loadJsonLines(const std::string &path,
                                           const std::vector<HeadConfig> &heads);
 
 /// The compact binary shard (docs/runtime-services.md §4): the same records
-/// as a JSON Lines file, loaded without parsing. Errors name the file and the
-/// section (truncated in the tokens, ...) or the record and field.
+/// as a JSON Lines file, loaded without parsing. Every header field is
+/// checked, and the layout against the file's length, before anything is
+/// allocated. DataErrors name the file and the field or section (truncated
+/// in the tokens, ...) or the record and field.
 std::unique_ptr<DataSource> loadShard(const std::string &path,
                                       const ModelConfig &model,
                                       const std::vector<HeadConfig> &heads);
