@@ -17,6 +17,8 @@
 
 #include "MultiProcess.h"
 
+#include "Sanitizers.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -96,7 +98,7 @@ struct Child {
     if (pid == 0) {
       dup2(fd, 1);
       dup2(fd, 2);
-      if (addressSpace) {
+      if (addressSpace && !kAddressSanitizer) {
         rlimit r{addressSpace, addressSpace};
         setrlimit(RLIMIT_AS, &r);
       }
