@@ -257,8 +257,11 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
     head_lr = tr["head_lr"] or [tr["backbone_lr"]] * len(head_names)
     for name, c in zip(head_names, head_lr):
         groups.append({"params": model.head_parameters(name), "lr": c["lr"]})
-    opt = torch.optim.AdamW(groups, lr=tr["backbone_lr"]["lr"], betas=(0.9, 0.999),
-                            eps=1e-8, weight_decay=tr["weight_decay"])
+    # The run's AdamW (config.json written before the betas and eps were
+    # recorded: AdamW's defaults, which the runtime used then).
+    opt = torch.optim.AdamW(groups, lr=tr["backbone_lr"]["lr"],
+                            betas=(tr.get("beta1", 0.9), tr.get("beta2", 0.999)),
+                            eps=tr.get("eps", 1e-8), weight_decay=tr["weight_decay"])
     # AdamW's moments up front, as mtpc allocates them: the post-init level
     # includes them on both sides.
     for g in opt.param_groups:

@@ -716,7 +716,8 @@ void dumpInit(const std::string &dir, TrainerCore &core,
      << toString(tc.scope) << "\", \"gfm_keep\": " << tc.gfmKeep
      << ", \"clip_norm\": " << tc.clipNorm
      << ", \"gate\": " << (tc.gate ? "true" : "false")
-     << ", \"weight_decay\": " << tc.weightDecay
+     << ", \"weight_decay\": " << tc.weightDecay << ", \"beta1\": " << tc.beta1
+     << ", \"beta2\": " << tc.beta2 << ", \"eps\": " << tc.eps
      << ", \"backbone_lr\": " << jsonLr(tc.backboneLr) << ", \"head_lr\": [";
   for (size_t t = 0; t < tc.headLr.size(); ++t)
     js << (t ? ", " : "") << jsonLr(tc.headLr[t]);
