@@ -121,7 +121,7 @@ Communicator::Communicator(const DistOptions &o, bool serveStore)
                                 std::to_string(o.masterPort) +
                                 " is not in [1, 65535]");
   if (o.worldSize == 1 && !o.alwaysGroup)
-    return; // SPEC §5: at world size 1 the collective does nothing
+    return; // docs/contracts.md#compression-gsc: at world size 1 the collective does nothing
   const bool cuda = o.device.rfind("cuda", 0) == 0;
 #ifndef MTPRT_HAVE_NCCL
   if (cuda)

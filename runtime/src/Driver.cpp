@@ -1192,7 +1192,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
         nonFinite += std::string(lossBad[t] ? ", " : "") + "gradient norm " +
                      value(localNorm);
     }
-    // SPEC B8: every rank decides alike (the matrix and ratio are per rank
+    // docs/techniques.md B8: every rank decides alike (the matrix and ratio are per rank
     // but the gate is too); logged by rank 0.
     if (nonFinite.empty() &&
         needsGateRecalibration(s, tc.recalibrateReuse, tc.recalibrateStd)) {

@@ -259,7 +259,7 @@ Gate::Gate(uint64_t seed, double lr, double entropyWeight, int64_t hidden)
     throw std::invalid_argument("mtprt: TrainConfig.gateLr must be positive");
   if (entropyWeight < 0)
     throw std::invalid_argument("mtprt: TrainConfig.gateEntropy must be >= 0");
-  // SPEC.md §5: the gate stays under 100 000 parameters (6H + 1).
+  // docs/contracts.md: the gate stays under 100 000 parameters (6H + 1).
   if (hidden < 1 || hidden > 16000)
     throw std::invalid_argument("mtprt: TrainConfig.gateHidden must be in "
                                 "[1, 16000] (the gate stays under 100 000 "

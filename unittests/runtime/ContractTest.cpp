@@ -1,6 +1,6 @@
 //===- ContractTest.cpp - figures the compiler states about this runtime ---===//
 //
-// The compiler's cost model describes this runtime's model (SPEC.md §5). These
+// The compiler's cost model describes this runtime's model (docs/contracts.md). These
 // tests pin figures `mtpc` prints for the bundled examples, so a change on
 // either side that breaks the agreement fails here or in
 // test/tools/contract.test, which pins the same numbers on the compiler side.

@@ -805,7 +805,7 @@ TEST(Data, SyntheticIsSeededAndRelatednessControlsSharing) {
 }
 
 //===----------------------------------------------------------------------===//
-// DGFG recalibration (SPEC.md §3 B8)
+// DGFG recalibration (docs/techniques.md B8)
 //===----------------------------------------------------------------------===//
 
 TEST(Recalibration, FiresOnlyForLowReuseAndSpreadCosines) {

@@ -61,7 +61,7 @@ struct LrConfig {
   int64_t totalSteps = 1000;
 };
 
-/// How one optimizer step trains (SPEC.md §5, contracts).
+/// How one optimizer step trains (docs/contracts.md).
 struct TrainConfig {
   Precision precision = Precision::Fp32;
   int64_t microBatches = 1;
@@ -77,7 +77,7 @@ struct TrainConfig {
   double gateEntropy = 0.2; ///< entropy bonus weight τ in the gate objective
   int64_t cosineEvery =
       1; ///< measure the cosine matrix every m steps (0 = never)
-  /// SPEC.md §3 B8: the gate is reset after a measured step whose
+  /// docs/techniques.md B8: the gate is reset after a measured step whose
   /// activation_reuse_ratio is below recalibrateReuse and whose cosine
   /// matrix's standard deviation is above recalibrateStd.
   double recalibrateReuse = 0.15, recalibrateStd = 0.4;
@@ -139,7 +139,7 @@ using ValueId = int64_t;
 /// its input) on the host pool until its backward.
 enum class RegionMode { Keep, Checkpoint, CheckpointOffload, KeepOffload };
 
-/// One step's measurements, named as SPEC.md §5's metrics.
+/// One step's measurements, named as docs/contracts.md#metric-names.
 struct StepStats {
   int64_t step = 0;
   std::vector<std::string> tasks;

@@ -44,7 +44,7 @@ struct Program {
   std::string data = "synthetic";  ///< default for --data
   int64_t predictedPeakBytes = -1; ///< the plan's prediction, logged
   int64_t plannedProcesses = 1;    ///< the processes the plan was made for
-  /// GSC defaults (SPEC.md §3 C10); --compress / --no-compress override.
+  /// GSC defaults (docs/techniques.md C10); --compress / --no-compress override.
   bool compress = false;
   double compressTopK = 0.15, compressDecay = 0.8;
   int64_t compressBlock = 256;

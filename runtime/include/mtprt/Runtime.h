@@ -3,7 +3,7 @@
 // The torch-free facade of the runtime: build the model from plain config
 // structs, give it batches as raw arrays (or synthetic ones), run steps as a
 // Schedule says, read each step's measurements and write them as one JSON
-// Lines record with SPEC.md §5's metric names. Programs that schedule at the
+// Lines record with docs/contracts.md's metric names. Programs that schedule at the
 // unit grain themselves use the LibTorch-level API in mtprt/torch/.
 //
 //===----------------------------------------------------------------------===//
@@ -99,13 +99,13 @@ private:
   std::unique_ptr<BatchHolder> batch_;
 };
 
-/// One JSON Lines record (no newline) with the metric names of SPEC.md §5.
+/// One JSON Lines record (no newline) with the metric names of docs/contracts.md.
 std::string toJsonLine(const StepStats &stats);
 
 /// The population standard deviation of all T×T entries of the step's cosine
 /// matrix (diagonal included); NaN when it was not measured.
 double cosineMatrixStd(const StepStats &stats);
-/// SPEC.md §3 B8: the DGFG gate is recalibrated when the tasks share little
+/// docs/techniques.md B8: the DGFG gate is recalibrated when the tasks share little
 /// (activation_reuse_ratio < reuseThreshold, default 0.15) and their
 /// gradients disagree in a spread way (cosine matrix std > stdThreshold,
 /// default 0.4; TrainConfig.recalibrateReuse / recalibrateStd, the plan's

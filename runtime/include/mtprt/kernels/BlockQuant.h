@@ -1,6 +1,6 @@
 //===- BlockQuant.h - 8-bit block quantization (GSC) ------------*- C++ -*-===//
 //
-// The quantizer of the compressed collectives (SPEC.md §5, "Compression"):
+// The quantizer of the compressed collectives (docs/contracts.md#compression-gsc):
 // values split into blocks of `block`; each block keeps a scale
 // absmax/127.5 and int8 codes clamp(round(x/scale), -127, 127); a block of
 // zeros has scale 0 and codes 0. Decoding is code * scale, so the error of

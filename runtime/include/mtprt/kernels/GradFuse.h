@@ -1,7 +1,7 @@
 //===- GradFuse.h - the mask–clip–weight–accumulate pass --------*- C++ -*-===//
 //
-// The elementwise half of the fused per-task gradient op (SPEC.md §5, GFM and
-// gradient scope): zero the high rfft bins of every row of a spectrum, then
+// The elementwise half of the fused per-task gradient op (docs/contracts.md#gfm and
+// #gradient-scope): zero the high rfft bins of every row of a spectrum, then
 // clip a task's gradient to a maximum norm, weight it by α_t and add it into
 // the fused gradient. The transforms themselves are LibTorch's FFT.
 //

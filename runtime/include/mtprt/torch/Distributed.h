@@ -3,7 +3,7 @@
 //
 // Data parallelism over LibTorch's c10d: a process group (gloo on CPU; NCCL
 // would serve CUDA tensors) joined through a TCPStore rendezvous, and the
-// gradient exchange of SPEC.md §3 C10 / §5 "Compression (GSC)": plain
+// gradient exchange of docs/techniques.md C10 / docs/contracts.md#compression-gsc: plain
 // all-reduce, or top-k + 8-bit block quantization with error feedback, the
 // payloads all-gathered through the process group, decoded and summed locally
 // in fp32.
@@ -123,7 +123,7 @@ private:
 /// The key StoreServer::beat advances.
 extern const char *const kLauncherBeatKey;
 
-/// GSC knobs (SPEC.md §3 C10 defaults).
+/// GSC knobs (docs/techniques.md C10 defaults).
 struct GscOptions {
   double topK = 0.15;       ///< kept fraction of each bucket, by |g|
   int64_t block = 256;      ///< values per quantization block

@@ -1,6 +1,6 @@
 //===- GradPipeline.h - GFM, per-task clip, DGFG gate, fusion ---*- C++ -*-===//
 //
-// The per-task gradient pipeline of SPEC.md §3 B5–B7 and §5. A task's
+// The per-task gradient pipeline of docs/techniques.md B5–B7 and docs/contracts.md. A task's
 // gradient is a list of tensors (its tap-activation gradient at scope
 // `features`, its gradients of the top k shared layers' parameters at scope
 // `params`). Each present task's gradient is GFM-filtered and clipped to
@@ -53,7 +53,7 @@ GradList fuse(const std::vector<GradList> &grads,
 at::Tensor gramMatrix(const std::vector<GradList> &grads);
 std::vector<std::vector<double>> cosineMatrix(const at::Tensor &gram);
 
-/// The DGFG gate (SPEC.md §5). Per present task t it reads four signals —
+/// The DGFG gate (docs/contracts.md). Per present task t it reads four signals —
 /// log(1 + loss_t), log(norm_t + 1e-12), the mean and the minimum cosine of
 /// ĝ_t with the other present tasks — through a shared MLP 4 → H → 1 (tanh;
 /// H = `hidden`, TrainConfig.gateHidden, the plan's dgfg width) to a logit;
@@ -91,7 +91,7 @@ public:
   /// std::runtime_error when the archive's gate has another width.
   void save(torch::serialize::OutputArchive &archive) const;
   void load(torch::serialize::InputArchive &archive);
-  /// SPEC.md §3 B8 recalibration: back to the initial (seeded) weights with a
+  /// docs/techniques.md B8 recalibration: back to the initial (seeded) weights with a
   /// fresh Adam state, so α restarts near uniform and re-learns from the
   /// gradient conflict as it is now rather than as it was when it collapsed.
   void reset();

@@ -1,7 +1,7 @@
 //===- Model.h - the multi-task transformer, one entry per unit -*- C++ -*-===//
 //
 // The backbone and heads as plain parameter tensors and functional ATen ops,
-// so every unit of SPEC.md §5 ("Granularity") is one call a schedule can keep,
+// so every unit of docs/contracts.md#granularity is one call a schedule can keep,
 // recompute (inside a checkpoint region) or offload. What each unit saves for
 // backward is documented in docs/runtime.md and is the cost model's contract.
 //
@@ -72,7 +72,7 @@ public:
   void setTraining(bool training) { training_ = training; }
   bool training() const { return training_; }
 
-  //===--- Units (SPEC.md §5) ---------------------------------------------===//
+  //===--- Units (docs/contracts.md#granularity) ---------------------------------------------===//
 
   /// Unit "embed": token + position embeddings, dropout. tokens [B, S].
   at::Tensor embed(const at::Tensor &tokens) const;
