@@ -181,8 +181,8 @@ Communicator::Communicator(const DistOptions &o, bool serveStore)
               c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
         else
           go->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-        backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
-            store, o.rank, o.worldSize, go);
+        backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank,
+                                                              o.worldSize, go);
       }
     } catch (...) {
       error = std::current_exception();
@@ -205,8 +205,7 @@ Communicator::Communicator(const DistOptions &o, bool serveStore)
     try {
       std::rethrow_exception(join->error);
     } catch (const std::exception &e) {
-      throw std::runtime_error(who + " (timeout " +
-                               std::to_string(o.timeoutS) +
+      throw std::runtime_error(who + " (timeout " + std::to_string(o.timeoutS) +
                                " s): " + oneLine(e));
     }
   }
@@ -259,8 +258,8 @@ namespace {
       "mtprt: rank " + std::to_string(o.rank) + " of " +
       std::to_string(o.worldSize) + ": the " + op +
       " failed (another rank died or stopped answering within the " +
-      std::to_string(o.timeoutS) + " s timeout, or the network failed): " +
-      oneLine(e));
+      std::to_string(o.timeoutS) +
+      " s timeout, or the network failed): " + oneLine(e));
 }
 } // namespace
 
@@ -366,7 +365,7 @@ struct LauncherWatch::State {
   std::mutex m;
   std::condition_variable cv;
   bool stop = false, pollerDone = false;
-  int64_t last = -1; ///< the counter as last read
+  int64_t last = -1;                              ///< the counter as last read
   std::chrono::steady_clock::time_point advanced; ///< when it last moved
   std::string error; ///< the store's failure, if any
   std::thread poller, checker;

@@ -23,14 +23,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <optional>
-#include <iomanip>
 #include <sstream>
 #include <stdexcept>
-#include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -320,8 +320,7 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
     else if (arg == "--checkpoint-every") {
       o.checkpointEvery = toInt(arg, value, 0, big);
       o.checkpointEveryGiven = true;
-    }
-    else if (arg == "--keep")
+    } else if (arg == "--keep")
       o.keep = toInt(arg, value, 0, big);
     else if (arg == "--resume")
       o.resume = true;
@@ -411,17 +410,15 @@ void prepareCheckpointDir(const std::string &dir) {
     struct stat st {};
     if (::stat(prefix.c_str(), &st) == 0) {
       if (!S_ISDIR(st.st_mode))
-        fail(prefix == dir ? "exists and is not a directory"
-                           : "cannot be created: " + prefix +
-                                 " is not a directory");
+        fail(prefix == dir
+                 ? "exists and is not a directory"
+                 : "cannot be created: " + prefix + " is not a directory");
       continue;
     }
     if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
-      fail("cannot be created: mkdir " + prefix + ": " +
-           std::strerror(errno));
+      fail("cannot be created: mkdir " + prefix + ": " + std::strerror(errno));
   }
-  const std::string probe =
-      dir + "/.mtprt-probe." + std::to_string(::getpid());
+  const std::string probe = dir + "/.mtprt-probe." + std::to_string(::getpid());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
   if (fd < 0)
     fail(std::string("is not writable: cannot create a file in it: ") +
@@ -442,8 +439,7 @@ void preflight(const Program &p, const Options &o, int world) {
     prepareCheckpointDir(o.checkpointDir);
   if (o.compress && world > 1 && p.compressBits != 8)
     throw std::runtime_error(
-        "the plan's collective quantizes to " +
-        std::to_string(p.compressBits) +
+        "the plan's collective quantizes to " + std::to_string(p.compressBits) +
         " bits per value; this runtime's GSC kernels quantize to 8 bits only: "
         "re-plan with compressed(bits = 8), or run with --no-compress");
 }
@@ -457,9 +453,20 @@ std::string describeExit(int status) {
   if (WIFEXITED(status))
     return "exited with code " + std::to_string(WEXITSTATUS(status));
   const int sig = WTERMSIG(status);
-  const char *abbrev = sigabbrev_np(sig);
+  // (sigabbrev_np is glibc 2.32+; the GPU machine's libc may be older.)
+  static const std::pair<int, const char *> names[] = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"},
+      {SIGILL, "SIGILL"},   {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"},
+      {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},   {SIGKILL, "SIGKILL"},
+      {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"},
+      {SIGXCPU, "SIGXCPU"}, {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"}};
+  for (const auto &[n, name] : names)
+    if (n == sig)
+      return "was killed by signal " + std::to_string(sig) + " (" + name + ")";
+  const char *what = strsignal(sig);
   return "was killed by signal " + std::to_string(sig) +
-         (abbrev ? std::string(" (SIG") + abbrev + ")" : std::string());
+         (what ? std::string(" (") + what + ")" : std::string());
 }
 
 int exitCode(int status) {
@@ -1002,9 +1009,9 @@ int train(const std::string &name, const Program &p, const Options &o) {
       }
     }
     at::Tensor all =
-        at::stack(comm.allGather(
-                      at::tensor({chosen, chosenWorld}, at::kLong)
-                          .to(comm.device())))
+        at::stack(
+            comm.allGather(
+                at::tensor({chosen, chosenWorld}, at::kLong).to(comm.device())))
             .cpu();
     auto processes = [](int64_t n) {
       return std::to_string(n) + (n == 1 ? " process" : " processes");
@@ -1086,7 +1093,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
       stopAll("step " + std::to_string(core.stepsTaken()) + " of " +
               std::to_string(o.steps) + ": the update left parameter " + bad +
               " (and maybe others) not finite (is the learning rate too "
-              "large?); stopping without saving this state; " + kept());
+              "large?); stopping without saving this state; " +
+              kept());
     std::function<void()> hook;
     if (pauseAt && std::atoll(pauseAt) == core.stepsTaken())
       hook = [&] {
@@ -1094,9 +1102,9 @@ int train(const std::string &name, const Program &p, const Options &o) {
         for (;;)
           ::pause();
       };
-    lastGood = saveCheckpoint(o.checkpointDir, d.rank, d.worldSize, core,
-                              &exchange, CheckpointExtra{position}, o.keep,
-                              hook);
+    lastGood =
+        saveCheckpoint(o.checkpointDir, d.rank, d.worldSize, core, &exchange,
+                       CheckpointExtra{position}, o.keep, hook);
     return lastGood;
   };
 
@@ -1166,8 +1174,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
         present[t] = s.present[t] = n > 0;
         lossBad[t] = v[2 * nt + t].item<double>() > 0;
         gradBad[t] = v[3 * nt + t].item<double>() > 0;
-        s.loss[t] = n > 0 && !lossBad[t] ? v[t].item<double>() / n
-                                          : std::nan("");
+        s.loss[t] =
+            n > 0 && !lossBad[t] ? v[t].item<double>() / n : std::nan("");
       }
       stop = v[4 * nt].item<double>() > 0;
     }
@@ -1177,15 +1185,14 @@ int train(const std::string &name, const Program &p, const Options &o) {
       if (!lossBad[t] && !gradBad[t])
         continue;
       auto value = [&](const std::vector<double> &local) {
-        if (t >= static_cast<int64_t>(local.size()) ||
-            std::isfinite(local[t]))
+        if (t >= static_cast<int64_t>(local.size()) || std::isfinite(local[t]))
           return std::string("not finite on another rank");
         return std::string(std::isnan(local[t]) ? "nan"
                            : local[t] > 0       ? "inf"
                                                 : "-inf");
       };
-      nonFinite += (nonFinite.empty() ? "task '" : "; task '") + s.tasks[t] +
-                   "': ";
+      nonFinite +=
+          (nonFinite.empty() ? "task '" : "; task '") + s.tasks[t] + "': ";
       if (lossBad[t])
         nonFinite += "loss " + value(localLoss);
       if (gradBad[t])

@@ -293,12 +293,12 @@ void Gate::load(torch::serialize::InputArchive &archive) {
     at::Tensor v;
     archive.read(name, v);
     if (!v.sizes().equals(t->sizes()))
-      throw std::runtime_error(
-          std::string("the DGFG gate's ") + name + " has shape " +
-          c10::str(v.sizes()) + ", this program's gate " +
-          c10::str(t->sizes()) + " (another dgfg width: hidden = " +
-          std::to_string(v.dim() ? v.size(0) : 0) + " vs " +
-          std::to_string(impl_->hidden) + ")");
+      throw std::runtime_error(std::string("the DGFG gate's ") + name +
+                               " has shape " + c10::str(v.sizes()) +
+                               ", this program's gate " + c10::str(t->sizes()) +
+                               " (another dgfg width: hidden = " +
+                               std::to_string(v.dim() ? v.size(0) : 0) +
+                               " vs " + std::to_string(impl_->hidden) + ")");
     t->copy_(v);
   }
   torch::serialize::InputArchive opt;

@@ -139,8 +139,8 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
   lossScale_ = t.precision == Precision::Fp16 ? t.initialLossScale : 1.0;
 
   offloader_ = std::make_unique<Offloader>(offload);
-  gate_ = std::make_unique<Gate>(model_->config().seed, t.gateLr,
-                                 t.gateEntropy, t.gateHidden);
+  gate_ = std::make_unique<Gate>(model_->config().seed, t.gateLr, t.gateEntropy,
+                                 t.gateHidden);
 
   // TaskLRAdapter: group 0 the backbone, group 1 + h head h, each with its
   // own schedule (set every step).
@@ -725,8 +725,9 @@ void TrainerCore::finalizeGradients() {
     for (int64_t t = 0; t < nt; ++t)
       if (!st.present[t])
         st.accum[t].assign(st.topk.size(), at::Tensor());
-    recordNorms(st.gradNorms, processTaskGrads(st.accum, st.present, train_.gfmKeep,
-                                     train_.clipNorm));
+    recordNorms(st.gradNorms,
+                processTaskGrads(st.accum, st.present, train_.gfmKeep,
+                                 train_.clipNorm));
     GradList fused = fuse(st.accum, st.alpha);
     for (size_t j = 0; j < st.topk.size();
          ++j) // rescaled: unscaled below with the rest

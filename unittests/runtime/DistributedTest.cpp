@@ -104,8 +104,7 @@ TEST(Distributed, UnreachableMasterIsAClearErrorNotAHang) {
               std::string::npos)
         << e.what();
     // One line: no LibTorch backtrace.
-    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos)
-        << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
   }
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                           start)
@@ -122,9 +121,7 @@ TEST(Distributed, UnreachableMasterIsAClearErrorNotAHang) {
 TEST(DistWorker, DISABLED_ServeAStoreAndWait) {
   StoreServer server(0, 600);
   const std::string dir = std::getenv("MTPRT_TEST_DIR");
-  {
-    std::ofstream(dir + "/port.tmp") << server.port() << "\n";
-  }
+  { std::ofstream(dir + "/port.tmp") << server.port() << "\n"; }
   ::rename((dir + "/port.tmp").c_str(), (dir + "/port").c_str());
   std::this_thread::sleep_for(std::chrono::seconds(600));
 }

@@ -1009,12 +1009,13 @@ TEST(Hardening, ResumingOneRanksCheckpointWithTwoIsRefused) {
   std::string out;
   ASSERT_EQ(run({"--steps", "3", "--checkpoint-dir", one}, d, &out), 0) << out;
   // (Before: rank 1 found nothing, so both ranks silently started fresh.)
-  ASSERT_EQ(run({"--nproc", "2", "--steps", "6", "--checkpoint-dir", one,
-                 "--resume"},
-                d, &out),
-            1)
+  ASSERT_EQ(
+      run({"--nproc", "2", "--steps", "6", "--checkpoint-dir", one, "--resume"},
+          d, &out),
+      1)
       << out;
-  EXPECT_NE(out.find(": error: cannot resume from " + checkpointPath(one, 3, 0) +
+  EXPECT_NE(out.find(": error: cannot resume from " +
+                     checkpointPath(one, 3, 0) +
                      ": it was written by a run of 1 process, this run has 2"),
             std::string::npos)
       << out;
@@ -1033,7 +1034,8 @@ TEST(Hardening, ResumingTwoRanksCheckpointsWithOneOrAMissingOneIsRefused) {
   ASSERT_EQ(run({"--steps", "6", "--checkpoint-dir", two, "--resume"}, d, &out),
             1)
       << out;
-  EXPECT_NE(out.find(": error: cannot resume from " + checkpointPath(two, 3, 0) +
+  EXPECT_NE(out.find(": error: cannot resume from " +
+                     checkpointPath(two, 3, 0) +
                      ": it was written by a run of 2 processes, this run has 1"
                      " (each checkpoint holds one rank's state); resume with 2 "
                      "processes (--nproc 2)"),
@@ -1041,12 +1043,13 @@ TEST(Hardening, ResumingTwoRanksCheckpointsWithOneOrAMissingOneIsRefused) {
       << out;
   // A rank whose checkpoint is missing: refused, not a fresh start.
   ASSERT_EQ(::unlink(checkpointPath(two, 3, 1).c_str()), 0);
-  ASSERT_EQ(run({"--nproc", "2", "--steps", "6", "--checkpoint-dir", two,
-                 "--resume"},
-                d, &out),
-            1)
+  ASSERT_EQ(
+      run({"--nproc", "2", "--steps", "6", "--checkpoint-dir", two, "--resume"},
+          d, &out),
+      1)
       << out;
-  EXPECT_NE(out.find(": error: cannot resume from " + two + ": rank 0 has a "
+  EXPECT_NE(out.find(": error: cannot resume from " + two +
+                     ": rank 0 has a "
                      "checkpoint (" +
                      checkpointPath(two, 3, 0) + ") but rank 1 has none"),
             std::string::npos)
@@ -1059,16 +1062,15 @@ TEST(Hardening, AnUnusableCheckpointDirFailsBeforeTraining) {
   std::string out;
   // Missing: created with its parents.
   const std::string deep = d.path + "/a/b/c";
-  ASSERT_EQ(run({"--steps", "1", "--checkpoint-dir", deep}, d, &out), 0)
-      << out;
+  ASSERT_EQ(run({"--steps", "1", "--checkpoint-dir", deep}, d, &out), 0) << out;
   EXPECT_TRUE(exists(checkpointPath(deep, 1, 0)));
   // Uncreatable: a parent is a file.
   const std::string file = d.path + "/file";
   std::ofstream(file) << "x";
-  ASSERT_EQ(run({"--steps", "1000", "--checkpoint-dir", file + "/c",
-                 "--metrics", m},
-                d, &out),
-            1)
+  ASSERT_EQ(
+      run({"--steps", "1000", "--checkpoint-dir", file + "/c", "--metrics", m},
+          d, &out),
+      1)
       << out;
   EXPECT_NE(out.find(": error: --checkpoint-dir " + file +
                      "/c: cannot be created: " + file +
@@ -1081,8 +1083,8 @@ TEST(Hardening, AnUnusableCheckpointDirFailsBeforeTraining) {
   std::string readOnly;
   const std::string mine = d.path + "/ro";
   ::mkdir(mine.c_str(), 0555);
-  for (const std::string &dir : {mine, std::string("/sys/kernel"),
-                                 std::string("/proc/self")}) {
+  for (const std::string &dir :
+       {mine, std::string("/sys/kernel"), std::string("/proc/self")}) {
     const std::string probe = dir + "/.mtprt-test-probe";
     const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
     if (fd >= 0) {
@@ -1094,10 +1096,10 @@ TEST(Hardening, AnUnusableCheckpointDirFailsBeforeTraining) {
     break;
   }
   ASSERT_FALSE(readOnly.empty()) << "no unwritable directory to test with";
-  ASSERT_EQ(run({"--steps", "1000", "--checkpoint-dir", readOnly, "--metrics",
-                 m},
-                d, &out),
-            1)
+  ASSERT_EQ(
+      run({"--steps", "1000", "--checkpoint-dir", readOnly, "--metrics", m}, d,
+          &out),
+      1)
       << out;
   EXPECT_NE(out.find(": error: --checkpoint-dir " + readOnly +
                      ": is not writable: cannot create a file in it: "),
@@ -1105,10 +1107,10 @@ TEST(Hardening, AnUnusableCheckpointDirFailsBeforeTraining) {
       << out;
   EXPECT_FALSE(exists(m));
   // --nproc: the launcher says it once, before starting any rank.
-  ASSERT_EQ(run({"--nproc", "2", "--steps", "1000", "--checkpoint-dir",
-                 file + "/c"},
-                d, &out),
-            1)
+  ASSERT_EQ(
+      run({"--nproc", "2", "--steps", "1000", "--checkpoint-dir", file + "/c"},
+          d, &out),
+      1)
       << out;
   EXPECT_EQ(out.find("error:"), out.rfind("error:")) << out;
   EXPECT_EQ(out.find("rank"), std::string::npos) << out;
@@ -1173,9 +1175,9 @@ TEST(Hardening, ARankNoticesAStoppedLauncher) {
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   TempDir d;
   const std::string m = d.path + "/m.jsonl";
-  Child child({"--nproc", "2", "--steps", "1000000", "--metrics", m,
-               "--timeout", "3"},
-              d.path + "/out.txt");
+  Child child(
+      {"--nproc", "2", "--steps", "1000000", "--metrics", m, "--timeout", "3"},
+      d.path + "/out.txt");
   ASSERT_TRUE(waitForStep2(m)) << child.output();
   const auto [r0, r1] = ranksOf(child.pid);
   ASSERT_GT(r0, 0);

@@ -1,5 +1,6 @@
 //===- PlanTest.cpp - the runtime reads the compiler's plan ---------------===//
 
+#include "mtprt/Plan.h"
 #include "mtprt/Driver.h"
 #include "mtprt/Errors.h"
 #include "mtprt/Memory.h"
@@ -434,10 +435,9 @@ struct PlanFields {
   std::string kind = "transformer";
   int64_t layers = 2, hidden = 16, heads = 2, ffn = 32, vocab = 40, seq = 12;
   double dropout = 0.1;
-  std::vector<TaskFields> tasks = {
-      {"cls", "classify", 1, true, 4},
-      {"tag", "tag", 2, false, 6, 0, 0, 0, 0.5},
-      {"gen", "decoder", 2, false, 0, 1, 0, 4}};
+  std::vector<TaskFields> tasks = {{"cls", "classify", 1, true, 4},
+                                   {"tag", "tag", 2, false, 6, 0, 0, 0, 0.5},
+                                   {"gen", "decoder", 2, false, 0, 1, 0, 4}};
   // Units: the decisions (a unit per backbone block and head, kept unless
   // listed), regions, the offload and bucket tables.
   std::vector<int64_t> offloadBlocks;
@@ -472,13 +472,13 @@ struct PlanFields {
 std::string build(const PlanFields &f) {
   flatbuffers::FlatBufferBuilder b;
   auto lr = [&](const std::string &kind, double peak, int64_t warmup) {
-    return kind.empty() ? flatbuffers::Offset<fb::LrSchedule>()
-                        : fb::CreateLrSchedule(b, b.CreateString(kind), peak,
-                                               warmup);
+    return kind.empty()
+               ? flatbuffers::Offset<fb::LrSchedule>()
+               : fb::CreateLrSchedule(b, b.CreateString(kind), peak, warmup);
   };
   auto backbone =
-      fb::CreateBackbone(b, b.CreateString(f.kind), f.layers, f.hidden,
-                         f.heads, f.ffn, f.vocab, f.seq, f.dropout);
+      fb::CreateBackbone(b, b.CreateString(f.kind), f.layers, f.hidden, f.heads,
+                         f.ffn, f.vocab, f.seq, f.dropout);
   std::vector<flatbuffers::Offset<fb::Task>> tasks;
   for (const TaskFields &t : f.tasks)
     tasks.push_back(fb::CreateTask(
@@ -487,8 +487,8 @@ std::string build(const PlanFields &f) {
         b.CreateString(t.loss), lr(t.lrKind, t.lrPeak, t.lrWarmup)));
   std::vector<flatbuffers::Offset<fb::Unit>> units;
   for (int64_t block = 0; block <= 2 * f.layers; ++block) {
-    const bool off = std::count(f.offloadBlocks.begin(), f.offloadBlocks.end(),
-                                block) > 0;
+    const bool off =
+        std::count(f.offloadBlocks.begin(), f.offloadBlocks.end(), block) > 0;
     const std::string name = "block" + std::to_string(block);
     units.push_back(fb::CreateUnit(
         b, b.CreateString(name), b.CreateString(block ? "mlp_up" : "embed"),
@@ -496,11 +496,11 @@ std::string build(const PlanFields &f) {
         f.unitFlops, off ? fb::Decision::Offload : fb::Decision::Keep));
   }
   for (const TaskFields &t : f.tasks) {
-    const bool off = std::count(f.offloadHeads.begin(), f.offloadHeads.end(),
-                                t.name) > 0;
+    const bool off =
+        std::count(f.offloadHeads.begin(), f.offloadHeads.end(), t.name) > 0;
     units.push_back(fb::CreateUnit(
-        b, b.CreateString("head_" + t.name), b.CreateString("head"), t.tap,
-        -1, b.CreateString(t.name), f.unitSavedBytes, f.unitFlops,
+        b, b.CreateString("head_" + t.name), b.CreateString("head"), t.tap, -1,
+        b.CreateString(t.name), f.unitSavedBytes, f.unitFlops,
         off ? fb::Decision::Offload : fb::Decision::Keep));
   }
   std::vector<fb::Region> regions;
@@ -514,17 +514,17 @@ std::string build(const PlanFields &f) {
   if (f.bucketElements > 0)
     buckets.push_back(fb::CreateBucket(b, f.bucketElements, true, f.topk,
                                        f.block, f.bits, f.decay));
-  auto target = fb::CreateTarget(b, b.CreateString(f.device),
-                                 b.CreateString(f.precision), f.memory,
-                                 f.usable, f.gpus, f.micro, f.global);
+  auto target =
+      fb::CreateTarget(b, b.CreateString(f.device), b.CreateString(f.precision),
+                       f.memory, f.usable, f.gpus, f.micro, f.global);
   auto strategy = fb::CreateStrategy(
       b, b.CreateString(f.scope), f.scopeLayers, f.gfmKeep, f.clip,
       f.gateHidden, f.reuse, f.stdThreshold, b.CreateString(f.collective),
       f.topk, f.block, f.bits, f.decay);
-  auto train = fb::CreateTrain(b, f.steps, f.seed, b.CreateString(f.data),
-                               lr(f.lrKind, f.lrPeak, f.lrWarmup),
-                               f.weightDecay, f.beta1, f.beta2, f.eps,
-                               f.logEvery, f.saveEvery);
+  auto train =
+      fb::CreateTrain(b, f.steps, f.seed, b.CreateString(f.data),
+                      lr(f.lrKind, f.lrPeak, f.lrWarmup), f.weightDecay,
+                      f.beta1, f.beta2, f.eps, f.logEvery, f.saveEvery);
   auto plan = fb::CreatePlan(
       b, unsigned(fb::PlanVersion::Current), b.CreateString(f.model),
       b.CreateString(f.source), target, backbone, b.CreateVector(tasks),
@@ -576,27 +576,25 @@ std::string value(const std::string &line, const std::string &key) {
 /// What one run did.
 struct PlanRun {
   int rc = -1;
-  std::string output;      ///< stdout and stderr
-  std::string losses;      ///< every record's loss and alpha objects
-  int64_t peak = 0;        ///< largest measured_peak_bytes
-  int64_t hostPool = 0;    ///< largest host_pool_bytes
-  std::string predicted;   ///< predicted_peak_bytes as logged
+  std::string output;    ///< stdout and stderr
+  std::string losses;    ///< every record's loss and alpha objects
+  int64_t peak = 0;      ///< largest measured_peak_bytes
+  int64_t hostPool = 0;  ///< largest host_pool_bytes
+  std::string predicted; ///< predicted_peak_bytes as logged
   int records = 0, events = 0;
-  std::vector<std::string> checkpoints; ///< file names
-  std::string metrics;                  ///< the file
+  std::vector<std::string> checkpoints;             ///< file names
+  std::string metrics;                              ///< the file
   std::vector<std::pair<int64_t, int64_t>> regions; ///< the step's
 };
 
 PlanRun runPlan(const PlanFields &f, const Scratch &dir,
-            std::vector<std::string> args = {}) {
+                std::vector<std::string> args = {}) {
   static int n = 0;
   const std::string tag = std::to_string(n++);
   const std::string planFile = dir.path + "/p" + tag + ".mtpplan";
   const std::string metrics = dir.path + "/m" + tag + ".jsonl";
   const std::string ckpt = dir.path + "/c" + tag;
-  {
-    std::ofstream(planFile, std::ios::binary) << build(f);
-  }
+  { std::ofstream(planFile, std::ios::binary) << build(f); }
   PlanRun r;
   const std::string log = dir.path + "/out" + tag + ".txt";
   std::fflush(stdout);
@@ -609,9 +607,9 @@ PlanRun runPlan(const PlanFields &f, const Scratch &dir,
   try {
     Program p = programFromPlan(loadPlan(planFile));
     r.regions = p.schedule.regions;
-    args.insert(args.begin(), {"mtprt-run", "--threads", "1", "--progress",
-                               "off", "--metrics", metrics,
-                               "--checkpoint-dir", ckpt});
+    args.insert(args.begin(),
+                {"mtprt-run", "--threads", "1", "--progress", "off",
+                 "--metrics", metrics, "--checkpoint-dir", ckpt});
     std::vector<char *> argv;
     for (std::string &a : args)
       argv.push_back(a.data());
@@ -637,8 +635,8 @@ PlanRun runPlan(const PlanFields &f, const Scratch &dir,
     }
     ++r.records;
     r.losses += value(line, "loss") + value(line, "alpha") + "\n";
-    r.peak = std::max<int64_t>(r.peak,
-                               std::atoll(value(line, "measured_peak_bytes").c_str()));
+    r.peak = std::max<int64_t>(
+        r.peak, std::atoll(value(line, "measured_peak_bytes").c_str()));
     r.hostPool = std::max<int64_t>(
         r.hostPool, std::atoll(value(line, "host_pool_bytes").c_str()));
     r.predicted = value(line, "predicted_peak_bytes");
@@ -655,17 +653,17 @@ PlanRun runPlan(const PlanFields &f, const Scratch &dir,
 
 /// How a changed field shows.
 enum class Shows {
-  Losses,     ///< the losses (or α) of some step differ
-  Peak,       ///< the measured peak differs
-  HostPool,   ///< the host pool's peak differs
-  Records,    ///< the number of metrics records differs
-  Checkpoints,///< other checkpoint files
-  Regions,    ///< the step runs other checkpoint regions
-  Events,     ///< DGFG recalibration events appear
-  Predicted,  ///< the logged prediction
-  Output,     ///< the output says so (`text`)
-  Refused,    ///< the run refuses, saying `text`
-  Nothing,    ///< a description: the run is the same
+  Losses,      ///< the losses (or α) of some step differ
+  Peak,        ///< the measured peak differs
+  HostPool,    ///< the host pool's peak differs
+  Records,     ///< the number of metrics records differs
+  Checkpoints, ///< other checkpoint files
+  Regions,     ///< the step runs other checkpoint regions
+  Events,      ///< DGFG recalibration events appear
+  Predicted,   ///< the logged prediction
+  Output,      ///< the output says so (`text`)
+  Refused,     ///< the run refuses, saying `text`
+  Nothing,     ///< a description: the run is the same
 };
 
 struct Change {
@@ -751,7 +749,11 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       {"Plan.backbone", [](F &) {}, Shows::Nothing}, // its fields below
       {"Plan.tasks", [](F &f) { f.tasks.pop_back(); }, Shows::Losses},
       {"Plan.units", [](F &f) { f.offloadBlocks = {1}; }, Shows::HostPool},
-      {"Plan.regions", [](F &f) { f.regions = {{1, 2}}; }, Shows::Peak},
+      {"Plan.regions",
+       [](F &f) {
+         f.regions = {{1, 2}};
+       },
+       Shows::Peak},
       {"Plan.offloads", [](F &f) { f.offloadTableBytes = 4096; },
        Shows::Nothing},
       {"Plan.buckets", [](F &f) { f.bucketElements = 1000; }, Shows::Nothing},
@@ -768,10 +770,8 @@ std::vector<Change> allChanges(const std::string &jsonl) {
        cudaMemoryStatsAvailable() ? Shows::Peak : Shows::Refused,
        "no usable CUDA device"},
       {"Target.precision", [](F &f) { f.precision = "bf16"; }, Shows::Losses},
-      {"Target.memory_bytes", [](F &f) { f.memory = 1 << 20; },
-       Shows::Nothing},
-      {"Target.usable_bytes", [](F &f) { f.usable = 1 << 20; },
-       Shows::Nothing},
+      {"Target.memory_bytes", [](F &f) { f.memory = 1 << 20; }, Shows::Nothing},
+      {"Target.usable_bytes", [](F &f) { f.usable = 1 << 20; }, Shows::Nothing},
       {"Target.gpus", [](F &f) { f.gpus = 2; }, Shows::Output,
        "(the plan is for 2 process(es), this run has 1"},
       {"Target.micro_batch", [](F &f) { f.micro = 4; }, Shows::Peak},
@@ -810,11 +810,12 @@ std::vector<Change> allChanges(const std::string &jsonl) {
        Shows::Losses},
       {"Task.loss", task(0, [](TaskFields &t) { t.loss = "mse"; }),
        Shows::Losses},
-      {"Task.lr", task(1,
-                       [](TaskFields &t) {
-                         t.lrKind = "constant";
-                         t.lrPeak = 3e-2;
-                       }),
+      {"Task.lr",
+       task(1,
+            [](TaskFields &t) {
+              t.lrKind = "constant";
+              t.lrPeak = 3e-2;
+            }),
        Shows::Losses},
       {"LrSchedule.kind", [](F &f) { f.lrKind = "linear"; }, Shows::Losses},
       {"LrSchedule.peak", [](F &f) { f.lrPeak = 1e-2; }, Shows::Losses},
@@ -828,8 +829,8 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       {"Strategy.gate_hidden", [](F &f) { f.gateHidden = 64; }, Shows::Losses},
       // (These tasks share every activation: reuse ratio 1, below a
       // threshold of 2 only; every cosine matrix spreads above 0.)
-      {"Strategy.recalibrate_reuse", [](F &f) { f.reuse = 2.0; },
-       Shows::Events, "", [](F &f) { f.stdThreshold = 0.0; }},
+      {"Strategy.recalibrate_reuse", [](F &f) { f.reuse = 2.0; }, Shows::Events,
+       "", [](F &f) { f.stdThreshold = 0.0; }},
       {"Strategy.recalibrate_std", [](F &f) { f.stdThreshold = 0.0; },
        Shows::Events, "",
        [](F &f) {
@@ -860,8 +861,8 @@ std::vector<Change> allChanges(const std::string &jsonl) {
        Shows::HostPool},
       {"Unit.block", [](F &f) { f.offloadBlocks = {2}; }, Shows::HostPool, "",
        [](F &f) { f.offloadBlocks = {1}; }},
-      {"Unit.task", [](F &f) { f.offloadHeads = {"cls"}; }, Shows::HostPool,
-       "", [](F &f) { f.offloadHeads = {"tag"}; }},
+      {"Unit.task", [](F &f) { f.offloadHeads = {"cls"}; }, Shows::HostPool, "",
+       [](F &f) { f.offloadHeads = {"tag"}; }},
       {"Unit.name", [](F &) {}, Shows::Nothing},
       {"Unit.kind", [](F &) {}, Shows::Nothing},
       {"Unit.layer", [](F &) {}, Shows::Nothing},
@@ -870,10 +871,22 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       // (Recomputing layer 1 or only its MLP peaks alike: the bottom
       // layer's backward holds both units either way. The run's schedule
       // shows it.)
-      {"Region.first_block", [](F &f) { f.regions = {{2, 2}}; },
-       Shows::Regions, "", [](F &f) { f.regions = {{1, 2}}; }},
-      {"Region.last_block", [](F &f) { f.regions = {{1, 1}}; }, Shows::Peak,
-       "", [](F &f) { f.regions = {{1, 2}}; }},
+      {"Region.first_block",
+       [](F &f) {
+         f.regions = {{2, 2}};
+       },
+       Shows::Regions, "",
+       [](F &f) {
+         f.regions = {{1, 2}};
+       }},
+      {"Region.last_block",
+       [](F &f) {
+         f.regions = {{1, 1}};
+       },
+       Shows::Peak, "",
+       [](F &f) {
+         f.regions = {{1, 2}};
+       }},
       {"Offload.unit", [](F &) {}, Shows::Nothing},
       {"Offload.bytes", [](F &f) { f.offloadTableBytes = 4096; },
        Shows::Nothing},
@@ -887,7 +900,6 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       {"Bucket.bits", [](F &) {}, Shows::Nothing},
       {"Bucket.decay", [](F &) {}, Shows::Nothing},
   };
-
 }
 
 /// Runs the plan as written and once per change of a field of `table`.
@@ -998,9 +1010,10 @@ TEST(PlanFields, EveryFieldOfTheSchemaIsClassified) {
   EXPECT_GT(schema.size(), 80u);
   for (const std::string &field : schema)
     EXPECT_TRUE(covered.count(field))
-        << field << " (runtime/schema/plan.fbs) is not classified in "
-                    "unittests/runtime/PlanTest.cpp: does the runtime honour "
-                    "it (a change shows in the run) or is it a description?";
+        << field
+        << " (runtime/schema/plan.fbs) is not classified in "
+           "unittests/runtime/PlanTest.cpp: does the runtime honour "
+           "it (a change shows in the run) or is it a description?";
   for (const std::string &field : covered)
     EXPECT_TRUE(schema.count(field))
         << field << " is not in runtime/schema/plan.fbs";
@@ -1083,9 +1096,7 @@ Exchanged exchange(const Scratch &dir, const PlanFields &f) {
   const std::string plan = dir.path + "/p" + tag + ".mtpplan",
                     m = dir.path + "/m" + tag + ".jsonl",
                     log = dir.path + "/log" + tag + ".txt";
-  {
-    std::ofstream(plan, std::ios::binary) << build(f);
-  }
+  { std::ofstream(plan, std::ios::binary) << build(f); }
   Exchanged r;
   r.rc = runTool({"--plan", plan, "--nproc", "2", "--metrics", m}, log);
   r.output = slurp(log);
@@ -1184,9 +1195,7 @@ TEST(PlanFields, ANonFiniteLossOnOneRankStopsBothRanks) {
   }
   const std::string plan = dir.path + "/p.mtpplan", c = dir.path + "/c",
                     log = dir.path + "/log.txt";
-  {
-    std::ofstream(plan, std::ios::binary) << build(f);
-  }
+  { std::ofstream(plan, std::ios::binary) << build(f); }
   EXPECT_EQ(runTool({"--plan", plan, "--nproc", "2", "--checkpoint-dir", c,
                      "--checkpoint-every", "1"},
                     log),
