@@ -436,7 +436,7 @@ struct PlanFields {
   int64_t layers = 2, hidden = 16, heads = 2, ffn = 32, vocab = 40, seq = 12;
   double dropout = 0.1;
   std::vector<TaskFields> tasks = {{"cls", "classify", 1, true, 4},
-                                   {"tag", "tag", 2, false, 6, 0, 0, 0, 0.5},
+                                   {"tag", "tag", 1, false, 6, 0, 0, 0, 0.5},
                                    {"gen", "decoder", 2, false, 0, 1, 0, 4}};
   // Units: the decisions (a unit per backbone block and head, kept unless
   // listed), regions, the offload and bucket tables.
@@ -532,8 +532,8 @@ std::string build(const PlanFields &f) {
       b.CreateVector(offloads), b.CreateVector(buckets), f.predicted,
       f.keepPeak, f.uniformPeak, f.addedSeconds, strategy, train);
   fb::FinishPlanBuffer(b, plan);
-  return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()),
-                     b.GetSize());
+  // Framed with its checksum, as mtpc writes a plan file.
+  return framePlan(b.GetBufferPointer(), b.GetSize());
 }
 
 std::string slurp(const std::string &path) {
@@ -770,16 +770,16 @@ std::vector<Change> allChanges(const std::string &jsonl) {
        cudaMemoryStatsAvailable() ? Shows::Peak : Shows::Refused,
        "no usable CUDA device"},
       {"Target.precision", [](F &f) { f.precision = "bf16"; }, Shows::Losses},
-      {"Target.memory_bytes", [](F &f) { f.memory = 1 << 20; }, Shows::Nothing},
+      {"Target.memory_bytes", [](F &f) { f.memory = int64_t(2) << 30; },
+       Shows::Nothing},
       {"Target.usable_bytes", [](F &f) { f.usable = 1 << 20; }, Shows::Nothing},
-      {"Target.gpus", [](F &f) { f.gpus = 2; }, Shows::Output,
+      {"Target.gpus", [](F &f) { f.gpus = 2; f.global = 16; }, Shows::Output,
        "(the plan is for 2 process(es), this run has 1"},
       {"Target.micro_batch", [](F &f) { f.micro = 4; }, Shows::Peak},
       {"Target.global_batch", [](F &f) { f.global = 16; }, Shows::Losses},
 
       {"Backbone.kind", [](F &f) { f.kind = "rnn"; }, Shows::Refused,
-       "has backbone kind 'rnn': this runtime builds 'transformer' backbones "
-       "only"},
+       "field backbone.kind: 'rnn' is none of transformer"},
       {"Backbone.layers", [](F &f) { f.layers = 3; }, Shows::Losses},
       {"Backbone.hidden", [](F &f) { f.hidden = 24; }, Shows::Losses},
       {"Backbone.heads", [](F &f) { f.heads = 4; }, Shows::Losses},
@@ -827,15 +827,15 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       {"Strategy.gfm_keep", [](F &f) { f.gfmKeep = 0.5; }, Shows::Losses},
       {"Strategy.clip_max_norm", [](F &f) { f.clip = 0.01; }, Shows::Losses},
       {"Strategy.gate_hidden", [](F &f) { f.gateHidden = 64; }, Shows::Losses},
-      // (These tasks share every activation: reuse ratio 1, below a
-      // threshold of 2 only; every cosine matrix spreads above 0.)
-      {"Strategy.recalibrate_reuse", [](F &f) { f.reuse = 2.0; }, Shows::Events,
+      // (Layer 2 serves only gen: the reuse ratio is below 1, the largest
+      // threshold a plan may carry; every cosine matrix spreads above 0.)
+      {"Strategy.recalibrate_reuse", [](F &f) { f.reuse = 1.0; }, Shows::Events,
        "", [](F &f) { f.stdThreshold = 0.0; }},
       {"Strategy.recalibrate_std", [](F &f) { f.stdThreshold = 0.0; },
        Shows::Events, "",
        [](F &f) {
-         f.reuse = 2.0;
-         f.stdThreshold = 10.0;
+         f.reuse = 1.0;
+         f.stdThreshold = 1.0;
        }},
       // The collective's fields act between processes (the two-process test
       // below): one process exchanges nothing.
