@@ -10,9 +10,11 @@
 #define MTPRT_FUZZ_FUZZCOMMON_H
 
 #include "mtprt/Config.h"
+#include "mtprt/DataFormat.h"
 
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,28 @@ inline std::vector<HeadConfig> heads() {
 /// A reader's error must name the file it was given.
 inline void namesTheFile(const std::string &message, const std::string &prefix) {
   MTPRT_FUZZ_CHECK(message.rfind(prefix, 0) == 0, message);
+}
+
+/// Accepted records, written as a shard and read back: the shard reader
+/// must accept what the writer wrote (`what` says whose records they were).
+inline Records shardRoundTrip(const Records &r, const ModelConfig &model,
+                              const std::vector<HeadConfig> &heads,
+                              const std::string &what) {
+  std::ostringstream out;
+  writeShard(out, r, "fuzz.shard", model, heads);
+  const std::string shard = out.str();
+  std::istringstream back(shard);
+  Records s;
+  try {
+    s = readShard(back, shard.size(), "again.shard", model, heads);
+  } catch (const DataError &e) {
+    MTPRT_FUZZ_CHECK(false, what + ", written as a shard, are refused: " +
+                                e.what());
+  }
+  MTPRT_FUZZ_CHECK(s.count == r.count && s.tokens == r.tokens &&
+                       s.present == r.present,
+                   "the shard round trip changed the records");
+  return s;
 }
 
 } // namespace mtprt::fuzz

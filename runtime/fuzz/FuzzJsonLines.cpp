@@ -40,20 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                      kHeads[h].name);
   }
   // The shard of what was accepted reads back the same.
-  std::ostringstream out;
-  writeShard(out, r, "fuzz.shard", kModel, kHeads);
-  const std::string shard = out.str();
-  std::istringstream back(shard);
-  Records s;
-  try {
-    s = readShard(back, shard.size(), "fuzz.shard", kModel, kHeads);
-  } catch (const DataError &e) {
-    MTPRT_FUZZ_CHECK(false, std::string("the shard of accepted records is "
-                                        "refused: ") +
-                                e.what());
-  }
-  MTPRT_FUZZ_CHECK(s.count == r.count && s.tokens == r.tokens &&
-                       s.present == r.present && s.labels == r.labels,
-                   "the shard round trip changed the records");
+  const Records s = fuzz::shardRoundTrip(r, kModel, kHeads, "accepted records");
+  MTPRT_FUZZ_CHECK(s.labels == r.labels,
+                   "the shard round trip changed the labels");
   return 0;
 }

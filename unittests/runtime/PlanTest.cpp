@@ -4,7 +4,6 @@
 #include "mtprt/Driver.h"
 #include "mtprt/Errors.h"
 #include "mtprt/Memory.h"
-#include "mtprt/Plan.h"
 #include "mtprt/PlanFrame.h"
 
 #include "schema/plan_generated.h"
