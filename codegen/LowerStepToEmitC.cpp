@@ -332,14 +332,14 @@ LogicalResult StepLowering::run() {
   // checkpoint region, an offload decision as mtp.offload ops.
   bool hasOffloadOps = !step.getBody().getOps<OffloadOp>().empty();
   WalkResult unplanned = step.walk([&](FwdOp fwd) {
-    auto decision = fwd->getAttrOfType<StringAttr>("mtp.decision");
+    std::optional<Decision> decision = fwd.getDecision();
     if (!decision)
       return WalkResult::advance();
-    if ((decision.getValue() == "recompute" &&
+    if ((*decision == Decision::Recompute &&
          !fwd->getParentOfType<CheckpointOp>()) ||
-        (decision.getValue() == "offload" && !hasOffloadOps)) {
+        (*decision == Decision::Offload && !hasOffloadOps)) {
       fwd.emitError() << "unit " << fwd.getUnitName() << " is planned to "
-                      << decision.getValue()
+                      << stringifyDecision(*decision)
                       << " but the plan is not written into the step; run "
                          "--mtp-materialize-offload and "
                          "--mtp-materialize-checkpoints first";
@@ -383,11 +383,12 @@ LogicalResult StepLowering::run() {
   b.setInsertionPointToStart(entry);
   trainer = entry->getArgument(0);
 
-  auto peak = step->getAttrOfType<IntegerAttr>("mtp.planned_peak_bytes");
+  StepPlanAttr peak = step.getPlanAttr();
   auto budget = model.getBudget();
   comment(llvm::formatv(
       "One optimizer step of model {0}, as planned{1}{2}.", model.getSymName(),
-      peak ? llvm::formatv(": predicted peak {0} B", peak.getInt()).str()
+      peak ? llvm::formatv(": predicted peak {0} B", peak.getPlannedPeakBytes())
+                 .str()
            : std::string(),
       budget ? llvm::formatv(" of {0} B usable",
                              CostModel(model).usableBytes())

@@ -168,4 +168,49 @@ def MTP_UnitKind : I32EnumAttr<"UnitKind", "a unit of the training step", [
 }
 def MTP_UnitKindAttr : EnumAttr<MTP_Dialect, MTP_UnitKind, "unit">;
 
+def MTP_Decision : I32EnumAttr<"Decision",
+    "what the plan does with a unit's saved tensors", [
+    I32EnumAttrCase<"Keep", 0, "keep">,
+    // Dropped after the forward, re-created in a checkpoint region.
+    I32EnumAttrCase<"Recompute", 1, "recompute">,
+    // Copied to pinned host memory, prefetched before the backward.
+    I32EnumAttrCase<"Offload", 2, "offload">
+  ]> {
+  let cppNamespace = "::mtp";
+  let genSpecializedAttr = 0;
+}
+def MTP_DecisionAttr : EnumAttr<MTP_Dialect, MTP_Decision, "decision">;
+
+// A checkpoint region of the plan, in runtime block numbers (inclusive).
+def MTP_PlanRegionParameter :
+    AttrOrTypeParameter<"::mtp::PlanRegion", "a checkpoint region">;
+// An offloaded unit of the plan.
+def MTP_PlanOffloadParameter :
+    AttrOrTypeParameter<"::mtp::PlanOffload", "an offloaded unit">;
+
+def MTP_StepPlanAttr : AttrDef<MTP_Dialect, "StepPlan"> {
+  let mnemonic = "plan";
+  let summary = "the joint memory plan of a step, as --mtp-plan-memory chose it";
+  let description = [{
+    The step's peaks under the plan and its two baselines (keep everything;
+    uniform checkpointing, a region per layer), the smallest peak any plan
+    reaches, the added seconds, the checkpoint regions and the offload
+    schedule. Each unit's own decision is the `decision` of its `mtp.fwd`.
+
+    `#mtp.plan<peak 5884428, keep 9163532, uniform 5556748, minimal 5000000,
+    added 1.2e-04, uniform_added 3.4e-04, regions [1 to 1, 3 to 3],
+    offloads ["head pos" 4096 stream 1 wait 0.0e+00]>`
+  }];
+  let parameters = (ins "int64_t":$planned_peak_bytes,
+                        "int64_t":$keep_peak_bytes,
+                        "int64_t":$uniform_peak_bytes,
+                        "int64_t":$minimal_peak_bytes,
+                        APFloatParameter<"added seconds">:$added_seconds,
+                        APFloatParameter<"uniform's added seconds">:$uniform_added_seconds,
+                        ArrayRefParameter<"::mtp::PlanRegion">:$regions,
+                        ArrayRefParameter<"::mtp::PlanOffload">:$offloads);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+}
+
 #endif // MTP_ATTRS

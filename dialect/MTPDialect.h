@@ -4,6 +4,7 @@
 #define MTPC_DIALECT_MTPDIALECT_H
 
 #include "mlir/IR/Dialect.h"
+#include "mlir/IR/Operation.h" // the generated discardable-attribute helpers
 
 #include "dialect/MTPOpsDialect.h.inc"
 

@@ -22,6 +22,18 @@ def MTP_Dialect : Dialect {
     training step whose every value has a size and every op a cost.
   }];
   let useDefaultAttributePrinterParser = 1;
+  // What --mtp-memory-analysis prints onto a step (the plan itself is the
+  // step's inherent `plan`, each unit's decision its `mtp.fwd`'s). The
+  // dialect verifies these on a step and refuses any other `mtp.` name.
+  let discardableAttrs = (ins
+    "::mlir::IntegerAttr":$peak_bytes,
+    "::mlir::StringAttr":$peak_at,
+    "::mlir::DictionaryAttr":$breakdown,
+    "::mlir::IntegerAttr":$saved_bytes,
+    "::mlir::DictionaryAttr":$task_only_bytes,
+    "::mlir::FloatAttr":$activation_reuse_ratio
+  );
+  let hasOperationAttrVerify = 1;
 }
 
 class MTP_Op<string mnemonic, list<Trait> traits = []> :

@@ -270,6 +270,110 @@ static void printSchedule(OpAsmPrinter &printer, Operation *,
 }
 
 //===----------------------------------------------------------------------===//
+// StepPlanAttr
+//===----------------------------------------------------------------------===//
+
+// <peak N, keep N, uniform N, minimal N, added F, uniform_added F,
+//  regions [A to B, ...], offloads ["unit" BYTES stream S wait F, ...]>
+Attribute StepPlanAttr::parse(AsmParser &parser, Type) {
+  SMLoc loc = parser.getCurrentLocation();
+  int64_t peaks[4];
+  double added, uniformAdded;
+  SmallVector<PlanRegion> regions;
+  SmallVector<PlanOffload> offloads;
+  if (parser.parseLess() || parser.parseKeyword("peak") ||
+      parser.parseInteger(peaks[0]) || parser.parseComma() ||
+      parser.parseKeyword("keep") || parser.parseInteger(peaks[1]) ||
+      parser.parseComma() || parser.parseKeyword("uniform") ||
+      parser.parseInteger(peaks[2]) || parser.parseComma() ||
+      parser.parseKeyword("minimal") || parser.parseInteger(peaks[3]) ||
+      parser.parseComma() || parser.parseKeyword("added") ||
+      parser.parseFloat(added) || parser.parseComma() ||
+      parser.parseKeyword("uniform_added") || parser.parseFloat(uniformAdded) ||
+      parser.parseComma() || parser.parseKeyword("regions"))
+    return {};
+  auto parseRegion = [&]() -> ParseResult {
+    PlanRegion r;
+    if (parser.parseInteger(r.first) || parser.parseKeyword("to") ||
+        parser.parseInteger(r.last))
+      return failure();
+    regions.push_back(r);
+    return success();
+  };
+  auto parseOffload = [&]() -> ParseResult {
+    std::string unit;
+    PlanOffload o;
+    if (parser.parseString(&unit) || parser.parseInteger(o.bytes) ||
+        parser.parseKeyword("stream") || parser.parseInteger(o.stream) ||
+        parser.parseKeyword("wait") || parser.parseFloat(o.exposedWait))
+      return failure();
+    o.unit = StringAttr::get(parser.getContext(), unit);
+    offloads.push_back(o);
+    return success();
+  };
+  if (parser.parseCommaSeparatedList(AsmParser::Delimiter::Square,
+                                     parseRegion) ||
+      parser.parseComma() || parser.parseKeyword("offloads") ||
+      parser.parseCommaSeparatedList(AsmParser::Delimiter::Square,
+                                     parseOffload) ||
+      parser.parseGreater())
+    return {};
+  return getChecked([&] { return parser.emitError(loc); }, parser.getContext(),
+                    peaks[0], peaks[1], peaks[2], peaks[3], APFloat(added),
+                    APFloat(uniformAdded), ArrayRef<PlanRegion>(regions),
+                    ArrayRef<PlanOffload>(offloads));
+}
+
+void StepPlanAttr::print(AsmPrinter &printer) const {
+  printer << "<peak " << getPlannedPeakBytes() << ", keep "
+          << getKeepPeakBytes() << ", uniform " << getUniformPeakBytes()
+          << ", minimal " << getMinimalPeakBytes() << ", added ";
+  printer.printFloat(getAddedSeconds());
+  printer << ", uniform_added ";
+  printer.printFloat(getUniformAddedSeconds());
+  printer << ", regions [";
+  llvm::interleaveComma(getRegions(), printer, [&](const PlanRegion &r) {
+    printer << r.first << " to " << r.last;
+  });
+  printer << "], offloads [";
+  llvm::interleaveComma(getOffloads(), printer, [&](const PlanOffload &o) {
+    printer.printString(o.unit.getValue());
+    printer << ' ' << o.bytes << " stream " << o.stream << " wait ";
+    printer.printFloat(APFloat(o.exposedWait));
+  });
+  printer << "]>";
+}
+
+LogicalResult
+StepPlanAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                     int64_t planned, int64_t keep, int64_t uniform,
+                     int64_t minimal, APFloat added, APFloat uniformAdded,
+                     ArrayRef<PlanRegion> regions,
+                     ArrayRef<PlanOffload> offloads) {
+  for (int64_t bytes : {planned, keep, uniform, minimal})
+    if (bytes < 0 || bytes > limits::kMaxBytes)
+      return emitError() << "plan peak " << bytes << " B is outside [0, "
+                         << limits::kMaxBytes << "]";
+  for (const APFloat &s : {added, uniformAdded})
+    if (!s.isFinite() || s.isNegative())
+      return emitError() << "plan's added seconds must be finite and >= 0";
+  int64_t previous = 0;
+  for (const PlanRegion &r : regions) {
+    if (r.first <= previous || r.last < r.first)
+      return emitError() << "plan regions must be ascending, disjoint block "
+                            "ranges from 1; got "
+                         << r.first << " to " << r.last;
+    previous = r.last;
+  }
+  for (const PlanOffload &o : offloads)
+    if (o.bytes < 0 || o.bytes > limits::kMaxBytes || o.stream < 0 ||
+        !std::isfinite(o.exposedWait) || o.exposedWait < 0)
+      return emitError() << "plan offload of '" << o.unit.getValue()
+                         << "' has an invalid size, stream or wait";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // ModelOp
 //===----------------------------------------------------------------------===//
 
@@ -333,8 +437,7 @@ static LogicalResult verifySizes(ModelOp model) {
     params += depth * (4 * hidden * hidden + 2 * hidden * ffn) + hidden * out;
   }
   bytes += 16 * params;
-  constexpr double kMaxBytes = 0x1p60, kMaxFlops = 0x1p62;
-  if (bytes > kMaxBytes || flops > kMaxFlops)
+  if (bytes > double(limits::kMaxBytes) || flops > double(limits::kMaxFlops))
     return model.emitOpError("is too large to plan: about ")
            << llvm::formatv("{0:e2}", bytes).str() << " bytes and "
            << llvm::formatv("{0:e2}", flops).str()
@@ -888,6 +991,11 @@ LogicalResult FwdOp::verify() {
                                    << getOutputs().size() - 1;
   if (getOutputs().empty())
     return emitOpError("produces no output");
+  if (getRegion() && getDecision() != Decision::Recompute)
+    return emitOpError("names checkpoint region ")
+           << *getRegion() << " but its plan is "
+           << (getDecision() ? stringifyDecision(*getDecision()) : "none")
+           << "; only a recomputed unit falls in a region";
   return verifyUnit(*this, getUnit(), getLayer(), getTaskAttr());
 }
 

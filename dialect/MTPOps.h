@@ -15,7 +15,40 @@
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 
+#include "llvm/ADT/bit.h"
+
 #include "dialect/MTPEnums.h.inc"
+
+namespace mtp {
+/// A checkpoint region of a plan: runtime blocks `first`..`last` inclusive
+/// (2l-1 attention, 2l MLP of layer l).
+struct PlanRegion {
+  int64_t first = 0, last = 0;
+  bool operator==(const PlanRegion &o) const {
+    return first == o.first && last == o.last;
+  }
+};
+inline llvm::hash_code hash_value(const PlanRegion &r) {
+  return llvm::hash_combine(r.first, r.last);
+}
+
+/// An offloaded unit of a plan: its saved bytes go to pinned host memory on
+/// copy stream `stream`; `exposedWait` is what the backward waits for the
+/// prefetch (0 when the copy is hidden).
+struct PlanOffload {
+  mlir::StringAttr unit;
+  int64_t bytes = 0, stream = 1;
+  double exposedWait = 0.0;
+  bool operator==(const PlanOffload &o) const {
+    return unit == o.unit && bytes == o.bytes && stream == o.stream &&
+           exposedWait == o.exposedWait;
+  }
+};
+inline llvm::hash_code hash_value(const PlanOffload &o) {
+  return llvm::hash_combine(o.unit, o.bytes, o.stream,
+                            llvm::bit_cast<uint64_t>(o.exposedWait));
+}
+} // namespace mtp
 
 #define GET_ATTRDEF_CLASSES
 #include "dialect/MTPAttrs.h.inc"

@@ -19,10 +19,12 @@ def MTP_StepOp : MTP_Op<"step", [
     The body runs in order: inputs, forward units, heads and losses,
     backward units, gradient sums, then `mtp.optimizer_step`. `mtp.weights`
     ops declare the parameter groups (resident for the whole step, with
-    their gradients and optimizer state).
+    their gradients and optimizer state). `plan` is the joint memory plan
+    once `--mtp-plan-memory` has run.
   }];
+  let arguments = (ins OptionalAttr<MTP_StepPlanAttr>:$plan);
   let regions = (region SizedRegion<1>:$body);
-  let assemblyFormat = "attr-dict-with-keyword $body";
+  let assemblyFormat = "(`plan` $plan^)? attr-dict-with-keyword $body";
   let skipDefaultBuilders = 1;
   let builders = [OpBuilder<(ins)>];
 }
@@ -61,18 +63,23 @@ def MTP_FwdOp : MTP_Op<"fwd", [
     masks, softmax outputs, contiguous copies). Saved tensors that are also
     inputs or outputs are not repeated: the backward unit takes them as
     operands, which is what keeps them alive. `layer` is 1-based for backbone
-    units (0 for the embeddings and for heads and losses).
+    units (0 for the embeddings and for heads and losses). `decision` is the
+    plan's for the unit's saved tensors (`--mtp-plan-memory`); `region` the
+    checkpoint region a recomputed backbone unit falls in.
   }];
   let arguments = (ins MTP_UnitKindAttr:$unit, MTP_NonNegativeI64Attr:$layer,
                        OptionalAttr<FlatSymbolRefAttr>:$task,
                        Variadic<AnyRankedTensor>:$inputs,
                        MTP_NonNegativeI64Attr:$flops,
                        DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$workspace,
-                       OptionalAttr<StrArrayAttr>:$saved_names);
+                       OptionalAttr<StrArrayAttr>:$saved_names,
+                       OptionalAttr<MTP_DecisionAttr>:$decision,
+                       OptionalAttr<MTP_NonNegativeI64Attr>:$region);
   let results = (outs Variadic<AnyRankedTensor>:$outputs);
   let assemblyFormat = [{
     $unit `[` $layer `]` ($task^)? `(` $inputs `)`
-    `flops` $flops (`workspace` $workspace^)? (`saves` $saved_names^)? attr-dict
+    `flops` $flops (`workspace` $workspace^)? (`saves` $saved_names^)?
+    (`plan` $decision^)? (`region` $region^)? attr-dict
     `:` functional-type($inputs, $outputs)
   }];
   let extraClassDeclaration = [{

@@ -50,7 +50,8 @@ private:
         task ? FlatSymbolRefAttr::get(task.getSymNameAttr()) : nullptr,
         inputs, b.getI64IntegerAttr(c.fwdFlops),
         b.getI64IntegerAttr(c.fwdWorkspace),
-        names.empty() ? nullptr : b.getArrayAttr(names));
+        names.empty() ? nullptr : b.getArrayAttr(names),
+        /*decision=*/nullptr, /*region=*/nullptr);
     return {op, std::move(c)};
   }
 

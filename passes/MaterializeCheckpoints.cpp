@@ -33,8 +33,8 @@ void MaterializeCheckpointsPass::runOnOperation() {
 
   llvm::MapVector<int64_t, SmallVector<FwdOp>> regions;
   for (FwdOp fwd : body.getOps<FwdOp>())
-    if (auto r = fwd->getAttrOfType<IntegerAttr>("mtp.region"))
-      regions[r.getInt()].push_back(fwd);
+    if (std::optional<uint64_t> r = fwd.getRegion())
+      regions[*r].push_back(fwd);
 
   OpBuilder b(model.getContext());
   int64_t movedUnits = 0, recomputedTensors = 0;
@@ -121,9 +121,9 @@ void MaterializeCheckpointsPass::runOnOperation() {
     b.setInsertionPointToEnd(bwdBody);
     IRMapping mapping;
     for (FwdOp fwd : units) {
-      Operation *clone = b.clone(*fwd, mapping);
-      clone->removeAttr("mtp.decision");
-      clone->removeAttr("mtp.region");
+      auto clone = cast<FwdOp>(b.clone(*fwd, mapping));
+      clone.removeDecisionAttr();
+      clone.removeRegionAttr();
     }
     SmallVector<Value> yielded;
     for (Value v : recomputed)

@@ -44,9 +44,8 @@ void MaterializeOffloadPass::runOnOperation() {
 
   SmallVector<FwdOp> offloaded;
   for (FwdOp fwd : body.getOps<FwdOp>())
-    if (auto d = fwd->getAttrOfType<StringAttr>("mtp.decision"))
-      if (d.getValue() == "offload")
-        offloaded.push_back(fwd);
+    if (fwd.getDecision() == Decision::Offload)
+      offloaded.push_back(fwd);
 
   int64_t tensors = 0, bytes = 0;
   for (FwdOp fwd : offloaded) {

@@ -328,11 +328,12 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
 
 void mtp::attachMemoryReport(StepOp step, const MemoryReport &report) {
   Builder b(step.getContext());
+  auto *mtp = step->getContext()->getLoadedDialect<MTPDialect>();
   auto i64 = [&](int64_t v) { return b.getI64IntegerAttr(v); };
   const MemoryBreakdown &m = report.atPeak;
-  step->setAttr("mtp.peak_bytes", i64(report.peakBytes));
-  step->setAttr("mtp.peak_at",
-                b.getStringAttr(MemoryReport::describe(report.peakOp)));
+  mtp->getPeakBytesAttrHelper().setAttr(step, i64(report.peakBytes));
+  mtp->getPeakAtAttrHelper().setAttr(
+      step, b.getStringAttr(MemoryReport::describe(report.peakOp)));
   SmallVector<NamedAttribute> breakdown = {
       b.getNamedAttr("parameters", i64(m.parameters)),
       b.getNamedAttr("gradients", i64(m.gradients)),
@@ -343,14 +344,15 @@ void mtp::attachMemoryReport(StepOp step, const MemoryReport &report) {
   };
   if (m.exchange) // only where there is one (more than one process, GSC)
     breakdown.push_back(b.getNamedAttr("exchange", i64(m.exchange)));
-  step->setAttr("mtp.breakdown", b.getDictionaryAttr(breakdown));
-  step->setAttr("mtp.saved_bytes", i64(report.savedBytes));
+  mtp->getBreakdownAttrHelper().setAttr(step, b.getDictionaryAttr(breakdown));
+  mtp->getSavedBytesAttrHelper().setAttr(step, i64(report.savedBytes));
   SmallVector<NamedAttribute> perTask;
   for (auto &[task, bytes] : report.taskOnlyBytes)
     perTask.push_back(b.getNamedAttr(task, i64(bytes)));
-  step->setAttr("mtp.task_only_bytes", b.getDictionaryAttr(perTask));
-  step->setAttr("mtp.activation_reuse_ratio",
-                b.getF64FloatAttr(report.activationReuseRatio));
+  mtp->getTaskOnlyBytesAttrHelper().setAttr(step,
+                                            b.getDictionaryAttr(perTask));
+  mtp->getActivationReuseRatioAttrHelper().setAttr(
+      step, b.getF64FloatAttr(report.activationReuseRatio));
 }
 
 namespace {

@@ -20,20 +20,14 @@ constexpr unsigned kPlanVersion = unsigned(fb::PlanVersion::Current);
 static_assert(kPlanVersion == mtprt::kPlanVersion,
               "plan.fbs's PlanVersion and mtprt/PlanFrame.h's are one number");
 
-int64_t stepInt(StepOp step, StringRef name, int64_t otherwise) {
-  auto attr = step->getAttrOfType<IntegerAttr>(name);
-  return attr ? attr.getInt() : otherwise;
-}
+// The schema's Decision is the dialect's, value for value.
+static_assert(int(fb::Decision::Keep) == int(Decision::Keep) &&
+              int(fb::Decision::Recompute) == int(Decision::Recompute) &&
+              int(fb::Decision::Offload) == int(Decision::Offload) &&
+              int(fb::Decision::MAX) == int(getMaxEnumValForDecision()));
 
 fb::Decision decisionOf(FwdOp op) {
-  auto d = op->getAttrOfType<StringAttr>("mtp.decision");
-  if (!d)
-    return fb::Decision::Keep;
-  if (d.getValue() == "recompute")
-    return fb::Decision::Recompute;
-  if (d.getValue() == "offload")
-    return fb::Decision::Offload;
-  return fb::Decision::Keep;
+  return static_cast<fb::Decision>(op.getDecision().value_or(Decision::Keep));
 }
 
 llvm::StringRef str(const flatbuffers::String *s) {
@@ -81,23 +75,16 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         decisionOf(op)));
   }
 
+  StepPlanAttr stepPlan = step.getPlanAttr();
   std::vector<fb::Region> regions;
-  if (auto attr = step->getAttrOfType<ArrayAttr>("mtp.regions"))
-    for (Attribute r : attr) {
-      auto range = cast<DenseI64ArrayAttr>(r).asArrayRef();
-      regions.emplace_back(range[0], range[1]);
-    }
-
   std::vector<flatbuffers::Offset<fb::Offload>> offloads;
-  if (auto schedule = step->getAttrOfType<ArrayAttr>("mtp.offload_schedule"))
-    for (Attribute a : schedule) {
-      auto entry = cast<DictionaryAttr>(a);
-      offloads.push_back(fb::CreateOffload(
-          b, b.CreateString(cast<StringAttr>(entry.get("unit")).str()),
-          cast<IntegerAttr>(entry.get("bytes")).getInt(),
-          cast<IntegerAttr>(entry.get("stream")).getInt(),
-          cast<FloatAttr>(entry.get("exposed_wait_s")).getValueAsDouble()));
-    }
+  if (stepPlan) {
+    for (const PlanRegion &r : stepPlan.getRegions())
+      regions.emplace_back(r.first, r.last);
+    for (const PlanOffload &o : stepPlan.getOffloads())
+      offloads.push_back(fb::CreateOffload(b, b.CreateString(o.unit.str()),
+                                           o.bytes, o.stream, o.exposedWait));
+  }
 
   std::vector<flatbuffers::Offset<fb::Bucket>> buckets;
   for (AllReduceOp op : step.getBody().front().getOps<AllReduceOp>()) {
@@ -155,16 +142,17 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         tr.getBeta1().convertToDouble(), tr.getBeta2().convertToDouble(),
         tr.getEps().convertToDouble(), tr.getLogEvery(), tr.getSaveEvery());
 
-  auto added = step->getAttrOfType<FloatAttr>("mtp.added_seconds");
-  double addedSeconds = added ? added.getValueAsDouble() : 0.0;
+  // Unplanned, the plan is the step as it stands: every activation kept.
+  double addedSeconds =
+      stepPlan ? stepPlan.getAddedSeconds().convertToDouble() : 0.0;
   auto plan = fb::CreatePlan(
       b, kPlanVersion, b.CreateString(model.getSymName().str()),
       b.CreateString(source.str()), target, backbone, b.CreateVector(tasks),
       b.CreateVector(units), b.CreateVectorOfStructs(regions),
       b.CreateVector(offloads), b.CreateVector(buckets),
-      stepInt(step, "mtp.planned_peak_bytes", report.peakBytes),
-      stepInt(step, "mtp.keep_peak_bytes", report.peakBytes),
-      stepInt(step, "mtp.uniform_peak_bytes", -1), addedSeconds, strategy,
+      stepPlan ? stepPlan.getPlannedPeakBytes() : report.peakBytes,
+      stepPlan ? stepPlan.getKeepPeakBytes() : report.peakBytes,
+      stepPlan ? stepPlan.getUniformPeakBytes() : -1, addedSeconds, strategy,
       train);
   fb::FinishPlanBuffer(b, plan);
   return mtprt::framePlan(b.GetBufferPointer(), b.GetSize());

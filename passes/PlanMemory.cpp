@@ -37,17 +37,6 @@ namespace mtp {
 using namespace mlir;
 using namespace mtp;
 
-llvm::StringRef mtp::stringifyDecision(Decision d) {
-  switch (d) {
-  case Decision::Keep:
-    return "keep";
-  case Decision::Recompute:
-    return "recompute";
-  case Decision::Offload:
-    return "offload";
-  }
-  return "keep";
-}
 
 std::vector<SmallVector<StringRef>> mtp::taskGroups(ModelOp model,
                                                    double threshold) {
@@ -829,55 +818,43 @@ PlanResult MemoryPlanner::solveExactly() {
 void mtp::attachPlan(ModelOp model, const PlanResult &result) {
   StepOp step = model.getStep();
   Builder b(model.getContext());
-  llvm::DenseMap<int64_t, std::pair<StringRef, int64_t>> blockDecision;
-  llvm::StringMap<StringRef> headDecision;
+  llvm::DenseMap<int64_t, std::pair<Decision, int64_t>> blockDecision;
+  llvm::StringMap<Decision> headDecision;
   for (size_t c = 0; c < result.candidates.size(); ++c) {
     const Candidate &cand = result.candidates[c];
-    StringRef d = stringifyDecision(result.decisions[c]);
     for (int64_t blk : cand.blocks)
-      blockDecision[blk] = {d, -1};
+      blockDecision[blk] = {result.decisions[c], -1};
     if (!cand.task.empty())
-      headDecision[cand.task] = d;
+      headDecision[cand.task] = result.decisions[c];
   }
   for (auto [i, region] : llvm::enumerate(result.regions))
     for (int64_t blk = region.first; blk <= region.second; ++blk)
       blockDecision[blk].second = i;
   for (FwdOp fwd : step.getBody().front().getOps<FwdOp>()) {
-    StringRef d = "keep";
+    Decision d = Decision::Keep;
     int64_t region = -1;
     if (FlatSymbolRefAttr task = fwd.getTaskAttr()) {
-      d = headDecision.lookup(task.getValue());
+      d = headDecision.lookup(task.getValue()); // Keep when not a candidate
     } else if (auto it = blockDecision.find(getBlockNumber(fwd.getUnit(), fwd.getLayer()));
                it != blockDecision.end()) {
-      d = it->second.first;
-      region = it->second.second;
+      std::tie(d, region) = it->second;
     }
-    if (d.empty())
-      d = "keep";
-    fwd->setAttr("mtp.decision", b.getStringAttr(d));
+    fwd.setDecision(d);
     if (region >= 0)
-      fwd->setAttr("mtp.region", b.getI64IntegerAttr(region));
+      fwd.setRegion(region);
   }
-  step->setAttr("mtp.planned_peak_bytes", b.getI64IntegerAttr(result.peakBytes));
-  step->setAttr("mtp.added_seconds", b.getF64FloatAttr(result.addedSeconds));
-  step->setAttr("mtp.keep_peak_bytes", b.getI64IntegerAttr(result.keepPeak));
-  step->setAttr("mtp.uniform_peak_bytes", b.getI64IntegerAttr(result.uniformPeak));
-  step->setAttr("mtp.uniform_added_seconds",
-                b.getF64FloatAttr(result.uniformSeconds));
-  step->setAttr("mtp.minimal_peak_bytes", b.getI64IntegerAttr(result.minimalPeak));
-  SmallVector<Attribute> schedule;
+  SmallVector<PlanOffload> offloads;
   for (const PlanResult::Offload &o : result.offloads)
-    schedule.push_back(b.getDictionaryAttr(
-        {b.getNamedAttr("unit",
-                        b.getStringAttr(result.candidates[o.candidate].name)),
-         b.getNamedAttr("bytes", b.getI64IntegerAttr(o.bytes)),
-         b.getNamedAttr("stream", b.getI64IntegerAttr(1)),
-         b.getNamedAttr("exposed_wait_s", b.getF64FloatAttr(o.exposedWait))}));
-  step->setAttr("mtp.offload_schedule", b.getArrayAttr(schedule));
-  SmallVector<Attribute> regions;
+    offloads.push_back({b.getStringAttr(result.candidates[o.candidate].name),
+                        o.bytes, /*stream=*/1, o.exposedWait});
+  SmallVector<PlanRegion> regions;
   for (auto [first, last] : result.regions)
-    regions.push_back(b.getDenseI64ArrayAttr({first, last}));
-  step->setAttr("mtp.regions", b.getArrayAttr(regions));
+    regions.push_back({first, last});
+  step.setPlanAttr(StepPlanAttr::get(
+      model.getContext(), result.peakBytes, result.keepPeak, result.uniformPeak,
+      result.minimalPeak, APFloat(result.addedSeconds),
+      APFloat(result.uniformSeconds), ArrayRef<PlanRegion>(regions),
+      ArrayRef<PlanOffload>(offloads)));
 }
 
 namespace {

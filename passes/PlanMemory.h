@@ -21,8 +21,7 @@
 
 namespace mtp {
 
-enum class Decision : uint8_t { Keep, Recompute, Offload };
-llvm::StringRef stringifyDecision(Decision d);
+// Decision (keep / recompute / offload) is the dialect's enum: MTPAttrs.td.
 
 /// Something the planner decides about.
 struct Candidate {

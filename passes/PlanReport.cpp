@@ -18,24 +18,12 @@ struct Row {
   llvm::SmallVector<StringRef> tasks;
   /// Tasks whose head reads the output of this row (a tap point).
   llvm::SmallVector<StringRef> taps;
-  std::string decision = "keep";
+  Decision decision = Decision::Keep;
 };
 
 /// The planner's decision on a unit (keep before planning).
-StringRef decisionOf(FwdOp op) {
-  if (auto d = op->getAttrOfType<StringAttr>("mtp.decision"))
-    return d.getValue();
-  return "keep";
-}
-
-int64_t stepInt(StepOp step, StringRef name) {
-  auto attr = step->getAttrOfType<IntegerAttr>(name);
-  return attr ? attr.getInt() : -1;
-}
-
-double stepFloat(StepOp step, StringRef name) {
-  auto attr = step->getAttrOfType<FloatAttr>(name);
-  return attr ? attr.getValueAsDouble() : 0.0;
+Decision decisionOf(FwdOp op) {
+  return op.getDecision().value_or(Decision::Keep);
 }
 
 std::string microseconds(double seconds) {
@@ -169,7 +157,7 @@ SmallVector<Row> rowsOf(ModelOp model, const MemoryReport &report) {
     Row &row = rows[it->second];
     row.saved += unit.savedBytes;
     row.fwdFlops += op.getFlops();
-    row.decision = decisionOf(op).str();
+    row.decision = decisionOf(op);
   }
   for (TaskOp task : model.getTasks()) {
     std::string at = task.getTapLayer() == 0
@@ -200,7 +188,7 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
   for (const Row &row : rowsOf(model, report)) {
     os << llvm::formatv("  {0,-22} {1,12} {2,12:f3}  {3,-10} {4}", row.name,
                         formatBytes(row.saved), row.fwdFlops / 1e9,
-                        row.decision, taskList(row.tasks, numTasks));
+                        stringifyDecision(row.decision), taskList(row.tasks, numTasks));
     if (!row.taps.empty()) {
       os << "   <- tap:";
       for (StringRef t : row.taps)
@@ -214,7 +202,7 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
      << " (at the peak)\n"
      << "  optimizer state      " << formatBytes(m.optimizer) << "\n"
      << "  saved activations    " << formatBytes(report.savedBytes) << "\n"
-     << (model.getStep()->hasAttr("mtp.planned_peak_bytes")
+     << (model.getStep().getPlan()
              ? "  peak, nothing planned "
              : "  peak                 ")
      << formatBytes(report.peakBytes) << " at "
@@ -234,10 +222,9 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
     os << "\n  no budget: nothing to compare with\n";
     return;
   }
-  StepOp step = model.getStep();
-  int64_t planned = stepInt(step, "mtp.planned_peak_bytes");
-  int64_t peak = planned >= 0 ? planned : report.peakBytes;
-  if (planned >= 0) {
+  StepPlanAttr plan = model.getStep().getPlanAttr();
+  int64_t peak = plan ? plan.getPlannedPeakBytes() : report.peakBytes;
+  if (plan) {
     if (StrategyOp strategy = model.getStrategy()) {
       os << "\n  strategy: checkpoint "
          << stringifyCheckpointPolicy(strategy.getCheckpoint()) << ", offload "
@@ -255,48 +242,40 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
       }
       os << "\n";
     }
-    auto regions = step->getAttrOfType<ArrayAttr>("mtp.regions");
     os << "  checkpoint regions:";
-    if (!regions || regions.empty())
+    if (plan.getRegions().empty())
       os << " none";
-    for (Attribute r : regions ? regions : ArrayAttr()) {
-      auto range = cast<DenseI64ArrayAttr>(r).asArrayRef();
+    for (const PlanRegion &r : plan.getRegions()) {
       auto block = [](int64_t b) {
         return std::to_string((b + 1) / 2) + (b % 2 ? ".attn" : ".mlp");
       };
-      os << " [" << block(range[0]) << " .. " << block(range[1]) << "]";
+      os << " [" << block(r.first) << " .. " << block(r.last) << "]";
     }
     os << "\n";
-    if (auto schedule = step->getAttrOfType<ArrayAttr>("mtp.offload_schedule");
-        schedule && !schedule.empty()) {
+    if (!plan.getOffloads().empty()) {
       double bound = 0;
       if (StrategyOp strategy = model.getStrategy())
         bound = strategy.getMaxOffloadLatency().convertToDouble();
       os << "  offload (stream 1, low priority; prefetch one unit group ahead, "
             "wait bound "
          << microseconds(bound) << "):\n";
-      for (Attribute a : schedule) {
-        auto entry = cast<DictionaryAttr>(a);
-        os << llvm::formatv(
-            "    {0,-24} {1,12} each way, exposed wait {2}\n",
-            cast<StringAttr>(entry.get("unit")).getValue(),
-            formatBytes(cast<IntegerAttr>(entry.get("bytes")).getInt()),
-            microseconds(
-                cast<FloatAttr>(entry.get("exposed_wait_s")).getValueAsDouble()));
-      }
+      for (const PlanOffload &o : plan.getOffloads())
+        os << llvm::formatv("    {0,-24} {1,12} each way, exposed wait {2}\n",
+                            o.unit.getValue(), formatBytes(o.bytes),
+                            microseconds(o.exposedWait));
     }
     os << llvm::formatv("\n  {0,-26} {1,12} {2,14}\n", "plan", "peak",
                         "added time");
     os << llvm::formatv("  {0,-26} {1,12} {2,14}\n", "keep everything",
-                        formatBytes(stepInt(step, "mtp.keep_peak_bytes")),
+                        formatBytes(plan.getKeepPeakBytes()),
                         microseconds(0));
     os << llvm::formatv("  {0,-26} {1,12} {2,14}\n",
                         "uniform (every block)",
-                        formatBytes(stepInt(step, "mtp.uniform_peak_bytes")),
-                        microseconds(stepFloat(step, "mtp.uniform_added_seconds")));
+                        formatBytes(plan.getUniformPeakBytes()),
+                        microseconds(plan.getUniformAddedSeconds().convertToDouble()));
     os << llvm::formatv("  {0,-26} {1,12} {2,14}\n", "this plan",
-                        formatBytes(planned),
-                        microseconds(stepFloat(step, "mtp.added_seconds")));
+                        formatBytes(plan.getPlannedPeakBytes()),
+                        microseconds(plan.getAddedSeconds().convertToDouble()));
   }
   printGradientsAndCollectives(model, os);
   int64_t margin = budget.getUsableBytes() - peak;
@@ -322,7 +301,7 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
              {"layer", int64_t(op.getLayer())},
              {"saved_bytes", unit.savedBytes},
              {"fwd_flops", int64_t(op.getFlops())},
-             {"decision", decisionOf(op)}};
+             {"decision", stringifyDecision(decisionOf(op))}};
     if (FlatSymbolRefAttr task = op.getTaskAttr())
       u["task"] = task.getValue();
     Array tasks;
@@ -350,34 +329,27 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
              {"saved_bytes", report.savedBytes},
              {"task_only_bytes", std::move(taskOnly)},
              {"activation_reuse_ratio", report.activationReuseRatio}};
-  StepOp step = model.getStep();
-  int64_t planned = stepInt(step, "mtp.planned_peak_bytes");
-  if (planned >= 0) {
+  StepPlanAttr plan = model.getStep().getPlanAttr();
+  int64_t planned = plan ? plan.getPlannedPeakBytes() : -1;
+  if (plan) {
     Array regions;
-    if (auto attr = step->getAttrOfType<ArrayAttr>("mtp.regions"))
-      for (Attribute r : attr) {
-        auto range = cast<DenseI64ArrayAttr>(r).asArrayRef();
-        regions.push_back(Array{range[0], range[1]});
-      }
+    for (const PlanRegion &r : plan.getRegions())
+      regions.push_back(Array{r.first, r.last});
     Array offloads;
-    if (auto schedule = step->getAttrOfType<ArrayAttr>("mtp.offload_schedule"))
-      for (Attribute a : schedule) {
-        auto entry = cast<DictionaryAttr>(a);
-        offloads.push_back(Object{
-            {"unit", cast<StringAttr>(entry.get("unit")).getValue()},
-            {"bytes", cast<IntegerAttr>(entry.get("bytes")).getInt()},
-            {"stream", cast<IntegerAttr>(entry.get("stream")).getInt()},
-            {"exposed_wait_s",
-             cast<FloatAttr>(entry.get("exposed_wait_s")).getValueAsDouble()}});
-      }
+    for (const PlanOffload &o : plan.getOffloads())
+      offloads.push_back(Object{{"unit", o.unit.getValue()},
+                                {"bytes", o.bytes},
+                                {"stream", o.stream},
+                                {"exposed_wait_s", o.exposedWait}});
     out["plan"] = Object{
         {"offloads", std::move(offloads)},
         {"planned_peak_bytes", planned},
-        {"added_seconds", stepFloat(step, "mtp.added_seconds")},
-        {"keep_peak_bytes", stepInt(step, "mtp.keep_peak_bytes")},
-        {"uniform_peak_bytes", stepInt(step, "mtp.uniform_peak_bytes")},
-        {"uniform_added_seconds", stepFloat(step, "mtp.uniform_added_seconds")},
-        {"minimal_peak_bytes", stepInt(step, "mtp.minimal_peak_bytes")},
+        {"added_seconds", plan.getAddedSeconds().convertToDouble()},
+        {"keep_peak_bytes", plan.getKeepPeakBytes()},
+        {"uniform_peak_bytes", plan.getUniformPeakBytes()},
+        {"uniform_added_seconds",
+         plan.getUniformAddedSeconds().convertToDouble()},
+        {"minimal_peak_bytes", plan.getMinimalPeakBytes()},
         {"regions", std::move(regions)}};
   }
   if (budget) {

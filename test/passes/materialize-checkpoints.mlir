@@ -13,7 +13,7 @@
 // backward re-creates what the backward takes. The memory analysis of the
 // result is exactly the peak the planner simulated.
 // CHECK-LABEL: mtp.model @auto
-// CHECK: mtp.step attributes {{{.*}}mtp.peak_bytes = [[PEAK:[0-9]+]] : i64, mtp.planned_peak_bytes = [[PEAK]] : i64,
+// CHECK: mtp.step plan <peak [[PEAK:[0-9]+]], {{.*}}> attributes {{{.*}}mtp.peak_bytes = [[PEAK]] : i64,
 
 // Region 0: layer 1's attention block, from the embeddings.
 // CHECK: %[[Y1:.*]] = mtp.checkpoint 0(%embed) : (tensor<8x32x64xf32>) -> tensor<8x32x64xf32> {

@@ -12,7 +12,7 @@
 // compute stream waits for it. The analysis of the result is exactly the
 // planned peak.
 // CHECK-LABEL: mtp.model @offload
-// CHECK: mtp.step attributes {{{.*}}mtp.peak_bytes = [[PEAK:[0-9]+]] : i64, mtp.planned_peak_bytes = [[PEAK]] : i64,
+// CHECK: mtp.step plan <peak [[PEAK:[0-9]+]], {{.*}}> attributes {{{.*}}mtp.peak_bytes = [[PEAK]] : i64,
 
 // Layer 1's attention core saves its softmax output: offloaded right after
 // the attention output projection (its last forward use is the core itself).

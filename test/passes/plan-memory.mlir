@@ -7,14 +7,14 @@
 // blocks (their saved bytes per FLOP are the highest), one region each,
 // since regions end at the taps of layer 2 and layer 4.
 // CHECK-LABEL: mtp.model @auto
-// CHECK: mtp.step attributes {{{.*}}mtp.keep_peak_bytes = 9163532 : i64, {{.*}}mtp.planned_peak_bytes = [[PLANNED:[0-9]+]] : i64, mtp.regions = [array<i64: 1, 1>, array<i64: 3, 3>, array<i64: 5, 5>], mtp.uniform_added_seconds = {{.*}}, mtp.uniform_peak_bytes = 5556748 : i64}
-// CHECK: mtp.fwd attn_norm[1]{{.*}}{mtp.decision = "recompute", mtp.region = 0 : i64}
-// CHECK: mtp.fwd attn_core[1]{{.*}}{mtp.decision = "recompute", mtp.region = 0 : i64}
-// CHECK: mtp.fwd mlp_norm[1]{{.*}}{mtp.decision = "keep"}
-// CHECK: mtp.fwd attn_core[2]{{.*}}{mtp.decision = "recompute", mtp.region = 1 : i64}
-// CHECK: mtp.fwd head[0] @pos{{.*}}{mtp.decision = "keep"}
-// CHECK: mtp.fwd attn_core[3]{{.*}}{mtp.decision = "recompute", mtp.region = 2 : i64}
-// CHECK: mtp.fwd attn_core[4]{{.*}}{mtp.decision = "keep"}
+// CHECK: mtp.step plan <peak [[PLANNED:[0-9]+]], keep 9163532, uniform 5556748, minimal 5556748, added {{.*}}, uniform_added {{.*}}, regions [1 to 1, 3 to 3, 5 to 5], offloads []> {
+// CHECK: mtp.fwd attn_norm[1]{{.*}} plan recompute region 0 :
+// CHECK: mtp.fwd attn_core[1]{{.*}} plan recompute region 0 :
+// CHECK: mtp.fwd mlp_norm[1]{{.*}} plan keep :
+// CHECK: mtp.fwd attn_core[2]{{.*}} plan recompute region 1 :
+// CHECK: mtp.fwd head[0] @pos{{.*}} plan keep :
+// CHECK: mtp.fwd attn_core[3]{{.*}} plan recompute region 2 :
+// CHECK: mtp.fwd attn_core[4]{{.*}} plan keep :
 mtp.model @auto {
   mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1)
   mtp.task @pos : tag(labels = 12) from layer 2 loss cross_entropy weight 1.0
@@ -47,8 +47,9 @@ mtp.model @impossible {
 
 // With recompute off, offload carries the plan alone.
 // CHECK-LABEL: mtp.model @offload_only
-// CHECK-NOT: "recompute"
-// CHECK: mtp.decision = "offload"
+// CHECK: mtp.step plan <{{.*}} regions [], offloads ["layer 1 attention" 641024 stream 1 wait {{.*}}, "layer 3 attention" 641024 stream 1 wait {{.*}}]>
+// CHECK-NOT: plan recompute
+// CHECK: mtp.fwd attn_core[1]{{.*}} plan offload :
 mtp.model @offload_only {
   mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1)
   mtp.task @pos : tag(labels = 12) from layer 2 loss cross_entropy weight 1.0

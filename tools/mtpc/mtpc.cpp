@@ -341,11 +341,10 @@ static int build(ModuleOp module, StringRef planBytes, raw_ostream &os) {
                                 llvm::sys::fs::all_read |
                                     llvm::sys::fs::all_exe |
                                     llvm::sys::fs::owner_write);
-  auto peak = model.getStep()->getAttrOfType<IntegerAttr>(
-      "mtp.planned_peak_bytes");
+  mtp::StepPlanAttr plan = model.getStep().getPlanAttr();
   os << "mtpc: built " << outputFilename << " (model '" << files.modelName
      << "', " << (files.cuda ? "cuda" : "cpu") << ", predicted peak "
-     << (peak ? peak.getInt() : -1) << " B; project in " << dir << ")\n";
+     << (plan ? plan.getPlannedPeakBytes() : -1) << " B; project in " << dir << ")\n";
   return kOk;
 }
 

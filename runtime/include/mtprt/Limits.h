@@ -52,6 +52,10 @@ inline constexpr RealRange kLossWeight{0.0, 1e6};
 /// a path (the spec, the data): at most kMaxPathBytes.
 inline constexpr int64_t kMaxNameBytes = 4096;
 inline constexpr int64_t kMaxPathBytes = 4096;
+/// What the planner's 64-bit arithmetic holds with room: a step's bytes and
+/// FLOPs, a plan's peaks.
+inline constexpr int64_t kMaxBytes = int64_t(1) << 60;
+inline constexpr int64_t kMaxFlops = int64_t(1) << 62;
 
 // Budget.
 inline constexpr Range kGpus{1, 4096};

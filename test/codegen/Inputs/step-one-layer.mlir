@@ -7,29 +7,29 @@ module {
     mtp.budget device "cpu" memory 1 GiB headroom 0 B link 10 GBps gpus 1 batch 2 micro 2 precision fp32
     mtp.strategy checkpoint uniform every 1 threshold 5.000000e-01 offload auto max_latency 1.200000e-03 gfm 3.000000e-01 scope features layers 1 dgfg 32 recalibrate reuse 1.500000e-01 std 4.000000e-01 clip per_task max_norm 1.000000e+00 collective auto topk 1.500000e-01 block 256 bits 8 decay 8.000000e-01
     mtp.train steps 10 seed 0 data synthetic lr cosine(3.000000e-04, warmup = 0) adamw(weight_decay = 1.000000e-02, beta1 = 9.000000e-01, beta2 = 0.99899999999999999, eps = 1.000000e-08) log_every 10 save_every 0
-    mtp.step attributes {mtp.activation_reuse_ratio = 0.000000e+00 : f64, mtp.added_seconds = 1.203200e-08 : f64, mtp.breakdown = {activation_grads = 1280 : i64, activations = 4032 : i64, gradients = 2572 : i64, optimizer = 7968 : i64, parameters = 3984 : i64, workspace = 0 : i64}, mtp.keep_peak_bytes = 19580 : i64, mtp.minimal_peak_bytes = 19836 : i64, mtp.offload_schedule = [], mtp.peak_at = "bwd mlp_down[1]", mtp.peak_bytes = 19836 : i64, mtp.planned_peak_bytes = 19836 : i64, mtp.regions = [array<i64: 1, 2>], mtp.saved_bytes = 4196 : i64, mtp.task_only_bytes = {a = 4196 : i64}, mtp.uniform_added_seconds = 1.203200e-08 : f64, mtp.uniform_peak_bytes = 19836 : i64} {
+    mtp.step plan <peak 19836, keep 19580, uniform 19836, minimal 19836, added 1.203200e-08, uniform_added 1.203200e-08, regions [1 to 2], offloads []> attributes {mtp.activation_reuse_ratio = 0.000000e+00 : f64, mtp.breakdown = {activation_grads = 1280 : i64, activations = 4032 : i64, gradients = 2572 : i64, optimizer = 7968 : i64, parameters = 3984 : i64, workspace = 0 : i64}, mtp.peak_at = "bwd mlp_down[1]", mtp.peak_bytes = 19836 : i64, mtp.saved_bytes = 4196 : i64, mtp.task_only_bytes = {a = 4196 : i64}} {
       %0 = mtp.input "tokens" : tensor<2x4xi64>
       %1 = mtp.input "labels" @a : tensor<2x4xi64>
       mtp.weights "embed" params 160
       mtp.weights "layer1" params 600
       mtp.weights "head" @a params 43
       mtp.weights "gate" params 193
-      %embed = mtp.fwd embed[0](%0) flops 128 workspace 256 {mtp.decision = "keep"} : (tensor<2x4xi64>) -> tensor<2x4x8xf32>
+      %embed = mtp.fwd embed[0](%0) flops 128 workspace 256 plan keep : (tensor<2x4xi64>) -> tensor<2x4x8xf32>
       %2 = mtp.checkpoint 0(%embed) : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32> {
-        %attn_norm1, %attn_norm1_mean, %attn_norm1_rstd = mtp.fwd attn_norm[1](%embed) flops 512 saves ["mean", "rstd"] {mtp.decision = "recompute", mtp.region = 0 : i64} : (tensor<2x4x8xf32>) -> (tensor<2x4x8xf32>, tensor<2x4x1xf32>, tensor<2x4x1xf32>)
-        %qkv1 = mtp.fwd qkv[1](%attn_norm1) flops 3072 {mtp.decision = "recompute", mtp.region = 0 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x24xf32>
-        %attn_core1, %attn_core1_q, %attn_core1_k_t, %attn_core1_probs, %attn_core1_v = mtp.fwd attn_core[1](%qkv1) flops 1408 workspace 512 saves ["q", "k_t", "probs", "v"] {mtp.decision = "recompute", mtp.region = 0 : i64} : (tensor<2x4x24xf32>) -> (tensor<2x4x8xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>)
-        %attn_out1 = mtp.fwd attn_out[1](%attn_core1) flops 1024 {mtp.decision = "recompute", mtp.region = 0 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
-        %attn_residual1 = mtp.fwd attn_residual[1](%embed, %attn_out1) flops 192 {mtp.decision = "recompute", mtp.region = 0 : i64} : (tensor<2x4x8xf32>, tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
-        %mlp_norm1, %mlp_norm1_mean, %mlp_norm1_rstd = mtp.fwd mlp_norm[1](%attn_residual1) flops 512 saves ["mean", "rstd"] {mtp.decision = "recompute", mtp.region = 0 : i64} : (tensor<2x4x8xf32>) -> (tensor<2x4x8xf32>, tensor<2x4x1xf32>, tensor<2x4x1xf32>)
-        %mlp_up1 = mtp.fwd mlp_up[1](%mlp_norm1) flops 2048 {mtp.decision = "recompute", mtp.region = 0 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x16xf32>
-        %mlp_act1 = mtp.fwd mlp_act[1](%mlp_up1) flops 1024 {mtp.decision = "recompute", mtp.region = 0 : i64} : (tensor<2x4x16xf32>) -> tensor<2x4x16xf32>
-        %mlp_down1 = mtp.fwd mlp_down[1](%mlp_act1) flops 2048 {mtp.decision = "recompute", mtp.region = 0 : i64} : (tensor<2x4x16xf32>) -> tensor<2x4x8xf32>
-        %mlp_residual1 = mtp.fwd mlp_residual[1](%attn_residual1, %mlp_down1) flops 192 {mtp.decision = "recompute", mtp.region = 0 : i64} : (tensor<2x4x8xf32>, tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+        %attn_norm1, %attn_norm1_mean, %attn_norm1_rstd = mtp.fwd attn_norm[1](%embed) flops 512 saves ["mean", "rstd"] plan recompute region 0 : (tensor<2x4x8xf32>) -> (tensor<2x4x8xf32>, tensor<2x4x1xf32>, tensor<2x4x1xf32>)
+        %qkv1 = mtp.fwd qkv[1](%attn_norm1) flops 3072 plan recompute region 0 : (tensor<2x4x8xf32>) -> tensor<2x4x24xf32>
+        %attn_core1, %attn_core1_q, %attn_core1_k_t, %attn_core1_probs, %attn_core1_v = mtp.fwd attn_core[1](%qkv1) flops 1408 workspace 512 saves ["q", "k_t", "probs", "v"] plan recompute region 0 : (tensor<2x4x24xf32>) -> (tensor<2x4x8xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>)
+        %attn_out1 = mtp.fwd attn_out[1](%attn_core1) flops 1024 plan recompute region 0 : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+        %attn_residual1 = mtp.fwd attn_residual[1](%embed, %attn_out1) flops 192 plan recompute region 0 : (tensor<2x4x8xf32>, tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+        %mlp_norm1, %mlp_norm1_mean, %mlp_norm1_rstd = mtp.fwd mlp_norm[1](%attn_residual1) flops 512 saves ["mean", "rstd"] plan recompute region 0 : (tensor<2x4x8xf32>) -> (tensor<2x4x8xf32>, tensor<2x4x1xf32>, tensor<2x4x1xf32>)
+        %mlp_up1 = mtp.fwd mlp_up[1](%mlp_norm1) flops 2048 plan recompute region 0 : (tensor<2x4x8xf32>) -> tensor<2x4x16xf32>
+        %mlp_act1 = mtp.fwd mlp_act[1](%mlp_up1) flops 1024 plan recompute region 0 : (tensor<2x4x16xf32>) -> tensor<2x4x16xf32>
+        %mlp_down1 = mtp.fwd mlp_down[1](%mlp_act1) flops 2048 plan recompute region 0 : (tensor<2x4x16xf32>) -> tensor<2x4x8xf32>
+        %mlp_residual1 = mtp.fwd mlp_residual[1](%attn_residual1, %mlp_down1) flops 192 plan recompute region 0 : (tensor<2x4x8xf32>, tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
         mtp.yield %mlp_residual1 : tensor<2x4x8xf32>
       }
-      %head_a, %head_a_mean, %head_a_rstd, %head_a_normed = mtp.fwd head[0] @a(%2) flops 896 saves ["mean", "rstd", "normed"] {mtp.decision = "keep"} : (tensor<2x4x8xf32>) -> (tensor<2x4x3xf32>, tensor<2x4x1xf32>, tensor<2x4x1xf32>, tensor<2x4x8xf32>)
-      %loss_a, %loss_a_log_probs, %loss_a_total_weight = mtp.fwd loss[0] @a(%head_a, %1) flops 120 saves ["log_probs", "total_weight"] {mtp.decision = "keep"} : (tensor<2x4x3xf32>, tensor<2x4xi64>) -> (tensor<f32>, tensor<8x3xf32>, tensor<f32>)
+      %head_a, %head_a_mean, %head_a_rstd, %head_a_normed = mtp.fwd head[0] @a(%2) flops 896 saves ["mean", "rstd", "normed"] plan keep : (tensor<2x4x8xf32>) -> (tensor<2x4x3xf32>, tensor<2x4x1xf32>, tensor<2x4x1xf32>, tensor<2x4x8xf32>)
+      %loss_a, %loss_a_log_probs, %loss_a_total_weight = mtp.fwd loss[0] @a(%head_a, %1) flops 120 saves ["log_probs", "total_weight"] plan keep : (tensor<2x4x3xf32>, tensor<2x4xi64>) -> (tensor<f32>, tensor<8x3xf32>, tensor<f32>)
       %d_loss_a = mtp.bwd loss[0] @a grads() saved(%loss_a_log_probs, %loss_a_total_weight) flops 72 workspace 96 : (tensor<8x3xf32>, tensor<f32>) -> tensor<2x4x3xf32>
       %d_head_a = mtp.bwd head[0] @a grads(%d_loss_a) saved(%2, %head_a_mean, %head_a_rstd, %head_a_normed) flops 1792 : (tensor<2x4x3xf32>, tensor<2x4x8xf32>, tensor<2x4x1xf32>, tensor<2x4x1xf32>, tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
       %3 = mtp.fuse_task_grads [@a](%d_head_a) scope features gfm 3.000000e-01 clip 1.000000e+00 gate 32 flops 2304 workspace 512 : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
