@@ -979,7 +979,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
           Args a(*this, *v, {"threshold"}, "threshold");
           if (const ast::Value *t = a.get("threshold"))
             out.groupThreshold =
-                real(*t, "threshold", -1.0, 1.0).value_or(0.5);
+                real(*t, "threshold", -1.0, 1.0).value_or(out.groupThreshold);
         } else {
           Args a(*this, *v, {});
         }
@@ -1015,7 +1015,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
     } else if (v->kind == ast::Value::Kind::Block) {
       Fields g(*this, "gfm = { }", v->entries, {"keep"});
       if (const ast::Value *k = g.get("keep"))
-        out.gfmKeep = real(*k, "keep", limits::kGfmKeep).value_or(0.3);
+        out.gfmKeep = real(*k, "keep", limits::kGfmKeep).value_or(mtprt::defaults::kGfmKeep);
     } else {
       error(v->loc) << "'gfm' expects none or { keep = 0.3 }, got "
                     << describe(*v);
@@ -1050,13 +1050,13 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
       Fields g(*this, "dgfg = { }", v->entries,
                {"hidden", "reuse_threshold", "std_threshold"});
       if (const ast::Value *h = g.get("hidden"))
-        out.dgfgHidden = integer(*h, "hidden", limits::kDgfgHidden).value_or(32);
+        out.dgfgHidden = integer(*h, "hidden", limits::kDgfgHidden).value_or(mtprt::defaults::kGateHidden);
       if (const ast::Value *r = g.get("reuse_threshold"))
         out.reuseThreshold =
-            real(*r, "reuse_threshold", limits::kRecalibration).value_or(0.15);
+            real(*r, "reuse_threshold", limits::kRecalibration).value_or(out.reuseThreshold);
       if (const ast::Value *s = g.get("std_threshold"))
         out.simStdThreshold =
-            real(*s, "std_threshold", limits::kRecalibration).value_or(0.4);
+            real(*s, "std_threshold", limits::kRecalibration).value_or(out.simStdThreshold);
     } else {
       error(v->loc) << "'dgfg' expects none or { hidden = 32 }, got "
                     << describe(*v);
@@ -1075,7 +1075,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
                "max_norm");
         if (const ast::Value *m = a.get("max_norm"))
           out.clipMaxNorm =
-              real(*m, "max_norm", limits::kClipNorm).value_or(1.0);
+              real(*m, "max_norm", limits::kClipNorm).value_or(out.clipMaxNorm);
       }
     }
   }
@@ -1095,9 +1095,9 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
                    ? ArrayRef<StringRef>()
                    : ArrayRef<StringRef>({"topk", "block", "bits", "residual"}));
         if (const ast::Value *t = a.get("topk"))
-          out.topk = real(*t, "topk", limits::kTopK).value_or(0.15);
+          out.topk = real(*t, "topk", limits::kTopK).value_or(out.topk);
         if (const ast::Value *b = a.get("block"))
-          out.quantBlock = integer(*b, "block", limits::kQuantBlock).value_or(256);
+          out.quantBlock = integer(*b, "block", limits::kQuantBlock).value_or(out.quantBlock);
         if (const ast::Value *b = a.get("bits")) {
           std::optional<int64_t> bits = integer(*b, "bits", 1, 64);
           if (bits && *bits != 2 && *bits != 4 && *bits != 8 && *bits != 16)
@@ -1107,7 +1107,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
             out.quantBits = *bits;
         }
         if (const ast::Value *r = a.get("residual"))
-          out.residualDecay = real(*r, "residual", limits::kResidualDecay).value_or(0.8);
+          out.residualDecay = real(*r, "residual", limits::kResidualDecay).value_or(out.residualDecay);
       }
     }
   }
@@ -1124,7 +1124,7 @@ void Sema::checkTrain(const ast::Section *section, CheckedSpec &spec) {
   out.loc = section->loc;
   Fields f(*this, "train { }", section->entries, kTrainKeys);
   if (const ast::Value *v = f.get("steps"))
-    out.steps = integer(*v, "steps", limits::kSteps).value_or(1000);
+    out.steps = integer(*v, "steps", limits::kSteps).value_or(out.steps);
   if (const ast::Value *v = f.get("seed"))
     out.seed = integer(*v, "seed", 0, INT64_MAX).value_or(0);
   if (const ast::Value *v = f.get("data")) {
@@ -1146,13 +1146,13 @@ void Sema::checkTrain(const ast::Section *section, CheckedSpec &spec) {
       if (v->kind == ast::Value::Kind::Call) {
         Args a(*this, *v, {"weight_decay", "beta1", "beta2", "eps"});
         if (const ast::Value *x = a.get("weight_decay"))
-          out.weightDecay = real(*x, "weight_decay", limits::kWeightDecay).value_or(0.01);
+          out.weightDecay = real(*x, "weight_decay", limits::kWeightDecay).value_or(out.weightDecay);
         if (const ast::Value *x = a.get("beta1"))
-          out.beta1 = real(*x, "beta1", limits::kBeta).value_or(0.9);
+          out.beta1 = real(*x, "beta1", limits::kBeta).value_or(out.beta1);
         if (const ast::Value *x = a.get("beta2"))
-          out.beta2 = real(*x, "beta2", limits::kBeta).value_or(0.999);
+          out.beta2 = real(*x, "beta2", limits::kBeta).value_or(out.beta2);
         if (const ast::Value *x = a.get("eps"))
-          out.eps = real(*x, "eps", limits::kEps).value_or(1e-8);
+          out.eps = real(*x, "eps", limits::kEps).value_or(out.eps);
       }
     } else {
       auto diag = error(v->loc);
@@ -1165,7 +1165,7 @@ void Sema::checkTrain(const ast::Section *section, CheckedSpec &spec) {
     }
   }
   if (const ast::Value *v = f.get("log_every"))
-    out.logEvery = integer(*v, "log_every", 1, INT64_MAX).value_or(10);
+    out.logEvery = integer(*v, "log_every", 1, INT64_MAX).value_or(out.logEvery);
   if (const ast::Value *v = f.get("save_every"))
     out.saveEvery = integer(*v, "save_every", 0, INT64_MAX).value_or(0);
 }

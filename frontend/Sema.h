@@ -12,6 +12,7 @@
 
 #include "dialect/MTPOps.h"
 #include "frontend/AST.h"
+#include "mtprt/Defaults.h"
 
 #include <optional>
 #include <string>
@@ -68,29 +69,33 @@ struct CheckedSpec {
   struct Strategy {
     CheckpointPolicy checkpoint = CheckpointPolicy::automatic;
     int64_t checkpointEvery = 1;
-    double groupThreshold = 0.5;
+    double groupThreshold = mtprt::defaults::kGroupThreshold;
     OffloadPolicy offload = OffloadPolicy::automatic;
-    double maxOffloadLatency = 1.2e-3;
-    std::optional<double> gfmKeep = 0.30;
+    double maxOffloadLatency = mtprt::defaults::kMaxOffloadLatency;
+    std::optional<double> gfmKeep = mtprt::defaults::kGfmKeep;
     GradientScope scope = GradientScope::features;
     int64_t scopeLayers = 1;
-    std::optional<int64_t> dgfgHidden = 32;
-    double reuseThreshold = 0.15, simStdThreshold = 0.4;
+    std::optional<int64_t> dgfgHidden = mtprt::defaults::kGateHidden;
+    double reuseThreshold = mtprt::defaults::kReuseThreshold,
+           simStdThreshold = mtprt::defaults::kSimStdThreshold;
     ClipPolicy clip = ClipPolicy::per_task;
-    double clipMaxNorm = 1.0;
+    double clipMaxNorm = mtprt::defaults::kClipMaxNorm;
     CollectivePolicy collective = CollectivePolicy::automatic;
-    double topk = 0.15;
-    int64_t quantBlock = 256, quantBits = 8;
-    double residualDecay = 0.8;
+    double topk = mtprt::defaults::kTopK;
+    int64_t quantBlock = mtprt::defaults::kQuantBlock,
+            quantBits = mtprt::defaults::kQuantBits;
+    double residualDecay = mtprt::defaults::kResidualDecay;
     ast::Location loc;
   } strategy;
 
   struct Train {
-    int64_t steps = 1000, seed = 0;
+    int64_t steps = mtprt::defaults::kSteps, seed = 0;
     std::optional<std::string> dataPath; // none = synthetic
     Schedule lr;
-    double weightDecay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-    int64_t logEvery = 10, saveEvery = 0;
+    double weightDecay = mtprt::defaults::kWeightDecay,
+           beta1 = mtprt::defaults::kBeta1, beta2 = mtprt::defaults::kBeta2,
+           eps = mtprt::defaults::kEps;
+    int64_t logEvery = mtprt::defaults::kLogEvery, saveEvery = 0;
     ast::Location loc;
   } train;
 };

@@ -30,6 +30,32 @@ fb::Decision decisionOf(FwdOp op) {
   return static_cast<fb::Decision>(op.getDecision().value_or(Decision::Keep));
 }
 
+// The schema's other enums are the dialect's too, value for value, so one
+// cast converts either way and the dialect's stringify names both.
+#define MTP_SAME_ENUM(FB, ODS, FIRST, LAST)                                    \
+  static_assert(int(fb::FB::MIN) == int(ODS::FIRST) &&                         \
+                int(fb::FB::MAX) == int(ODS::LAST) &&                          \
+                int(fb::FB::LAST) == int(ODS::LAST) &&                         \
+                int(fb::FB::MAX) == int(getMaxEnumValFor##ODS()))
+MTP_SAME_ENUM(BackboneKind, BackboneKind, transformer, transformer);
+MTP_SAME_ENUM(HeadKind, HeadKind, classify, decoder);
+MTP_SAME_ENUM(LossKind, LossKind, cross_entropy, mse);
+MTP_SAME_ENUM(ScheduleKind, ScheduleKind, constant, cosine);
+MTP_SAME_ENUM(Precision, Precision, fp32, fp16);
+MTP_SAME_ENUM(UnitKind, UnitKind, embed, loss);
+MTP_SAME_ENUM(CollectivePolicy, CollectivePolicy, automatic, compressed);
+#undef MTP_SAME_ENUM
+// GradientScope has one value more: sum (one task, no per-task pipeline).
+static_assert(int(fb::GradientScope::features) ==
+                  int(GradientScope::features) &&
+              int(fb::GradientScope::params) == int(GradientScope::params) &&
+              int(fb::GradientScope::sum) ==
+                  int(getMaxEnumValForGradientScope()) + 1);
+
+template <typename FbT, typename OdsT> FbT toFb(OdsT v) {
+  return static_cast<FbT>(v);
+}
+
 llvm::StringRef str(const flatbuffers::String *s) {
   return s ? llvm::StringRef(s->c_str(), s->size()) : llvm::StringRef();
 }
@@ -42,7 +68,7 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
 
   BackboneOp bb = model.getBackbone();
   auto backbone = fb::CreateBackbone(
-      b, b.CreateString(stringifyBackboneKind(bb.getKind()).str()),
+      b, toFb<fb::BackboneKind>(bb.getKind()),
       bb.getLayers(), bb.getHidden(), bb.getHeads(), bb.getFfn(),
       bb.getVocab(), bb.getSeq(), bb.getDropout().convertToDouble());
 
@@ -50,18 +76,18 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
     if (!lr)
       return 0;
     return fb::CreateLrSchedule(
-        b, b.CreateString(stringifyScheduleKind(lr.getKind()).str()),
+        b, toFb<fb::ScheduleKind>(lr.getKind()),
         lr.getPeak().convertToDouble(), lr.getWarmup());
   };
   std::vector<flatbuffers::Offset<fb::Task>> tasks;
   for (TaskOp t : model.getTasks())
     tasks.push_back(fb::CreateTask(
         b, b.CreateString(t.getSymName().str()),
-        b.CreateString(stringifyHeadKind(t.getHead()).str()), t.getTapLayer(),
+        toFb<fb::HeadKind>(t.getHead()), t.getTapLayer(),
         t.getPooled(), t.getClasses().value_or(t.getLabels().value_or(0)),
         t.getLayers().value_or(0), t.getVocab().value_or(0),
         t.getTargetSeq().value_or(0), t.getWeight().convertToDouble(),
-        b.CreateString(stringifyLossKind(t.getLoss()).str()),
+        toFb<fb::LossKind>(t.getLoss()),
         lrOf(t.getLrAttr())));
 
   std::vector<flatbuffers::Offset<fb::Unit>> units;
@@ -70,7 +96,7 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
     StringRef task = op.getTaskAttr() ? op.getTaskAttr().getValue() : "";
     units.push_back(fb::CreateUnit(
         b, b.CreateString(op.getUnitName()),
-        b.CreateString(stringifyUnitKind(op.getUnit()).str()), op.getLayer(),
+        toFb<fb::UnitKind>(op.getUnit()), op.getLayer(),
         getBlockNumber(op.getUnit(), op.getLayer()), b.CreateString(task.str()), unit.savedBytes, op.getFlops(),
         decisionOf(op)));
   }
@@ -101,14 +127,14 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
   if (BudgetOp budget = model.getBudget())
     target = fb::CreateTarget(
         b, b.CreateString(budget.getDevice().str()),
-        b.CreateString(stringifyPrecision(budget.getPrecision()).str()),
+        toFb<fb::Precision>(budget.getPrecision()),
         budget.getMemory(), budget.getUsableBytes(), budget.getGpus(),
         budget.getMicroBatch(), budget.getGlobalBatch());
 
   flatbuffers::Offset<fb::Strategy> strategy;
   if (StrategyOp st = model.getStrategy())
     strategy = fb::CreateStrategy(
-        b, b.CreateString(stringifyGradientScope(st.getGradientScope()).str()),
+        b, toFb<fb::GradientScope>(st.getGradientScope()),
         st.getScopeLayers(),
         st.getGfmKeep() ? st.getGfmKeep()->convertToDouble() : 1.0,
         st.getClip() == ClipPolicy::none
@@ -117,7 +143,7 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         st.getDgfgHidden().value_or(0),
         st.getReuseThreshold().convertToDouble(),
         st.getSimStdThreshold().convertToDouble(),
-        b.CreateString(stringifyCollectivePolicy(st.getCollective()).str()),
+        toFb<fb::CollectivePolicy>(st.getCollective()),
         st.getTopk().convertToDouble(), st.getQuantBlock(),
         st.getQuantBits(), st.getResidualDecay().convertToDouble());
   flatbuffers::Offset<fb::Train> train;
@@ -179,34 +205,34 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
   os << "plan v" << plan->version() << " for model '" << str(plan->model())
      << "' from " << str(plan->source()) << "\n";
   if (const fb::Target *t = plan->target())
-    os << "  target   " << str(t->device()) << ", " << str(t->precision())
+    os << "  target   " << str(t->device()) << ", " << planName(t->precision())
        << ", " << t->gpus() << " GPU(s), micro-batch " << t->micro_batch()
        << ", " << formatBytes(t->usable_bytes()) << " usable of "
        << formatBytes(t->memory_bytes()) << "\n";
   if (const fb::Backbone *bb = plan->backbone())
-    os << "  backbone " << str(bb->kind()) << ": " << bb->layers()
+    os << "  backbone " << planName(bb->kind()) << ": " << bb->layers()
        << " layers, hidden " << bb->hidden() << ", " << bb->heads()
        << " heads, ffn " << bb->ffn() << ", vocab " << bb->vocab() << ", seq "
        << bb->seq() << ", dropout " << llvm::format("%g", bb->dropout())
        << "\n";
   if (plan->tasks())
     for (const fb::Task *t : *plan->tasks())
-      os << "  task     " << str(t->name()) << ": " << str(t->head())
+      os << "  task     " << str(t->name()) << ": " << planName(t->head())
          << " from " << (t->pooled() ? "pooled " : "") << "layer "
          << t->tap_layer() << ", weight " << llvm::format("%g", t->weight())
          << "\n";
   auto lr = [](const fb::LrSchedule *l) {
-    return llvm::formatv("{0}({1}, warmup = {2})", str(l->kind()),
+    return llvm::formatv("{0}({1}, warmup = {2})", planName(l->kind()),
                          llvm::format("%g", l->peak()), l->warmup())
         .str();
   };
   if (const fb::Strategy *st = plan->strategy()) {
-    os << "  strategy scope " << str(st->scope()) << ", GFM keep "
+    os << "  strategy scope " << planName(st->scope()) << ", GFM keep "
        << llvm::format("%g", st->gfm_keep()) << ", clip "
        << llvm::format("%g", st->clip_max_norm()) << ", DGFG "
        << (st->gate_hidden() ? llvm::Twine(st->gate_hidden()).str()
                              : std::string("off"))
-       << ", collective " << str(st->collective()) << " (top-k "
+       << ", collective " << planName(st->collective()) << " (top-k "
        << llvm::format("%g", st->topk()) << ", " << st->bits()
        << "-bit blocks of " << st->block() << ")\n";
   }
@@ -224,7 +250,7 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
       if (u->task() && u->task()->size())
         name += " @" + str(u->task()).str();
       os << llvm::formatv("    {0,-24} {1,12}  {2}\n", name, u->saved_bytes(),
-                          fb::EnumNameDecision(u->decision()));
+                          planName(u->decision()));
     }
   }
   if (plan->regions() && plan->regions()->size()) {
@@ -271,4 +297,35 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
   os << "; added "
      << llvm::formatv("{0:f3} ms", plan->added_seconds() * 1e3) << " per step\n";
   return llvm::Error::success();
+}
+
+// A verified plan's enums are in range (mtprt::readPlan checks them).
+llvm::StringRef mtp::planName(fb::Decision v) {
+  return stringifyDecision(static_cast<Decision>(v));
+}
+llvm::StringRef mtp::planName(fb::BackboneKind v) {
+  return stringifyBackboneKind(static_cast<BackboneKind>(v));
+}
+llvm::StringRef mtp::planName(fb::HeadKind v) {
+  return stringifyHeadKind(static_cast<HeadKind>(v));
+}
+llvm::StringRef mtp::planName(fb::LossKind v) {
+  return stringifyLossKind(static_cast<LossKind>(v));
+}
+llvm::StringRef mtp::planName(fb::ScheduleKind v) {
+  return stringifyScheduleKind(static_cast<ScheduleKind>(v));
+}
+llvm::StringRef mtp::planName(fb::Precision v) {
+  return stringifyPrecision(static_cast<Precision>(v));
+}
+llvm::StringRef mtp::planName(fb::UnitKind v) {
+  return stringifyUnitKind(static_cast<UnitKind>(v));
+}
+llvm::StringRef mtp::planName(fb::GradientScope v) {
+  return v == fb::GradientScope::sum
+             ? "sum"
+             : stringifyGradientScope(static_cast<GradientScope>(v));
+}
+llvm::StringRef mtp::planName(fb::CollectivePolicy v) {
+  return stringifyCollectivePolicy(static_cast<CollectivePolicy>(v));
 }

@@ -22,6 +22,15 @@
 namespace mtp {
 namespace fb {
 struct Plan;
+enum class Decision : int8_t;
+enum class BackboneKind : int8_t;
+enum class HeadKind : int8_t;
+enum class LossKind : int8_t;
+enum class ScheduleKind : int8_t;
+enum class Precision : int8_t;
+enum class UnitKind : int8_t;
+enum class GradientScope : int8_t;
+enum class CollectivePolicy : int8_t;
 } // namespace fb
 
 /// The planned model as a plan file (frame + flatbuffer); `source` names the
@@ -36,6 +45,17 @@ llvm::Error verifyPlanFile(llvm::StringRef bytes);
 
 /// The flatbuffer inside a plan file verifyPlanFile accepted.
 const fb::Plan *getPlan(llvm::StringRef verified);
+
+/// A plan enum's name, as the spec and the IR spell it (`auto`, `tag`, ...).
+llvm::StringRef planName(fb::Decision v);
+llvm::StringRef planName(fb::BackboneKind v);
+llvm::StringRef planName(fb::HeadKind v);
+llvm::StringRef planName(fb::LossKind v);
+llvm::StringRef planName(fb::ScheduleKind v);
+llvm::StringRef planName(fb::Precision v);
+llvm::StringRef planName(fb::UnitKind v);
+llvm::StringRef planName(fb::GradientScope v);
+llvm::StringRef planName(fb::CollectivePolicy v);
 
 /// Verifies `bytes` (as verifyPlanFile) and prints the plan.
 /// The error says what is wrong with the file and what to do.

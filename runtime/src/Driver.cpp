@@ -72,8 +72,8 @@ struct Options {
   std::optional<std::string> device, precision;
   uint64_t seed = 0;
   bool compress = false;
-  double topK = 0.15, decay = 0.8;
-  int64_t block = 256, bucket = 1 << 20;
+  double topK = defaults::kTopK, decay = defaults::kResidualDecay;
+  int64_t block = defaults::kQuantBlock, bucket = 1 << 20;
   std::string progress = "auto";
   int threads = 0;
   std::string writeShard;

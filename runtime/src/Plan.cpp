@@ -80,39 +80,62 @@ public:
                    std::to_string(max));
     return v;
   }
-  /// One of `choices`.
-  std::string oneOf(const std::string &f, const flatbuffers::String *s,
-                    std::initializer_list<const char *> choices) const {
-    const std::string v = text(f, s, false);
-    std::string all;
-    for (const char *c : choices) {
-      if (v == c)
-        return v;
-      all += std::string(all.empty() ? "" : ", ") + c;
+  /// A schema enum in its range (the flatbuffers verifier does not check
+  /// enums); `names` is flatc's null-terminated name table.
+  template <typename E>
+  E oneOf(const std::string &f, E v, const char *const *names) const {
+    if (int(v) < int(E::MIN) || int(v) > int(E::MAX)) {
+      std::string all;
+      for (const char *const *n = names; *n; ++n)
+        all += std::string(all.empty() ? "" : ", ") + *n;
+      field(f, std::to_string(int(v)) + " is none of " + all +
+                   " (a plan from another mtpc?)");
     }
-    field(f, "'" + v.substr(0, 64) + "' is none of " + all +
-                 " (a plan from another mtpc?)");
+    return v;
   }
 
 private:
   const std::string &name_;
 };
 
-HeadKind headKind(const std::string &head) {
-  return head == "classify" ? HeadKind::Classify
-         : head == "tag"    ? HeadKind::Tag
-         : head == "span"   ? HeadKind::Span
-                            : HeadKind::Decoder;
+// The schema's enums and the runtime's, value for value.
+static_assert(int(HeadKind::Classify) == int(mtp::fb::HeadKind::classify) &&
+              int(HeadKind::Tag) == int(mtp::fb::HeadKind::tag) &&
+              int(HeadKind::Span) == int(mtp::fb::HeadKind::span) &&
+              int(HeadKind::Decoder) == int(mtp::fb::HeadKind::decoder));
+static_assert(int(LossKind::CrossEntropy) ==
+                  int(mtp::fb::LossKind::cross_entropy) &&
+              int(LossKind::Mse) == int(mtp::fb::LossKind::mse));
+static_assert(int(LrSchedule::Constant) ==
+                  int(mtp::fb::ScheduleKind::constant) &&
+              int(LrSchedule::Linear) == int(mtp::fb::ScheduleKind::linear) &&
+              int(LrSchedule::Cosine) == int(mtp::fb::ScheduleKind::cosine));
+static_assert(int(Precision::Fp32) == int(mtp::fb::Precision::fp32) &&
+              int(Precision::Bf16) == int(mtp::fb::Precision::bf16) &&
+              int(Precision::Fp16) == int(mtp::fb::Precision::fp16));
+static_assert(int(Collective::Auto) ==
+                  int(mtp::fb::CollectivePolicy::automatic) &&
+              int(Collective::None) == int(mtp::fb::CollectivePolicy::none) &&
+              int(Collective::Compressed) ==
+                  int(mtp::fb::CollectivePolicy::compressed));
+
+GradScope gradScope(mtp::fb::GradientScope s) {
+  switch (s) {
+  case mtp::fb::GradientScope::sum:
+    return GradScope::Sum;
+  case mtp::fb::GradientScope::params:
+    return GradScope::Params;
+  case mtp::fb::GradientScope::features:
+    break;
+  }
+  return GradScope::Features;
 }
 
 LrConfig lrOf(const Checker &c, const std::string &f,
               const mtp::fb::LrSchedule *l, int64_t steps) {
   LrConfig out;
-  const std::string kind =
-      c.oneOf(f + ".kind", l->kind(), {"constant", "linear", "cosine"});
-  out.schedule = kind == "cosine"   ? LrSchedule::Cosine
-                 : kind == "linear" ? LrSchedule::Linear
-                                    : LrSchedule::Constant;
+  out.schedule = static_cast<LrSchedule>(
+      c.oneOf(f + ".kind", l->kind(), mtp::fb::EnumNamesScheduleKind()));
   out.lr = c.real(f + ".peak", l->peak(), limits::kLearningRate);
   out.warmupSteps = c.range(f + ".warmup", l->warmup(), limits::kWarmup);
   if (out.warmupSteps > steps)
@@ -153,8 +176,8 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
   plan.source = c.text("source", fb->source(), false, limits::kMaxPathBytes);
   if (const auto *t = fb->target()) {
     plan.device = c.text("target.device", t->device(), true);
-    plan.precision =
-        c.oneOf("target.precision", t->precision(), {"fp32", "bf16", "fp16"});
+    plan.precision = static_cast<Precision>(c.oneOf(
+        "target.precision", t->precision(), mtp::fb::EnumNamesPrecision()));
     plan.gpus = c.range("target.gpus", t->gpus(), limits::kGpus);
     plan.microBatch =
         c.range("target.micro_batch", t->micro_batch(), limits::kMicroBatch);
@@ -172,7 +195,8 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
   }
 
   const auto *bb = fb->backbone();
-  plan.backboneKind = c.oneOf("backbone.kind", bb->kind(), {"transformer"});
+  plan.backboneKind = mtp::fb::EnumNameBackboneKind(c.oneOf(
+      "backbone.kind", bb->kind(), mtp::fb::EnumNamesBackboneKind()));
   ModelConfig &m = plan.model;
   m.layers = c.range("backbone.layers", bb->layers(), limits::kLayers);
   m.hidden = c.range("backbone.hidden", bb->hidden(), limits::kHidden);
@@ -199,12 +223,11 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     if (!taskIndex.emplace(h.name, int64_t(i)).second)
       c.field(f + ".name", "'" + h.name + "' names two tasks");
     const std::string ft = "task '" + h.name + "' (" + f + ")";
-    h.kind = headKind(
-        c.oneOf(ft + ".head", t->head(), {"classify", "tag", "span", "decoder"}));
+    h.kind = static_cast<HeadKind>(
+        c.oneOf(ft + ".head", t->head(), mtp::fb::EnumNamesHeadKind()));
     h.tap = c.range(ft + ".tap_layer", t->tap_layer(), {0, m.layers});
-    h.loss = c.oneOf(ft + ".loss", t->loss(), {"cross_entropy", "mse"}) == "mse"
-                 ? LossKind::Mse
-                 : LossKind::CrossEntropy;
+    h.loss = static_cast<LossKind>(
+        c.oneOf(ft + ".loss", t->loss(), mtp::fb::EnumNamesLossKind()));
     if (h.loss == LossKind::Mse && h.kind != HeadKind::Classify)
       c.field(ft + ".loss", "mse needs a classify head");
     switch (h.kind) {
@@ -240,11 +263,8 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     c.text(f + ".name", u->name(), false);
     c.range(f + ".saved_bytes", u->saved_bytes(), {0, INT64_MAX});
     c.range(f + ".fwd_flops", u->fwd_flops(), {0, INT64_MAX});
-    const auto decision = static_cast<int>(u->decision());
-    if (decision < int(mtp::fb::Decision::MIN) ||
-        decision > int(mtp::fb::Decision::MAX))
-      c.field(f + ".decision", std::to_string(decision) +
-                                   " is none of keep, recompute, offload");
+    c.oneOf(f + ".kind", u->kind(), mtp::fb::EnumNamesUnitKind());
+    c.oneOf(f + ".decision", u->decision(), mtp::fb::EnumNamesDecision());
     const std::string task = c.text(f + ".task", u->task(), false);
     if (task.empty()) {
       const int64_t block =
@@ -294,11 +314,8 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     }
   }
   if (const auto *st = fb->strategy()) {
-    const std::string scope =
-        c.oneOf("strategy.scope", st->scope(), {"sum", "features", "params"});
-    plan.train.scope = scope == "sum"      ? GradScope::Sum
-                       : scope == "params" ? GradScope::Params
-                                           : GradScope::Features;
+    plan.train.scope = gradScope(c.oneOf("strategy.scope", st->scope(),
+                                         mtp::fb::EnumNamesGradientScope()));
     plan.train.paramsTopK =
         c.range("strategy.scope_layers", st->scope_layers(), {1, m.layers});
     plan.train.gfmKeep =
@@ -321,8 +338,9 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
            limits::kRecalibration);
     c.real("strategy.recalibrate_std", st->recalibrate_std(),
            limits::kRecalibration);
-    plan.collective = c.oneOf("strategy.collective", st->collective(),
-                              {"auto", "none", "compressed"});
+    plan.collective = static_cast<Collective>(
+        c.oneOf("strategy.collective", st->collective(),
+                mtp::fb::EnumNamesCollectivePolicy()));
     plan.compressTopK = c.real("strategy.topk", st->topk(), limits::kTopK);
     plan.compressDecay =
         c.real("strategy.decay", st->decay(), limits::kResidualDecay);
@@ -391,7 +409,7 @@ Program programFromPlan(const Plan &plan) {
   p.data = plan.data;
   // GSC by default where the spec asks for it (auto: when processes share
   // the gradients; one process exchanges nothing).
-  p.compress = plan.collective == "compressed" || plan.collective == "auto";
+  p.compress = plan.collective != Collective::None;
   p.compressTopK = plan.compressTopK;
   p.compressDecay = plan.compressDecay;
   p.compressBlock = plan.compressBlock;
@@ -399,9 +417,7 @@ Program programFromPlan(const Plan &plan) {
   // train.save_every: the default of --checkpoint-every (checkpoints need
   // --checkpoint-dir).
   p.checkpointEvery = plan.saveEvery;
-  p.train.precision = plan.precision == "bf16"   ? Precision::Bf16
-                      : plan.precision == "fp16" ? Precision::Fp16
-                                                 : Precision::Fp32;
+  p.train.precision = plan.precision;
   int64_t perStep = std::max<int64_t>(1, plan.microBatch * plan.gpus);
   p.batchSize = std::max(plan.globalBatch, perStep);
   p.train.microBatches = std::max<int64_t>(1, p.batchSize / perStep);

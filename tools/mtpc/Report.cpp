@@ -1115,7 +1115,7 @@ void renderPlanStrip(Markup &os, const mtp::fb::Plan &plan, const Run &run) {
        << t->tap_layer() << "</title></rect>";
     os << "<g class=\"tap\"><title>" << esc(name) << " taps "
        << (t->pooled() ? "the pooled output of " : "") << "layer "
-       << t->tap_layer() << " (" << esc(str(t->head())) << " head, weight "
+       << t->tap_layer() << " (" << esc(mtp::planName(t->head())) << " head, weight "
        << fmtG(t->weight()) << ")</title><line x1=\"" << px(xEnd) << "\" x2=\""
        << px(xEnd) << "\" y1=\"" << y + 4 << "\" y2=\"" << stripY + stripH
        << "\" stroke=\"" << color << "\" stroke-dasharray=\"2 2\"/><path d=\"M"
@@ -1134,7 +1134,7 @@ void renderPlanStrip(Markup &os, const mtp::fb::Plan &plan, const Run &run) {
          << "\" width=\"54\" height=\"20\" fill=\""
          << decisionColor(u->decision()) << "\"/><text x=\"" << px(x + 27)
          << "\" y=\"" << y + 15 << "\" text-anchor=\"middle\">"
-         << esc(str(u->kind()).take_front(5)) << " " << letter(u->decision())
+         << esc(mtp::planName(u->kind()).take_front(5)) << " " << letter(u->decision())
          << "</text><title>" << esc(unitTitle(u)) << "</title></g>";
       ++i;
     }
@@ -1412,7 +1412,7 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
           esc(llvm::formatv("{0}, {1}, {2} GPU(s), micro-batch {3}, "
                             "global batch {4}; budget {5}, {6} "
                             "usable",
-                            str(t->device()), str(t->precision()), t->gpus(),
+                            str(t->device()), mtp::planName(t->precision()), t->gpus(),
                             t->micro_batch(), t->global_batch(),
                             bytesText(t->memory_bytes()),
                             bytesText(t->usable_bytes()))
@@ -1421,14 +1421,14 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
       row("backbone",
           esc(llvm::formatv("{0}: {1} layers, hidden {2}, {3} heads, ffn {4}, "
                             "vocab {5}, seq {6}",
-                            str(bb->kind()), bb->layers(), bb->hidden(),
+                            mtp::planName(bb->kind()), bb->layers(), bb->hidden(),
                             bb->heads(), bb->ffn(), bb->vocab(), bb->seq())
                   .str()));
     if (plan->tasks()) {
       std::vector<std::string> ts;
       for (const mtp::fb::Task *t : *plan->tasks())
         ts.push_back(llvm::formatv("{0} ({1} from {2}layer {3}, weight {4})",
-                                   str(t->name()), str(t->head()),
+                                   str(t->name()), mtp::planName(t->head()),
                                    t->pooled() ? "pooled " : "", t->tap_layer(),
                                    fmtG(t->weight()))
                          .str());
@@ -1453,12 +1453,12 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
       row("strategy",
           esc(llvm::formatv("gradient scope {0}, GFM keep {1}, clip {2}, DGFG "
                             "{3}, collective {4} (top-k {5}, {6}-bit)",
-                            str(st->scope()), fmtG(st->gfm_keep()),
+                            mtp::planName(st->scope()), fmtG(st->gfm_keep()),
                             fmtG(st->clip_max_norm()),
                             st->gate_hidden()
                                 ? "hidden " + std::to_string(st->gate_hidden())
                                 : std::string("off"),
-                            str(st->collective()), fmtG(st->topk()), st->bits())
+                            mtp::planName(st->collective()), fmtG(st->topk()), st->bits())
                   .str()));
   }
   {
@@ -1544,7 +1544,7 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
     bool ce = plan && plan->tasks();
     if (plan && plan->tasks())
       for (const mtp::fb::Task *t : *plan->tasks())
-        ce &= str(t->loss()) == "cross_entropy";
+        ce &= t->loss() == mtp::fb::LossKind::cross_entropy;
     c.yLabel = ce ? "loss (cross-entropy, nats)" : "loss (task's criterion)";
     c.unit = ce ? "nats" : "";
     c.zeroBased = false;

@@ -89,7 +89,9 @@ TEST_F(PlanFileTest, RoundTripsTheModelAndTheUnits) {
   std::string error;
   std::string text = printed(bytes, &error);
   EXPECT_EQ(error, "");
-  EXPECT_NE(text.find("plan v2 for model 'm' from m.mtp"), std::string::npos)
+  EXPECT_NE(text.find("plan v" + std::to_string(mtprt::kPlanVersion) +
+                      " for model 'm' from m.mtp"),
+            std::string::npos)
       << text;
 }
 
@@ -97,17 +99,22 @@ TEST_F(PlanFileTest, AnotherVersionIsRefused) {
   // A version-1 plan: the bare flatbuffer.
   std::string error;
   printed(bytes.substr(mtprt::kPlanFrameBytes), &error);
+  const std::string current = std::to_string(mtprt::kPlanVersion);
   EXPECT_NE(error.find("plan version 1 (a bare flatbuffer, written before "
                        "plans carried a checksum); this mtpc and runtime read "
-                       "version 2"),
+                       "version " + current),
             std::string::npos)
       << error;
-  std::string v3 = bytes;
-  v3[8] = 3;
-  printed(v3, &error);
-  EXPECT_NE(error.find("plan version 3; this mtpc and runtime read version 2"),
-            std::string::npos)
-      << error;
+  // Version 2 (the kinds as strings) and a version from a newer mtpc.
+  for (uint32_t version : {2u, mtprt::kPlanVersion + 1}) {
+    std::string other = bytes;
+    other[8] = char(version);
+    printed(other, &error);
+    EXPECT_NE(error.find("plan version " + std::to_string(version) +
+                         "; this mtpc and runtime read version " + current),
+              std::string::npos)
+        << error;
+  }
 }
 
 TEST_F(PlanFileTest, EveryTruncationAndFlippedByteIsRefused) {
@@ -132,11 +139,11 @@ TEST_F(PlanFileTest, InspectChecksTheFieldsAsTheRuntimeDoes) {
   // `mtpc inspect` and OOM-killed when run; now refused by both, with the
   // runtime's own checks (mtprt::checkPlan).
   flatbuffers::FlatBufferBuilder b;
-  auto backbone = fb::CreateBackbone(b, b.CreateString("transformer"),
+  auto backbone = fb::CreateBackbone(b, fb::BackboneKind::transformer,
                                      int64_t(1) << 20, 8, 2, 16, 10, 4, 0.1);
   std::vector<flatbuffers::Offset<fb::Task>> tasks = {fb::CreateTask(
-      b, b.CreateString("t"), b.CreateString("classify"), 1, true, 2, 0, 0, 0,
-      1.0, b.CreateString("cross_entropy"))};
+      b, b.CreateString("t"), fb::HeadKind::classify, 1, true, 2, 0, 0, 0,
+      1.0, fb::LossKind::cross_entropy)};
   std::vector<flatbuffers::Offset<fb::Unit>> units;
   fb::FinishPlanBuffer(
       b, fb::CreatePlan(b, unsigned(fb::PlanVersion::Current),
@@ -146,6 +153,28 @@ TEST_F(PlanFileTest, InspectChecksTheFieldsAsTheRuntimeDoes) {
   std::string error;
   printed(forged, &error);
   EXPECT_NE(error.find("field backbone.layers: 1048576 is out of [1, 1024]"),
+            std::string::npos)
+      << error;
+}
+
+TEST_F(PlanFileTest, EnumsOutOfRangeAreRefusedByName) {
+  // The flatbuffers verifier does not range-check enums; the plan's reader
+  // does, naming the field and the values it takes.
+  flatbuffers::FlatBufferBuilder b;
+  auto backbone = fb::CreateBackbone(b, fb::BackboneKind::transformer, 2, 8, 2,
+                                     16, 10, 4, 0.1);
+  std::vector<flatbuffers::Offset<fb::Task>> tasks = {fb::CreateTask(
+      b, b.CreateString("t"), static_cast<fb::HeadKind>(9), 1, true, 2, 0, 0,
+      0, 1.0, fb::LossKind::cross_entropy)};
+  std::vector<flatbuffers::Offset<fb::Unit>> units;
+  fb::FinishPlanBuffer(
+      b, fb::CreatePlan(b, unsigned(fb::PlanVersion::Current),
+                        b.CreateString("m"), b.CreateString("m.mtp"), 0,
+                        backbone, b.CreateVector(tasks), b.CreateVector(units)));
+  std::string error;
+  printed(mtprt::framePlan(b.GetBufferPointer(), b.GetSize()), &error);
+  EXPECT_NE(error.find("field task 't' (tasks[0]).head: 9 is none of "
+                       "classify, tag, span, decoder"),
             std::string::npos)
       << error;
 }

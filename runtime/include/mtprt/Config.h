@@ -9,6 +9,8 @@
 #ifndef MTPRT_CONFIG_H
 #define MTPRT_CONFIG_H
 
+#include "mtprt/Defaults.h"
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -72,7 +74,7 @@ struct TrainConfig {
   double gfmKeep = 1.0;   ///< GFM: kept fraction of rfft bins; 1 = off
   double clipNorm = 0.0;  ///< per-task clip; 0 = off
   bool gate = true;       ///< DGFG; false = uniform α over present tasks
-  int64_t gateHidden = 32; ///< DGFG gate MLP width (4 → gateHidden → 1)
+  int64_t gateHidden = defaults::kGateHidden; ///< DGFG gate MLP width (4 → gateHidden → 1)
   double gateLr = 1e-2;
   double gateEntropy = 0.2; ///< entropy bonus weight τ in the gate objective
   int64_t cosineEvery =
@@ -80,11 +82,13 @@ struct TrainConfig {
   /// docs/techniques.md B8: the gate is reset after a measured step whose
   /// activation_reuse_ratio is below recalibrateReuse and whose cosine
   /// matrix's standard deviation is above recalibrateStd.
-  double recalibrateReuse = 0.15, recalibrateStd = 0.4;
+  double recalibrateReuse = defaults::kReuseThreshold,
+         recalibrateStd = defaults::kSimStdThreshold;
   LrConfig backboneLr;
   std::vector<LrConfig> headLr; ///< one per head; empty = backboneLr for all
-  double weightDecay = 0.01;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8; ///< AdamW
+  double weightDecay = defaults::kWeightDecay;
+  double beta1 = defaults::kBeta1, beta2 = defaults::kBeta2,
+         eps = defaults::kEps; ///< AdamW
   double initialLossScale = 65536.0; ///< fp16 only
 };
 

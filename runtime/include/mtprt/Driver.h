@@ -46,11 +46,12 @@ struct Program {
   int64_t plannedProcesses = 1;    ///< the processes the plan was made for
   /// GSC defaults (docs/techniques.md C10); --compress / --no-compress override.
   bool compress = false;
-  double compressTopK = 0.15, compressDecay = 0.8;
-  int64_t compressBlock = 256;
+  double compressTopK = defaults::kTopK,
+         compressDecay = defaults::kResidualDecay;
+  int64_t compressBlock = defaults::kQuantBlock;
   /// Bits per quantized value; the runtime's GSC kernels are 8-bit, so a
   /// compressed exchange with another width is refused.
-  int64_t compressBits = 8;
+  int64_t compressBits = defaults::kQuantBits;
   /// One step at the unit grain, on the batch the driver set (generated
   /// programs); unset = trainer.step(schedule).
   std::function<StepStats(Trainer &)> step;

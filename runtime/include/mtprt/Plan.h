@@ -11,6 +11,7 @@
 #define MTPRT_PLAN_H
 
 #include "mtprt/Config.h"
+#include "mtprt/Defaults.h"
 #include "mtprt/Errors.h"
 
 #include <cstddef>
@@ -20,9 +21,14 @@
 
 namespace mtprt {
 
+/// The spec's collective policy (auto: compressed when processes share the
+/// gradients).
+enum class Collective { Auto, None, Compressed };
+
 struct Plan {
   std::string modelName, source;
-  std::string device, precision; ///< the target the plan was made for
+  std::string device; ///< the target the plan was made for
+  Precision precision = Precision::Fp32;
   int64_t gpus = 1, microBatch = 1, globalBatch = 1, memoryBytes = 0,
           usableBytes = 0;
   std::string backboneKind = "transformer";
@@ -34,9 +40,11 @@ struct Plan {
   int64_t steps = 100, logEvery = 1, saveEvery = 0;
   uint64_t seed = 0;
   std::string data = "synthetic";
-  std::string collective = "auto";
-  double compressTopK = 0.15, compressDecay = 0.8;
-  int64_t compressBlock = 256, compressBits = 8;
+  Collective collective = Collective::Auto;
+  double compressTopK = defaults::kTopK,
+         compressDecay = defaults::kResidualDecay;
+  int64_t compressBlock = defaults::kQuantBlock,
+          compressBits = defaults::kQuantBits;
   /// regions, offloadUnits and offloadHeadList from the decisions.
   Schedule schedule;
   int64_t predictedPeakBytes = 0, keepPeakBytes = 0, uniformPeakBytes = -1;

@@ -111,8 +111,8 @@ double cosineMatrixStd(const StepStats &stats);
 /// default 0.4; TrainConfig.recalibrateReuse / recalibrateStd, the plan's
 /// dgfg thresholds). Needs a measured matrix.
 bool needsGateRecalibration(const StepStats &stats,
-                            double reuseThreshold = 0.15,
-                            double stdThreshold = 0.4);
+                            double reuseThreshold = defaults::kReuseThreshold,
+                            double stdThreshold = defaults::kSimStdThreshold);
 /// The event record the driver logs when it recalibrates.
 std::string recalibrationJsonLine(const StepStats &stats);
 
