@@ -120,8 +120,8 @@ struct Child {
   }
   /// Waits up to timeoutS; returns the exit code (-1 killed on timeout).
   int wait(int timeoutS = 60) {
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::seconds(timeoutS);
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::seconds(timeoutS * kTimeScale);
     while (pid > 0) {
       int st = 0;
       if (waitpid(pid, &st, WNOHANG) == pid) {
@@ -156,8 +156,8 @@ int run(const std::vector<std::string> &args, const TempDir &dir,
 
 /// Polls `done` every 10 ms for up to `timeoutS` seconds.
 template <typename Done> bool waitUntil(Done done, int timeoutS) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(timeoutS);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::seconds(timeoutS * kTimeScale);
   while (!done()) {
     if (std::chrono::steady_clock::now() > deadline)
       return false;
@@ -464,7 +464,7 @@ TEST(Driver, LiveProgressLineOnATerminal) {
   std::string out;
   char buf[4096];
   const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      std::chrono::steady_clock::now() + std::chrono::seconds(60 * kTimeScale);
   for (;;) {
     const ssize_t n = ::read(master, buf, sizeof buf); // EIO once it exits
     if (n <= 0 || std::chrono::steady_clock::now() > deadline)

@@ -8,6 +8,8 @@
 
 #include "schema/plan_generated.h"
 
+#include "Sanitizers.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,6 +35,18 @@ using namespace mtprt;
 namespace fb = mtp::fb;
 
 namespace {
+
+/// A plan kind by the name the spec uses (`auto` included); an unknown name
+/// is 99, outside every enum's range, as a forged plan might say.
+template <typename E> E kindNamed(const std::string &name,
+                                  const char *const *names) {
+  const std::string n = name == "auto" ? "automatic" : name;
+  for (int i = 0; names[i]; ++i)
+    if (n == names[i])
+      return static_cast<E>(i);
+  return static_cast<E>(99);
+}
+#define KIND(E, name) kindNamed<fb::E>(name, fb::EnumNames##E())
 
 /// The knobs of a plan as mtpc writes it (2 layers, two tasks; layer 1's
 /// attention offloaded, the tag head offloaded, layer 2 a checkpoint
@@ -63,22 +77,22 @@ struct Forge {
   /// The bare flatbuffer.
   std::string flatbuffer() const {
     flatbuffers::FlatBufferBuilder b;
-    auto backbone = fb::CreateBackbone(b, b.CreateString(kind), layers, hidden,
+    auto backbone = fb::CreateBackbone(b, KIND(BackboneKind, kind), layers, hidden,
                                        heads, ffn, vocab, seq, dropout);
     std::vector<flatbuffers::Offset<fb::Task>> tasks = {
-        fb::CreateTask(b, b.CreateString(clsName), b.CreateString(clsHead), 2,
+        fb::CreateTask(b, b.CreateString(clsName), KIND(HeadKind, clsHead), 2,
                        true, clsClasses, 0, 0, 0, 1.0,
-                       b.CreateString(clsLoss)),
-        fb::CreateTask(b, b.CreateString("tag"), b.CreateString("tag"), tap,
+                       KIND(LossKind, clsLoss)),
+        fb::CreateTask(b, b.CreateString("tag"), fb::HeadKind::tag, tap,
                        false, tagClasses, 0, 0, 0, tagWeight,
-                       b.CreateString("cross_entropy"),
+                       fb::LossKind::cross_entropy,
                        strategy ? fb::CreateLrSchedule(
-                                      b, b.CreateString("linear"), 5e-4,
+                                      b, fb::ScheduleKind::linear, 5e-4,
                                       tagWarmup)
                                 : 0)};
     auto unit = [&](const char *name, const char *kind, int64_t layer,
                     int64_t blk, const std::string &task, fb::Decision d) {
-      return fb::CreateUnit(b, b.CreateString(name), b.CreateString(kind),
+      return fb::CreateUnit(b, b.CreateString(name), KIND(UnitKind, kind),
                             layer, blk, b.CreateString(task), 100, 1000, d);
     };
     const auto off = static_cast<fb::Decision>(decision);
@@ -92,18 +106,18 @@ struct Forge {
         unit("attn_core2", "attn_core", 2, 3, "", fb::Decision::Recompute),
         unit("head_cls", "head", 0, -1, "cls", fb::Decision::Keep)};
     auto target = fb::CreateTarget(b, b.CreateString("cpu"),
-                                   b.CreateString(precision), 1 << 20, 1 << 20,
+                                   KIND(Precision, precision), 1 << 20, 1 << 20,
                                    gpus, micro, global);
     flatbuffers::Offset<fb::Strategy> st;
     flatbuffers::Offset<fb::Train> train;
     if (strategy) {
-      st = fb::CreateStrategy(b, b.CreateString(scope), 2, gfmKeep, clip,
+      st = fb::CreateStrategy(b, KIND(GradientScope, scope), 2, gfmKeep, clip,
                               gateHidden, 0.15, 0.4,
-                              b.CreateString(collective), topk, block, bits,
+                              KIND(CollectivePolicy, collective), topk, block, bits,
                               decay);
       train = fb::CreateTrain(
           b, steps, 7, b.CreateString("synthetic"),
-          fb::CreateLrSchedule(b, b.CreateString(lrKind), lr, warmup),
+          fb::CreateLrSchedule(b, KIND(ScheduleKind, lrKind), lr, warmup),
           weightDecay, beta1, beta2, eps, 10, 0);
     }
     auto plan = fb::CreatePlan(
@@ -151,7 +165,7 @@ TEST(Plan, DecisionsBecomeTheSchedule) {
   EXPECT_EQ(p.schedule.regions[0], std::make_pair(int64_t(3), int64_t(4)));
   EXPECT_EQ(p.predictedPeakBytes, 123456);
   EXPECT_EQ(p.microBatch, 8);
-  EXPECT_EQ(p.precision, "fp32");
+  EXPECT_EQ(p.precision, Precision::Fp32);
   Program program = programFromPlan(p);
   EXPECT_EQ(program.batchSize, 16);
   EXPECT_EQ(program.train.microBatches, 2);
@@ -240,15 +254,21 @@ TEST(Plan, OldAndOtherVersionsAreRefusedByName) {
   EXPECT_EQ(errorOf(v1.flatbuffer()),
             "mtprt: plan p.mtpplan: plan version 1 (a bare flatbuffer, "
             "written before plans carried a checksum); this mtpc and runtime "
-            "read version 2: re-plan the spec with `mtpc plan SPEC "
+            "read version 3: re-plan the spec with `mtpc plan SPEC "
             "--format=fb -o PLAN`");
-  std::string v3 = Forge().file();
-  v3[8] = 3;
-  EXPECT_EQ(errorOf(v3), "mtprt: plan p.mtpplan: plan version 3; this mtpc "
-                         "and runtime read version 2: re-plan the spec with "
+  // Version 2 wrote the kinds as strings.
+  std::string v2 = Forge().file();
+  v2[8] = 2;
+  EXPECT_EQ(errorOf(v2), "mtprt: plan p.mtpplan: plan version 2; this mtpc "
+                         "and runtime read version 3: re-plan the spec with "
+                         "the matching mtpc");
+  std::string v4 = Forge().file();
+  v4[8] = 4;
+  EXPECT_EQ(errorOf(v4), "mtprt: plan p.mtpplan: plan version 4; this mtpc "
+                         "and runtime read version 3: re-plan the spec with "
                          "the matching mtpc");
   EXPECT_NE(errorOf(v1.file()).find("the flatbuffer says plan version 1, its "
-                                    "frame version 2"),
+                                    "frame version 3"),
             std::string::npos);
   EXPECT_NE(errorOf("layers = 2").find("not an mtpc plan (no 'MTPPLAN' "
                                        "header)"),
@@ -290,7 +310,7 @@ TEST(Plan, EveryFieldTheRuntimeUsesIsChecked) {
        "field train.eps: -1e-08 is out of (0, 1]"},
       // The rest of what the runtime reads.
       {[](Forge &f) { f.kind = "lstm"; },
-       "field backbone.kind: 'lstm' is none of transformer"},
+       "field backbone.kind: 99 is none of transformer"},
       {[](Forge &f) { f.heads = 3; },
        "field backbone.heads: 3 attention heads do not divide hidden 16"},
       {[](Forge &f) { f.seq = 0; }, "field backbone.seq: 0 is out of [1, "},
@@ -306,16 +326,16 @@ TEST(Plan, EveryFieldTheRuntimeUsesIsChecked) {
       {[=](Forge &f) { f.tagWeight = nan; },
        "field task 'tag' (tasks[1]).weight: nan is out of [0, 1e+06]"},
       {[](Forge &f) { f.clsHead = "regress"; },
-       "field task 'cls' (tasks[0]).head: 'regress' is none of classify, tag, "
+       "field task 'cls' (tasks[0]).head: 99 is none of classify, tag, "
        "span, decoder"},
       {[](Forge &f) { f.clsLoss = "hinge"; },
-       "field task 'cls' (tasks[0]).loss: 'hinge' is none of cross_entropy, "
+       "field task 'cls' (tasks[0]).loss: 99 is none of cross_entropy, "
        "mse"},
       {[](Forge &f) { f.clsName = "tag"; },
        "field tasks[1].name: 'tag' names two tasks"},
       {[](Forge &f) { f.clsName = ""; }, "field tasks[0].name: missing or empty"},
       {[](Forge &f) { f.precision = "fp8"; },
-       "field target.precision: 'fp8' is none of fp32, bf16, fp16"},
+       "field target.precision: 99 is none of fp32, bf16, fp16"},
       {[](Forge &f) { f.global = 12; },
        "field target.global_batch: 12 is not a multiple of micro_batch x gpus "
        "= 8"},
@@ -324,7 +344,7 @@ TEST(Plan, EveryFieldTheRuntimeUsesIsChecked) {
       {[](Forge &f) { f.gpus = 1 << 20; },
        "field target.gpus: 1048576 is out of [1, 4096]"},
       {[](Forge &f) { f.decision = 7; },
-       "field units[1].decision: 7 is none of keep, recompute, offload"},
+       "field units[1].decision: 7 is none of Keep, Recompute, Offload"},
       {[](Forge &f) { f.offloadBlock = 9; },
        "field units[1].block: 9 is out of [0, 4]"},
       {[](Forge &f) { f.unitTask = "ner"; },
@@ -338,7 +358,7 @@ TEST(Plan, EveryFieldTheRuntimeUsesIsChecked) {
       {[](Forge &f) { f.predicted = -5; },
        "field predicted_peak_bytes: -5 is out of [0, "},
       {[](Forge &f) { f.strategy = true, f.scope = "all"; },
-       "field strategy.scope: 'all' is none of sum, features, params"},
+       "field strategy.scope: 99 is none of features, params, sum"},
       {[](Forge &f) { f.strategy = true, f.gfmKeep = 0; },
        "field strategy.gfm_keep: 0 is out of (0, 1]"},
       {[=](Forge &f) { f.strategy = true, f.clip = -inf; },
@@ -354,9 +374,9 @@ TEST(Plan, EveryFieldTheRuntimeUsesIsChecked) {
       {[](Forge &f) { f.strategy = true, f.gateHidden = -1; },
        "field strategy.gate_hidden: -1 is out of [1, 65536]"},
       {[](Forge &f) { f.strategy = true, f.collective = "ring"; },
-       "field strategy.collective: 'ring' is none of auto, none, compressed"},
+       "field strategy.collective: 99 is none of automatic, none, compressed"},
       {[](Forge &f) { f.strategy = true, f.lrKind = "step"; },
-       "field train.lr.kind: 'step' is none of constant, linear, cosine"},
+       "field train.lr.kind: 99 is none of constant, linear, cosine"},
       {[](Forge &f) { f.strategy = true, f.steps = 0; },
        "field train.steps: 0 is out of [1, 1099511627776]"},
   };
@@ -473,24 +493,25 @@ std::string build(const PlanFields &f) {
   auto lr = [&](const std::string &kind, double peak, int64_t warmup) {
     return kind.empty()
                ? flatbuffers::Offset<fb::LrSchedule>()
-               : fb::CreateLrSchedule(b, b.CreateString(kind), peak, warmup);
+               : fb::CreateLrSchedule(b, KIND(ScheduleKind, kind), peak, warmup);
   };
   auto backbone =
-      fb::CreateBackbone(b, b.CreateString(f.kind), f.layers, f.hidden, f.heads,
+      fb::CreateBackbone(b, KIND(BackboneKind, f.kind), f.layers, f.hidden, f.heads,
                          f.ffn, f.vocab, f.seq, f.dropout);
   std::vector<flatbuffers::Offset<fb::Task>> tasks;
   for (const TaskFields &t : f.tasks)
     tasks.push_back(fb::CreateTask(
-        b, b.CreateString(t.name), b.CreateString(t.head), t.tap, t.pooled,
+        b, b.CreateString(t.name), KIND(HeadKind, t.head), t.tap, t.pooled,
         t.classes, t.decoderLayers, t.targetVocab, t.targetSeq, t.weight,
-        b.CreateString(t.loss), lr(t.lrKind, t.lrPeak, t.lrWarmup)));
+        KIND(LossKind, t.loss), lr(t.lrKind, t.lrPeak, t.lrWarmup)));
   std::vector<flatbuffers::Offset<fb::Unit>> units;
   for (int64_t block = 0; block <= 2 * f.layers; ++block) {
     const bool off =
         std::count(f.offloadBlocks.begin(), f.offloadBlocks.end(), block) > 0;
     const std::string name = "block" + std::to_string(block);
     units.push_back(fb::CreateUnit(
-        b, b.CreateString(name), b.CreateString(block ? "mlp_up" : "embed"),
+        b, b.CreateString(name),
+        block ? fb::UnitKind::mlp_up : fb::UnitKind::embed,
         (block + 1) / 2, block, b.CreateString(""), f.unitSavedBytes,
         f.unitFlops, off ? fb::Decision::Offload : fb::Decision::Keep));
   }
@@ -498,7 +519,7 @@ std::string build(const PlanFields &f) {
     const bool off =
         std::count(f.offloadHeads.begin(), f.offloadHeads.end(), t.name) > 0;
     units.push_back(fb::CreateUnit(
-        b, b.CreateString("head_" + t.name), b.CreateString("head"), t.tap, -1,
+        b, b.CreateString("head_" + t.name), fb::UnitKind::head, t.tap, -1,
         b.CreateString(t.name), f.unitSavedBytes, f.unitFlops,
         off ? fb::Decision::Offload : fb::Decision::Keep));
   }
@@ -514,11 +535,11 @@ std::string build(const PlanFields &f) {
     buckets.push_back(fb::CreateBucket(b, f.bucketElements, true, f.topk,
                                        f.block, f.bits, f.decay));
   auto target =
-      fb::CreateTarget(b, b.CreateString(f.device), b.CreateString(f.precision),
+      fb::CreateTarget(b, b.CreateString(f.device), KIND(Precision, f.precision),
                        f.memory, f.usable, f.gpus, f.micro, f.global);
   auto strategy = fb::CreateStrategy(
-      b, b.CreateString(f.scope), f.scopeLayers, f.gfmKeep, f.clip,
-      f.gateHidden, f.reuse, f.stdThreshold, b.CreateString(f.collective),
+      b, KIND(GradientScope, f.scope), f.scopeLayers, f.gfmKeep, f.clip,
+      f.gateHidden, f.reuse, f.stdThreshold, KIND(CollectivePolicy, f.collective),
       f.topk, f.block, f.bits, f.decay);
   auto train =
       fb::CreateTrain(b, f.steps, f.seed, b.CreateString(f.data),
@@ -778,7 +799,7 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       {"Target.global_batch", [](F &f) { f.global = 16; }, Shows::Losses},
 
       {"Backbone.kind", [](F &f) { f.kind = "rnn"; }, Shows::Refused,
-       "field backbone.kind: 'rnn' is none of transformer"},
+       "field backbone.kind: 99 is none of transformer"},
       {"Backbone.layers", [](F &f) { f.layers = 3; }, Shows::Losses},
       {"Backbone.hidden", [](F &f) { f.hidden = 24; }, Shows::Losses},
       {"Backbone.heads", [](F &f) { f.heads = 4; }, Shows::Losses},
@@ -1046,8 +1067,8 @@ int runTool(const std::vector<std::string> &args, const std::string &log,
     _exit(127);
   }
   ::close(fd);
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(timeoutS);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::seconds(timeoutS * kTimeScale);
   int st = 0;
   while (waitpid(pid, &st, WNOHANG) != pid) {
     if (std::chrono::steady_clock::now() > deadline) {

@@ -23,4 +23,10 @@ inline constexpr bool kAddressSanitizer = false;
 inline constexpr bool kAddressSanitizer = false;
 #endif
 
+/// What a test's hang guard (the seconds it gives a child process before
+/// killing it) is multiplied by: an ASan + UBSan build runs LibTorch several
+/// times slower, more so with the two suites on two cores. The guard only
+/// catches hangs; no test measures time.
+inline constexpr int kTimeScale = kAddressSanitizer ? 6 : 1;
+
 #endif // MTPRT_UNITTESTS_SANITIZERS_H
