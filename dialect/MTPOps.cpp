@@ -984,6 +984,10 @@ LogicalResult RecomputeOp::verify() {
   return verifyRegionUnits(*this, getBody());
 }
 
+/// The optimizer step's moments and master weights are resident state, not
+/// workspace.
+int64_t OptimizerStepOp::getWorkspaceBytes() { return 0; }
+
 LogicalResult FwdOp::verify() {
   if (ArrayAttr names = getSavedNamesAttr())
     if (names.size() != getOutputs().size() - 1)
@@ -1010,4 +1014,5 @@ LogicalResult FuseTaskGradsOp::verify() {
 }
 
 #define GET_OP_CLASSES
+#include "dialect/MTPInterfaces.cpp.inc"
 #include "dialect/MTPOps.cpp.inc"

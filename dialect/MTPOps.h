@@ -53,6 +53,8 @@ inline llvm::hash_code hash_value(const PlanOffload &o) {
 #define GET_ATTRDEF_CLASSES
 #include "dialect/MTPAttrs.h.inc"
 
+#include "dialect/MTPInterfaces.h.inc"
+
 namespace mtp {
 /// The DGFG gate's bound (docs/techniques.md B6: fewer than 0.1M parameters).
 constexpr int64_t kDgfgMaxParameters = 100000;

@@ -12,6 +12,8 @@
 #ifndef MTP_STEP_OPS
 #define MTP_STEP_OPS
 
+include "dialect/MTPInterfaces.td"
+
 def MTP_StepOp : MTP_Op<"step", [
     HasParent<"ModelOp">, SingleBlock, NoTerminator, NoRegionArguments]> {
   let summary = "one training step (one micro-batch), explicit";
@@ -54,6 +56,7 @@ def MTP_WeightsOp : MTP_Op<"weights", [HasParent<"StepOp">,
 
 def MTP_FwdOp : MTP_Op<"fwd", [
     ParentOneOf<["StepOp", "CheckpointOp", "RecomputeOp"]>,
+    DeclareOpInterfaceMethods<MTP_CostOpInterface>,
     DeclareOpInterfaceMethods<SymbolUserOpInterface>,
     DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
   let summary = "a forward unit: its output first, then what it saves";
@@ -93,6 +96,7 @@ def MTP_FwdOp : MTP_Op<"fwd", [
 }
 
 def MTP_BwdOp : MTP_Op<"bwd", [HasParent<"StepOp">, AttrSizedOperandSegments,
+    DeclareOpInterfaceMethods<MTP_CostOpInterface>,
     DeclareOpInterfaceMethods<SymbolUserOpInterface>,
     DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
   let summary = "a backward unit: gradients in, saved tensors, gradients out";
@@ -120,6 +124,7 @@ def MTP_AddGradsOp : MTP_Op<"add_grads", [HasParent<"StepOp">,
 }
 
 def MTP_FuseTaskGradsOp : MTP_Op<"fuse_task_grads", [HasParent<"StepOp">,
+    DeclareOpInterfaceMethods<MTP_CostOpInterface>,
     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "the per-task gradient pipeline: GFM, clip, DGFG, fusion";
   let description = [{
@@ -260,7 +265,8 @@ def MTP_ReleaseOp : MTP_Op<"release", [HasParent<"StepOp">]> {
   let assemblyFormat = "$values attr-dict `:` type($values)";
 }
 
-def MTP_OptimizerStepOp : MTP_Op<"optimizer_step", [HasParent<"StepOp">]> {
+def MTP_OptimizerStepOp : MTP_Op<"optimizer_step", [HasParent<"StepOp">,
+    DeclareOpInterfaceMethods<MTP_CostOpInterface, ["getWorkspaceBytes"]>]> {
   let summary = "AdamW over every parameter group";
   let arguments = (ins MTP_NonNegativeI64Attr:$flops);
   let assemblyFormat = "`flops` $flops attr-dict";

@@ -12,6 +12,7 @@
 
 #include "passes/MemoryAnalysis.h"
 #include "passes/CostModel.h"
+#include "passes/StepTimeline.h"
 #include "passes/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -127,7 +128,6 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   StepOp step = model.getStep();
   CostModel cost(model);
   MemoryReport report;
-  report.usableBytes = cost.usableBytes();
   Block &body = step.getBody().front();
   const std::vector<std::pair<int64_t, int64_t>> regions =
       checkpointRegions(step);
@@ -148,12 +148,6 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
         served.push_back(t.getSymName());
     return served;
   };
-
-  // Resident state.
-  const ParameterGroups groups = parameterGroups(step);
-  const llvm::StringMap<int64_t> &groupParams = groups.params;
-  const int64_t params = groups.total;
-  MemoryBreakdown now;
 
   // The step in execution order, checkpoint and recompute bodies inline
   // (a region op, then its units, then its yield).
@@ -185,81 +179,22 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
     }
     return last;
   };
-  llvm::DenseMap<Operation *, SmallVector<Value>> freedAfter;
-  // Host copies (mtp.offload) are not device memory.
-  auto onDevice = [&](Value v) {
-    return !aliasOf.count(v) && !isa_and_nonnull<OffloadOp>(v.getDefiningOp());
-  };
-  for (Operation *op : order)
-    for (Value result : op->getResults())
-      if (onDevice(result))
-        freedAfter[order[lastUse(result, lastUse)]].push_back(result);
-
   auto isForwardValue = [](Value v) {
     return isa_and_nonnull<FwdOp, InputOp, PrefetchOp>(v.getDefiningOp());
   };
-  // The gradient exchange: its residual is resident, its transient comes at
-  // the mtp.allreduce ops (the runtime exchanges every bucket there).
-  const CostModel::ExchangeMemory exchange =
-      cost.gradientExchange(llvm::to_vector(body.getOps<AllReduceOp>()));
-  // The first micro-batch: gradients appear as the backward reaches their
-  // group, and the cosine probe runs. Later ones (accumulation): every
-  // gradient is live from the start, and no probe. The peak is the larger.
-  auto simulate = [&](bool later) {
-    now = MemoryBreakdown();
-    now.parameters = CostModel::kWeightBytes * params;
-    now.optimizer = CostModel::kOptimizerBytes * params;
-    now.exchange = exchange.resident;
-    if (later)
-      now.gradients = CostModel::kGradientBytes * params;
-    llvm::StringSet<> gradAllocated;
-    for (Operation *opPtr : order) {
-      Operation &op = *opPtr;
-      for (Value result : op.getResults()) {
-        if (!onDevice(result))
-          continue;
-        int64_t bytes = CostModel::bytes(result.getType());
-        (isForwardValue(result) ? now.activations : now.activationGrads) +=
-            bytes;
-      }
-      if (auto bwd = dyn_cast<BwdOp>(&op)) {
-        std::string group = gradientGroup(bwd);
-        if (!later && !group.empty() && gradAllocated.insert(group).second)
-          now.gradients +=
-              CostModel::kGradientBytes * groupParams.lookup(group);
-      }
-      int64_t workspace = 0;
-      if (auto fwd = dyn_cast<FwdOp>(&op))
-        workspace = fwd.getWorkspace();
-      else if (auto bwd = dyn_cast<BwdOp>(&op))
-        workspace = bwd.getWorkspace();
-      else if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op))
-        workspace = fuseWorkspaceBeyondResults(fuse, cost, regions, later);
-      else if (isa<AllReduceOp>(op))
-        workspace = exchange.transient;
-      now.workspace = workspace;
-      if (now.total() > report.peakBytes) {
-        report.peakBytes = now.total();
-        report.peakOp = &op;
-        report.atPeak = now;
-      }
-      now.workspace = 0;
-      for (Value dead : freedAfter.lookup(&op)) {
-        int64_t bytes = CostModel::bytes(dead.getType());
-        (isForwardValue(dead) ? now.activations : now.activationGrads) -=
-            bytes;
-      }
-    }
-  };
-  simulate(/*later=*/false);
-  if (cost.gradientsResidentThroughStep())
-    simulate(/*later=*/true);
-  if (auto opt = step.getBody().front().getOps<OptimizerStepOp>();
-      !opt.empty() && now.total() > report.peakBytes) {
-    report.peakBytes = now.total();
-    report.peakOp = *opt.begin();
-    report.atPeak = now;
-  }
+  // Each device value lives from its op to its last use; host copies
+  // (mtp.offload) are not device memory.
+  StepTimeline timeline(model, cost, order);
+  StepTimeline::Live live = timeline.live();
+  for (Operation *op : order)
+    for (Value result : op->getResults())
+      if (!aliasOf.count(result) && !isa<OffloadOp>(op))
+        live.add(position[op], lastUse(result, lastUse),
+                 CostModel::bytes(result.getType()), isForwardValue(result));
+  StepTimeline::Peak peak = timeline.peak(live, regions);
+  report.peakBytes = peak.bytes;
+  report.peakOp = peak.position >= 0 ? timeline.at(peak.position) : nullptr;
+  report.atPeak = peak.at;
 
   // Saved activations and the tasks that need them.
   for (TaskOp t : tasks)

@@ -20,6 +20,7 @@
 #include "passes/CostModel.h"
 #include "passes/MemoryAnalysis.h"
 #include "passes/Passes.h"
+#include "passes/StepTimeline.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/EquivalenceClasses.h"
@@ -76,16 +77,9 @@ struct MemoryPlanner::Impl {
   ModelOp model;
   CostModel cost;
   int numOps = 0;
-  int64_t resident = 0;
-  /// Every parameter's gradient (live throughout later micro-batches).
-  int64_t allGradientBytes = 0;
-  /// (position, bytes) of parameter gradients appearing.
-  SmallVector<std::pair<int, int64_t>> gradientArrivals;
-  std::vector<int64_t> workspace;   // per position
-  /// The gradient pipeline's op: its workspace depends on the regions (the
-  /// cosine probe re-runs those on its path).
-  FuseTaskGradsOp fuseOp;
-  int fusePos = -1;
+  /// The step's top-level ops as positions: resident state, gradient
+  /// arrivals, workspace (the memory analysis's own timeline).
+  std::optional<StepTimeline> timeline;
   std::vector<ValueInfo> values;
   std::vector<Candidate> candidates;
   /// Per block: the candidate owning it; its forward FLOPs; its output's
@@ -222,23 +216,14 @@ void MemoryPlanner::Impl::build() {
     candidates.push_back(std::move(c));
   }
 
-  // Positions, resident state, gradient arrivals, workspace.
+  // Positions: the timeline of the step as it stands (nothing materialized).
   llvm::DenseMap<Operation *, int> position;
-  for (Operation &op : body)
+  SmallVector<Operation *> order;
+  for (Operation &op : body) {
     position[&op] = numOps++;
-  workspace.assign(numOps + 1, 0);
-  // The same parameter groups as the memory analysis.
-  const ParameterGroups groups = parameterGroups(step);
-  const llvm::StringMap<int64_t> &groupParams = groups.params;
-  const int64_t params = groups.total;
-  // The gradient exchange (the memory analysis's figures): its residual is
-  // resident, its transient comes at the mtp.allreduce ops.
-  const CostModel::ExchangeMemory exchange =
-      cost.gradientExchange(llvm::to_vector(body.getOps<AllReduceOp>()));
-  resident = (CostModel::kWeightBytes + CostModel::kOptimizerBytes) * params +
-             exchange.resident;
-  allGradientBytes = CostModel::kGradientBytes * params;
-  llvm::StringSet<> seenGroups;
+    order.push_back(&op);
+  }
+  timeline.emplace(model, cost, order);
   fwdSecondsBefore.assign(numOps + 1, 0.0);
   bwdSecondsBefore.assign(numOps + 1, 0.0);
   candBwdStart.assign(candidates.size(), numOps);
@@ -256,7 +241,6 @@ void MemoryPlanner::Impl::build() {
     int pos = position[&op];
     double fwdS = 0, bwdS = 0;
     if (auto fwd = dyn_cast<FwdOp>(&op)) {
-      workspace[pos] = fwd.getWorkspace();
       fwdS = cost.computeSeconds(fwd.getFlops());
       int64_t b = getBlockNumber(fwd.getUnit(), fwd.getLayer());
       if (b > 0) {
@@ -266,7 +250,6 @@ void MemoryPlanner::Impl::build() {
           blockOutputBytes[b] = CostModel::bytes(fwd.getOutput().getType());
       }
     } else if (auto bwd = dyn_cast<BwdOp>(&op)) {
-      workspace[pos] = bwd.getWorkspace();
       bwdS = cost.computeSeconds(bwd.getFlops());
       int64_t b = getBlockNumber(bwd.getUnit(), bwd.getLayer());
       if (b > 0) {
@@ -280,19 +263,9 @@ void MemoryPlanner::Impl::build() {
         if (bwdGroups.empty() || bwdGroups.back().second != owner)
           bwdGroups.push_back({pos, owner});
       }
-      std::string group = gradientGroup(bwd);
-      if (!group.empty() && seenGroups.insert(group).second)
-        gradientArrivals.push_back(
-            {pos, CostModel::kGradientBytes * groupParams.lookup(group)});
     }
-    if (isa<AllReduceOp>(op))
-      workspace[pos] = exchange.transient;
-    if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op)) {
-      workspace[pos] = fuseWorkspaceBeyondResults(fuse, cost, {});
-      fuseOp = fuse;
-      fusePos = pos;
+    if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op))
       bwdS = cost.computeSeconds(fuse.getFlops());
-    }
     fwdSecondsBefore[pos + 1] = fwdSecondsBefore[pos] + fwdS;
     bwdSecondsBefore[pos + 1] = bwdSecondsBefore[pos] + bwdS;
   }
@@ -363,19 +336,14 @@ MemoryPlanner::Impl::regions(ArrayRef<Decision> decisions) const {
 }
 
 int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions) const {
-  std::vector<int64_t> delta(numOps + 2, 0);
-  std::vector<int64_t> extra = workspace;
+  StepTimeline::Live alive = timeline->live();
+  // Only the peak counts here, not its breakdown.
   auto live = [&](int from, int to, int64_t bytes) {
-    if (from > to)
-      return;
-    delta[from] += bytes;
-    delta[to + 1] -= bytes;
+    alive.add(from, to, bytes, /*forward=*/true);
   };
   // Which region each block is in.
   llvm::DenseMap<int64_t, std::pair<int64_t, int64_t>> regionOf;
   const std::vector<std::pair<int64_t, int64_t>> planned = regions(decisions);
-  if (fuseOp)
-    extra[fusePos] = fuseWorkspaceBeyondResults(fuseOp, cost, planned);
   for (auto [first, last] : planned) {
     for (int64_t b = first; b <= last; ++b)
       regionOf[b] = {first, last};
@@ -419,32 +387,7 @@ int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions) const {
     live(v.def, v.lastFwd, v.bytes);
     live(std::min(candPrefetch[v.owner], v.last), v.last, v.bytes);
   }
-  // As the memory analysis: the first micro-batch (gradients arriving, the
-  // probe) and, with accumulation, the later ones (every gradient live, no
-  // probe); the larger peak.
-  auto sweep = [&](const std::vector<int64_t> &d,
-                   const std::vector<int64_t> &x, int64_t base) {
-    int64_t peak = 0, running = base;
-    for (int p = 0; p < numOps; ++p) {
-      running += d[p];
-      peak = std::max(peak, running + x[p]);
-    }
-    return peak;
-  };
-  std::vector<int64_t> first = delta;
-  for (auto [pos, bytes] : gradientArrivals) {
-    first[pos] += bytes;
-    first[numOps] -= bytes;
-  }
-  int64_t peak = sweep(first, extra, resident);
-  if (cost.gradientsResidentThroughStep()) {
-    std::vector<int64_t> later = extra;
-    if (fuseOp)
-      later[fusePos] =
-          fuseWorkspaceBeyondResults(fuseOp, cost, planned, /*later=*/true);
-    peak = std::max(peak, sweep(delta, later, resident + allGradientBytes));
-  }
-  return peak;
+  return timeline->peak(alive, planned).bytes;
 }
 
 /// The host link as one stream each way, first come first served: copies

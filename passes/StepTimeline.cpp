@@ -1,0 +1,86 @@
+//===- StepTimeline.cpp - a step's memory over time ----------------------===//
+
+#include "passes/StepTimeline.h"
+#include "passes/CostModel.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringSet.h"
+
+using namespace mlir;
+using namespace mtp;
+
+StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
+                           ArrayRef<Operation *> ops)
+    : cost(cost), order(ops.begin(), ops.end()) {
+  StepOp step = model.getStep();
+  const ParameterGroups groups = parameterGroups(step);
+  // The gradient exchange: its residual is resident, its transient comes at
+  // the mtp.allreduce ops (the runtime exchanges every bucket there).
+  const CostModel::ExchangeMemory exchange = cost.gradientExchange(
+      llvm::to_vector(step.getBody().front().getOps<AllReduceOp>()));
+  resident.parameters = CostModel::kWeightBytes * groups.total;
+  resident.optimizer = CostModel::kOptimizerBytes * groups.total;
+  resident.exchange = exchange.resident;
+  allGradients = CostModel::kGradientBytes * groups.total;
+  twoSweeps = cost.gradientsResidentThroughStep();
+
+  workspace.assign(order.size(), 0);
+  llvm::StringSet<> arrived;
+  for (auto [pos, op] : llvm::enumerate(order)) {
+    if (auto f = dyn_cast<FuseTaskGradsOp>(op)) {
+      fuse = f;
+      fusePosition = pos;
+    } else if (auto costly = dyn_cast<CostOpInterface>(op)) {
+      workspace[pos] = costly.getWorkspaceBytes();
+    } else if (isa<AllReduceOp>(op)) {
+      workspace[pos] = exchange.transient;
+    }
+    // A group's gradients appear at its first backward unit and stay until
+    // the optimizer step.
+    if (auto bwd = dyn_cast<BwdOp>(op)) {
+      std::string group = gradientGroup(bwd);
+      if (!group.empty() && arrived.insert(group).second)
+        gradientArrivals.push_back(
+            {int(pos), CostModel::kGradientBytes * groups.params.lookup(group)});
+    }
+  }
+}
+
+StepTimeline::Peak StepTimeline::sweep(const Live &live, int64_t fuseWorkspace,
+                                       bool later) const {
+  Peak best;
+  MemoryBreakdown now = resident;
+  if (later)
+    now.gradients = allGradients;
+  auto arrival = gradientArrivals.begin();
+  for (int p = 0, e = size(); p < e; ++p) {
+    now.activations += live.activations[p];
+    now.activationGrads += live.activationGrads[p];
+    for (; !later && arrival != gradientArrivals.end() && arrival->first == p;
+         ++arrival)
+      now.gradients += arrival->second;
+    now.workspace = p == fusePosition ? fuseWorkspace : workspace[p];
+    if (now.total() > best.bytes) {
+      best.bytes = now.total();
+      best.position = p;
+      best.at = now;
+    }
+  }
+  return best;
+}
+
+StepTimeline::Peak
+StepTimeline::peak(const Live &live,
+                   ArrayRef<std::pair<int64_t, int64_t>> regions) const {
+  Peak first = sweep(
+      live, fuse ? fuseWorkspaceBeyondResults(fuse, cost, regions) : 0,
+      /*later=*/false);
+  if (!twoSweeps)
+    return first;
+  Peak later = sweep(live,
+                     fuse ? fuseWorkspaceBeyondResults(fuse, cost, regions,
+                                                       /*laterMicroBatch=*/true)
+                          : 0,
+                     /*later=*/true);
+  return later.bytes > first.bytes ? later : first;
+}

@@ -1,0 +1,88 @@
+//===- StepTimeline.h - a step's memory over time, for every pass -*- C++ -*-===//
+//
+// The one skeleton the memory analysis and the planner's simulator share: a
+// step's ops in execution order as positions; what is resident through it
+// (fp32 weights, AdamW's moments, the exchange's error-feedback residual);
+// where each parameter group's gradients appear (its first backward unit);
+// and each position's workspace (a unit's temporaries, the gradient
+// pipeline's transient, the exchange's). Tensors are intervals of positions
+// on it. `peak` sweeps them for the first micro-batch (gradients arriving,
+// the cosine probe) and, with accumulation, for the later ones (every
+// gradient live from the start, no probe), and returns the larger peak with
+// where it is and what it is made of. The figures come from the CostModel.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPC_PASSES_STEPTIMELINE_H
+#define MTPC_PASSES_STEPTIMELINE_H
+
+#include "passes/MemoryAnalysis.h"
+
+#include "llvm/ADT/ArrayRef.h"
+
+#include <utility>
+#include <vector>
+
+namespace mtp {
+
+class StepTimeline {
+public:
+  /// `order`: the step's ops as they run (a checkpoint or recompute region's
+  /// ops inline, where they run).
+  StepTimeline(ModelOp model, const CostModel &cost,
+               llvm::ArrayRef<mlir::Operation *> order);
+
+  int size() const { return static_cast<int>(order.size()); }
+  mlir::Operation *at(int position) const { return order[position]; }
+
+  /// Tensors alive over positions, by kind (difference arrays: adding an
+  /// interval is O(1), the sweep reads them once).
+  class Live {
+  public:
+    /// `bytes` alive from position `from` through `to` (inclusive; nothing
+    /// when `from > to`). Forward values (activations) and backward values
+    /// (activation gradients) are counted apart for the breakdown.
+    void add(int from, int to, int64_t bytes, bool forward) {
+      if (from > to)
+        return;
+      std::vector<int64_t> &d = forward ? activations : activationGrads;
+      d[from] += bytes;
+      d[to + 1] -= bytes;
+    }
+
+  private:
+    friend class StepTimeline;
+    explicit Live(int size)
+        : activations(size + 1, 0), activationGrads(size + 1, 0) {}
+    std::vector<int64_t> activations, activationGrads;
+  };
+  Live live() const { return Live(size()); }
+
+  struct Peak {
+    int64_t bytes = 0;
+    int position = -1;
+    MemoryBreakdown at;
+  };
+  /// The step's peak with `live` alive, its checkpoint `regions` (block
+  /// numbers, inclusive) deciding the gradient pipeline's probe workspace.
+  Peak peak(const Live &live,
+            llvm::ArrayRef<std::pair<int64_t, int64_t>> regions) const;
+
+private:
+  Peak sweep(const Live &live, int64_t fuseWorkspace, bool later) const;
+
+  const CostModel &cost;
+  std::vector<mlir::Operation *> order;
+  MemoryBreakdown resident; ///< parameters, optimizer state, exchange
+  int64_t allGradients = 0;
+  /// (position, bytes) where a parameter group's gradients appear.
+  std::vector<std::pair<int, int64_t>> gradientArrivals;
+  std::vector<int64_t> workspace; ///< per position, the fuse op's aside
+  FuseTaskGradsOp fuse;
+  int fusePosition = -1;
+  bool twoSweeps = false;
+};
+
+} // namespace mtp
+
+#endif // MTPC_PASSES_STEPTIMELINE_H
