@@ -3,7 +3,11 @@
 // The one translation unit that includes c10d's ProcessGroupGloo.hpp, as
 // DistributedNccl.cpp is for NCCL. That header includes gloo's own headers,
 // which the torch wheel does not ship; this file is compiled against the
-// declarations in gloo-shim/ (see there).
+// declarations in gloo-abi/ (gloo's interface at the commit the pinned torch
+// was built from: gloo-abi/README.md) or, where configured, against real
+// gloo headers (MTPRT_GLOO_INCLUDE_DIR). Nothing of gloo's is defined here:
+// every gloo and ProcessGroupGloo function this file uses is libtorch's
+// (runtime/cmake/CheckGlooObject.cmake checks this file's object).
 //
 //===----------------------------------------------------------------------===//
 
