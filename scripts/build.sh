@@ -47,10 +47,16 @@ if [ "${MTPC_FUZZ:-ON}" = ON ] && command -v clang++-19 >/dev/null; then
 fi
 
 echo "[build] runtime -> $build/runtime (LibTorch $MTPC_TORCH_VERSION from $MTPC_TORCH_SOURCE; LibTorch-CUDA parts $MTPC_TORCH_CUDA_MATCH)"
+# gloo's headers for the gloo process group: the declarations in
+# runtime/src/gloo-abi for the pinned wheel; Debian's libtorch-dev was built
+# against Debian's libgloo-dev, whose real headers are in /usr/include.
+gloo_include=
+[ "$MTPC_TORCH_SOURCE" = debian ] && gloo_include=/usr/include
 configure "$build/runtime-configure.log" -G Ninja -S "$root/runtime" -B "$build/runtime" -Wno-dev \
   -DCMAKE_BUILD_TYPE="$type" \
   -DMTPC_SANITIZE="${MTPC_SANITIZE:-}" \
   -DTorch_DIR="$MTPC_TORCH_DIR" \
+  -DMTPRT_GLOO_INCLUDE_DIR="$gloo_include" \
   -DMTPRT_TORCH_CUDA="$MTPC_TORCH_CUDA_MATCH" \
   -DMTPRT_ENABLE_CUDA="${MTPC_CUDA:-ON}"
 cmake --build "$build/runtime"

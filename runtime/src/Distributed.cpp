@@ -5,8 +5,8 @@
 #include "mtprt/kernels/BlockQuant.h"
 #include "mtprt/kernels/Specialized.h"
 
-// Built with USE_C10D_GLOO and the declarations in gloo-shim/ (see there).
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+// No gloo here: the gloo process group is made in DistributedGloo.cpp.
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
@@ -27,6 +27,11 @@
 namespace mtprt {
 
 namespace detail {
+// DistributedGloo.cpp: the one translation unit that sees gloo's headers.
+c10::intrusive_ptr<c10d::Backend>
+makeGlooBackend(const c10::intrusive_ptr<c10d::Store> &store, int rank,
+                int world, std::chrono::milliseconds timeout,
+                const std::string &masterAddr);
 #ifdef MTPRT_HAVE_NCCL
 c10::intrusive_ptr<c10d::Backend>
 makeNcclBackend(const c10::intrusive_ptr<c10d::Store> &store, int rank,
@@ -167,23 +172,9 @@ Communicator::Communicator(const DistOptions &o, bool serveStore)
 #else
       (void)cuda;
 #endif
-      if (!backend) {
-        auto go = c10d::ProcessGroupGloo::Options::create(timeout);
-        // Bind where the master is reachable from: loopback for a
-        // one-machine run, the host's address (or GLOO_SOCKET_IFNAME)
-        // otherwise.
-        if (const char *ifname = std::getenv("GLOO_SOCKET_IFNAME");
-            ifname && *ifname)
-          go->devices.push_back(
-              c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-        else if (o.masterAddr == "127.0.0.1" || o.masterAddr == "localhost")
-          go->devices.push_back(
-              c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        else
-          go->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-        backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank,
-                                                              o.worldSize, go);
-      }
+      if (!backend)
+        backend = detail::makeGlooBackend(store, o.rank, o.worldSize, timeout,
+                                          o.masterAddr);
     } catch (...) {
       error = std::current_exception();
     }

@@ -20,7 +20,9 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <link.h>
 #include <fstream>
 #include <sstream>
 #include <sys/stat.h>
@@ -29,6 +31,12 @@
 #include <unistd.h>
 
 using namespace mtprt;
+
+namespace mtprt::detail {
+// runtime/src/DistributedGloo.cpp
+std::string glooStoreRoundTrip();
+std::size_t glooStoreVtableBytes();
+} // namespace mtprt::detail
 
 namespace {
 
@@ -86,6 +94,28 @@ TEST(Gsc, WorldSizeOneDoesNothingAndCountsNothing) {
   EXPECT_EQ(r.bytesSent, 0);
   EXPECT_EQ(r.bytesSentUncompressed, 0);
   EXPECT_FALSE(ex.residual().defined());
+}
+
+// The gloo declarations DistributedGloo.cpp is compiled against
+// (runtime/src/gloo-abi) against libtorch's compiled gloo: the vtable of
+// c10d::ProcessGroupGloo::GlooStore that libtorch exports has as many slots
+// as the declarations give gloo's store, and calling each declared virtual
+// function on libtorch's GlooStore does what that function does. (The shim
+// this replaced declared 6 of the 12 slots.)
+TEST(GlooBackend, DeclarationsMatchLibTorch) {
+  void *vtable =
+      dlsym(RTLD_DEFAULT, "_ZTVN4c10d16ProcessGroupGloo9GlooStoreE");
+  ASSERT_NE(vtable, nullptr)
+      << "libtorch exports no vtable for c10d::ProcessGroupGloo::GlooStore";
+  Dl_info info;
+  void *entry = nullptr;
+  ASSERT_NE(dladdr1(vtable, &info, &entry, RTLD_DL_SYMENT), 0);
+  const auto *sym = static_cast<const ElfW(Sym) *>(entry);
+  ASSERT_NE(sym, nullptr);
+  ASSERT_EQ(std::size_t(sym->st_size), mtprt::detail::glooStoreVtableBytes())
+      << "libtorch's GlooStore vtable (" << info.dli_fname
+      << ") and the gloo declarations disagree: runtime/src/gloo-abi/README.md";
+  EXPECT_EQ(mtprt::detail::glooStoreRoundTrip(), "");
 }
 
 TEST(Distributed, UnreachableMasterIsAClearErrorNotAHang) {

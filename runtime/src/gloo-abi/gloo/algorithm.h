@@ -1,0 +1,4 @@
+// Included by ProcessGroupGloo.hpp, which names nothing from it (see
+// ../../README.md).
+#pragma once
+#include "gloo/context.h"

@@ -1,0 +1,3 @@
+// Included by ProcessGroupGloo.hpp, which names nothing from it (see
+// ../../README.md).
+#pragma once

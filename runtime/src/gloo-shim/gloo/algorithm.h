@@ -1,2 +1,0 @@
-// See README.md: declarations for c10d/ProcessGroupGloo.hpp only.
-#pragma once
