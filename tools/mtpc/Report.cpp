@@ -1195,177 +1195,10 @@ void renderPlanPanel(Markup &os, const mtp::fb::Plan *plan, const Run &run,
 // The page
 //===----------------------------------------------------------------------===//
 
-const char *const kStyle = R"css(
-:root{--fg:#1b1b1b;--muted:#5a5a5a;--line:#d7d7d7;--bg:#fafafa}
-*{box-sizing:border-box}
-body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg)}
-header{padding:16px 24px;background:#fff;border-bottom:1px solid var(--line)}
-header h1{margin:0 0 6px;font-size:20px}
-header dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:0}
-header dt{color:var(--muted)}header dd{margin:0}
-.notes{margin:8px 0 0;padding:8px 12px;background:#fff4e0;border-left:4px solid #E69F00}
-main{display:grid;grid-template-columns:repeat(auto-fill,minmax(590px,1fr));gap:14px;padding:14px 24px}
-.panel{background:#fff;border:1px solid var(--line);border-radius:6px;padding:10px 12px;overflow-x:auto}
-.panel.wide{grid-column:1/-1}
-.panel h2{margin:0 0 4px;font-size:15px}
-.legend{display:flex;flex-wrap:wrap;gap:4px 14px;font-size:12px;color:var(--muted);margin-bottom:2px}
-.legend span{display:inline-flex;align-items:center;gap:4px}
-svg{display:block;font-size:11px}
-svg.chart{width:100%;height:auto;max-width:820px}
-.plan .bar{fill:#8a8a8a}.plan .sep{stroke:#fff;stroke-width:1}.plan .sep.layer{stroke:#333;stroke-width:1}
-svg text{fill:#333}
-.grid{stroke:#ececec}.frame{fill:none;stroke:#9a9a9a}
-.label{font-size:12px;fill:#222}
-.series{fill:none;stroke-width:1.8;stroke-linejoin:round}
-.series.raw{stroke-width:1;opacity:.3}
-.ref{stroke-width:1.5;stroke-dasharray:6 4}
-.reflabel{font-size:11px}
-.event line{stroke:#444;stroke-dasharray:3 3}.event path{fill:#444}
-.cursor{stroke:#777;stroke-width:1}
-.empty{fill:var(--muted);font-style:italic}
-.heatmap .cell text{font-size:12px;pointer-events:none}
-.plan .unit text{font-size:11px;fill:#fff;font-weight:600;pointer-events:none}
-.plan .unit.missing{fill:#eee}
-.plan .region path{fill:none;stroke:#333}
-.note{color:var(--muted);font-size:12px;margin:4px 0 0}
-.control{font-size:12px;margin:4px 0}.control input{vertical-align:middle;width:220px}
-#tip{position:fixed;pointer-events:none;background:rgba(255,255,255,.97);border:1px solid #999;border-radius:4px;padding:4px 8px;font-size:12px;display:none;z-index:10;white-space:nowrap;box-shadow:0 2px 6px rgba(0,0,0,.15)}
-#tip b{font-weight:600}
-#tip i{display:inline-block;width:9px;height:9px;margin-right:5px;border-radius:2px}
-table{border-collapse:collapse;font-size:12px;margin-top:6px}
-th,td{border-bottom:1px solid #eee;padding:2px 10px 2px 0;text-align:left}
-td:nth-child(n+3){font-variant-numeric:tabular-nums}
-code{font-size:12px}
-)css";
-
-const char *const kScript = R"js(
-(function () {
-  'use strict';
-  var tip = document.getElementById('tip');
-  function fmt(v, d) {
-    if (v === null || v === undefined || !isFinite(v)) return '–';
-    return Number(v.toPrecision(d || 5)).toString();
-  }
-  function smoothed(y, w) {
-    var out = [], last = 0, n = 0;
-    for (var i = 0; i < y.length; i++) {
-      if (y[i] === null) { out.push(null); continue; }
-      last = last * w + (1 - w) * y[i]; n++;
-      out.push(last / (1 - Math.pow(w, n)));
-    }
-    return out;
-  }
-  function pathOf(c, y) {
-    var b = c.box, m = c.dom, d = '', pen = false, pts = 0;
-    for (var i = 0; i < y.length; i++) {
-      if (y[i] === null || !isFinite(y[i])) { pen = false; continue; }
-      var px = b[0] + (c.x[i] - m[0]) / (m[1] - m[0]) * b[2];
-      var py = b[1] + b[3] - (y[i] - m[2]) / (m[3] - m[2]) * b[3];
-      d += (pen ? 'L' : (d ? ' M' : 'M')) + px.toFixed(2) + ',' + py.toFixed(2);
-      pen = true; pts++;
-    }
-    return pts === 1 ? d + 'h0.01' : d;
-  }
-  var charts = [];
-  document.querySelectorAll('svg.chart').forEach(function (svg) {
-    var src = document.getElementById(svg.dataset.src);
-    if (!src) return;
-    var c = JSON.parse(src.textContent);
-    c.svg = svg; c.view = c.s.map(function (s) { return s.y; });
-    charts.push(c);
-    var cursor = svg.querySelector('.cursor');
-    var dots = svg.querySelectorAll('.dot');
-    function hide() {
-      tip.style.display = 'none';
-      cursor.setAttribute('visibility', 'hidden');
-      dots.forEach(function (d) { d.setAttribute('visibility', 'hidden'); });
-    }
-    svg.addEventListener('mouseleave', hide);
-    svg.addEventListener('mousemove', function (e) {
-      var p = svg.createSVGPoint(); p.x = e.clientX; p.y = e.clientY;
-      var q = p.matrixTransform(svg.getScreenCTM().inverse());
-      var b = c.box, m = c.dom;
-      if (q.x < b[0] || q.x > b[0] + b[2]) { hide(); return; }
-      var step = m[0] + (q.x - b[0]) / b[2] * (m[1] - m[0]);
-      var lo = 0, hi = c.x.length - 1;
-      while (hi - lo > 1) { var mid = (lo + hi) >> 1; if (c.x[mid] < step) lo = mid; else hi = mid; }
-      var i = Math.abs(c.x[lo] - step) <= Math.abs(c.x[hi] - step) ? lo : hi;
-      var x = b[0] + (c.x[i] - m[0]) / (m[1] - m[0]) * b[2];
-      cursor.setAttribute('x1', x); cursor.setAttribute('x2', x);
-      cursor.setAttribute('visibility', 'visible');
-      var rows = ['<b>step ' + c.x[i] + '</b>'];
-      c.s.forEach(function (s, k) {
-        var v = c.view[k][i];
-        var dot = dots[k];
-        if (s.raw || v === null || v === undefined) { dot.setAttribute('visibility', 'hidden'); }
-        else {
-          var y = b[1] + b[3] - (v - m[2]) / (m[3] - m[2]) * b[3];
-          y = Math.max(b[1], Math.min(b[1] + b[3], y));
-          dot.setAttribute('cx', x); dot.setAttribute('cy', y);
-          dot.setAttribute('visibility', 'visible');
-        }
-        if (s.raw) return;
-        var text = fmt(v, s.d) + (c.unit ? ' ' + c.unit : '');
-        if (s.sm >= 0) text = fmt(c.s[s.sm].y[i], s.d) + ' (smoothed ' + fmt(v, s.d) + ')';
-        rows.push('<i style="background:' + s.c + '"></i>' + s.n + ': ' + text);
-      });
-      tip.innerHTML = rows.join('<br>');
-      tip.style.display = 'block';
-      var tx = e.clientX + 14, ty = e.clientY + 12;
-      if (tx + tip.offsetWidth > window.innerWidth - 4) tx = e.clientX - tip.offsetWidth - 14;
-      if (ty + tip.offsetHeight > window.innerHeight - 4) ty = e.clientY - tip.offsetHeight - 12;
-      tip.style.left = tx + 'px'; tip.style.top = ty + 'px';
-    });
-  });
-  // Loss smoothing.
-  var slider = document.getElementById('smooth-slider');
-  if (slider) {
-    var label = document.getElementById('smooth-label');
-    var apply = function () {
-      var w = Number(slider.value);
-      label.textContent = w.toFixed(2);
-      charts.forEach(function (c) {
-        var paths = c.svg.querySelectorAll('path.series');
-        c.s.forEach(function (s, k) {
-          if (s.sm < 0 || !paths[k]) return;
-          c.view[k] = smoothed(c.s[s.sm].y, w);
-          paths[k].setAttribute('d', pathOf(c, c.view[k]));
-        });
-      });
-    };
-    slider.addEventListener('input', apply);
-  }
-  // The cosine heat map over the measured steps.
-  var cos = document.getElementById('cos-slider');
-  var cosData = document.getElementById('data-cosine');
-  if (cos && cosData) {
-    var d = JSON.parse(cosData.textContent);
-    var cells = document.querySelectorAll('#chart-cosine g.cell');
-    var color = function (v) {
-      if (v === null) return '#ffffff';
-      v = Math.max(-1, Math.min(1, v));
-      var end = v < 0 ? [0, 114, 178] : [213, 94, 0], t = Math.abs(v);
-      return 'rgb(' + end.map(function (e) { return Math.round(247 + (e - 247) * t); }).join(',') + ')';
-    };
-    cos.addEventListener('input', function () {
-      var k = Number(cos.value), m = d.m[k];
-      document.getElementById('cos-label').textContent = 'step ' + d.steps[k] +
-        (k === d.steps.length - 1 ? ' (latest of ' + d.steps.length + ' measured)' : ' (' + (k + 1) + ' of ' + d.steps.length + ')');
-      document.getElementById('chart-cosine').dataset.step = d.steps[k];
-      cells.forEach(function (g) {
-        var i = Number(g.dataset.i), j = Number(g.dataset.j);
-        var v = m[i] && m[i][j] !== undefined ? m[i][j] : null;
-        var rect = g.querySelector('rect');
-        rect.setAttribute('fill', color(v)); rect.dataset.v = v;
-        var t = g.querySelector('text');
-        t.textContent = v === null ? '-' : v.toFixed(2);
-        t.setAttribute('fill', v !== null && Math.abs(v) > 0.55 ? '#fff' : '#000');
-        g.querySelector('title').textContent = d.tasks[i] + ' × ' + d.tasks[j] + ': ' + fmt(v, 6) + ' at step ' + d.steps[k];
-      });
-    });
-  }
-})();
-)js";
+// The stylesheet and the script: report/report.css and report/report.js,
+// embedded at build time (report/EmbedAsset.cmake).
+#include "ReportCss.inc"
+#include "ReportJs.inc"
 
 struct PlanInput {
   std::unique_ptr<llvm::MemoryBuffer> buffer;
@@ -1394,7 +1227,8 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
         "<meta name=\"generator\" content=\"mtpc report\">\n"
         "<link rel=\"icon\" href=\"data:,\">\n<title>mtpc report: "
      << esc(model.empty() ? llvm::sys::path::filename(run.file) : model)
-     << "</title>\n<style>" << kStyle << "</style></head>\n<body>\n";
+     << "</title>\n<style>\n" << kReportCss
+     << "</style></head>\n<body>\n";
 
   // --- Header: the spec, the plan, the run, versions. -----------------------
   os << "<header id=\"panel-header\"><h1>"
@@ -1828,8 +1662,8 @@ std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
 
   renderPlanPanel(os, plan, run, planFile);
 
-  os << "</main>\n<div id=\"tip\" role=\"tooltip\"></div>\n<script>" << kScript
-     << "</script>\n</body></html>\n";
+  os << "</main>\n<div id=\"tip\" role=\"tooltip\"></div>\n<script>\n"
+     << kReportJs << "</script>\n</body></html>\n";
   return out;
 }
 
