@@ -1,0 +1,89 @@
+//===- ReportMarkup.cpp - `mtpc report`: text and numbers in HTML ---------===//
+
+#include "ReportMarkup.h"
+
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+
+#include <cmath>
+#include <cstdint>
+
+using llvm::StringRef;
+
+namespace mtp::report {
+
+std::string esc(StringRef s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+    case '&':
+      out += "&amp;";
+      break;
+    case '<':
+      out += "&lt;";
+      break;
+    case '>':
+      out += "&gt;";
+      break;
+    case '"':
+      out += "&quot;";
+      break;
+    case '\'':
+      out += "&#39;";
+      break;
+    default:
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string num(double v) {
+  if (!std::isfinite(v))
+    return "null";
+  return llvm::formatv("{0}", llvm::format("%.9g", v)).str();
+}
+std::string num(Opt v) { return v ? num(*v) : std::string("null"); }
+std::string px(double v) {
+  return llvm::formatv("{0}", llvm::format("%.2f", v)).str();
+}
+std::string fmtG(double v, int digits) {
+  return llvm::formatv("{0}", llvm::format("%.*g", digits, v)).str();
+}
+std::string jsonString(StringRef s) {
+  return llvm::formatv("{0}", llvm::json::Value(s.str())).str();
+}
+std::string scriptSafe(std::string s) {
+  for (size_t at = s.find("</"); at != std::string::npos; at = s.find("</"))
+    s.replace(at, 2, "<\\/");
+  return s;
+}
+
+std::string bytesText(double b) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::abs(b) >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return u == 0 ? llvm::formatv("{0} B", (int64_t)b).str()
+                : llvm::formatv("{0:f2} {1}", b, units[u]).str();
+}
+
+ByteUnit byteUnitFor(double maxBytes) {
+  if (maxBytes >= 1024.0 * 1024 * 1024)
+    return {"GiB", 1024.0 * 1024 * 1024};
+  if (maxBytes >= 1024.0 * 1024)
+    return {"MiB", 1024.0 * 1024};
+  if (maxBytes >= 1024.0)
+    return {"KiB", 1024.0};
+  return {"B", 1};
+}
+
+std::string colorOf(unsigned i) { return kPalette[i % 8]; }
+std::string dashOf(unsigned i) {
+  static const char *const dashes[] = {"", "6 3", "2 2", "8 3 2 3"};
+  return dashes[(i / 8) % 4];
+}
+
+} // namespace mtp::report
