@@ -1,541 +1,37 @@
-//===- Report.cpp - `mtpc report`: a run's metrics as one HTML page -------===//
+//===- Report.cpp - `mtpc report`: the command ----------------------------===//
 //
-// Reading: each line of the metrics file is one JSON object (llvm::json);
-// step records have `step` and `loss` (docs/contracts.md), events have `event` and
-// `step`. Anything else is refused with the file and line. A last line
-// without its newline that does not parse is a run still being written: it
-// is skipped with a note and the rest is rendered.
-//
-// Rendering: the charts are drawn here as static SVG (the page reads without
-// script: every series carries its point count and last value as data
-// attributes and an SVG <title>); each chart's data is embedded as JSON
-// beside it for the inline script, which adds the hover crosshair with exact
-// values, the loss smoothing slider and the cosine heat map's step slider.
+// The words after `mtpc report`, the metrics file (ReportData), the plan (a
+// plan file, or the one a binary built by `mtpc build` embeds, checked as
+// `mtpc inspect` checks it), the page (ReportPage) and where it goes.
 //
 //===----------------------------------------------------------------------===//
 
 #include "Report.h"
-#include "ReportCharts.h"
 #include "ReportData.h"
-#include "ReportMarkup.h"
-#include "ReportPlan.h"
+#include "ReportPage.h"
 
 #include "codegen/Codegen.h"
-#include "passes/PlanFile.h"
 #include "mtprt/PlanFrame.h"
+#include "passes/PlanFile.h"
 #include "schema/plan_generated.h"
 
-#include "llvm/ADT/STLExtras.h"
-#include "llvm/ADT/SmallString.h"
-#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringRef.h"
-#include "llvm/Config/llvm-config.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/FileSystem.h"
-#include "llvm/Support/Format.h"
-#include "llvm/Support/FormatVariadic.h"
-#include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
-#include "llvm/Support/Path.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
 #include "llvm/Support/raw_ostream.h"
 
-#include <algorithm>
-#include <cmath>
-#include <map>
+#include <memory>
 #include <optional>
 #include <string>
-#include <vector>
 
 using llvm::StringRef;
-using llvm::Twine;
-namespace json = llvm::json;
-
 using namespace mtp::report;
 
 namespace {
 enum ExitCode { kOk = 0, kBadInput = 1, kUsageError = 2 };
-
-//===----------------------------------------------------------------------===//
-// The page
-//===----------------------------------------------------------------------===//
-
-// The stylesheet and the script: report/report.css and report/report.js,
-// embedded at build time (report/EmbedAsset.cmake).
-#include "ReportCss.inc"
-#include "ReportJs.inc"
-
-struct PlanInput {
-  std::unique_ptr<llvm::MemoryBuffer> buffer;
-  StringRef bytes;
-  const mtp::fb::Plan *plan = nullptr;
-};
-
-double median(std::vector<double> v) {
-  if (v.empty())
-    return std::nan("");
-  llvm::sort(v);
-  return v[v.size() / 2];
-}
-
-std::string renderPage(const Run &run, const mtp::fb::Plan *plan,
-                       StringRef planFile) {
-  std::string out;
-  llvm::raw_string_ostream pageStream(out);
-  Markup os(pageStream);
-  std::string model = plan ? str(plan->model()).str() : "";
-  const Record &first = run.records.front(), &last = run.records.back();
-
-  os << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, "
-        "initial-scale=1\">\n"
-        "<meta name=\"generator\" content=\"mtpc report\">\n"
-        "<link rel=\"icon\" href=\"data:,\">\n<title>mtpc report: "
-     << esc(model.empty() ? llvm::sys::path::filename(run.file) : model)
-     << "</title>\n<style>\n" << kReportCss
-     << "</style></head>\n<body>\n";
-
-  // --- Header: the spec, the plan, the run, versions. -----------------------
-  os << "<header id=\"panel-header\"><h1>"
-     << (model.empty()
-             ? "Training run " + esc(llvm::sys::path::filename(run.file))
-             : "Model '" + esc(model) + "'")
-     << "</h1><dl>\n";
-  auto row = [&](StringRef k, const std::string &v) {
-    os << "<dt>" << esc(k) << "</dt><dd>" << v << "</dd>\n";
-  };
-  if (plan) {
-    row("spec", "<code>" + esc(str(plan->source())) + "</code>");
-    if (const mtp::fb::Target *t = plan->target())
-      row("target",
-          esc(llvm::formatv("{0}, {1}, {2} GPU(s), micro-batch {3}, "
-                            "global batch {4}; budget {5}, {6} "
-                            "usable",
-                            str(t->device()), str(t->precision()), t->gpus(),
-                            t->micro_batch(), t->global_batch(),
-                            bytesText(t->memory_bytes()),
-                            bytesText(t->usable_bytes()))
-                  .str()));
-    if (const mtp::fb::Backbone *bb = plan->backbone())
-      row("backbone",
-          esc(llvm::formatv("{0}: {1} layers, hidden {2}, {3} heads, ffn {4}, "
-                            "vocab {5}, seq {6}",
-                            str(bb->kind()), bb->layers(), bb->hidden(),
-                            bb->heads(), bb->ffn(), bb->vocab(), bb->seq())
-                  .str()));
-    if (plan->tasks()) {
-      std::vector<std::string> ts;
-      for (const mtp::fb::Task *t : *plan->tasks())
-        ts.push_back(llvm::formatv("{0} ({1} from {2}layer {3}, weight {4})",
-                                   str(t->name()), str(t->head()),
-                                   t->pooled() ? "pooled " : "", t->tap_layer(),
-                                   fmtG(t->weight()))
-                         .str());
-      row("tasks", esc(llvm::join(ts, "; ")));
-    }
-    unsigned counts[3] = {0, 0, 0};
-    if (plan->units())
-      for (const mtp::fb::Unit *u : *plan->units())
-        ++counts[std::clamp(int(u->decision()), 0, 2)];
-    row("plan",
-        esc(llvm::formatv(
-                "predicted peak {0} (keeping everything {1}, uniform "
-                "checkpointing {2}), +{3:f1} µs per step; units: {4} keep, "
-                "{5} recompute, {6} offload; {7} checkpoint region(s)",
-                bytesText(plan->predicted_peak_bytes()),
-                bytesText(plan->keep_peak_bytes()),
-                bytesText(plan->uniform_peak_bytes()),
-                plan->added_seconds() * 1e6, counts[0], counts[1], counts[2],
-                plan->regions() ? plan->regions()->size() : 0)
-                .str()));
-    if (const mtp::fb::Strategy *st = plan->strategy())
-      row("strategy",
-          esc(llvm::formatv("gradient scope {0}, GFM keep {1}, clip {2}, DGFG "
-                            "{3}, collective {4} (top-k {5}, {6}-bit)",
-                            str(st->scope()), fmtG(st->gfm_keep()),
-                            fmtG(st->clip_max_norm()),
-                            st->gate_hidden()
-                                ? "hidden " + std::to_string(st->gate_hidden())
-                                : std::string("off"),
-                            str(st->collective()), fmtG(st->topk()), st->bits())
-                  .str()));
-  }
-  {
-    std::vector<std::string> ls;
-    for (unsigned t = 0; t < run.tasks.size(); ++t) {
-      Opt a, b;
-      for (const Record &r : run.records)
-        if (r.loss[t]) {
-          if (!a)
-            a = r.loss[t];
-          b = r.loss[t];
-        }
-      ls.push_back(run.tasks[t] + " " + (a ? fmtG(*a) : "-") + " → " +
-                   (b ? fmtG(*b) : "-"));
-    }
-    std::vector<double> sps;
-    double peak = 0;
-    for (const Record &r : run.records) {
-      if (r.samplesPerS)
-        sps.push_back(*r.samplesPerS);
-      peak = std::max(peak, r.measuredPeak.value_or(0));
-    }
-    std::string runLine = llvm::formatv(
-        "<code>{0}</code>: {1} step records (steps {2}–{3}), {4} event(s); "
-        "loss first → last: {5}",
-        esc(run.file), run.records.size(), first.step, last.step,
-        run.events.size(), esc(llvm::join(ls, ", ")));
-    row("run", runLine);
-    std::string perf =
-        llvm::formatv("peak device memory {0} measured", bytesText(peak));
-    Opt predicted =
-        plan ? Opt(plan->predicted_peak_bytes()) : last.predictedPeak;
-    if (predicted && *predicted > 0)
-      perf +=
-          llvm::formatv(" vs {0} predicted ({1}%)", bytesText(*predicted),
-                        llvm::format("%+.1f", (peak / *predicted - 1) * 100))
-              .str();
-    if (!sps.empty())
-      perf +=
-          llvm::formatv("; median throughput {0} samples/s", fmtG(median(sps)));
-    row("measured", esc(perf));
-  }
-  row("versions",
-      esc(llvm::formatv("mtpc report (LLVM/MLIR {0}); metrics as in "
-                        "docs/contracts.md{1}",
-                        LLVM_VERSION_STRING,
-                        plan ? "; plan format v" +
-                                   std::to_string(plan->version()) + " (" +
-                                   planFile.str() + ")"
-                             : std::string())
-              .str()));
-  os << "</dl>\n";
-  std::vector<std::string> notes = run.notes;
-  if (plan && last.predictedPeak &&
-      int64_t(*last.predictedPeak) != plan->predicted_peak_bytes())
-    notes.push_back(llvm::formatv("the plan predicts {0} B but the run logged "
-                                  "predicted_peak_bytes {1}: is {2} the plan "
-                                  "this run trained with?",
-                                  plan->predicted_peak_bytes(),
-                                  int64_t(*last.predictedPeak), planFile)
-                        .str());
-  if (!notes.empty()) {
-    os << "<div class=\"notes\">";
-    for (const std::string &n : notes)
-      os << esc(n) << "<br>";
-    os << "</div>\n";
-  }
-  os << "</header>\n<main>\n";
-
-  size_t n = run.records.size();
-  auto column = [&](auto get) {
-    std::vector<Opt> y(n);
-    for (size_t i = 0; i < n; ++i)
-      y[i] = get(run.records[i]);
-    return y;
-  };
-
-  // --- Loss per task, smoothed. ----------------------------------------------
-  {
-    Chart c;
-    c.id = "loss";
-    c.title = "Loss per task";
-    bool ce = plan && plan->tasks();
-    if (plan && plan->tasks())
-      for (const mtp::fb::Task *t : *plan->tasks())
-        ce &= str(t->loss()) == "cross_entropy";
-    c.yLabel = ce ? "loss (cross-entropy, nats)" : "loss (task's criterion)";
-    c.unit = ce ? "nats" : "";
-    c.zeroBased = false;
-    for (unsigned t = 0; t < run.tasks.size(); ++t) {
-      Series raw;
-      raw.name = run.tasks[t] + " (raw)";
-      raw.key = run.tasks[t];
-      raw.color = colorOf(t);
-      raw.faint = true;
-      raw.y = column([&](const Record &r) { return r.loss[t]; });
-      Series sm = raw;
-      sm.name = run.tasks[t];
-      sm.key = run.tasks[t] + ".smoothed";
-      sm.faint = false;
-      sm.dash = dashOf(t);
-      sm.smoothOf = c.series.size();
-      sm.y = smooth(raw.y, 0.6);
-      c.series.push_back(std::move(raw));
-      c.series.push_back(std::move(sm));
-    }
-    renderChartPanel(os, c, run,
-          "<div class=\"control\"><label>smoothing <input type=\"range\" "
-          "id=\"smooth-slider\" min=\"0\" max=\"0.99\" step=\"0.01\" "
-          "value=\"0.6\"></label> <span id=\"smooth-label\">0.60</span> "
-          "(exponential moving average, debiased; faint: raw)</div>\n");
-  }
-
-  renderHeatmapPanel(os, run);
-
-  // --- α per task.
-  // ------------------------------------------------------------
-  {
-    Chart c;
-    c.id = "alpha";
-    c.title = "DGFG weights α per task";
-    c.yLabel = "α (share of the backbone gradient)";
-    for (unsigned t = 0; t < run.tasks.size(); ++t) {
-      Series s;
-      s.name = run.tasks[t];
-      s.key = run.tasks[t];
-      s.color = colorOf(t);
-      s.dash = dashOf(t);
-      s.y = column([&](const Record &r) { return r.alpha[t]; });
-      c.series.push_back(std::move(s));
-    }
-    if (plan && plan->strategy() && plan->strategy()->gate_hidden() == 0)
-      c.note = "The plan has no DGFG gate: α are the fixed loss weights.";
-    renderChartPanel(os, c, run);
-  }
-
-  // --- Device memory against the prediction and the budget. -----------------
-  {
-    double maxBytes = 0;
-    for (const Record &r : run.records)
-      maxBytes = std::max(
-          {maxBytes, r.measuredPeak.value_or(0), r.hostPool.value_or(0)});
-    Opt predicted =
-        plan ? Opt(plan->predicted_peak_bytes()) : last.predictedPeak;
-    if (predicted)
-      maxBytes = std::max(maxBytes, *predicted);
-    ByteUnit u = byteUnitFor(maxBytes);
-    Chart c;
-    c.id = "memory";
-    c.title = "Device memory per step";
-    // From zero only beside the budget: a few percent between the measured
-    // and the predicted peak must stay visible.
-    c.zeroBased = false;
-    c.unit = u.name.str();
-    c.yLabel = ("memory (" + u.name + ")").str();
-    Series m;
-    m.name = "measured peak (device)";
-    m.key = "measured_peak_bytes";
-    m.color = kPalette[0];
-    m.y = column([&](const Record &r) -> Opt {
-      return r.measuredPeak ? Opt(*r.measuredPeak / u.scale) : Opt();
-    });
-    c.series.push_back(std::move(m));
-    bool anyHost = llvm::any_of(run.records, [](const Record &r) {
-      return r.hostPool.value_or(0) > 0;
-    });
-    if (anyHost) {
-      Series h;
-      h.name = "host pool (offloaded copies)";
-      h.key = "host_pool_bytes";
-      h.color = kPalette[5];
-      h.dash = "4 3";
-      h.y = column([&](const Record &r) -> Opt {
-        return r.hostPool ? Opt(*r.hostPool / u.scale) : Opt();
-      });
-      c.series.push_back(std::move(h));
-    }
-    if (predicted)
-      c.refs.push_back({*predicted / u.scale,
-                        "predicted peak " + bytesText(*predicted) +
-                            (plan ? " (plan)" : " (run)"),
-                        kPalette[1], "predicted_peak_bytes"});
-    if (plan && plan->target()) {
-      double budget = plan->target()->memory_bytes(),
-             usable = plan->target()->usable_bytes();
-      // A budget far above the run would flatten every line: say it instead.
-      if (budget <= 4 * maxBytes) {
-        c.zeroBased = true;
-        c.refs.push_back({budget / u.scale, "budget " + bytesText(budget),
-                          kPalette[3], "budget"});
-        if (usable != budget && usable > 0)
-          c.refs.push_back(
-              {usable / u.scale,
-               "usable " + bytesText(usable) + " (budget − headroom)",
-               kPalette[4], "usable"});
-      } else {
-        c.note = llvm::formatv("The budget, {0} ({1} usable), is off the "
-                               "scale: the run peaks at {2:f1}% of it.",
-                               bytesText(budget), bytesText(usable),
-                               maxBytes / budget * 100)
-                     .str();
-      }
-    }
-    renderChartPanel(os, c, run);
-  }
-
-  // --- Offload.
-  // -----------------------------------------------------------------
-  {
-    bool anyUse = llvm::any_of(run.records, [](const Record &r) {
-      return r.offloadHits.value_or(0) + r.offloadMisses.value_or(0) > 0;
-    });
-    double hits = 0, misses = 0, wait = 0;
-    for (const Record &r : run.records) {
-      hits += r.offloadHits.value_or(0);
-      misses += r.offloadMisses.value_or(0);
-      wait += r.offloadWaitS.value_or(0);
-    }
-    std::string none = "no offloaded activations in this run (offload_hits + "
-                       "offload_misses = 0 every step)";
-    Chart c;
-    c.id = "offload-hit";
-    c.title = "Offload hit rate";
-    c.yLabel = "hit rate (% of offloaded uses)";
-    c.unit = "%";
-    c.yMaxFixed = 100;
-    Series s;
-    s.name = "hit rate";
-    s.key = "offload_hit_rate";
-    s.color = kPalette[2];
-    s.y = column([&](const Record &r) -> Opt {
-      double uses = r.offloadHits.value_or(0) + r.offloadMisses.value_or(0);
-      return uses > 0 ? Opt(100 * r.offloadHits.value_or(0) / uses) : Opt();
-    });
-    c.series.push_back(std::move(s));
-    if (!anyUse)
-      c.empty = none;
-    else
-      c.note = llvm::formatv("Over the run: {0} hits, {1} misses ({2:f1}% "
-                             "hits): a miss is a fetch that was not back "
-                             "before the backward used it.",
-                             int64_t(hits), int64_t(misses),
-                             100 * hits / (hits + misses))
-                   .str();
-    renderChartPanel(os, c, run);
-
-    Chart w;
-    w.id = "offload-wait";
-    w.title = "Exposed offload wait";
-    w.yLabel = "wait per step (ms)";
-    w.unit = "ms";
-    w.clipOutliers = true;
-    Series ws;
-    ws.name = "exposed wait";
-    ws.key = "offload_wait_s";
-    ws.color = kPalette[3];
-    ws.y = column([&](const Record &r) -> Opt {
-      return r.offloadWaitS ? Opt(*r.offloadWaitS * 1e3) : Opt();
-    });
-    w.series.push_back(std::move(ws));
-    if (!anyUse)
-      w.empty = none;
-    else
-      w.note = llvm::formatv("{0:f3} ms waited in all over {1} steps.",
-                             wait * 1e3, run.records.size())
-                   .str();
-    renderChartPanel(os, w, run);
-  }
-
-  // --- Bytes sent.
-  // --------------------------------------------------------------
-  {
-    double maxBytes = 0, sent = 0, full = 0;
-    for (const Record &r : run.records) {
-      maxBytes = std::max({maxBytes, r.bytesSent.value_or(0),
-                           r.bytesSentUncompressed.value_or(0)});
-      sent += r.bytesSent.value_or(0);
-      full += r.bytesSentUncompressed.value_or(0);
-    }
-    ByteUnit u = byteUnitFor(maxBytes);
-    Chart c;
-    c.id = "bytes";
-    c.title = "Gradient bytes sent per step";
-    c.unit = u.name.str();
-    c.yLabel = ("sent per step (" + u.name + ")").str();
-    Series a;
-    a.name = "sent (compressed)";
-    a.key = "bytes_sent";
-    a.color = kPalette[0];
-    a.y = column([&](const Record &r) -> Opt {
-      return r.bytesSent ? Opt(*r.bytesSent / u.scale) : Opt();
-    });
-    Series b;
-    b.name = "uncompressed equivalent";
-    b.key = "bytes_sent_uncompressed";
-    b.color = kPalette[1];
-    b.dash = "6 3";
-    b.y = column([&](const Record &r) -> Opt {
-      return r.bytesSentUncompressed ? Opt(*r.bytesSentUncompressed / u.scale)
-                                     : Opt();
-    });
-    c.series.push_back(std::move(a));
-    c.series.push_back(std::move(b));
-    if (full <= 0)
-      c.empty = "nothing sent: one process (at world size 1 the gradient "
-                "exchange does nothing)";
-    else
-      c.note = llvm::formatv("Over the run: {0} sent for {1} uncompressed "
-                             "({2:f1}× less).",
-                             bytesText(sent), bytesText(full),
-                             sent > 0 ? full / sent : 0.0)
-                   .str();
-    renderChartPanel(os, c, run);
-  }
-
-  // --- Throughput and step time.
-  // ----------------------------------------------
-  {
-    Chart c;
-    c.id = "throughput";
-    c.title = "Throughput";
-    c.yLabel = "samples/s";
-    c.unit = "samples/s";
-    Series s;
-    s.name = "samples/s (global batch / step time)";
-    s.key = "samples_per_s";
-    s.color = kPalette[2];
-    s.y = column([](const Record &r) { return r.samplesPerS; });
-    c.series.push_back(std::move(s));
-    renderChartPanel(os, c, run);
-
-    Chart t;
-    t.id = "step-time";
-    t.title = "Step time";
-    t.yLabel = "step time (ms)";
-    t.unit = "ms";
-    t.clipOutliers = true;
-    Series ts;
-    ts.name = "step time";
-    ts.key = "step_time_s";
-    ts.color = kPalette[4];
-    ts.y = column([](const Record &r) -> Opt {
-      return r.stepTimeS ? Opt(*r.stepTimeS * 1e3) : Opt();
-    });
-    t.series.push_back(std::move(ts));
-    renderChartPanel(os, t, run);
-  }
-
-  // --- Events.
-  // --------------------------------------------------------------------
-  os << "<section class=\"panel\" id=\"panel-events\"><h2>Events</h2>\n";
-  if (run.events.empty()) {
-    os << "<p class=\"note\">No events: the DGFG gate was never recalibrated "
-          "(docs/runtime-services.md §5). Events appear as ▼ markers on "
-          "every chart's time axis.</p>\n";
-  } else {
-    os << "<p class=\"note\">Marked ▼ on every chart's time axis.</p><table "
-          "id=\"events\"><thead><tr><th>step</th><th>event</th><th>detail"
-          "</th><th>line</th></tr></thead><tbody>\n";
-    for (const Event &e : run.events)
-      os << "<tr data-step=\"" << e.step << "\"><td>" << e.step << "</td><td>"
-         << esc(e.name) << "</td><td>" << esc(e.detail) << "</td><td>" << e.line
-         << "</td></tr>\n";
-    os << "</tbody></table>\n";
-  }
-  os << "</section>\n";
-
-  renderPlanPanel(os, plan, run, planFile);
-
-  os << "</main>\n<div id=\"tip\" role=\"tooltip\"></div>\n<script>\n"
-     << kReportJs << "</script>\n</body></html>\n";
-  return out;
-}
-
-//===----------------------------------------------------------------------===//
-// The command
-//===----------------------------------------------------------------------===//
 
 const char *const kUsage =
     "usage: mtpc report RUN.jsonl [--plan PLAN|BINARY] [-o report.html]\n"
@@ -551,15 +47,17 @@ const char *const kUsage =
 const char *const kUsageLine =
     "usage: mtpc report RUN.jsonl [--plan PLAN|BINARY] [-o report.html] "
     "(--help for more)\n";
-
 llvm::raw_ostream &error() {
   return llvm::WithColor::error(llvm::errs(), "mtpc report");
 }
 
-} // namespace
-
-int mtp::runReportCommand(llvm::ArrayRef<char *> args) {
+struct Options {
   std::string input, planPath, output = "-";
+};
+
+/// Reads the words after `report`; an exit code where the command ends here
+/// (--help, wrong usage).
+std::optional<int> parseArgs(llvm::ArrayRef<char *> args, Options &o) {
   for (size_t i = 1; i < args.size(); ++i) {
     StringRef a = args[i];
     if (a == "-h" || a == "--help" || a == "-help") {
@@ -569,9 +67,9 @@ int mtp::runReportCommand(llvm::ArrayRef<char *> args) {
     std::string *into = nullptr;
     StringRef flag = a.split('=').first;
     if (flag == "--plan" || flag == "-plan")
-      into = &planPath;
+      into = &o.planPath;
     else if (flag == "-o" || flag == "--o")
-      into = &output;
+      into = &o.output;
     if (into) {
       if (a.contains('=')) {
         *into = a.split('=').second.str();
@@ -587,26 +85,73 @@ int mtp::runReportCommand(llvm::ArrayRef<char *> args) {
       error() << "unknown option '" << a << "'\n" << kUsageLine;
       return kUsageError;
     }
-    if (!input.empty()) {
-      error() << "one metrics file at a time ('" << input << "' and '" << a
+    if (!o.input.empty()) {
+      error() << "one metrics file at a time ('" << o.input << "' and '" << a
               << "')\n"
               << kUsageLine;
       return kUsageError;
     }
-    input = a.str();
+    o.input = a.str();
   }
-  if (input.empty()) {
+  if (o.input.empty()) {
     error() << "no metrics file\n" << kUsageLine;
     return kUsageError;
   }
+  return std::nullopt;
+}
 
-  auto inputBuffer = llvm::MemoryBuffer::getFileOrSTDIN(input, /*IsText=*/true);
+struct PlanInput {
+  std::unique_ptr<llvm::MemoryBuffer> buffer;
+  StringRef bytes;
+  const mtp::fb::Plan *plan = nullptr;
+};
+
+/// Reads and verifies the plan at `path`: a plan file, or a training binary
+/// carrying one after a marker (mtpc build). An exit code where it cannot.
+std::optional<int> loadPlan(StringRef path, PlanInput &plan) {
+  auto buf = llvm::MemoryBuffer::getFile(path, /*IsText=*/false,
+                                         /*RequiresNullTerminator=*/false);
+  if (!buf) {
+    error() << "cannot read the plan '" << path
+            << "': " << buf.getError().message() << "\n";
+    return kUsageError;
+  }
+  plan.buffer = std::move(*buf);
+  plan.bytes = plan.buffer->getBuffer();
+  if (!mtprt::looksLikePlan(plan.bytes.data(), plan.bytes.size())) {
+    StringRef embedded = mtp::findEmbeddedPlan(plan.bytes);
+    if (embedded.empty()) {
+      error() << path
+              << ": neither a plan (no 'MTPPLAN' header) nor a binary "
+                 "carrying one; pass `mtpc plan SPEC --format=fb -o PLAN`'s "
+                 "file or the binary `mtpc build` wrote\n";
+      return kBadInput;
+    }
+    plan.bytes = embedded;
+  }
+  if (llvm::Error err = mtp::verifyPlanFile(plan.bytes)) {
+    error() << path << ": " << llvm::toString(std::move(err)) << "\n";
+    return kBadInput;
+  }
+  plan.plan = mtp::getPlan(plan.bytes);
+  return std::nullopt;
+}
+
+} // namespace
+
+int mtp::runReportCommand(llvm::ArrayRef<char *> args) {
+  Options o;
+  if (std::optional<int> code = parseArgs(args, o))
+    return *code;
+
+  auto inputBuffer =
+      llvm::MemoryBuffer::getFileOrSTDIN(o.input, /*IsText=*/true);
   if (!inputBuffer) {
-    error() << "cannot read '" << input
+    error() << "cannot read '" << o.input
             << "': " << inputBuffer.getError().message() << "\n";
     return kUsageError;
   }
-  llvm::Expected<Run> run = readMetrics((*inputBuffer)->getBuffer(), input);
+  llvm::Expected<Run> run = readMetrics((*inputBuffer)->getBuffer(), o.input);
   if (!run) {
     error() << llvm::toString(run.takeError()) << "\n";
     return kBadInput;
@@ -615,46 +160,21 @@ int mtp::runReportCommand(llvm::ArrayRef<char *> args) {
     llvm::WithColor::warning(llvm::errs(), "mtpc report") << note << "\n";
 
   PlanInput plan;
-  if (!planPath.empty()) {
-    auto buf = llvm::MemoryBuffer::getFile(planPath, /*IsText=*/false,
-                                           /*RequiresNullTerminator=*/false);
-    if (!buf) {
-      error() << "cannot read the plan '" << planPath
-              << "': " << buf.getError().message() << "\n";
-      return kUsageError;
-    }
-    plan.buffer = std::move(*buf);
-    plan.bytes = plan.buffer->getBuffer();
-    // A training binary carries its plan after a marker (mtpc build).
-    if (!mtprt::looksLikePlan(plan.bytes.data(), plan.bytes.size())) {
-      StringRef embedded = mtp::findEmbeddedPlan(plan.bytes);
-      if (embedded.empty()) {
-        error() << planPath
-                << ": neither a plan (no 'MTPPLAN' header) nor a binary "
-                   "carrying one; pass `mtpc plan SPEC --format=fb -o PLAN`'s "
-                   "file or the binary `mtpc build` wrote\n";
-        return kBadInput;
-      }
-      plan.bytes = embedded;
-    }
-    if (llvm::Error err = mtp::verifyPlanFile(plan.bytes)) {
-      error() << planPath << ": " << llvm::toString(std::move(err)) << "\n";
-      return kBadInput;
-    }
-    plan.plan = mtp::getPlan(plan.bytes);
-  }
+  if (!o.planPath.empty())
+    if (std::optional<int> code = loadPlan(o.planPath, plan))
+      return *code;
 
-  std::string page = renderPage(*run, plan.plan, planPath);
+  std::string page = renderPage(*run, plan.plan, o.planPath);
   std::error_code ec;
-  llvm::ToolOutputFile out(output, ec, llvm::sys::fs::OF_None);
+  llvm::ToolOutputFile out(o.output, ec, llvm::sys::fs::OF_None);
   if (ec) {
-    error() << "cannot write '" << output << "': " << ec.message() << "\n";
+    error() << "cannot write '" << o.output << "': " << ec.message() << "\n";
     return kUsageError;
   }
   out.os() << page;
   out.keep();
-  if (output != "-")
-    llvm::errs() << "mtpc report: wrote " << output << " (" << page.size()
+  if (o.output != "-")
+    llvm::errs() << "mtpc report: wrote " << o.output << " (" << page.size()
                  << " bytes; " << run->records.size() << " steps, "
                  << run->tasks.size() << " tasks, " << run->events.size()
                  << " events" << (plan.plan ? ", plan" : "") << ")\n";
