@@ -61,10 +61,24 @@ std::string pathOf(const std::vector<Opt> &y, const std::vector<int64_t> &x,
   return d;
 }
 
-void renderChart(Markup &os, const Chart &c, const Run &run) {
-  std::vector<int64_t> xs;
-  for (const Record &r : run.records)
-    xs.push_back(r.step);
+/// The series' finite values (display units).
+std::vector<double> finiteValues(const Chart &c) {
+  std::vector<double> values;
+  for (const Series &se : c.series)
+    for (Opt v : se.y)
+      if (v && std::isfinite(*v))
+        values.push_back(*v);
+  return values;
+}
+
+/// The plot area's width and height inside the margins.
+constexpr double kPW = kW - kL - kR, kPH = kH - kT - kB;
+
+/// The axes' ranges: every step, the data and the reference lines, nicely
+/// rounded. `ystep` is the y grid's spacing; `clipped` says what a chart that
+/// clips outliers left above the scale (empty: nothing).
+Scale scaleOf(const Chart &c, const std::vector<int64_t> &xs, double &ystep,
+              std::string &clipped) {
   Scale s;
   s.x0 = xs.front();
   s.x1 = xs.back();
@@ -72,16 +86,9 @@ void renderChart(Markup &os, const Chart &c, const Run &run) {
     s.x0 -= 0.5;
     s.x1 += 0.5;
   }
-  // The y range: the data (and the reference lines), nicely rounded.
-  std::vector<double> values;
-  for (const Series &se : c.series)
-    for (Opt v : se.y)
-      if (v && std::isfinite(*v))
-        values.push_back(*v);
-  bool hasData = !values.empty() && c.empty.empty();
+  std::vector<double> values = finiteValues(c);
   double lo = values.empty() ? 0 : *llvm::min_element(values);
   double hi = values.empty() ? 1 : *llvm::max_element(values);
-  std::string clipped;
   if (c.clipOutliers && values.size() >= 10) {
     std::vector<double> sorted = values;
     llvm::sort(sorted);
@@ -112,28 +119,22 @@ void renderChart(Markup &os, const Chart &c, const Run &run) {
     hi = std::max(hi, *c.yMaxFixed);
   if (hi <= lo)
     hi = lo + (lo == 0 ? 1 : std::abs(lo) * 0.1);
-  double ystep = niceStep(hi - lo, 5);
+  ystep = niceStep(hi - lo, 5);
   s.y0 = std::floor(lo / ystep) * ystep;
   s.y1 = std::ceil(hi / ystep) * ystep;
   if (c.yMaxFixed && hi <= *c.yMaxFixed)
     s.y1 = *c.yMaxFixed;
   if (s.y1 <= s.y0)
     s.y1 = s.y0 + ystep;
+  return s;
+}
 
-  double pw = kW - kL - kR, ph = kH - kT - kB;
-  os << "<svg class=\"chart\" id=\"chart-" << c.id << "\" data-panel=\"" << c.id
-     << "\" data-src=\"data-" << c.id << "\" data-records=\""
-     << run.records.size() << "\" viewBox=\"0 0 " << kW << " " << kH
-     << "\" width=\"" << kW << "\" height=\"" << kH << "\" role=\"img\" "
-     << "aria-label=\"" << esc(c.title) << "\">\n";
-  os << "<defs><clipPath id=\"clip-" << c.id << "\"><rect x=\"" << kL
-     << "\" y=\"" << kT << "\" width=\"" << pw << "\" height=\"" << ph
-     << "\"/></clipPath></defs>\n";
-  // Grid and ticks.
+/// The grid, the ticks, the frame and the axis labels.
+void renderAxes(Markup &os, const Chart &c, const Scale &s, double ystep) {
   os << "<g class=\"axis\">";
   for (double v = s.y0; v <= s.y1 + ystep * 1e-6; v += ystep) {
     double y = s.y(v);
-    os << "<line class=\"grid\" x1=\"" << kL << "\" x2=\"" << kL + pw
+    os << "<line class=\"grid\" x1=\"" << kL << "\" x2=\"" << kL + kPW
        << "\" y1=\"" << px(y) << "\" y2=\"" << px(y) << "\"/>"
        << "<text x=\"" << kL - 6 << "\" y=\"" << px(y + 4)
        << "\" text-anchor=\"end\">"
@@ -143,21 +144,22 @@ void renderChart(Markup &os, const Chart &c, const Run &run) {
   for (double v = std::ceil(s.x0 / xstep) * xstep; v <= s.x1; v += xstep) {
     double x = s.x(v);
     os << "<line class=\"grid\" x1=\"" << px(x) << "\" x2=\"" << px(x)
-       << "\" y1=\"" << kT << "\" y2=\"" << kT + ph << "\"/>"
-       << "<text x=\"" << px(x) << "\" y=\"" << kT + ph + 16
+       << "\" y1=\"" << kT << "\" y2=\"" << kT + kPH << "\"/>"
+       << "<text x=\"" << px(x) << "\" y=\"" << kT + kPH + 16
        << "\" text-anchor=\"middle\">" << fmtG(v, 9) << "</text>";
   }
   os << "<rect class=\"frame\" x=\"" << kL << "\" y=\"" << kT << "\" width=\""
-     << pw << "\" height=\"" << ph << "\"/>";
-  os << "<text class=\"label\" x=\"" << kL + pw / 2 << "\" y=\"" << kH - 6
+     << kPW << "\" height=\"" << kPH << "\"/>";
+  os << "<text class=\"label\" x=\"" << kL + kPW / 2 << "\" y=\"" << kH - 6
      << "\" text-anchor=\"middle\">step</text>";
-  os << "<text class=\"label\" transform=\"translate(14," << kT + ph / 2
+  os << "<text class=\"label\" transform=\"translate(14," << kT + kPH / 2
      << ") rotate(-90)\" text-anchor=\"middle\">" << esc(c.yLabel)
      << "</text></g>\n";
+}
 
-  os << "<g clip-path=\"url(#clip-" << c.id << ")\">\n";
-  // Labels of close reference lines: the higher line's above it, the
-  // lower's below.
+/// The reference lines and their labels: of two close lines, the higher
+/// line's label above it, the lower's below.
+void renderRefLines(Markup &os, const Chart &c, const Scale &s) {
   std::vector<double> labelYs;
   std::vector<RefLine> refs = c.refs;
   llvm::stable_sort(
@@ -170,13 +172,17 @@ void renderChart(Markup &os, const Chart &c, const Run &run) {
         ly = y + 13;
     labelYs.push_back(ly);
     os << "<line class=\"ref\" data-ref=\"" << esc(r.key) << "\" data-value=\""
-       << num(r.y) << "\" x1=\"" << kL << "\" x2=\"" << kL + pw << "\" y1=\""
+       << num(r.y) << "\" x1=\"" << kL << "\" x2=\"" << kL + kPW << "\" y1=\""
        << px(y) << "\" y2=\"" << px(y) << "\" stroke=\"" << r.color
        << "\"><title>" << esc(r.label) << "</title></line>"
-       << "<text class=\"reflabel\" x=\"" << kL + pw - 4 << "\" y=\"" << px(ly)
+       << "<text class=\"reflabel\" x=\"" << kL + kPW - 4 << "\" y=\"" << px(ly)
        << "\" text-anchor=\"end\" fill=\"" << r.color << "\">" << esc(r.label)
        << "</text>\n";
   }
+}
+
+/// A ▼ marker and a dashed line at each of the run's events.
+void renderEvents(Markup &os, const Run &run, const Scale &s) {
   for (const Event &e : run.events) {
     if (e.step < s.x0 || e.step > s.x1)
       continue;
@@ -185,51 +191,46 @@ void renderChart(Markup &os, const Chart &c, const Run &run) {
        << esc(e.name) << " at step " << e.step
        << (e.detail.empty() ? "" : " (" + esc(e.detail) + ")")
        << "</title><line x1=\"" << px(x) << "\" x2=\"" << px(x) << "\" y1=\""
-       << kT << "\" y2=\"" << kT + ph << "\"/><path d=\"M" << px(x - 5) << ","
+       << kT << "\" y2=\"" << kT + kPH << "\"/><path d=\"M" << px(x - 5) << ","
        << kT << "h10l-5,8z\"/></g>\n";
   }
-  if (hasData) {
-    for (const Series &se : c.series) {
-      unsigned points = 0;
-      std::string d = pathOf(se.y, xs, s, points);
-      Opt last;
-      int64_t lastStep = 0;
-      for (size_t i = 0; i < se.y.size(); ++i)
-        if (se.y[i]) {
-          last = se.y[i];
-          lastStep = xs[i];
-        }
-      os << "<path class=\"series" << (se.faint ? " raw" : "")
-         << (se.smoothOf >= 0 ? " smooth" : "") << "\" data-series=\""
-         << esc(se.key) << "\" data-n=\"" << points << "\" data-last=\""
-         << num(last) << "\" stroke=\"" << se.color << "\"";
-      if (!se.dash.empty())
-        os << " stroke-dasharray=\"" << se.dash << "\"";
-      os << " d=\"" << d << "\"><title>" << esc(se.name) << ": " << points
-         << " points, last " << (last ? fmtG(*last, se.digits) : "-") << " "
-         << esc(c.unit) << " at step " << lastStep << "</title></path>\n";
-    }
-  } else {
-    os << "<text class=\"empty\" x=\"" << kL + pw / 2 << "\" y=\""
-       << kT + ph / 2 << "\" text-anchor=\"middle\">"
-       << esc(c.empty.empty() ? "no data in this run" : c.empty) << "</text>\n";
-  }
-  os << "</g>\n";
-  // The hover cursor and one dot per series, placed by the script.
-  os << "<line class=\"cursor\" x1=\"0\" x2=\"0\" y1=\"" << kT << "\" y2=\""
-     << kT + ph << "\" visibility=\"hidden\"/>";
-  for (unsigned i = 0; i < c.series.size(); ++i)
-    os << "<circle class=\"dot\" r=\"3\" fill=\"" << c.series[i].color
-       << "\" visibility=\"hidden\"/>";
-  os << "\n</svg>\n";
+}
 
-  // The data the script needs: steps, the scale and each series.
+/// One path per series, with its point count and last value as data
+/// attributes and in its <title>.
+void renderSeries(Markup &os, const Chart &c, const Scale &s,
+                  const std::vector<int64_t> &xs) {
+  for (const Series &se : c.series) {
+    unsigned points = 0;
+    std::string d = pathOf(se.y, xs, s, points);
+    Opt last;
+    int64_t lastStep = 0;
+    for (size_t i = 0; i < se.y.size(); ++i)
+      if (se.y[i]) {
+        last = se.y[i];
+        lastStep = xs[i];
+      }
+    os << "<path class=\"series" << (se.faint ? " raw" : "")
+       << (se.smoothOf >= 0 ? " smooth" : "") << "\" data-series=\""
+       << esc(se.key) << "\" data-n=\"" << points << "\" data-last=\""
+       << num(last) << "\" stroke=\"" << se.color << "\"";
+    if (!se.dash.empty())
+      os << " stroke-dasharray=\"" << se.dash << "\"";
+    os << " d=\"" << d << "\"><title>" << esc(se.name) << ": " << points
+       << " points, last " << (last ? fmtG(*last, se.digits) : "-") << " "
+       << esc(c.unit) << " at step " << lastStep << "</title></path>\n";
+  }
+}
+
+/// The data the script needs, as JSON: steps, the scale and each series.
+std::string chartData(const Chart &c, const Scale &s,
+                      const std::vector<int64_t> &xs) {
   std::string data;
   llvm::raw_string_ostream dsStream(data);
   Markup ds(dsStream);
   ds << "{\"unit\":" << jsonString(c.unit) << ",\"box\":[" << kL << "," << kT
-     << "," << pw << "," << ph << "],\"dom\":[" << num(s.x0) << "," << num(s.x1)
-     << "," << num(s.y0) << "," << num(s.y1) << "],\"x\":[";
+     << "," << kPW << "," << kPH << "],\"dom\":[" << num(s.x0) << ","
+     << num(s.x1) << "," << num(s.y0) << "," << num(s.y1) << "],\"x\":[";
   for (size_t i = 0; i < xs.size(); ++i)
     ds << (i ? "," : "") << xs[i];
   ds << "],\"s\":[";
@@ -244,8 +245,48 @@ void renderChart(Markup &os, const Chart &c, const Run &run) {
     ds << "]}";
   }
   ds << "]}";
+  return data;
+}
+
+/// The chart's SVG, its data for the script and its note.
+void renderChart(Markup &os, const Chart &c, const Run &run) {
+  std::vector<int64_t> xs;
+  for (const Record &r : run.records)
+    xs.push_back(r.step);
+  double ystep = 1;
+  std::string clipped;
+  Scale s = scaleOf(c, xs, ystep, clipped);
+  bool hasData = !finiteValues(c).empty() && c.empty.empty();
+
+  os << "<svg class=\"chart\" id=\"chart-" << c.id << "\" data-panel=\"" << c.id
+     << "\" data-src=\"data-" << c.id << "\" data-records=\""
+     << run.records.size() << "\" viewBox=\"0 0 " << kW << " " << kH
+     << "\" width=\"" << kW << "\" height=\"" << kH << "\" role=\"img\" "
+     << "aria-label=\"" << esc(c.title) << "\">\n";
+  os << "<defs><clipPath id=\"clip-" << c.id << "\"><rect x=\"" << kL
+     << "\" y=\"" << kT << "\" width=\"" << kPW << "\" height=\"" << kPH
+     << "\"/></clipPath></defs>\n";
+  renderAxes(os, c, s, ystep);
+  os << "<g clip-path=\"url(#clip-" << c.id << ")\">\n";
+  renderRefLines(os, c, s);
+  renderEvents(os, run, s);
+  if (hasData)
+    renderSeries(os, c, s, xs);
+  else
+    os << "<text class=\"empty\" x=\"" << kL + kPW / 2 << "\" y=\""
+       << kT + kPH / 2 << "\" text-anchor=\"middle\">"
+       << esc(c.empty.empty() ? "no data in this run" : c.empty) << "</text>\n";
+  os << "</g>\n";
+  // The hover cursor and one dot per series, placed by the script.
+  os << "<line class=\"cursor\" x1=\"0\" x2=\"0\" y1=\"" << kT << "\" y2=\""
+     << kT + kPH << "\" visibility=\"hidden\"/>";
+  for (unsigned i = 0; i < c.series.size(); ++i)
+    os << "<circle class=\"dot\" r=\"3\" fill=\"" << c.series[i].color
+       << "\" visibility=\"hidden\"/>";
+  os << "\n</svg>\n";
+
   os << "<script type=\"application/json\" id=\"data-" << c.id << "\">"
-     << scriptSafe(data) << "</script>\n";
+     << scriptSafe(chartData(c, s, xs)) << "</script>\n";
   std::string note = c.note;
   if (!clipped.empty())
     note += (note.empty() ? "" : " ") + clipped;
