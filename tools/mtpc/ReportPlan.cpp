@@ -49,12 +49,54 @@ std::string unitTitle(const mtp::fb::Unit *u) {
       .str();
 }
 
-void renderPlanStrip(Markup &os, const mtp::fb::Plan &plan, const Run &run) {
-  // Columns: the backbone's units in forward order (a block is the attention
-  // or MLP of a layer, several units each); heads and losses per task row.
+const char *decisionLetter(mtp::fb::Decision d) {
+  return d == mtp::fb::Decision::Recompute ? "R"
+         : d == mtp::fb::Decision::Offload ? "O"
+                                           : "K";
+}
+
+/// The plan's strip: columns are the backbone's units in forward order (a
+/// block is the attention or MLP of a layer, several units each), with the
+/// saved bytes as bars above the decisions; heads and losses per task row.
+class PlanStrip {
+public:
+  PlanStrip(const mtp::fb::Plan &plan, const Run &run);
+  void render(Markup &os);
+
+private:
+  /// The task's index in the run (its charts' colour); past the run's tasks
+  /// where the run has no such task.
+  unsigned runIndex(const mtp::fb::Task *t) const;
+  /// The first column of `block` or a later one.
+  unsigned firstCol(int64_t block) const;
+  /// One past the last column of `block` or an earlier one.
+  unsigned endCol(int64_t block) const;
+
+  void regions(Markup &os);
+  void unitColumns(Markup &os);
+  void boundaries(Markup &os);
+  void taskRow(Markup &os, unsigned k);
+
+  const mtp::fb::Plan &plan;
+  const Run &run;
   std::vector<const mtp::fb::Unit *> cols;
   std::map<std::string, std::vector<const mtp::fb::Unit *>> taskUnits;
+  std::vector<const mtp::fb::Task *> tasks; ///< in the run's order
   double maxSaved = 1;
+
+  // The layout.
+  static constexpr double left = 84, top = 30, barH = 34, stripH = 26,
+                          rowH = 26;
+  unsigned nc;   ///< columns (at least one)
+  double cw;     ///< a column's width
+  double stripY; ///< the decisions' strip, under the bars
+  double headX;  ///< the tasks' head and loss units
+  double taskY;  ///< the first task row
+  double w, h;
+};
+
+PlanStrip::PlanStrip(const mtp::fb::Plan &plan, const Run &run)
+    : plan(plan), run(run) {
   if (plan.units())
     for (const mtp::fb::Unit *u : *plan.units()) {
       if (u->block() >= 0) {
@@ -64,63 +106,79 @@ void renderPlanStrip(Markup &os, const mtp::fb::Plan &plan, const Run &run) {
         taskUnits[str(u->task()).str()].push_back(u);
       }
     }
-  std::vector<const mtp::fb::Task *> tasks;
   if (plan.tasks())
     for (const mtp::fb::Task *t : *plan.tasks())
       tasks.push_back(t);
   // Tasks in the run's order (the charts' colours), plan-only ones after.
-  auto runIndex = [&](const mtp::fb::Task *t) {
-    for (unsigned i = 0; i < run.tasks.size(); ++i)
-      if (run.tasks[i] == str(t->name()))
-        return i;
-    return unsigned(run.tasks.size());
-  };
   llvm::stable_sort(
       tasks, [&](auto *a, auto *b) { return runIndex(a) < runIndex(b); });
-  auto firstCol = [&](int64_t block) {
-    for (unsigned i = 0; i < cols.size(); ++i)
-      if (cols[i]->block() >= block)
-        return i;
-    return unsigned(cols.size());
-  };
-  auto endCol = [&](int64_t block) { // one past the block's last column
-    unsigned e = 0;
-    for (unsigned i = 0; i < cols.size(); ++i)
-      if (cols[i]->block() <= block)
-        e = i + 1;
-    return e;
-  };
 
-  unsigned nc = std::max<size_t>(cols.size(), 1);
-  double cw = std::clamp(900.0 / nc, 3.0, 40.0);
-  double left = 84, top = 30, barH = 34, stripH = 26, rowH = 26;
-  double stripY = top + barH + 2;
-  double headX = left + nc * cw + 24;
-  double w = headX + 2 * 56 + 12;
-  double taskY = stripY + stripH + 26;
-  double h = taskY + tasks.size() * rowH + 8;
+  nc = std::max<size_t>(cols.size(), 1);
+  cw = std::clamp(900.0 / nc, 3.0, 40.0);
+  stripY = top + barH + 2;
+  headX = left + nc * cw + 24;
+  w = headX + 2 * 56 + 12;
+  taskY = stripY + stripH + 26;
+  h = taskY + tasks.size() * rowH + 8;
+}
+
+unsigned PlanStrip::runIndex(const mtp::fb::Task *t) const {
+  for (unsigned i = 0; i < run.tasks.size(); ++i)
+    if (run.tasks[i] == str(t->name()))
+      return i;
+  return unsigned(run.tasks.size());
+}
+
+unsigned PlanStrip::firstCol(int64_t block) const {
+  for (unsigned i = 0; i < cols.size(); ++i)
+    if (cols[i]->block() >= block)
+      return i;
+  return unsigned(cols.size());
+}
+
+unsigned PlanStrip::endCol(int64_t block) const {
+  unsigned e = 0;
+  for (unsigned i = 0; i < cols.size(); ++i)
+    if (cols[i]->block() <= block)
+      e = i + 1;
+  return e;
+}
+
+void PlanStrip::render(Markup &os) {
   os << "<svg class=\"plan\" id=\"chart-plan\" data-panel=\"plan\" "
         "data-units=\""
      << cols.size() << "\" data-tasks=\"" << tasks.size() << "\" viewBox=\"0 0 "
      << w << " " << h << "\" width=\"" << w << "\" height=\"" << h
      << "\" role=\"img\" aria-label=\"plan: decisions per unit\">\n";
-  auto letter = [&](mtp::fb::Decision d) {
-    return d == mtp::fb::Decision::Recompute ? "R"
-           : d == mtp::fb::Decision::Offload ? "O"
-                                             : "K";
-  };
-  // Checkpoint regions as brackets above the bars.
-  if (plan.regions())
-    for (const mtp::fb::Region *r : *plan.regions()) {
-      double x0 = left + firstCol(r->first_block()) * cw + 1,
-             x1 = left + endCol(r->last_block()) * cw - 1;
-      os << "<g class=\"region\"><title>checkpoint region: blocks "
-         << r->first_block() << "–" << r->last_block()
-         << ", recomputed together in the backward</title><path d=\"M" << px(x0)
-         << "," << top - 2 << "v-6H" << px(x1) << "v6\"/><text x=\""
-         << px((x0 + x1) / 2) << "\" y=\"" << top - 11
-         << "\" text-anchor=\"middle\">region</text></g>\n";
-    }
+  regions(os);
+  unitColumns(os);
+  boundaries(os);
+  // One row per task: the backbone it back-propagates through, its tap, its
+  // head and loss units.
+  for (unsigned k = 0; k < tasks.size(); ++k)
+    taskRow(os, k);
+  os << "</svg>\n";
+}
+
+/// Checkpoint regions as brackets above the bars.
+void PlanStrip::regions(Markup &os) {
+  if (!plan.regions())
+    return;
+  for (const mtp::fb::Region *r : *plan.regions()) {
+    double x0 = left + firstCol(r->first_block()) * cw + 1,
+           x1 = left + endCol(r->last_block()) * cw - 1;
+    os << "<g class=\"region\"><title>checkpoint region: blocks "
+       << r->first_block() << "–" << r->last_block()
+       << ", recomputed together in the backward</title><path d=\"M" << px(x0)
+       << "," << top - 2 << "v-6H" << px(x1) << "v6\"/><text x=\""
+       << px((x0 + x1) / 2) << "\" y=\"" << top - 11
+       << "\" text-anchor=\"middle\">region</text></g>\n";
+  }
+}
+
+/// A column per backbone unit: its saved bytes as a bar, its decision as a
+/// colour (and a letter where the column is wide enough).
+void PlanStrip::unitColumns(Markup &os) {
   os << "<text class=\"tick\" x=\"" << left - 6 << "\" y=\""
      << top + barH / 2 + 4 << "\" text-anchor=\"end\">saved bytes</text>"
      << "<text class=\"tick\" x=\"" << left - 6 << "\" y=\""
@@ -141,10 +199,13 @@ void renderPlanStrip(Markup &os, const mtp::fb::Plan &plan, const Run &run) {
     if (cw >= 14)
       os << "<text x=\"" << px(x + cw / 2) << "\" y=\""
          << stripY + stripH / 2 + 4 << "\" text-anchor=\"middle\">"
-         << letter(u->decision()) << "</text>";
+         << decisionLetter(u->decision()) << "</text>";
     os << "</g>\n";
   }
-  // Block and layer boundaries, and the layer numbers under the strip.
+}
+
+/// Block and layer boundaries, and the layer numbers under the strip.
+void PlanStrip::boundaries(Markup &os) {
   int64_t layers = plan.backbone() ? plan.backbone()->layers() : 0;
   int64_t every = layers > 24 ? 4 : layers > 12 ? 2 : 1;
   for (int64_t b = 1; b <= 2 * layers; ++b) {
@@ -170,55 +231,56 @@ void renderPlanStrip(Markup &os, const mtp::fb::Plan &plan, const Run &run) {
   os << "<text class=\"tick\" x=\"" << px(headX + 55) << "\" y=\""
      << stripY + stripH / 2 + 4
      << "\" text-anchor=\"middle\">head · loss</text>\n";
-  // One row per task: the backbone it back-propagates through, its tap, its
-  // head and loss units.
-  for (unsigned k = 0; k < tasks.size(); ++k) {
-    const mtp::fb::Task *t = tasks[k];
-    std::string name = str(t->name()).str();
-    unsigned ci = runIndex(t);
-    if (ci >= run.tasks.size())
-      ci = run.tasks.size() + k;
-    std::string color = colorOf(ci);
-    double y = taskY + k * rowH;
-    double xEnd = left + endCol(2 * t->tap_layer()) * cw;
-    os << "<g class=\"task\" data-task=\"" << esc(name) << "\" data-tap=\""
-       << t->tap_layer() << "\">";
-    os << "<text class=\"tick\" x=\"" << left - 6 << "\" y=\"" << y + 14
-       << "\" text-anchor=\"end\" fill=\"" << color << "\">" << esc(name)
-       << "</text>";
-    os << "<rect x=\"" << left << "\" y=\"" << y + 6 << "\" width=\""
-       << px(std::max(xEnd - left, 1.0)) << "\" height=\"10\" fill=\"" << color
-       << "\" opacity=\"0.35\"><title>" << esc(name)
-       << " back-propagates through the embeddings and layers 1–"
-       << t->tap_layer() << "</title></rect>";
-    os << "<g class=\"tap\"><title>" << esc(name) << " taps "
-       << (t->pooled() ? "the pooled output of " : "") << "layer "
-       << t->tap_layer() << " (" << esc(str(t->head())) << " head, weight "
-       << fmtG(t->weight()) << ")</title><line x1=\"" << px(xEnd) << "\" x2=\""
-       << px(xEnd) << "\" y1=\"" << y + 4 << "\" y2=\"" << stripY + stripH
-       << "\" stroke=\"" << color << "\" stroke-dasharray=\"2 2\"/><path d=\"M"
-       << px(xEnd - 6) << "," << y + 2 << "h12l-6,10z\" fill=\"" << color
-       << "\"/><line x1=\"" << px(xEnd) << "\" x2=\"" << headX << "\" y1=\""
-       << y + 11 << "\" y2=\"" << y + 11 << "\" stroke=\"" << color
-       << "\" stroke-dasharray=\"1 3\"/></g>";
-    unsigned i = 0;
-    for (const mtp::fb::Unit *u : taskUnits[name]) {
-      if (i == 2)
-        break;
-      double x = headX + i * 56;
-      os << "<g class=\"unit\" data-unit=\"" << esc(str(u->name()))
-         << "\" data-decision=\"" << decisionName(u->decision())
-         << "\"><rect x=\"" << px(x) << "\" y=\"" << y + 1
-         << "\" width=\"54\" height=\"20\" fill=\""
-         << decisionColor(u->decision()) << "\"/><text x=\"" << px(x + 27)
-         << "\" y=\"" << y + 15 << "\" text-anchor=\"middle\">"
-         << esc(str(u->kind()).take_front(5)) << " " << letter(u->decision())
-         << "</text><title>" << esc(unitTitle(u)) << "</title></g>";
-      ++i;
-    }
-    os << "</g>\n";
+}
+
+/// Task `k`'s row: the backbone it back-propagates through, its tap, its
+/// head and loss units.
+void PlanStrip::taskRow(Markup &os, unsigned k) {
+  const mtp::fb::Task *t = tasks[k];
+  std::string name = str(t->name()).str();
+  unsigned ci = runIndex(t);
+  if (ci >= run.tasks.size())
+    ci = run.tasks.size() + k;
+  std::string color = colorOf(ci);
+  double y = taskY + k * rowH;
+  double xEnd = left + endCol(2 * t->tap_layer()) * cw;
+  os << "<g class=\"task\" data-task=\"" << esc(name) << "\" data-tap=\""
+     << t->tap_layer() << "\">";
+  os << "<text class=\"tick\" x=\"" << left - 6 << "\" y=\"" << y + 14
+     << "\" text-anchor=\"end\" fill=\"" << color << "\">" << esc(name)
+     << "</text>";
+  os << "<rect x=\"" << left << "\" y=\"" << y + 6 << "\" width=\""
+     << px(std::max(xEnd - left, 1.0)) << "\" height=\"10\" fill=\"" << color
+     << "\" opacity=\"0.35\"><title>" << esc(name)
+     << " back-propagates through the embeddings and layers 1–"
+     << t->tap_layer() << "</title></rect>";
+  os << "<g class=\"tap\"><title>" << esc(name) << " taps "
+     << (t->pooled() ? "the pooled output of " : "") << "layer "
+     << t->tap_layer() << " (" << esc(str(t->head())) << " head, weight "
+     << fmtG(t->weight()) << ")</title><line x1=\"" << px(xEnd) << "\" x2=\""
+     << px(xEnd) << "\" y1=\"" << y + 4 << "\" y2=\"" << stripY + stripH
+     << "\" stroke=\"" << color << "\" stroke-dasharray=\"2 2\"/><path d=\"M"
+     << px(xEnd - 6) << "," << y + 2 << "h12l-6,10z\" fill=\"" << color
+     << "\"/><line x1=\"" << px(xEnd) << "\" x2=\"" << headX << "\" y1=\""
+     << y + 11 << "\" y2=\"" << y + 11 << "\" stroke=\"" << color
+     << "\" stroke-dasharray=\"1 3\"/></g>";
+  unsigned i = 0;
+  for (const mtp::fb::Unit *u : taskUnits[name]) {
+    if (i == 2)
+      break;
+    double x = headX + i * 56;
+    os << "<g class=\"unit\" data-unit=\"" << esc(str(u->name()))
+       << "\" data-decision=\"" << decisionName(u->decision())
+       << "\"><rect x=\"" << px(x) << "\" y=\"" << y + 1
+       << "\" width=\"54\" height=\"20\" fill=\""
+       << decisionColor(u->decision()) << "\"/><text x=\"" << px(x + 27)
+       << "\" y=\"" << y + 15 << "\" text-anchor=\"middle\">"
+       << esc(str(u->kind()).take_front(5)) << " "
+       << decisionLetter(u->decision()) << "</text><title>" << esc(unitTitle(u))
+       << "</title></g>";
+    ++i;
   }
-  os << "</svg>\n";
+  os << "</g>\n";
 }
 
 } // namespace
@@ -241,7 +303,7 @@ void renderPlanPanel(Markup &os, const mtp::fb::Plan *plan, const Run &run,
           "height=\"12\" fill=\""
        << color << "\"/></svg>" << name << "</span>";
   os << "<span>▼ task tap</span></div>\n";
-  renderPlanStrip(os, *plan, run);
+  PlanStrip(*plan, run).render(os);
   // The same as a table, for exact numbers.
   os << "<details><summary>units ("
      << (plan->units() ? plan->units()->size() : 0) << ") from "
