@@ -358,6 +358,98 @@ std::string divergingColor(double v) {
     rgb[i] = int(std::lround(mid[i] + (end[i] - mid[i]) * t));
   return llvm::formatv("#{0:x-2}{1:x-2}{2:x-2}", rgb[0], rgb[1], rgb[2]).str();
 }
+/// The heat map's layout: `n` tasks, square cells.
+struct HeatmapLayout {
+  unsigned n;
+  double cell;
+  double left = 90, top = 24;
+};
+
+/// A row's and a column's label; past the run's tasks, by number.
+std::string taskName(const Run &run, unsigned i) {
+  return i < run.tasks.size() ? run.tasks[i] : "task " + std::to_string(i);
+}
+
+/// The task labels and a cell per task pair of `last`'s matrix.
+void renderCells(Markup &os, const Run &run, const Record &last,
+                 const HeatmapLayout &l) {
+  unsigned n = l.n;
+  double cell = l.cell, left = l.left, top = l.top;
+  for (unsigned i = 0; i < n; ++i) {
+    os << "<text class=\"tick\" x=\"" << left - 6 << "\" y=\""
+       << px(top + i * cell + cell / 2 + 4) << "\" text-anchor=\"end\">"
+       << esc(taskName(run, i)) << "</text>";
+    os << "<text class=\"tick\" x=\"" << px(left + i * cell + cell / 2)
+       << "\" y=\"" << top - 8 << "\" text-anchor=\"middle\">"
+       << esc(taskName(run, i)) << "</text>";
+  }
+  for (unsigned i = 0; i < n; ++i)
+    for (unsigned j = 0; j < n; ++j) {
+      double v = j < last.cosine[i].size() ? last.cosine[i][j] : std::nan("");
+      double x = left + j * cell, y = top + i * cell;
+      os << "<g class=\"cell\" data-i=\"" << i << "\" data-j=\"" << j
+         << "\"><rect x=\"" << px(x) << "\" y=\"" << px(y) << "\" width=\""
+         << cell - 1 << "\" height=\"" << cell - 1 << "\" fill=\""
+         << divergingColor(v) << "\" data-v=\"" << num(v) << "\"/>"
+         << "<text x=\"" << px(x + cell / 2) << "\" y=\""
+         << px(y + cell / 2 + 4) << "\" text-anchor=\"middle\" fill=\""
+         << (std::abs(v) > 0.55 ? "#fff" : "#000") << "\">"
+         << (std::isfinite(v) ? llvm::formatv("{0:f2}", v).str() : "-")
+         << "</text><title>" << esc(taskName(run, i)) << " × "
+         << esc(taskName(run, j)) << ": " << fmtG(v, 6) << " at step "
+         << last.step << "</title></g>\n";
+    }
+}
+
+/// The colour bar, -1 (bottom) to +1 (top).
+void renderColorBar(Markup &os, const HeatmapLayout &l) {
+  double bx = l.left + l.n * l.cell + 24, by = l.top,
+         bh = std::max(l.n * l.cell, 120.0);
+  os << "<defs><linearGradient id=\"cosbar\" x1=\"0\" y1=\"1\" x2=\"0\" "
+        "y2=\"0\">";
+  for (int k = 0; k <= 10; ++k)
+    os << "<stop offset=\"" << k * 10 << "%\" stop-color=\""
+       << divergingColor(-1 + k * 0.2) << "\"/>";
+  os << "</linearGradient></defs><rect x=\"" << bx << "\" y=\"" << by
+     << "\" width=\"12\" height=\"" << bh
+     << "\" fill=\"url(#cosbar)\" stroke=\"#999\"/>";
+  for (int k = -1; k <= 1; ++k)
+    os << "<text class=\"tick\" x=\"" << bx + 16 << "\" y=\""
+       << px(by + bh / 2 - k * bh / 2 + 4) << "\">"
+       << (k > 0   ? "+1"
+           : k < 0 ? "−1"
+                   : "0")
+       << "</text>";
+  os << "<text class=\"label\" transform=\"translate(" << bx + 44 << ","
+     << by + bh / 2
+     << ") rotate(90)\" text-anchor=\"middle\">cosine "
+        "(unitless)</text>";
+}
+
+/// Every measured step's matrix for the script's slider, as JSON.
+std::string heatmapData(const Run &run,
+                        const std::vector<const Record *> &measured,
+                        unsigned n) {
+  std::string data = "{\"tasks\":[";
+  for (unsigned i = 0; i < n; ++i)
+    data += (i ? "," : "") + jsonString(taskName(run, i));
+  data += "],\"steps\":[";
+  for (size_t k = 0; k < measured.size(); ++k)
+    data += (k ? "," : "") + std::to_string(measured[k]->step);
+  data += "],\"m\":[";
+  for (size_t k = 0; k < measured.size(); ++k) {
+    data += k ? ",[" : "[";
+    for (size_t i = 0; i < measured[k]->cosine.size(); ++i) {
+      data += i ? ",[" : "[";
+      for (size_t j = 0; j < measured[k]->cosine[i].size(); ++j)
+        data += (j ? "," : "") + num(measured[k]->cosine[i][j]);
+      data += "]";
+    }
+    data += "]";
+  }
+  data += "]}";
+  return data;
+}
 } // namespace
 
 void renderHeatmapPanel(Markup &os, const Run &run) {
@@ -367,11 +459,11 @@ void renderHeatmapPanel(Markup &os, const Run &run) {
       measured.push_back(&r);
   os << "<section class=\"panel\" id=\"panel-cosine\"><h2>Gradient cosine "
         "similarity, task × task</h2>\n";
-  const auto &tasks = run.tasks;
-  unsigned n = measured.empty() ? tasks.size() : measured.back()->cosine.size();
-  double cell = n <= 4 ? 64 : n <= 8 ? 44 : 28;
-  double left = 90, top = 24;
-  double w = left + n * cell + 90, h = std::max(top + n * cell + 20, 200.0);
+  HeatmapLayout l;
+  l.n = measured.empty() ? run.tasks.size() : measured.back()->cosine.size();
+  l.cell = l.n <= 4 ? 64 : l.n <= 8 ? 44 : 28;
+  double w = l.left + l.n * l.cell + 90,
+         h = std::max(l.top + l.n * l.cell + 20, 200.0);
   os << "<svg class=\"heatmap\" id=\"chart-cosine\" data-panel=\"cosine\" "
         "data-measured=\""
      << measured.size() << "\" data-step=\""
@@ -380,60 +472,13 @@ void renderHeatmapPanel(Markup &os, const Run &run) {
      << "\" viewBox=\"0 0 " << w << " " << h << "\" width=\"" << w
      << "\" height=\"" << h
      << "\" role=\"img\" aria-label=\"gradient cosine similarity\">\n";
-  auto taskName = [&](unsigned i) {
-    return i < tasks.size() ? tasks[i] : "task " + std::to_string(i);
-  };
   if (measured.empty()) {
     os << "<text class=\"empty\" x=\"" << w / 2 << "\" y=\"" << h / 2
        << "\" text-anchor=\"middle\">no step measured the cosine "
           "matrix</text>";
   } else {
-    const Record &last = *measured.back();
-    for (unsigned i = 0; i < n; ++i) {
-      os << "<text class=\"tick\" x=\"" << left - 6 << "\" y=\""
-         << px(top + i * cell + cell / 2 + 4) << "\" text-anchor=\"end\">"
-         << esc(taskName(i)) << "</text>";
-      os << "<text class=\"tick\" x=\"" << px(left + i * cell + cell / 2)
-         << "\" y=\"" << top - 8 << "\" text-anchor=\"middle\">"
-         << esc(taskName(i)) << "</text>";
-    }
-    for (unsigned i = 0; i < n; ++i)
-      for (unsigned j = 0; j < n; ++j) {
-        double v = j < last.cosine[i].size() ? last.cosine[i][j] : std::nan("");
-        double x = left + j * cell, y = top + i * cell;
-        os << "<g class=\"cell\" data-i=\"" << i << "\" data-j=\"" << j
-           << "\"><rect x=\"" << px(x) << "\" y=\"" << px(y) << "\" width=\""
-           << cell - 1 << "\" height=\"" << cell - 1 << "\" fill=\""
-           << divergingColor(v) << "\" data-v=\"" << num(v) << "\"/>"
-           << "<text x=\"" << px(x + cell / 2) << "\" y=\""
-           << px(y + cell / 2 + 4) << "\" text-anchor=\"middle\" fill=\""
-           << (std::abs(v) > 0.55 ? "#fff" : "#000") << "\">"
-           << (std::isfinite(v) ? llvm::formatv("{0:f2}", v).str() : "-")
-           << "</text><title>" << esc(taskName(i)) << " × " << esc(taskName(j))
-           << ": " << fmtG(v, 6) << " at step " << last.step
-           << "</title></g>\n";
-      }
-    // The colour bar, -1 (bottom) to +1 (top).
-    double bx = left + n * cell + 24, by = top, bh = std::max(n * cell, 120.0);
-    os << "<defs><linearGradient id=\"cosbar\" x1=\"0\" y1=\"1\" x2=\"0\" "
-          "y2=\"0\">";
-    for (int k = 0; k <= 10; ++k)
-      os << "<stop offset=\"" << k * 10 << "%\" stop-color=\""
-         << divergingColor(-1 + k * 0.2) << "\"/>";
-    os << "</linearGradient></defs><rect x=\"" << bx << "\" y=\"" << by
-       << "\" width=\"12\" height=\"" << bh
-       << "\" fill=\"url(#cosbar)\" stroke=\"#999\"/>";
-    for (int k = -1; k <= 1; ++k)
-      os << "<text class=\"tick\" x=\"" << bx + 16 << "\" y=\""
-         << px(by + bh / 2 - k * bh / 2 + 4) << "\">"
-         << (k > 0   ? "+1"
-             : k < 0 ? "−1"
-                     : "0")
-         << "</text>";
-    os << "<text class=\"label\" transform=\"translate(" << bx + 44 << ","
-       << by + bh / 2
-       << ") rotate(90)\" text-anchor=\"middle\">cosine "
-          "(unitless)</text>";
+    renderCells(os, run, *measured.back(), l);
+    renderColorBar(os, l);
   }
   os << "\n</svg>\n";
   if (!measured.empty()) {
@@ -443,26 +488,8 @@ void renderHeatmapPanel(Markup &os, const Run &run) {
        << "\" step=\"1\"></label> <span id=\"cos-label\">step "
        << measured.back()->step << " (latest of " << measured.size()
        << " measured)</span></div>\n";
-    std::string data = "{\"tasks\":[";
-    for (unsigned i = 0; i < n; ++i)
-      data += (i ? "," : "") + jsonString(taskName(i));
-    data += "],\"steps\":[";
-    for (size_t k = 0; k < measured.size(); ++k)
-      data += (k ? "," : "") + std::to_string(measured[k]->step);
-    data += "],\"m\":[";
-    for (size_t k = 0; k < measured.size(); ++k) {
-      data += k ? ",[" : "[";
-      for (size_t i = 0; i < measured[k]->cosine.size(); ++i) {
-        data += i ? ",[" : "[";
-        for (size_t j = 0; j < measured[k]->cosine[i].size(); ++j)
-          data += (j ? "," : "") + num(measured[k]->cosine[i][j]);
-        data += "]";
-      }
-      data += "]";
-    }
-    data += "]}";
     os << "<script type=\"application/json\" id=\"data-cosine\">"
-       << scriptSafe(data) << "</script>\n";
+       << scriptSafe(heatmapData(run, measured, l.n)) << "</script>\n";
     os << "<p class=\"note\">Cosine of the per-task gradients where the "
           "runtime measures them (docs/runtime.md); "
        << measured.size() << " of " << run.records.size()
