@@ -208,35 +208,32 @@ private:
     return llvm::Error::success();
   }
 
-  llvm::Error parseRecord(const json::Object &obj, StringRef text) {
-    Record r;
-    r.line = lineNo;
-    llvm::Expected<int64_t> step = stepOf(obj);
-    if (!step)
-      return step.takeError();
-    r.step = *step;
-    if (llvm::Error err = perTask(obj, "loss", text, r.loss))
-      return err;
-    if (llvm::Error err = perTask(obj, "alpha", text, r.alpha))
-      return err;
-    if (const json::Value *m = obj.get("gradient_cosine_sim_matrix");
-        m && m->kind() != json::Value::Null) {
-      const json::Array *rows = m->getAsArray();
-      if (!rows)
-        return wrongType("gradient_cosine_sim_matrix", *m,
-                         "an array of rows or null");
-      for (const json::Value &row : *rows) {
-        const json::Array *cells = row.getAsArray();
-        if (!cells || cells->size() != rows->size())
-          return inputError(file + ":" + Twine(lineNo) +
-                            ": \"gradient_cosine_sim_matrix\" is not a "
-                            "square matrix of numbers");
-        std::vector<double> out;
-        for (const json::Value &c : *cells)
-          out.push_back(c.getAsNumber().value_or(std::nan("")));
-        r.cosine.push_back(std::move(out));
-      }
+  /// The gradient cosine matrix; none where absent or null.
+  llvm::Error cosineMatrix(const json::Object &obj,
+                           std::vector<std::vector<double>> &cosine) {
+    const json::Value *m = obj.get("gradient_cosine_sim_matrix");
+    if (!m || m->kind() == json::Value::Null)
+      return llvm::Error::success();
+    const json::Array *rows = m->getAsArray();
+    if (!rows)
+      return wrongType("gradient_cosine_sim_matrix", *m,
+                       "an array of rows or null");
+    for (const json::Value &row : *rows) {
+      const json::Array *cells = row.getAsArray();
+      if (!cells || cells->size() != rows->size())
+        return inputError(file + ":" + Twine(lineNo) +
+                          ": \"gradient_cosine_sim_matrix\" is not a "
+                          "square matrix of numbers");
+      std::vector<double> out;
+      for (const json::Value &c : *cells)
+        out.push_back(c.getAsNumber().value_or(std::nan("")));
+      cosine.push_back(std::move(out));
     }
+    return llvm::Error::success();
+  }
+
+  /// The record's single numbers (docs/contracts.md's names).
+  llvm::Error scalars(const json::Object &obj, Record &r) {
     struct {
       StringRef key;
       Opt Record::*field;
@@ -260,23 +257,44 @@ private:
         return v.takeError();
       r.*f.field = *v;
     }
-    // A step at or before the previous one starts another run appended to
-    // the same file, or a resume that repeats steps: the later records win.
-    if (!run.records.empty() && r.step <= run.records.back().step) {
-      int64_t previous = run.records.back().step;
-      size_t before = run.records.size();
-      llvm::erase_if(run.records,
-                     [&](const Record &old) { return old.step >= r.step; });
-      llvm::erase_if(run.events,
-                     [&](const Event &old) { return old.step >= r.step; });
-      run.notes.push_back(
-          llvm::formatv("{0}:{1}: step {2} after step {3} (a resumed or "
-                        "appended run): the {4} earlier record(s) from step "
-                        "{2} on are replaced by the later ones",
-                        file, lineNo, r.step, previous,
-                        before - run.records.size())
-              .str());
-    }
+    return llvm::Error::success();
+  }
+
+  /// A step at or before the previous one starts another run appended to
+  /// the same file, or a resume that repeats steps: the later records win.
+  void replaceFrom(int64_t step) {
+    if (run.records.empty() || step > run.records.back().step)
+      return;
+    int64_t previous = run.records.back().step;
+    size_t before = run.records.size();
+    llvm::erase_if(run.records,
+                   [&](const Record &old) { return old.step >= step; });
+    llvm::erase_if(run.events,
+                   [&](const Event &old) { return old.step >= step; });
+    run.notes.push_back(
+        llvm::formatv("{0}:{1}: step {2} after step {3} (a resumed or "
+                      "appended run): the {4} earlier record(s) from step "
+                      "{2} on are replaced by the later ones",
+                      file, lineNo, step, previous, before - run.records.size())
+            .str());
+  }
+
+  llvm::Error parseRecord(const json::Object &obj, StringRef text) {
+    Record r;
+    r.line = lineNo;
+    llvm::Expected<int64_t> step = stepOf(obj);
+    if (!step)
+      return step.takeError();
+    r.step = *step;
+    if (llvm::Error err = perTask(obj, "loss", text, r.loss))
+      return err;
+    if (llvm::Error err = perTask(obj, "alpha", text, r.alpha))
+      return err;
+    if (llvm::Error err = cosineMatrix(obj, r.cosine))
+      return err;
+    if (llvm::Error err = scalars(obj, r))
+      return err;
+    replaceFrom(r.step);
     run.records.push_back(std::move(r));
     return llvm::Error::success();
   }
