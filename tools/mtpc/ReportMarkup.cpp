@@ -59,17 +59,6 @@ std::string scriptSafe(std::string s) {
   return s;
 }
 
-std::string bytesText(double b) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (std::abs(b) >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  return u == 0 ? llvm::formatv("{0} B", (int64_t)b).str()
-                : llvm::formatv("{0:f2} {1}", b, units[u]).str();
-}
-
 ByteUnit byteUnitFor(double maxBytes) {
   if (maxBytes >= 1024.0 * 1024 * 1024)
     return {"GiB", 1024.0 * 1024 * 1024};

@@ -35,9 +35,6 @@ std::string jsonString(llvm::StringRef s);
 /// JSON inside <script>: "</" would end the element.
 std::string scriptSafe(std::string s);
 
-/// 1.50 GiB, 12.00 MiB, 640 B.
-std::string bytesText(double b);
-
 /// The unit of a chart's byte axis: the largest binary unit below its top.
 struct ByteUnit {
   llvm::StringRef name;

@@ -12,6 +12,8 @@
 #include "ReportMarkup.h"
 #include "ReportPlan.h"
 
+#include "passes/Bytes.h"
+
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Config/llvm-config.h"
@@ -146,8 +148,8 @@ void PageWriter::planRows() {
                           "usable",
                           str(t->device()), str(t->precision()), t->gpus(),
                           t->micro_batch(), t->global_batch(),
-                          bytesText(t->memory_bytes()),
-                          bytesText(t->usable_bytes()))
+                          formatBytes(t->memory_bytes()),
+                          formatBytes(t->usable_bytes()))
                 .str()));
   if (const mtp::fb::Backbone *bb = plan->backbone())
     row("backbone",
@@ -175,9 +177,9 @@ void PageWriter::planRows() {
               "predicted peak {0} (keeping everything {1}, uniform "
               "checkpointing {2}), +{3:f1} µs per step; units: {4} keep, "
               "{5} recompute, {6} offload; {7} checkpoint region(s)",
-              bytesText(plan->predicted_peak_bytes()),
-              bytesText(plan->keep_peak_bytes()),
-              bytesText(plan->uniform_peak_bytes()),
+              formatBytes(plan->predicted_peak_bytes()),
+              formatBytes(plan->keep_peak_bytes()),
+              formatBytes(plan->uniform_peak_bytes()),
               plan->added_seconds() * 1e6, counts[0], counts[1], counts[2],
               plan->regions() ? plan->regions()->size() : 0)
               .str()));
@@ -222,10 +224,10 @@ void PageWriter::runRows() {
       run.events.size(), esc(llvm::join(ls, ", ")));
   row("run", runLine);
   std::string perf =
-      llvm::formatv("peak device memory {0} measured", bytesText(peak));
+      llvm::formatv("peak device memory {0} measured", formatBytes(peak));
   Opt predicted = plan ? Opt(plan->predicted_peak_bytes()) : last.predictedPeak;
   if (predicted && *predicted > 0)
-    perf += llvm::formatv(" vs {0} predicted ({1}%)", bytesText(*predicted),
+    perf += llvm::formatv(" vs {0} predicted ({1}%)", formatBytes(*predicted),
                           llvm::format("%+.1f", (peak / *predicted - 1) * 100))
                 .str();
   if (!sps.empty())
@@ -367,7 +369,7 @@ void PageWriter::memoryPanel() {
   }
   if (predicted)
     c.refs.push_back({*predicted / u.scale,
-                      "predicted peak " + bytesText(*predicted) +
+                      "predicted peak " + formatBytes(*predicted) +
                           (plan ? " (plan)" : " (run)"),
                       kPalette[1], "predicted_peak_bytes"});
   if (plan && plan->target()) {
@@ -376,17 +378,17 @@ void PageWriter::memoryPanel() {
     // A budget far above the run would flatten every line: say it instead.
     if (budget <= 4 * maxBytes) {
       c.zeroBased = true;
-      c.refs.push_back({budget / u.scale, "budget " + bytesText(budget),
+      c.refs.push_back({budget / u.scale, "budget " + formatBytes(budget),
                         kPalette[3], "budget"});
       if (usable != budget && usable > 0)
         c.refs.push_back(
             {usable / u.scale,
-             "usable " + bytesText(usable) + " (budget − headroom)",
+             "usable " + formatBytes(usable) + " (budget − headroom)",
              kPalette[4], "usable"});
     } else {
       c.note = llvm::formatv("The budget, {0} ({1} usable), is off the "
                              "scale: the run peaks at {2:f1}% of it.",
-                             bytesText(budget), bytesText(usable),
+                             formatBytes(budget), formatBytes(usable),
                              maxBytes / budget * 100)
                    .str();
     }
@@ -495,7 +497,7 @@ void PageWriter::bytesPanel() {
   else
     c.note = llvm::formatv("Over the run: {0} sent for {1} uncompressed "
                            "({2:f1}× less).",
-                           bytesText(sent), bytesText(full),
+                           formatBytes(sent), formatBytes(full),
                            sent > 0 ? full / sent : 0.0)
                  .str();
   renderChartPanel(os, c, run);

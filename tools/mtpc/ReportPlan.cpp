@@ -2,6 +2,8 @@
 
 #include "ReportPlan.h"
 
+#include "passes/Bytes.h"
+
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -45,7 +47,7 @@ StringRef decisionName(mtp::fb::Decision d) {
 std::string unitTitle(const mtp::fb::Unit *u) {
   return llvm::formatv("{0}: {1}, {2} saved, {3:f4} GFLOP forward",
                        str(u->name()), decisionName(u->decision()),
-                       bytesText(u->saved_bytes()), u->fwd_flops() / 1e9)
+                       formatBytes(u->saved_bytes()), u->fwd_flops() / 1e9)
       .str();
 }
 
@@ -315,7 +317,7 @@ void renderPlanPanel(Markup &os, const mtp::fb::Plan *plan, const Run &run,
     for (const mtp::fb::Unit *u : *plan->units())
       os << "<tr><td>" << esc(str(u->name())) << "</td><td>"
          << esc(str(u->task())) << "</td><td>" << u->layer() << "</td><td>"
-         << bytesText(u->saved_bytes()) << "</td><td>"
+         << formatBytes(u->saved_bytes()) << "</td><td>"
          << llvm::formatv("{0:f4}", u->fwd_flops() / 1e9) << "</td><td>"
          << decisionName(u->decision()) << "</td></tr>\n";
   os << "</tbody></table></details>\n";
@@ -324,7 +326,7 @@ void renderPlanPanel(Markup &os, const mtp::fb::Plan *plan, const Run &run,
     bool first = true;
     for (const mtp::fb::Offload *o : *plan->offloads()) {
       os << (first ? "" : "; ") << esc(str(o->unit())) << " "
-         << bytesText(o->bytes()) << " each way, predicted exposed wait "
+         << formatBytes(o->bytes()) << " each way, predicted exposed wait "
          << llvm::formatv("{0:f1}", o->exposed_wait_s() * 1e6) << " µs";
       first = false;
     }
