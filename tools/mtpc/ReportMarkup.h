@@ -19,7 +19,7 @@
 
 namespace mtp::report {
 
-/// Text for HTML: & < > " ' as entities.
+/// Text for HTML (llvm::printHTMLEscaped): & < > " ' as entities.
 std::string esc(llvm::StringRef s);
 
 /// A number for data attributes and JSON: 9 significant digits, as the
