@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/MemoryAnalysis.h"
+#include "passes/Bytes.h"
 #include "passes/CostModel.h"
 #include "passes/StepTimeline.h"
 #include "passes/Passes.h"
@@ -19,7 +20,6 @@
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Format.h"
-#include "llvm/Support/FormatVariadic.h"
 
 namespace mtp {
 #define GEN_PASS_DEF_MEMORYANALYSIS
@@ -28,19 +28,6 @@ namespace mtp {
 
 using namespace mlir;
 using namespace mtp;
-
-std::string mtp::formatBytes(int64_t bytes) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = double(bytes);
-  int unit = 0;
-  while (std::abs(value) >= 1024.0 && unit < 4) {
-    value /= 1024.0;
-    ++unit;
-  }
-  if (unit == 0)
-    return std::to_string(bytes) + " B";
-  return llvm::formatv("{0:f2} {1}", value, units[unit]).str();
-}
 
 std::string MemoryReport::describe(Operation *op) {
   if (!op)

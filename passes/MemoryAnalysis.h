@@ -98,9 +98,6 @@ std::vector<std::pair<int64_t, int64_t>> checkpointRegions(StepOp step);
 /// The report as attributes on the step (mtp.peak_bytes, ...).
 void attachMemoryReport(StepOp step, const MemoryReport &report);
 
-/// 1.50 GiB, 12.0 MiB, 640 B.
-std::string formatBytes(int64_t bytes);
-
 } // namespace mtp
 
 #endif // MTPC_PASSES_MEMORYANALYSIS_H

@@ -1,6 +1,7 @@
 //===- PlanFile.cpp - the plan as a flatbuffer ----------------------------===//
 
 #include "passes/PlanFile.h"
+#include "passes/Bytes.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"

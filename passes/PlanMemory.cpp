@@ -17,6 +17,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/PlanMemory.h"
+#include "passes/Bytes.h"
 #include "passes/CostModel.h"
 #include "passes/MemoryAnalysis.h"
 #include "passes/Passes.h"

@@ -1,6 +1,7 @@
 //===- PlanReport.cpp - the plan a person reads ---------------------------===//
 
 #include "passes/PlanReport.h"
+#include "passes/Bytes.h"
 #include "passes/CostModel.h"
 #include "passes/PlanMemory.h"
 

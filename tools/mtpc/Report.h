@@ -7,6 +7,12 @@
 // SVG charts, CSS and a small script for tooltips and sliders, no network.
 // docs/report.md describes the page.
 //
+// The parts: Report.cpp (the command), ReportData (the metrics file read
+// into a Run), ReportMarkup (escaping, number formats, colours), ReportCharts
+// (the time charts and the cosine heat map), ReportPlan (the plan's strip),
+// ReportPage (the page, section by section), report/ (the page's CSS and
+// script, embedded at build time by report/EmbedAsset.cmake).
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef MTPC_TOOLS_MTPC_REPORT_H

@@ -26,6 +26,7 @@
 #include "frontend/MLIRGen.h"
 #include "frontend/Parser.h"
 #include "frontend/Sema.h"
+#include "passes/Bytes.h"
 #include "passes/CostModel.h"
 #include "passes/MemoryAnalysis.h"
 #include "passes/PlanFile.h"
