@@ -10,6 +10,7 @@
 
 #include "codegen/Codegen.h"
 #include "dialect/MTPOps.h"
+#include "mtprt/kernels/GradFuse.h"
 
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -33,15 +34,13 @@ Constants constantsOf(ModelOp model) {
   c.tasks = static_cast<int64_t>(llvm::range_size(model.getTasks()));
   BackboneOp backbone = model.getBackbone();
   c.hidden = backbone ? static_cast<int64_t>(backbone.getHidden()) : 0;
-  c.bins = c.hidden / 2 + 1;
+  c.bins = mtprt::kernels::gfmBins(c.hidden);
   c.keep = c.bins;
   if (StrategyOp s = model.getStrategy()) {
     if (std::optional<llvm::APFloat> gfm = s.getGfmKeep()) {
       double keep = gfm->convertToDouble();
       c.keepFraction = keep;
-      // mtprt::kernels::gfmKeptBins: ceil(keep * bins), clamped.
-      c.keep = std::clamp<int64_t>(
-          static_cast<int64_t>(std::ceil(keep * c.bins - 1e-9)), 0, c.bins);
+      c.keep = mtprt::kernels::gfmKeptBins(c.hidden, keep);
     }
     c.block = static_cast<int64_t>(s.getQuantBlock());
     c.bits = static_cast<int64_t>(s.getQuantBits());

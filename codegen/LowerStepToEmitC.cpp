@@ -22,6 +22,7 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SmallSet.h"
 #include "llvm/ADT/StringSet.h"
+#include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -106,6 +107,12 @@ private:
   void forwardUnits(int64_t first, int64_t last, StringRef mode,
                     const llvm::Twine &why);
   void lowerBody();
+  void lower(InputOp in);
+  void lower(CheckpointOp ck);
+  void lower(FwdOp fwd);
+  void lower(PrefetchOp pre);
+  void lower(BwdOp bwd);
+  void lower(FuseTaskGradsOp fuse);
   std::string backwardEvents(Operation *from);
   /// The one backbone-backward call, at the first op that belongs to it.
   void backboneBackward(Operation &first) {
@@ -210,121 +217,139 @@ void StepLowering::lowerBody() {
     }
   });
 
-  for (Operation &op : step.getBody().front()) {
-    if (auto in = dyn_cast<InputOp>(op)) {
-      if (in.getName() == "tokens") {
-        comment("the micro-batch's token ids");
-        current = call("input", {operand(0)}, b.getI64Type());
-      }
-    } else if (auto ck = dyn_cast<CheckpointOp>(op)) {
-      auto [first, last] = unitRange(ck.getBody());
-      forwardUnits(first, last, "Checkpoint",
-                   llvm::formatv("checkpoint region {0}: units {1}..{2} ({3} "
-                                 ".. {4}) keep only their input; recomputed "
-                                 "in the backward",
-                                 ck.getRegion(), first, last, blockName(first),
-                                 blockName(last)));
-    } else if (auto fwd = dyn_cast<FwdOp>(op)) {
-      std::optional<UnitRef> ref = getUnitRef(fwd);
-      if (!ref)
-        continue;
-      if (ref->task) {
-        if (ref->kind != UnitKind::head)
-          continue; // the loss runs inside forwardHead
-        StringRef task = ref->task.getValue();
-        auto it = offloadedTasks.find(task);
-        bool offload = it != offloadedTasks.end();
-        TaskOp t = tasks.lookup(task);
-        comment(llvm::formatv(
-            "task {0}: {1} head + loss on layer {2}{3}", task,
-            stringifyHeadKind(t.getHead()), t.getTapLayer(),
-            offload ? llvm::formatv("; offloads {0} saved tensors ({1} B) to "
-                                    "the host",
-                                    it->second.first,
-                                    it->second.second)
-                          .str()
-                    : std::string("; keeps what it saves")));
-        call("forwardHead",
-             {operand(0), lit(taskIndex.lookup(task)),
-              opaque(offload ? "true" : "false")});
-        continue;
-      }
-      int64_t block = getBlockNumber(ref->kind, ref->layer);
-      if (block == currentBlock)
-        continue;
-      auto it = offloadedBlocks.find(block);
-      if (it != offloadedBlocks.end())
-        forwardUnits(block, block, "KeepOffload",
-                     llvm::formatv("unit {0} ({1}): offload {2} saved tensors "
-                                   "({3} B) to the host on stream 1",
-                                   block, blockName(block), it->second.first,
-                                   it->second.second));
-      else
-        forwardUnits(block, block, "Keep",
-                     llvm::formatv("unit {0} ({1}): keep", block,
-                                   blockName(block)));
-    } else if (auto pre = dyn_cast<PrefetchOp>(op)) {
-      auto off = pre.getHost().getDefiningOp<OffloadOp>();
-      FlatSymbolRefAttr task = off ? taskOf(off.getValue()) : nullptr;
-      if (!task && off && blockOf(off.getValue()) >= 0) {
-        backboneBackward(op); // the backbone's: inside its backward
-        continue;
-      }
-      if (task && prefetchedTasks.insert(task.getValue()).second) {
-        comment(llvm::formatv("bring task {0}'s saved tensors back ahead of "
-                              "its backward (stream {1})",
-                              task.getValue(), pre.getStream()));
-        call("prefetch",
-             {operand(0),
-              str(("head" + llvm::Twine(taskIndex.lookup(task.getValue())))
-                      .str())});
-      }
-    } else if (auto bwd = dyn_cast<BwdOp>(op)) {
-      std::optional<UnitRef> ref = getUnitRef(bwd);
-      if (!ref)
-        continue;
-      if (ref->task) {
-        if (ref->kind != UnitKind::head)
-          continue; // with its head
-        comment(llvm::formatv("task {0}: loss + head backward; its gradient "
-                              "at the tap goes to the fused op",
-                              ref->task.getValue()));
-        call("backwardHead",
-             {operand(0), lit(taskIndex.lookup(ref->task.getValue()))});
-        continue;
-      }
-      backboneBackward(op);
-    } else if (isa<RecomputeOp>(op)) {
-      backboneBackward(op);
-    } else if (auto fuse = dyn_cast<FuseTaskGradsOp>(op)) {
-      std::string tasks;
-      for (Attribute t : fuse.getTasks())
-        tasks += (tasks.empty() ? "" : ", ") +
-                 cast<FlatSymbolRefAttr>(t).getValue().str();
-      std::string gfm = fuse.getGfmKeep()
-                            ? llvm::formatv("GFM keeps {0} of the frequency "
-                                            "bins",
-                                            llvm::format("%g", fuse.getGfmKeep()->convertToDouble()))
-                                  .str()
-                            : "no GFM";
-      std::string clip =
-          fuse.getClipMaxNorm().convertToDouble() > 0
-              ? llvm::formatv("per-task clip to {0}",
-                              llvm::format("%g", fuse.getClipMaxNorm().convertToDouble()))
-                    .str()
-              : "no clip";
-      std::string gate =
-          fuse.getGateHidden()
-              ? llvm::formatv("DGFG gate ({0} hidden) weighs", *fuse.getGateHidden())
-                    .str()
-              : "uniform α over";
-      comment(llvm::formatv("the fused per-task gradient op (scope {0}): {1}; "
-                            "{2}; {3} [{4}]",
-                            stringifyGradientScope(fuse.getScope()), gfm, clip,
-                            gate, tasks));
-      call("fuseTaskGradients", {operand(0)});
-    }
+  for (Operation &op : step.getBody().front())
+    llvm::TypeSwitch<Operation *>(&op)
+        .Case<InputOp>([&](InputOp in) { lower(in); })
+        .Case<CheckpointOp>([&](CheckpointOp ck) { lower(ck); })
+        .Case<FwdOp>([&](FwdOp fwd) { lower(fwd); })
+        .Case<PrefetchOp>([&](PrefetchOp pre) { lower(pre); })
+        .Case<BwdOp>([&](BwdOp bwd) { lower(bwd); })
+        .Case<RecomputeOp>([&](RecomputeOp rec) { backboneBackward(*rec.getOperation()); })
+        .Case<FuseTaskGradsOp>([&](FuseTaskGradsOp fuse) { lower(fuse); })
+        // Weights, sums, offloads, waits, releases, buckets and the
+        // optimizer step live in the runtime's calls above.
+        .Default([](Operation *) {});
+}
+
+void StepLowering::lower(InputOp in) {
+  if (in.getName() == "tokens") {
+    comment("the micro-batch's token ids");
+    current = call("input", {operand(0)}, b.getI64Type());
   }
+}
+
+void StepLowering::lower(CheckpointOp ck) {
+  auto [first, last] = unitRange(ck.getBody());
+  forwardUnits(first, last, "Checkpoint",
+               llvm::formatv("checkpoint region {0}: units {1}..{2} ({3} "
+                             ".. {4}) keep only their input; recomputed "
+                             "in the backward",
+                             ck.getRegion(), first, last, blockName(first),
+                             blockName(last)));
+}
+
+void StepLowering::lower(FwdOp fwd) {
+  std::optional<UnitRef> ref = getUnitRef(fwd);
+  if (!ref)
+    return;
+  if (ref->task) {
+    if (ref->kind != UnitKind::head)
+      return; // the loss runs inside forwardHead
+    StringRef task = ref->task.getValue();
+    auto it = offloadedTasks.find(task);
+    bool offload = it != offloadedTasks.end();
+    TaskOp t = tasks.lookup(task);
+    comment(llvm::formatv(
+        "task {0}: {1} head + loss on layer {2}{3}", task,
+        stringifyHeadKind(t.getHead()), t.getTapLayer(),
+        offload ? llvm::formatv("; offloads {0} saved tensors ({1} B) to "
+                                "the host",
+                                it->second.first, it->second.second)
+                      .str()
+                : std::string("; keeps what it saves")));
+    call("forwardHead", {operand(0), lit(taskIndex.lookup(task)),
+                         opaque(offload ? "true" : "false")});
+    return;
+  }
+  int64_t block = getBlockNumber(ref->kind, ref->layer);
+  if (block == currentBlock)
+    return;
+  auto it = offloadedBlocks.find(block);
+  if (it != offloadedBlocks.end())
+    forwardUnits(block, block, "KeepOffload",
+                 llvm::formatv("unit {0} ({1}): offload {2} saved tensors "
+                               "({3} B) to the host on stream 1",
+                               block, blockName(block), it->second.first,
+                               it->second.second));
+  else
+    forwardUnits(block, block, "Keep",
+                 llvm::formatv("unit {0} ({1}): keep", block,
+                               blockName(block)));
+}
+
+void StepLowering::lower(PrefetchOp pre) {
+  auto off = pre.getHost().getDefiningOp<OffloadOp>();
+  FlatSymbolRefAttr task = off ? taskOf(off.getValue()) : nullptr;
+  if (!task && off && blockOf(off.getValue()) >= 0) {
+    backboneBackward(*pre.getOperation()); // the backbone's: inside its backward
+    return;
+  }
+  if (task && prefetchedTasks.insert(task.getValue()).second) {
+    comment(llvm::formatv("bring task {0}'s saved tensors back ahead of "
+                          "its backward (stream {1})",
+                          task.getValue(), pre.getStream()));
+    call("prefetch",
+         {operand(0),
+          str(("head" + llvm::Twine(taskIndex.lookup(task.getValue()))).str())});
+  }
+}
+
+void StepLowering::lower(BwdOp bwd) {
+  std::optional<UnitRef> ref = getUnitRef(bwd);
+  if (!ref)
+    return;
+  if (!ref->task) {
+    backboneBackward(*bwd.getOperation());
+    return;
+  }
+  if (ref->kind != UnitKind::head)
+    return; // with its head
+  comment(llvm::formatv("task {0}: loss + head backward; its gradient "
+                        "at the tap goes to the fused op",
+                        ref->task.getValue()));
+  call("backwardHead",
+       {operand(0), lit(taskIndex.lookup(ref->task.getValue()))});
+}
+
+void StepLowering::lower(FuseTaskGradsOp fuse) {
+  std::string tasks;
+  for (Attribute t : fuse.getTasks())
+    tasks += (tasks.empty() ? "" : ", ") +
+             cast<FlatSymbolRefAttr>(t).getValue().str();
+  std::string gfm =
+      fuse.getGfmKeep()
+          ? llvm::formatv("GFM keeps {0} of the frequency bins",
+                          llvm::format("%g",
+                                       fuse.getGfmKeep()->convertToDouble()))
+                .str()
+          : "no GFM";
+  std::string clip =
+      fuse.getClipMaxNorm().convertToDouble() > 0
+          ? llvm::formatv(
+                "per-task clip to {0}",
+                llvm::format("%g", fuse.getClipMaxNorm().convertToDouble()))
+                .str()
+          : "no clip";
+  std::string gate =
+      fuse.getGateHidden()
+          ? llvm::formatv("DGFG gate ({0} hidden) weighs", *fuse.getGateHidden())
+                .str()
+          : "uniform α over";
+  comment(llvm::formatv("the fused per-task gradient op (scope {0}): {1}; "
+                        "{2}; {3} [{4}]",
+                        stringifyGradientScope(fuse.getScope()), gfm, clip,
+                        gate, tasks));
+  call("fuseTaskGradients", {operand(0)});
 }
 
 LogicalResult StepLowering::run() {

@@ -645,3 +645,40 @@ int64_t CostModel::usableBytes() const {
 bool CostModel::gradientsResidentThroughStep() const {
   return budget && budget.getAccumulationSteps() > 1;
 }
+
+CostModel::PipelineCost
+CostModel::gradientPipeline(ArrayRef<Type> grads, bool gfm,
+                            GradientScope scope, int64_t scopeLayers) const {
+  PipelineCost c;
+  for (Type t : grads) {
+    auto type = cast<RankedTensorType>(t);
+    int64_t n = type.getNumElements(), channels = type.getShape().back();
+    if (gfm)
+      c.flops += int64_t(10.0 * n * std::log2(std::max<int64_t>(2, channels)));
+    c.flops += 6 * n;
+  }
+  // GFM and the clip act first; then (features scope) the cosine probe and
+  // the Gram matrix, with the processed tap gradients live and the fused ones
+  // not yet made (the memory analysis counts this before the results).
+  c.workspace = gfmWorkspace(grads);
+  if (scope == GradientScope::features)
+    c.workspace = std::max(c.workspace, cosineProbeWorkspace());
+  if (scope == GradientScope::params)
+    c.workspace +=
+        perTaskParameterGradientBytes(int64_t(grads.size()), scopeLayers);
+  return c;
+}
+
+int64_t CostModel::gfmWorkspace(ArrayRef<Type> grads) {
+  int64_t widest = 0;
+  for (Type t : grads)
+    widest = std::max(widest, 2 * bytes(t));
+  return widest;
+}
+
+int64_t CostModel::perTaskParameterGradientBytes(int64_t tasks,
+                                                 int64_t layers) const {
+  return tasks * layers * layerParameters() * kGradientBytes;
+}
+
+int64_t CostModel::optimizerFlops() const { return 12 * parameters().total(); }

@@ -116,6 +116,25 @@ public:
   int64_t cosineProbeWorkspace(
       llvm::ArrayRef<std::pair<int64_t, int64_t>> regions = {}) const;
 
+  /// The gradient pipeline over each task's tap gradient (`grads`): GFM's
+  /// rfft and irfft along the channels (about 5·n·log2 c each, with `gfm`),
+  /// the mask, the clip's norm and scale, the weighted accumulate; its
+  /// workspace before the fused results exist: GFM's (gfmWorkspace), the
+  /// cosine probe's at the features scope, plus the per-task parameter
+  /// gradients at the params scope.
+  struct PipelineCost {
+    int64_t flops = 0, workspace = 0;
+  };
+  PipelineCost gradientPipeline(llvm::ArrayRef<mlir::Type> grads, bool gfm,
+                                GradientScope scope,
+                                int64_t scopeLayers) const;
+  /// GFM's elementwise part: the complex spectrum (n/2+1 pairs per row)
+  /// beside the processed copy of the widest gradient.
+  static int64_t gfmWorkspace(llvm::ArrayRef<mlir::Type> grads);
+  /// The params scope's per-task gradients of the top `layers` shared
+  /// layers, for `tasks` tasks.
+  int64_t perTaskParameterGradientBytes(int64_t tasks, int64_t layers) const;
+
   //===--- Parameters ------------------------------------------------------===//
 
   int64_t embeddingParameters() const;
@@ -128,8 +147,13 @@ public:
   /// AdamW's two moments.
   static constexpr int64_t kWeightBytes = 4, kGradientBytes = 4,
                            kOptimizerBytes = 8;
+  /// AdamW's update: about a dozen FLOPs per parameter.
+  int64_t optimizerFlops() const;
 
   //===--- Collectives -----------------------------------------------------===//
+
+  /// A gradient bucket holds at most 25 MiB of fp32 values, like DDP's.
+  static constexpr int64_t kBucketElements = (int64_t(25) << 20) / 4;
 
   /// Bytes one process sends per step for a bucket of `elements` fp32
   /// gradients over `world` processes: a ring all-reduce sends

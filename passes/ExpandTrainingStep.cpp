@@ -211,7 +211,6 @@ void StepBuilder::build() {
   // ready), at most 25 MiB of fp32 each like DDP's; at world size 1 the
   // runtime skips them.
   {
-    constexpr int64_t kBucketElements = (int64_t(25) << 20) / 4;
     SmallVector<std::pair<std::string, int64_t>> groups;
     for (TaskOp task : llvm::reverse(tasks))
       groups.push_back({("head." + task.getSymName()).str(),
@@ -231,7 +230,7 @@ void StepBuilder::build() {
       elements = 0;
     };
     for (auto &[name, count] : groups) {
-      if (elements > 0 && elements + count > kBucketElements)
+      if (elements > 0 && elements + count > CostModel::kBucketElements)
         flush();
       names.push_back(b.getStringAttr(name));
       elements += count;
@@ -239,9 +238,7 @@ void StepBuilder::build() {
     flush();
   }
 
-  // AdamW: about a dozen FLOPs per parameter.
-  b.create<OptimizerStepOp>(loc,
-                            b.getI64IntegerAttr(12 * cost.parameters().total()));
+  b.create<OptimizerStepOp>(loc, b.getI64IntegerAttr(cost.optimizerFlops()));
 }
 
 } // namespace

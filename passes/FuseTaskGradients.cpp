@@ -43,37 +43,22 @@ void FuseTaskGradientsPass::runOnOperation() {
 
   CostModel cost(model);
   SmallVector<Value> grads;
+  SmallVector<Type> gradTypes;
   SmallVector<Attribute> tasks;
-  int64_t flops = 0, widest = 0;
   std::optional<double> keep;
   if (auto k = strategy.getGfmKeep())
     keep = k->convertToDouble();
   for (BwdOp head : heads) {
     Value g = head.getInputGrads().front();
     grads.push_back(g);
+    gradTypes.push_back(g.getType());
     tasks.push_back(head.getTaskAttr());
-    auto type = cast<RankedTensorType>(g.getType());
-    int64_t n = type.getNumElements(), channels = type.getShape().back();
-    // rfft and irfft along the channels (about 5·n·log2 each), the mask,
-    // the clip's norm and scale, the weighted accumulate.
-    if (keep)
-      flops += int64_t(10.0 * n * std::log2(std::max<int64_t>(2, channels)));
-    flops += 6 * n;
-    // The complex spectrum (n/2+1 pairs per row) beside the processed copy.
-    widest = std::max(widest, 2 * CostModel::bytes(type));
   }
-  // GFM and the clip act first; then (features scope) the cosine probe and
-  // the Gram matrix, with the processed tap gradients live and the fused ones
-  // not yet made (MemoryAnalysis counts this workspace before the results).
-  int64_t workspace = widest;
-  if (strategy.getGradientScope() == GradientScope::features)
-    workspace = std::max(workspace, cost.cosineProbeWorkspace());
-  if (strategy.getGradientScope() == GradientScope::params) {
-    // Per-task gradients of the top k shared layers' parameters.
-    int64_t k = strategy.getScopeLayers();
-    workspace += int64_t(heads.size()) * k * cost.layerParameters() *
-                 CostModel::kGradientBytes;
-  }
+  const CostModel::PipelineCost pipeline =
+      cost.gradientPipeline(gradTypes, keep.has_value(),
+                            strategy.getGradientScope(),
+                            strategy.getScopeLayers());
+  const int64_t flops = pipeline.flops, workspace = pipeline.workspace;
 
   OpBuilder b(model.getContext());
   b.setInsertionPointAfter(heads.back());

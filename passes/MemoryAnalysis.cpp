@@ -86,9 +86,8 @@ int64_t mtp::fuseWorkspaceBeyondResults(
     if (laterMicroBatch) {
       // GFM's spectrum beside the processed copy of the widest gradient
       // (FuseTaskGradients' elementwise part); no probe.
-      workspace = 0;
-      for (Value g : fuse.getGrads())
-        workspace = std::max(workspace, 2 * CostModel::bytes(g.getType()));
+      workspace = CostModel::gfmWorkspace(
+          llvm::to_vector(fuse.getGrads().getTypes()));
     } else {
       workspace = std::max(workspace, cost.cosineProbeWorkspace(regions));
     }

@@ -77,9 +77,8 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
     os << "\n    " << formatBytes(fuse.getWorkspace()) << " workspace, "
        << llvm::format("%.3f", fuse.getFlops() / 1e9) << " GFLOP";
     // The other scope, for comparison.
-    int64_t perTask = int64_t(fuse.getTasks().size()) *
-                      strategy.getScopeLayers() * cost.layerParameters() *
-                      CostModel::kGradientBytes;
+    int64_t perTask = cost.perTaskParameterGradientBytes(
+        int64_t(fuse.getTasks().size()), strategy.getScopeLayers());
     if (fuse.getScope() == GradientScope::features)
       os << "; params scope (top " << strategy.getScopeLayers()
          << " layers) would add " << formatBytes(perTask)

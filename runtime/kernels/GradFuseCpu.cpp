@@ -7,13 +7,6 @@
 
 namespace mtprt::kernels {
 
-int64_t gfmKeptBins(int64_t n, double keep) {
-  const int64_t bins = n / 2 + 1;
-  const auto kept =
-      static_cast<int64_t>(std::ceil(keep * static_cast<double>(bins) - 1e-9));
-  return std::clamp<int64_t>(kept, 0, bins);
-}
-
 float clipWeightScale(double norm, double maxNorm, double alpha) {
   double s = alpha;
   if (maxNorm > 0 && norm > maxNorm)

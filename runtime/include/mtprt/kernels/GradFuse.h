@@ -12,13 +12,22 @@
 #ifndef MTPRT_KERNELS_GRADFUSE_H
 #define MTPRT_KERNELS_GRADFUSE_H
 
+#include <cmath>
 #include <cstdint>
 
 namespace mtprt::kernels {
 
+/// The rfft bins of a length-n signal. Inline: the compiler's codegen
+/// specializes the kernels with the same numbers.
+inline constexpr int64_t gfmBins(int64_t n) { return n / 2 + 1; }
 /// The number of rfft bins GFM keeps of a length-n signal:
 /// ceil(keep * (n/2 + 1)), clamped to [0, n/2 + 1].
-int64_t gfmKeptBins(int64_t n, double keep);
+inline int64_t gfmKeptBins(int64_t n, double keep) {
+  const int64_t bins = gfmBins(n);
+  const auto kept =
+      static_cast<int64_t>(std::ceil(keep * static_cast<double>(bins) - 1e-9));
+  return kept < 0 ? 0 : kept > bins ? bins : kept;
+}
 
 /// The scale clip-and-weight applies to a gradient of norm `norm`:
 /// alpha * min(1, maxNorm / norm), with maxNorm <= 0 meaning no clip.
