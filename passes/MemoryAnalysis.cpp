@@ -289,8 +289,10 @@ struct MemoryAnalysisPass
           << "' has no training step; run --mtp-expand-training-step first";
       return signalPassFailure();
     }
-    MemoryReport report = analyzeMemory(model);
+    const MemoryReport &report = getAnalysis<StepMemoryAnalysis>().report;
     attachMemoryReport(step, report);
+    // Attributes only: the analysis (and every other) still holds.
+    markAllAnalysesPreserved();
     if (!print)
       return;
     llvm::raw_ostream &os = llvm::outs();

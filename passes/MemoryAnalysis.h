@@ -67,6 +67,15 @@ struct MemoryReport {
 /// Analyzes the expanded step of `model` (which must have one).
 MemoryReport analyzeMemory(ModelOp model);
 
+/// analyzeMemory as an MLIR analysis on an mtp.model with a step: passes ask
+/// `getAnalysis<StepMemoryAnalysis>()`, the pass manager computes it once
+/// and keeps it while the passes that ran preserve it.
+struct StepMemoryAnalysis {
+  explicit StepMemoryAnalysis(mlir::Operation *model)
+      : report(analyzeMemory(llvm::cast<ModelOp>(model))) {}
+  MemoryReport report;
+};
+
 /// A fuse op's workspace is its transient before its results (the fused
 /// gradients) exist; counted on top of the live values at the op, which
 /// already include those results, it is the workspace beyond them (>= 0).

@@ -823,7 +823,7 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
       // What would fit, estimated from how activations scale.
       if (budget) {
         int64_t micro = budget.getMicroBatch();
-        MemoryReport report = analyzeMemory(model);
+        const MemoryReport &report = getAnalysis<StepMemoryAnalysis>().report;
         int64_t state = report.atPeak.parameters + report.atPeak.optimizer +
                         report.atPeak.gradients;
         int64_t perSample = std::max<int64_t>(
