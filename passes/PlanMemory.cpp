@@ -111,6 +111,14 @@ struct MemoryPlanner::Impl {
   std::pair<double, std::vector<double>>
   transfers(ArrayRef<Decision> decisions) const;
   bool latencyOk(ArrayRef<Decision> decisions) const;
+
+  // The phases of MemoryPlanner::solve.
+  bool allowed(size_t c, Decision d) const;
+  std::vector<Decision> frugal(bool exhaustive) const;
+  void rankedPrefix(std::vector<Decision> &current) const;
+  int64_t greedy(std::vector<Decision> &current, int64_t peak) const;
+  void prune(std::vector<Decision> &current) const;
+  void localSearch(std::vector<Decision> &current, bool exhaustive) const;
 };
 
 void MemoryPlanner::Impl::build() {
@@ -486,6 +494,228 @@ void finish(const MemoryPlanner &planner, PlanResult &r,
 }
 } // namespace
 
+namespace {
+const Decision kAllDecisions[] = {Decision::Keep, Decision::Recompute,
+                                  Decision::Offload};
+} // namespace
+
+bool MemoryPlanner::Impl::allowed(size_t c, Decision d) const {
+  const Candidate &cand = candidates[c];
+  if (fixedRecompute && !cand.blocks.empty())
+    return d == Decision::Recompute;
+  return d == Decision::Keep ||
+         (d == Decision::Recompute && cand.canRecompute) ||
+         (d == Decision::Offload && cand.canOffload);
+}
+
+std::vector<Decision> MemoryPlanner::Impl::frugal(bool exhaustive) const {
+  const size_t n = candidates.size();
+  std::vector<Decision> frugal(n, Decision::Keep);
+  if (!exhaustive) {
+    // Recompute where allowed, else offload.
+    for (size_t c = 0; c < n; ++c)
+      frugal[c] = candidates[c].canRecompute ? Decision::Recompute
+                  : candidates[c].canOffload ? Decision::Offload
+                                             : Decision::Keep;
+    return frugal;
+  }
+  // Each candidate's choice that lowers the peak most, one at a time.
+  for (size_t c = 0; c < n; ++c) {
+    int64_t best = INT64_MAX;
+    for (Decision d : kAllDecisions) {
+      if ((d == Decision::Recompute && !candidates[c].canRecompute) ||
+          (d == Decision::Offload && !candidates[c].canOffload))
+        continue;
+      if (fixedRecompute && !candidates[c].blocks.empty() &&
+          d != Decision::Recompute)
+        continue;
+      std::vector<Decision> trial = frugal;
+      trial[c] = d;
+      if (d == Decision::Offload && !latencyOk(trial))
+        continue;
+      int64_t p = simulate(trial);
+      if (p < best) {
+        best = p;
+        frugal[c] = d;
+      }
+    }
+  }
+  return frugal;
+}
+
+void MemoryPlanner::Impl::rankedPrefix(std::vector<Decision> &current) const {
+  // Rank each candidate's move by the bytes it frees per second it costs
+  // (alone), then take the shortest prefix of that ranking whose simulated
+  // peak fits: a binary search, a dozen simulations.
+  const size_t n = candidates.size();
+  struct Move {
+    size_t c;
+    Decision d;
+    double score;
+  };
+  std::vector<Move> moves;
+  for (size_t c = 0; c < n; ++c) {
+    if (current[c] != Decision::Keep || candOffloadBytes[c] == 0)
+      continue;
+    double freed = double(candOffloadBytes[c]);
+    double best = -1;
+    Decision bestD = Decision::Keep;
+    if (candidates[c].canRecompute) {
+      double t = 0;
+      for (int64_t b : candidates[c].blocks)
+        t += cost.computeSeconds(blockFlops.lookup(b));
+      best = freed / std::max(t, 1e-12), bestD = Decision::Recompute;
+    }
+    if (candidates[c].canOffload) {
+      std::vector<Decision> alone(n, Decision::Keep);
+      alone[c] = Decision::Offload;
+      double t = added(alone);
+      if (freed / std::max(t, 1e-12) > best && latencyOk(alone))
+        best = freed / std::max(t, 1e-12), bestD = Decision::Offload;
+    }
+    if (bestD != Decision::Keep)
+      moves.push_back({c, bestD, best});
+  }
+  llvm::stable_sort(moves, [](const Move &a, const Move &b) {
+    return a.score > b.score;
+  });
+  auto prefix = [&](size_t k) {
+    std::vector<Decision> d = current;
+    for (size_t i = 0; i < k; ++i)
+      d[moves[i].c] = moves[i].d;
+    return d;
+  };
+  size_t lo = 0, hi = moves.size();
+  if (simulate(prefix(hi)) <= usable) {
+    while (lo < hi) {
+      size_t mid = (lo + hi) / 2;
+      if (simulate(prefix(mid)) <= usable)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+  }
+  current = prefix(hi);
+}
+
+int64_t MemoryPlanner::Impl::greedy(std::vector<Decision> &current,
+                                    int64_t peak) const {
+  // The move that lowers the simulated peak most per added second, until the
+  // budget holds or no move lowers it.
+  const size_t n = candidates.size();
+  while (peak > usable) {
+    int bestC = -1;
+    Decision bestD = Decision::Keep;
+    double bestScore = -1;
+    int64_t bestPeak = peak;
+    double now = added(current);
+    for (size_t c = 0; c < n; ++c) {
+      if (current[c] != Decision::Keep)
+        continue;
+      for (Decision d : {Decision::Recompute, Decision::Offload}) {
+        if ((d == Decision::Recompute && !candidates[c].canRecompute) ||
+            (d == Decision::Offload && !candidates[c].canOffload))
+          continue;
+        std::vector<Decision> trial = current;
+        trial[c] = d;
+        if (d == Decision::Offload && !latencyOk(trial))
+          continue;
+        double dt = std::max(added(trial) - now, 1e-12);
+        int64_t p = simulate(trial);
+        int64_t gain = peak - p;
+        if (gain <= 0)
+          continue;
+        double score = double(gain) / dt;
+        if (score > bestScore)
+          bestScore = score, bestC = c, bestD = d, bestPeak = p;
+      }
+    }
+    if (bestC < 0)
+      break;
+    current[bestC] = bestD;
+    peak = bestPeak;
+  }
+  return peak;
+}
+
+void MemoryPlanner::Impl::prune(std::vector<Decision> &current) const {
+  // Drop what the budget does not need, costliest first; then swap a
+  // recompute for an offload (or back) where that is cheaper and still fits.
+  const size_t n = candidates.size();
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  auto costOf = [&](size_t c) {
+    std::vector<Decision> alone(n, Decision::Keep);
+    alone[c] = current[c];
+    return added(alone);
+  };
+  llvm::sort(order, [&](size_t a, size_t b) { return costOf(a) > costOf(b); });
+  for (size_t c : order) {
+    if (current[c] == Decision::Keep ||
+        (fixedRecompute && !candidates[c].blocks.empty()))
+      continue;
+    Decision was = current[c];
+    current[c] = Decision::Keep;
+    if (simulate(current) > usable)
+      current[c] = was;
+  }
+  for (size_t c : order) {
+    if (current[c] == Decision::Keep)
+      continue;
+    Decision other = current[c] == Decision::Recompute ? Decision::Offload
+                                                       : Decision::Recompute;
+    if ((other == Decision::Recompute && !candidates[c].canRecompute) ||
+        (other == Decision::Offload && !candidates[c].canOffload) ||
+        (fixedRecompute && !candidates[c].blocks.empty()))
+      continue;
+    std::vector<Decision> trial = current;
+    trial[c] = other;
+    if (latencyOk(trial) && simulate(trial) <= usable &&
+        added(trial) < added(current))
+      current = trial;
+  }
+}
+
+void MemoryPlanner::Impl::localSearch(std::vector<Decision> &current,
+                                      bool exhaustive) const {
+  // Any single change, then (on small instances) any pair of changes, that
+  // still fits and costs less; up to eight rounds.
+  const size_t n = candidates.size();
+  auto acceptable = [&](ArrayRef<Decision> trial) {
+    return latencyOk(trial) && simulate(trial) <= usable;
+  };
+  bool improved = true;
+  for (int round = 0; improved && round < 8; ++round) {
+    improved = false;
+    double now = added(current);
+    for (size_t c = 0; c < n && exhaustive; ++c)
+      for (Decision d : kAllDecisions) {
+        if (d == current[c] || !allowed(c, d))
+          continue;
+        std::vector<Decision> trial = current;
+        trial[c] = d;
+        double t = added(trial);
+        if (t < now && acceptable(trial))
+          current = trial, now = t, improved = true;
+      }
+    if (n > 24 || !exhaustive)
+      continue;
+    for (size_t a = 0; a < n; ++a)
+      for (size_t c = a + 1; c < n; ++c)
+        for (Decision da : kAllDecisions)
+          for (Decision dc : kAllDecisions) {
+            if ((da == current[a] && dc == current[c]) || !allowed(a, da) ||
+                !allowed(c, dc))
+              continue;
+            std::vector<Decision> trial = current;
+            trial[a] = da, trial[c] = dc;
+            double t = added(trial);
+            if (t < now && acceptable(trial))
+              current = trial, now = t, improved = true;
+          }
+  }
+}
+
 PlanResult MemoryPlanner::solve() {
   const auto &cands = impl->candidates;
   const size_t n = cands.size();
@@ -493,6 +723,7 @@ PlanResult MemoryPlanner::solve() {
   PlanResult result;
   result.candidates = cands;
 
+  // The baselines: keep everything; recompute every block.
   std::vector<Decision> keep(n, Decision::Keep);
   result.keepPeak = impl->simulate(keep);
   std::vector<Decision> uniform(n, Decision::Keep);
@@ -503,219 +734,32 @@ PlanResult MemoryPlanner::solve() {
   result.uniformSeconds = impl->added(uniform);
 
   // The smallest reachable peak: every candidate at its most frugal choice
-  // (tried one at a time on small instances; recompute where allowed, else
-  // offload, on large ones).
-  const bool exhaustiveMoves = n * size_t(impl->numOps) < 4000000;
-  std::vector<Decision> frugal(n, Decision::Keep);
-  for (size_t c = 0; c < n && !exhaustiveMoves; ++c)
-    frugal[c] = cands[c].canRecompute ? Decision::Recompute
-                : cands[c].canOffload ? Decision::Offload
-                                      : Decision::Keep;
-  for (size_t c = 0; c < n && exhaustiveMoves; ++c) {
-    int64_t best = INT64_MAX;
-    for (Decision d : {Decision::Keep, Decision::Recompute, Decision::Offload}) {
-      if ((d == Decision::Recompute && !cands[c].canRecompute) ||
-          (d == Decision::Offload && !cands[c].canOffload))
-        continue;
-      if (impl->fixedRecompute && !cands[c].blocks.empty() &&
-          d != Decision::Recompute)
-        continue;
-      std::vector<Decision> trial = frugal;
-      trial[c] = d;
-      if (d == Decision::Offload && !impl->latencyOk(trial))
-        continue;
-      int64_t p = impl->simulate(trial);
-      if (p < best) {
-        best = p;
-        frugal[c] = d;
-      }
-    }
-  }
-  result.minimalPeak = impl->simulate(frugal);
+  // (tried one at a time on small instances).
+  const bool exhaustive = n * size_t(impl->numOps) < 4000000;
+  result.minimalPeak = impl->simulate(impl->frugal(exhaustive));
 
+  // From everything kept (or the uniform policy's recompute) to a plan
+  // that fits: the ranked prefix on large instances, greedy moves on small.
   std::vector<Decision> current(n, Decision::Keep);
   if (impl->fixedRecompute)
-    for (size_t c = 0; c < n; ++c)
-      if (!cands[c].blocks.empty())
-        current[c] = Decision::Recompute;
+    current = uniform;
   int64_t peak = impl->simulate(current);
   const int64_t budget = impl->usable;
-
-  // Large instances: rank each candidate's move by the bytes it frees per
-  // second it costs (alone), then take the shortest prefix of that ranking
-  // whose simulated peak fits — a binary search, a dozen simulations.
-  if (!exhaustiveMoves && peak > budget) {
-    struct Move {
-      size_t c;
-      Decision d;
-      double score;
-    };
-    std::vector<Move> moves;
-    for (size_t c = 0; c < n; ++c) {
-      if (current[c] != Decision::Keep || impl->candOffloadBytes[c] == 0)
-        continue;
-      double freed = double(impl->candOffloadBytes[c]);
-      double best = -1;
-      Decision bestD = Decision::Keep;
-      if (cands[c].canRecompute) {
-        double t = 0;
-        for (int64_t b : cands[c].blocks)
-          t += impl->cost.computeSeconds(impl->blockFlops.lookup(b));
-        best = freed / std::max(t, 1e-12), bestD = Decision::Recompute;
-      }
-      if (cands[c].canOffload) {
-        std::vector<Decision> alone(n, Decision::Keep);
-        alone[c] = Decision::Offload;
-        double t = impl->added(alone);
-        if (freed / std::max(t, 1e-12) > best && impl->latencyOk(alone))
-          best = freed / std::max(t, 1e-12), bestD = Decision::Offload;
-      }
-      if (bestD != Decision::Keep)
-        moves.push_back({c, bestD, best});
-    }
-    llvm::stable_sort(moves, [](const Move &a, const Move &b) {
-      return a.score > b.score;
-    });
-    auto prefix = [&](size_t k) {
-      std::vector<Decision> d = current;
-      for (size_t i = 0; i < k; ++i)
-        d[moves[i].c] = moves[i].d;
-      return d;
-    };
-    size_t lo = 0, hi = moves.size();
-    if (impl->simulate(prefix(hi)) <= budget) {
-      while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (impl->simulate(prefix(mid)) <= budget)
-          hi = mid;
-        else
-          lo = mid + 1;
-      }
-    }
-    current = prefix(hi);
+  if (!exhaustive && peak > budget) {
+    impl->rankedPrefix(current);
     peak = impl->simulate(current);
   }
-
-  // Greedy: the move that lowers the simulated peak most per added second.
-  while (exhaustiveMoves && peak > budget) {
-    int bestC = -1;
-    Decision bestD = Decision::Keep;
-    double bestScore = -1;
-    int64_t bestPeak = peak;
-    double now = impl->added(current);
-    for (size_t c = 0; c < n; ++c) {
-      if (current[c] != Decision::Keep)
-        continue;
-      for (Decision d : {Decision::Recompute, Decision::Offload}) {
-        if ((d == Decision::Recompute && !cands[c].canRecompute) ||
-            (d == Decision::Offload && !cands[c].canOffload))
-          continue;
-        std::vector<Decision> trial = current;
-        trial[c] = d;
-        if (d == Decision::Offload && !impl->latencyOk(trial))
-          continue;
-        double dt = std::max(impl->added(trial) - now, 1e-12);
-        int64_t p = impl->simulate(trial);
-        int64_t gain = peak - p;
-        if (gain <= 0)
-          continue;
-        double score = double(gain) / dt;
-        if (score > bestScore) {
-          bestScore = score, bestC = c, bestD = d, bestPeak = p;
-        }
-      }
-    }
-    if (bestC < 0)
-      break;
-    current[bestC] = bestD;
-    peak = bestPeak;
-  }
+  if (exhaustive)
+    peak = impl->greedy(current, peak);
   // Moves one at a time from everything kept can end lower than the
   // frugal estimate above: the smallest peak reported is the lower.
   result.minimalPeak = std::min(result.minimalPeak, peak);
 
-  // Prune what the budget does not need, costliest first; then swap a
-  // recompute for an offload (or back) where that is cheaper and still fits.
-  if (peak <= budget && exhaustiveMoves) {
-    std::vector<size_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    auto costOf = [&](size_t c) {
-      std::vector<Decision> alone(n, Decision::Keep);
-      alone[c] = current[c];
-      return impl->added(alone);
-    };
-    llvm::sort(order, [&](size_t a, size_t b) { return costOf(a) > costOf(b); });
-    for (size_t c : order) {
-      if (current[c] == Decision::Keep ||
-          (impl->fixedRecompute && !cands[c].blocks.empty()))
-        continue;
-      Decision was = current[c];
-      current[c] = Decision::Keep;
-      if (impl->simulate(current) > budget)
-        current[c] = was;
-    }
-    for (size_t c : order) {
-      if (current[c] == Decision::Keep)
-        continue;
-      Decision other = current[c] == Decision::Recompute ? Decision::Offload
-                                                         : Decision::Recompute;
-      if ((other == Decision::Recompute && !cands[c].canRecompute) ||
-          (other == Decision::Offload && !cands[c].canOffload) ||
-          (impl->fixedRecompute && !cands[c].blocks.empty()))
-        continue;
-      std::vector<Decision> trial = current;
-      trial[c] = other;
-      if (impl->latencyOk(trial) && impl->simulate(trial) <= budget &&
-          impl->added(trial) < impl->added(current))
-        current = trial;
-    }
-  }
-  // Local search: any single change, then (on small instances) any pair of
-  // changes, that still fits and costs less.
-  if (peak <= budget || impl->simulate(current) <= budget) {
-    auto allowed = [&](size_t c, Decision d) {
-      if (impl->fixedRecompute && !cands[c].blocks.empty())
-        return d == Decision::Recompute;
-      return d == Decision::Keep ||
-             (d == Decision::Recompute && cands[c].canRecompute) ||
-             (d == Decision::Offload && cands[c].canOffload);
-    };
-    auto acceptable = [&](ArrayRef<Decision> trial) {
-      return impl->latencyOk(trial) && impl->simulate(trial) <= budget;
-    };
-    const Decision all[] = {Decision::Keep, Decision::Recompute,
-                            Decision::Offload};
-    bool improved = true;
-    for (int round = 0; improved && round < 8; ++round) {
-      improved = false;
-      double now = impl->added(current);
-      for (size_t c = 0; c < n && exhaustiveMoves; ++c)
-        for (Decision d : all) {
-          if (d == current[c] || !allowed(c, d))
-            continue;
-          std::vector<Decision> trial = current;
-          trial[c] = d;
-          double t = impl->added(trial);
-          if (t < now && acceptable(trial))
-            current = trial, now = t, improved = true;
-        }
-      if (n > 24 || !exhaustiveMoves)
-        continue;
-      for (size_t a = 0; a < n; ++a)
-        for (size_t c = a + 1; c < n; ++c)
-          for (Decision da : all)
-            for (Decision dc : all) {
-              if ((da == current[a] && dc == current[c]) || !allowed(a, da) ||
-                  !allowed(c, dc))
-                continue;
-              std::vector<Decision> trial = current;
-              trial[a] = da, trial[c] = dc;
-              double t = impl->added(trial);
-              if (t < now && acceptable(trial))
-                current = trial, now = t, improved = true;
-            }
-    }
-  }
+  // Then cheaper: prune, swap, search locally.
+  if (peak <= budget && exhaustive)
+    impl->prune(current);
+  if (peak <= budget || impl->simulate(current) <= budget)
+    impl->localSearch(current, exhaustive);
   result.decisions = current;
   finish(*this, result, regionsOf);
   return result;
