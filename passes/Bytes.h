@@ -2,9 +2,8 @@
 //
 // The one format for byte counts in what the compiler side prints: `mtpc
 // plan`'s report and plan file summary, `mtpc check`, the planner's
-// diagnostics and the `mtpc report` page. (The runtime is a LibTorch project
-// that does not link LLVM or these libraries: runtime/src/Driver.cpp keeps
-// its own for its progress line and memory messages.)
+// diagnostics and the `mtpc report` page: mtprt/Format.h's, which the
+// runtime's messages share, with two decimals.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,7 +14,7 @@
 
 namespace mtp {
 
-/// 640 B, 12.00 MiB, 1.50 GiB: binary units up to TiB with two decimals;
+/// 640 B, 12.00 MiB, 1.50 GiB: binary units up to PiB with two decimals;
 /// under 1 KiB, whole bytes (a fraction is dropped). Taking a double serves
 /// both byte counts (int64_t, exact below 2^53) and measured values.
 std::string formatBytes(double bytes);

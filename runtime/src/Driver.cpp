@@ -1,6 +1,7 @@
 //===- Driver.cpp - the training program around a step --------------------===//
 
 #include "mtprt/Driver.h"
+#include "mtprt/Format.h"
 #include "mtprt/Limits.h"
 #include "mtprt/Memory.h"
 #include "mtprt/kernels/Specialized.h"
@@ -781,15 +782,7 @@ std::string nonFiniteParameter(TrainerCore &core) {
 }
 
 /// Bytes as a person reads them (B, KiB, ..., TiB).
-std::string sized(double bytes) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 5)
-    bytes /= 1024, ++u;
-  char buf[48];
-  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
-  return buf;
-}
+std::string sized(double bytes) { return formatBytes(bytes, 1); }
 
 /// The most CPU memory this process can have, and what sets it: the
 /// machine's physical memory, the cgroup's limit (as mounted: inside a
