@@ -9,9 +9,12 @@
 
 #include "mtprt/torch/Model.h"
 
+#include "Fixtures.h"
+
 #include <gtest/gtest.h>
 
 using namespace mtprt;
+using namespace fixtures;
 
 namespace {
 
@@ -21,14 +24,8 @@ TEST(Contract, ParametersOfTheTinyExample) {
   ModelConfig c;
   c.layers = 4, c.hidden = 64, c.heads = 4, c.ffn = 256, c.vocab = 512;
   c.seq = 32, c.dropout = 0.1;
-  std::vector<HeadConfig> heads(3);
-  heads[0] = {"pos", HeadKind::Tag, 2};
-  heads[0].classes = 12;
-  heads[1] = {"chunk", HeadKind::Tag, 2};
-  heads[1].classes = 8;
-  heads[2] = {"topic", HeadKind::Classify, 4};
-  heads[2].classes = 4;
-  Model m(c, heads);
+  Model m(c, {tagHead("pos", 2, 12), tagHead("chunk", 2, 8),
+              classifyHead("topic", 4, 4)});
   // `mtpc plan examples/00_tiny.mtp`: "240856 gradient values".
   EXPECT_EQ(m.numParameters(), 240856);
 }
@@ -39,12 +36,9 @@ TEST(Contract, ParametersOfADecoderHead) {
   ModelConfig c;
   c.layers = 2, c.hidden = 32, c.heads = 4, c.ffn = 64, c.vocab = 100;
   c.seq = 16;
-  std::vector<HeadConfig> heads(1);
-  heads[0] = {"mt", HeadKind::Decoder, 2};
-  heads[0].decoderLayers = 2;
-  heads[0].targetVocab = 50;
-  heads[0].targetSeq = 8;
-  Model m(c, heads);
+  HeadConfig mt = decoderHead("mt", 2, 50, 8);
+  mt.decoderLayers = 2;
+  Model m(c, {mt});
   // `mtpc plan` on that spec: "50162 gradient values".
   EXPECT_EQ(m.numParameters(), 50162);
 }

@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Fixtures.h"
 #include "MultiProcess.h"
 
 #include "mtprt/Memory.h"
@@ -22,15 +23,15 @@
 #include <cstdlib>
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <link.h>
 #include <fstream>
-#include <sstream>
+#include <link.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 
 using namespace mtprt;
+using namespace fixtures;
 
 namespace mtprt::detail {
 // runtime/src/DistributedGloo.cpp
@@ -213,15 +214,13 @@ TEST(Distributed, ASilentMasterIsOneLineAfterTheTimeout) {
     waitpid(pid, &st, 0);
     ADD_FAILURE() << "the rank did not give up";
   }
-  std::ifstream in(log);
-  std::stringstream out;
-  out << in.rdbuf();
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << out.str();
-  EXPECT_EQ(out.str(), std::string(MTPRT_DEMO) + ": error: " +
-                           "mtprt: rank 1 of 2 could not join the process "
-                           "group at " +
-                           where +
-                           ": no answer within the 2 s timeout (--timeout)\n");
+  const std::string out = readFile(log);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << out;
+  EXPECT_EQ(out, std::string(MTPRT_DEMO) + ": error: " +
+                     "mtprt: rank 1 of 2 could not join the process "
+                     "group at " +
+                     where +
+                     ": no answer within the 2 s timeout (--timeout)\n");
   master.kill(); // SIGKILL ends a stopped process too
 }
 
@@ -320,25 +319,6 @@ namespace {
 
 constexpr int64_t kGlobalBatch = 16, kSteps = 40;
 
-std::vector<HeadConfig> trainHeads() {
-  HeadConfig cls{"cls", HeadKind::Classify, 1};
-  cls.classes = 4;
-  HeadConfig tag{"tag", HeadKind::Tag, 2};
-  tag.classes = 6;
-  return {cls, tag};
-}
-
-ModelConfig trainModel() {
-  ModelConfig m;
-  m.vocab = 32;
-  m.seq = 8;
-  m.layers = 2;
-  m.hidden = 16;
-  m.heads = 2;
-  m.ffn = 32;
-  return m;
-}
-
 /// Trains on rows [rank·B/W, (rank+1)·B/W) of each step's global batch;
 /// returns the final model's mean task loss on a fixed evaluation batch, and
 /// the last step's bytes.
@@ -348,7 +328,7 @@ std::vector<double> trainShard(Communicator *comm, bool compress) {
   TrainConfig tc;
   tc.gate = false; // α uniform on every rank (the gate is per process)
   tc.backboneLr.lr = 3e-3;
-  TrainerCore core(trainModel(), trainHeads(), tc);
+  TrainerCore core(tinyModel(), twoHeads(), tc);
   GradExchange ex(comm, compress);
   GradExchange::Result last;
   core.beforeUpdate = [&](StepStats &) {

@@ -15,8 +15,8 @@
 #include "mtprt/torch/Data.h"
 #include "mtprt/torch/GradPipeline.h"
 
+#include "Fixtures.h"
 #include "MultiProcess.h"
-
 #include "Sanitizers.h"
 
 #include <gtest/gtest.h>
@@ -31,115 +31,27 @@
 #include <pty.h>
 #include <sstream>
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 
-extern char **environ;
-
 using namespace mtprt;
+using namespace fixtures;
 
 namespace {
-
-std::string readFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
 
 bool exists(const std::string &path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
 }
 
-/// A temporary directory, removed (one level deep plus subdirectories one
-/// level) at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string t = "/tmp/mtprt-driver-XXXXXX";
-    path = mkdtemp(t.data());
-  }
-  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
-};
-
-/// The demo as a child process; output (stdout + stderr) to a file.
-struct Child {
-  pid_t pid = -1;
-  std::string out;
-  int rc = -1;
-
-  /// `addressSpace` > 0: the child runs under that RLIMIT_AS (bytes), so a
-  /// reader that allocates without bound fails instead of exhausting the
-  /// machine.
-  Child(const std::vector<std::string> &args, const std::string &outFile,
-        const std::vector<std::string> &env = {}, uint64_t addressSpace = 0)
-      : out(outFile) {
-    std::vector<std::string> av = {MTPRT_DEMO, "--threads", "1", "--progress",
-                                   "plain"};
-    av.insert(av.end(), args.begin(), args.end());
-    std::vector<char *> avp;
-    for (std::string &s : av)
-      avp.push_back(s.data());
-    avp.push_back(nullptr);
-    std::vector<std::string> ev;
-    for (char **e = environ; *e; ++e)
-      ev.push_back(*e);
-    ev.insert(ev.end(), env.begin(), env.end());
-    std::vector<char *> evp;
-    for (std::string &s : ev)
-      evp.push_back(s.data());
-    evp.push_back(nullptr);
-    const int fd = ::open(outFile.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    pid = fork();
-    if (pid == 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      if (addressSpace && !kAddressSanitizer) {
-        rlimit r{addressSpace, addressSpace};
-        setrlimit(RLIMIT_AS, &r);
-      }
-      execve(avp[0], avp.data(), evp.data());
-      _exit(127);
-    }
-    ::close(fd);
-  }
-  ~Child() { kill(SIGKILL); }
-
-  void kill(int sig) {
-    if (pid > 0) {
-      ::kill(pid, sig);
-      if (sig == SIGKILL) {
-        waitpid(pid, nullptr, 0);
-        pid = -1;
-      }
-    }
-  }
-  /// Waits up to timeoutS; returns the exit code (-1 killed on timeout).
-  int wait(int timeoutS = 60) {
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::seconds(timeoutS * kTimeScale);
-    while (pid > 0) {
-      int st = 0;
-      if (waitpid(pid, &st, WNOHANG) == pid) {
-        pid = -1;
-        rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        break;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(SIGKILL);
-        rc = -1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return rc;
-  }
-  std::string output() const { return readFile(out); }
-};
+/// mtprt-demo's command line: `args` after the flags every test gives it.
+std::vector<std::string> demo(std::vector<std::string> args) {
+  args.insert(args.begin(),
+              {MTPRT_DEMO, "--threads", "1", "--progress", "plain"});
+  return args;
+}
 
 /// The demo needs about 3 GiB of address space (LibTorch's mappings).
 constexpr uint64_t kDemoAddressSpace = uint64_t(4) << 30;
@@ -147,7 +59,7 @@ constexpr uint64_t kDemoAddressSpace = uint64_t(4) << 30;
 int run(const std::vector<std::string> &args, const TempDir &dir,
         std::string *output = nullptr,
         const std::vector<std::string> &env = {}, uint64_t addressSpace = 0) {
-  Child c(args, dir.path + "/out.txt", env, addressSpace);
+  Child c(demo(args), dir.path + "/out.txt", env, addressSpace);
   const int rc = c.wait(90);
   if (output)
     *output = c.output();
@@ -191,16 +103,8 @@ void expectSameParameters(const std::string &a, const std::string &b) {
 // A small two-task program; the tests set its step.
 Program twoTaskProgram() {
   Program p;
-  p.model.vocab = 32;
-  p.model.seq = 8;
-  p.model.hidden = 16;
-  p.model.heads = 2;
-  p.model.ffn = 32;
-  HeadConfig cls{"cls", HeadKind::Classify, 1};
-  cls.classes = 4;
-  HeadConfig tag{"tag", HeadKind::Tag, 2};
-  tag.classes = 6;
-  p.heads = {cls, tag};
+  p.model = tinyModel();
+  p.heads = twoHeads();
   p.batchSize = 8;
   return p;
 }
@@ -410,9 +314,9 @@ TEST(Driver, KilledInsideACheckpointWriteResumesFromThePreviousOne) {
   TempDir d;
   const std::string c = d.path + "/c";
   {
-    Child child(
-        {"--steps", "20", "--checkpoint-dir", c, "--checkpoint-every", "5"},
-        d.path + "/out.txt", {"MTPRT_TEST_PAUSE_IN_CHECKPOINT=10"});
+    Child child(demo({"--steps", "20", "--checkpoint-dir", c,
+                      "--checkpoint-every", "5"}),
+                d.path + "/out.txt", {"MTPRT_TEST_PAUSE_IN_CHECKPOINT=10"});
     ASSERT_TRUE(waitFor(c + "/paused", 60)) << child.output();
     child.kill(SIGKILL);
   }
@@ -444,8 +348,9 @@ TEST(Driver, KilledInsideACheckpointWriteResumesFromThePreviousOne) {
 TEST(Driver, CtrlCSavesACheckpointAndExits) {
   TempDir d;
   const std::string c = d.path + "/c", m = d.path + "/m.jsonl";
-  Child child({"--steps", "1000000", "--checkpoint-dir", c, "--metrics", m},
-              d.path + "/out.txt");
+  Child child(
+      demo({"--steps", "1000000", "--checkpoint-dir", c, "--metrics", m}),
+      d.path + "/out.txt");
   waitForStep2(m);
   child.kill(SIGINT);
   ASSERT_EQ(child.wait(60), 130) << child.output();
@@ -491,8 +396,8 @@ TEST(Driver, LiveProgressLineOnATerminal) {
 TEST(Driver, CtrlCToTheLauncherStopsEveryRankAtTheSameStep) {
   TempDir d;
   const std::string c = d.path + "/c", m = d.path + "/m.jsonl";
-  Child child({"--nproc", "2", "--steps", "1000000", "--checkpoint-dir", c,
-               "--metrics", m},
+  Child child(demo({"--nproc", "2", "--steps", "1000000", "--checkpoint-dir", c,
+                    "--metrics", m}),
               d.path + "/out.txt");
   waitForStep2(m);
   child.kill(SIGINT); // the launcher forwards it
@@ -600,13 +505,9 @@ TEST(Driver, UnitGrainStepProgramEqualsTheScheduledOne) {
     if (unit)
       q.step = unitGrain;
     q.schedule.regions = {{1, 2}};
-    std::vector<std::string> args = {
-        "prog", "--steps",          "3", "--threads", "1", "--progress",
-        "off",  "--checkpoint-dir", dir};
-    std::vector<char *> argv;
-    for (std::string &a : args)
-      argv.push_back(a.data());
-    return runDriver(static_cast<int>(argv.size()), argv.data(), q);
+    return runDriverWith({"prog", "--steps", "3", "--threads", "1",
+                          "--progress", "off", "--checkpoint-dir", dir},
+                         q);
   };
   ASSERT_EQ(runWith(true, d.path + "/unit"), 0);
   EXPECT_EQ(calls, 3);
@@ -625,27 +526,11 @@ TEST(Driver, UnitGrainStepProgramEqualsTheScheduledOne) {
 
 namespace {
 
-ModelConfig demoModel() {
-  ModelConfig m;
-  m.vocab = 32;
-  m.seq = 8;
-  return m;
-}
-
-std::vector<HeadConfig> demoHeads() {
-  HeadConfig cls{"cls", HeadKind::Classify, 1};
-  cls.classes = 4;
-  HeadConfig tag{"tag", HeadKind::Tag, 2};
-  tag.classes = 6;
-  HeadConfig qa{"qa", HeadKind::Span, 2};
-  return {cls, tag, qa};
-}
-
 std::string loadError(const std::string &dir, const std::string &text) {
   const std::string path = dir + "/bad.jsonl";
   std::ofstream(path) << text;
   try {
-    loadJsonLines(path, demoModel(), demoHeads());
+    loadJsonLines(path, tinyModel(), demoHeads());
   } catch (const std::runtime_error &e) {
     return e.what();
   }
@@ -655,7 +540,7 @@ std::string loadError(const std::string &dir, const std::string &text) {
 } // namespace
 
 TEST(Data, LoadsTheShippedSample) {
-  auto src = loadJsonLines(MTPRT_EXAMPLES_DIR "/data/sample.jsonl", demoModel(),
+  auto src = loadJsonLines(MTPRT_EXAMPLES_DIR "/data/sample.jsonl", tinyModel(),
                            demoHeads());
   EXPECT_EQ(src->size(), 24);
   Batch b = src->batch(0, 4);
@@ -708,9 +593,9 @@ TEST(Data, BinaryShardRoundTripsAndRejectsBadFiles) {
   TempDir d;
   const std::string jsonl = MTPRT_EXAMPLES_DIR "/data/sample.jsonl";
   const std::string shard = d.path + "/sample.shard";
-  writeShard(jsonl, shard, demoModel(), demoHeads());
-  auto a = loadJsonLines(jsonl, demoModel(), demoHeads());
-  auto b = loadData(shard, demoModel(), demoHeads()); // found by its magic
+  writeShard(jsonl, shard, tinyModel(), demoHeads());
+  auto a = loadJsonLines(jsonl, tinyModel(), demoHeads());
+  auto b = loadData(shard, tinyModel(), demoHeads()); // found by its magic
   ASSERT_EQ(b->size(), 24);
   for (int64_t pos : {0, 1, 5}) {
     Batch x = a->batch(pos, 4), y = b->batch(pos, 4);
@@ -726,14 +611,14 @@ TEST(Data, BinaryShardRoundTripsAndRejectsBadFiles) {
   std::ofstream(d.path + "/cut.shard", std::ios::binary)
       << bytes.substr(0, bytes.size() - 10);
   try {
-    loadShard(d.path + "/cut.shard", demoModel(), demoHeads());
+    loadShard(d.path + "/cut.shard", tinyModel(), demoHeads());
     ADD_FAILURE() << "a truncated shard loaded";
   } catch (const std::runtime_error &e) {
     EXPECT_EQ(std::string(e.what()), "mtprt: data file " + d.path +
                                          "/cut.shard: truncated in task qa");
   }
   // A model with a smaller vocabulary: the record and field are named.
-  ModelConfig small = demoModel();
+  ModelConfig small = tinyModel();
   small.vocab = 8;
   try {
     loadShard(shard, small, demoHeads());
@@ -757,7 +642,7 @@ TEST(Data, BadFilesStopTheProgramWithTheirErrorNotASignal) {
                     bad = d.path + "/bad.shard";
   std::ofstream(nested) << "{\"tokens\": " << std::string(30000, '[') << "\n";
   std::ofstream(hex) << R"({"tokens": [0x10, 1, 2, 3, 4, 5, 6, 7]})" << "\n";
-  writeShard(MTPRT_EXAMPLES_DIR "/data/sample.jsonl", shard, demoModel(),
+  writeShard(MTPRT_EXAMPLES_DIR "/data/sample.jsonl", shard, tinyModel(),
              demoHeads());
   {
     std::string b = readFile(shard);
@@ -795,17 +680,16 @@ TEST(Data, BadFilesStopTheProgramWithTheirErrorNotASignal) {
 }
 
 TEST(Data, SyntheticIsSeededAndRelatednessControlsSharing) {
-  HeadConfig a{"a", HeadKind::Classify, 1}, b{"b", HeadKind::Classify, 1};
-  a.classes = b.classes = 4;
+  const HeadConfig a = classifyHead("a", 1, 4), b = classifyHead("b", 1, 4);
   auto agreement = [&](double r) {
-    auto src = syntheticData(demoModel(), {a, b}, 3, r);
+    auto src = syntheticData(tinyModel(), {a, b}, 3, r);
     Batch x = src->batch(0, 4000);
     return x.labels[0].eq(x.labels[1]).to(at::kDouble).mean().item<double>();
   };
   EXPECT_EQ(agreement(1.0), 1.0);          // same feature, same labels
   EXPECT_NEAR(agreement(0.0), 0.25, 0.03); // independent features: chance
   EXPECT_NEAR(agreement(0.5), 0.25 + 0.75 * 0.25, 0.04); // both shared: 1/4
-  auto s = syntheticData(demoModel(), demoHeads(), 5, 0.5);
+  auto s = syntheticData(tinyModel(), demoHeads(), 5, 0.5);
   EXPECT_TRUE(at::equal(s->batch(7, 8).tokens, s->batch(7, 8).tokens));
   EXPECT_FALSE(at::equal(s->batch(7, 8).tokens, s->batch(8, 8).tokens));
 }
@@ -848,12 +732,10 @@ TEST(Recalibration, TheDriverLogsTheEventOnlyWhenTheRuleHolds) {
   };
   TempDir d;
   const std::string m = d.path + "/m.jsonl";
-  std::vector<std::string> args = {"prog", "--steps", "4", "--threads", "1",
-                                    "--progress", "off", "--metrics", m};
-  std::vector<char *> argv;
-  for (std::string &a : args)
-    argv.push_back(a.data());
-  ASSERT_EQ(runDriver(static_cast<int>(argv.size()), argv.data(), p), 0);
+  ASSERT_EQ(runDriverWith({"prog", "--steps", "4", "--threads", "1",
+                           "--progress", "off", "--metrics", m},
+                          p),
+            0);
   std::istringstream in(readFile(m));
   std::string line;
   std::vector<std::string> events;
@@ -894,36 +776,12 @@ TEST(Recalibration, ResetPutsTheGateBackToItsInitialState) {
 
 namespace {
 
-/// Runs `fn` with this process's stdout and stderr going to `file`.
-template <typename Fn> int captured(const std::string &file, Fn fn) {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  const int out = dup(1), err = dup(2);
-  dup2(fd, 1);
-  dup2(fd, 2);
-  ::close(fd);
-  const int rc = fn();
-  std::fflush(stdout);
-  std::fflush(stderr);
-  dup2(out, 1);
-  dup2(err, 2);
-  ::close(out);
-  ::close(err);
-  return rc;
-}
-
 /// runDriver in this process, its output in `*output`.
 int runInProcess(const Program &p, std::vector<std::string> args,
                  const TempDir &d, std::string *output) {
   args.insert(args.begin(), {"prog", "--threads", "1", "--progress", "off"});
-  std::vector<char *> argv;
-  for (std::string &a : args)
-    argv.push_back(a.data());
   const std::string file = d.path + "/inprocess.txt";
-  const int rc = captured(file, [&] {
-    return runDriver(static_cast<int>(argv.size()), argv.data(), p);
-  });
+  const int rc = captured(file, [&] { return runDriverWith(args, p); });
   *output = readFile(file);
   return rc;
 }
@@ -1143,10 +1001,10 @@ std::pair<pid_t, pid_t> ranksOf(pid_t launcher) {
 TEST(Hardening, TheLauncherNamesADeadRankAndStopsTheOthers) {
   TempDir d;
   const std::string m = d.path + "/m.jsonl";
-  Child child({"--nproc", "2", "--steps", "1000000", "--metrics", m},
+  Child child(demo({"--nproc", "2", "--steps", "1000000", "--metrics", m}),
               d.path + "/out.txt");
   ASSERT_TRUE(waitForStep2(m)) << child.output();
-  const auto [r0, r1] = ranksOf(child.pid);
+  const auto [r0, r1] = ranksOf(child.pid());
   ASSERT_GT(r0, 0);
   ASSERT_GT(r1, 0);
   ASSERT_EQ(::kill(r1, SIGKILL), 0);
@@ -1166,10 +1024,10 @@ TEST(Hardening, RanksDieWithTheirLauncher) {
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   TempDir d;
   const std::string m = d.path + "/m.jsonl";
-  Child child({"--nproc", "2", "--steps", "1000000", "--metrics", m},
+  Child child(demo({"--nproc", "2", "--steps", "1000000", "--metrics", m}),
               d.path + "/out.txt");
   ASSERT_TRUE(waitForStep2(m)) << child.output();
-  const auto [r0, r1] = ranksOf(child.pid);
+  const auto [r0, r1] = ranksOf(child.pid());
   ASSERT_GT(r0, 0);
   ASSERT_GT(r1, 0);
   child.kill(SIGKILL); // (before: both ranks trained on at full CPU)
@@ -1181,14 +1039,14 @@ TEST(Hardening, ARankNoticesAStoppedLauncher) {
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   TempDir d;
   const std::string m = d.path + "/m.jsonl";
-  Child child(
-      {"--nproc", "2", "--steps", "1000000", "--metrics", m, "--timeout", "3"},
-      d.path + "/out.txt");
+  Child child(demo({"--nproc", "2", "--steps", "1000000", "--metrics", m,
+                    "--timeout", "3"}),
+              d.path + "/out.txt");
   ASSERT_TRUE(waitForStep2(m)) << child.output();
-  const auto [r0, r1] = ranksOf(child.pid);
+  const auto [r0, r1] = ranksOf(child.pid());
   ASSERT_GT(r0, 0);
   ASSERT_GT(r1, 0);
-  const pid_t launcher = child.pid;
+  const pid_t launcher = child.pid();
   ASSERT_EQ(::kill(launcher, SIGSTOP), 0); // alive, answering nothing
   EXPECT_TRUE(waitUntil([&] { return !mp::alive(r0) || !mp::alive(r1); }, 60))
       << child.output();

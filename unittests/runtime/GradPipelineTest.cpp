@@ -5,6 +5,8 @@
 #include "mtprt/kernels/GradFuse.h"
 #include "mtprt/torch/Trainer.h"
 
+#include "Fixtures.h"
+
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -14,6 +16,7 @@
 #include <sstream>
 
 using namespace mtprt;
+using namespace fixtures;
 
 namespace {
 
@@ -217,26 +220,16 @@ TEST(Gate, ConflictingTaskLosesWeightWithinTwentySteps) {
 //===--- Through the trainer ----------------------------------------------===//
 
 ModelConfig smallModel() {
-  ModelConfig c;
+  ModelConfig c = tinyModel();
   c.vocab = 40;
   c.seq = 10;
   c.layers = 3;
-  c.hidden = 16;
-  c.heads = 2;
-  c.ffn = 32;
-  c.dropout = 0.0;
   c.seed = 3;
   return c;
 }
 
 std::vector<HeadConfig> threeHeads() {
-  std::vector<HeadConfig> h(3);
-  h[0] = {"cls", HeadKind::Classify, 2};
-  h[0].classes = 4;
-  h[1] = {"tag", HeadKind::Tag, 3};
-  h[1].classes = 5;
-  h[2] = {"span", HeadKind::Span, 3};
-  return h;
+  return {classifyHead("cls", 2, 4), tagHead("tag", 3, 5), spanHead("span", 3)};
 }
 
 TEST(Pipeline, FeaturesScopeFusesAlphaWeightedProcessedTapGradients) {

@@ -4,6 +4,8 @@
 #include "mtprt/Memory.h"
 #include "mtprt/torch/Regions.h"
 
+#include "Fixtures.h"
+
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -12,33 +14,23 @@
 #include <stdexcept>
 
 using namespace mtprt;
+using namespace fixtures;
 
 namespace {
 
 ModelConfig tinyConfig(double dropout) {
-  ModelConfig c;
+  ModelConfig c = tinyModel();
   c.vocab = 50;
   c.seq = 12;
   c.layers = 3;
-  c.hidden = 16;
-  c.heads = 2;
-  c.ffn = 32;
   c.dropout = dropout;
   c.seed = 7;
   return c;
 }
 
 std::vector<HeadConfig> allHeads() {
-  std::vector<HeadConfig> h(4);
-  h[0] = {"cls", HeadKind::Classify, 1};
-  h[0].classes = 3;
-  h[1] = {"tag", HeadKind::Tag, 3};
-  h[1].classes = 5;
-  h[2] = {"span", HeadKind::Span, 2};
-  h[3] = {"gen", HeadKind::Decoder, 3};
-  h[3].targetSeq = 6;
-  h[3].targetVocab = 20;
-  return h;
+  return {classifyHead("cls", 1, 3), tagHead("tag", 3, 5), spanHead("span", 2),
+          decoderHead("gen", 3, 20, 6)};
 }
 
 /// Sum of every head's loss, with the backbone run as `regions` (each a
@@ -258,10 +250,7 @@ TEST(Model, Bf16SavedBytesPerUnitMatchTheContract) {
   installCpuMemoryTracking();
   ModelConfig c = tinyConfig(0.1);
   c.layers = 1;
-  std::vector<HeadConfig> heads(1);
-  heads[0] = {"tag", HeadKind::Tag, 1};
-  heads[0].classes = 5;
-  Model m(c, heads);
+  Model m(c, {tagHead("tag", 1, 5)});
   const int64_t B = 4, S = c.seq, H = c.hidden, nh = c.heads, F = c.ffn, C = 5;
   Batch b = m.syntheticBatch(B, 1);
   at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);

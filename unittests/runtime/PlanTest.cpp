@@ -8,18 +8,15 @@
 
 #include "schema/plan_generated.h"
 
-#include "Sanitizers.h"
+#include "Fixtures.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <dirent.h>
-#include <fcntl.h>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -27,11 +24,9 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <sys/wait.h>
-#include <thread>
-#include <unistd.h>
 
 using namespace mtprt;
+using namespace fixtures;
 namespace fb = mtp::fb;
 
 namespace {
@@ -556,22 +551,6 @@ std::string build(const PlanFields &f) {
   return framePlan(b.GetBufferPointer(), b.GetSize());
 }
 
-std::string slurp(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-struct Scratch {
-  std::string path;
-  Scratch() {
-    std::string t = "/tmp/mtprt-plan-XXXXXX";
-    path = mkdtemp(t.data());
-  }
-  ~Scratch() { std::system(("rm -rf '" + path + "'").c_str()); }
-};
-
 /// The JSON value after `key` in a metrics record (an object or a number).
 std::string value(const std::string &line, const std::string &key) {
   const size_t at = line.find("\"" + key + "\":");
@@ -607,7 +586,7 @@ struct PlanRun {
   std::vector<std::pair<int64_t, int64_t>> regions; ///< the step's
 };
 
-PlanRun runPlan(const PlanFields &f, const Scratch &dir,
+PlanRun runPlan(const PlanFields &f, const TempDir &dir,
                 std::vector<std::string> args = {}) {
   static int n = 0;
   const std::string tag = std::to_string(n++);
@@ -617,35 +596,21 @@ PlanRun runPlan(const PlanFields &f, const Scratch &dir,
   { std::ofstream(planFile, std::ios::binary) << build(f); }
   PlanRun r;
   const std::string log = dir.path + "/out" + tag + ".txt";
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  const int out = dup(1), err = dup(2);
-  dup2(fd, 1);
-  dup2(fd, 2);
-  ::close(fd);
-  try {
-    Program p = programFromPlan(loadPlan(planFile));
-    r.regions = p.schedule.regions;
-    args.insert(args.begin(),
-                {"mtprt-run", "--threads", "1", "--progress", "off",
-                 "--metrics", metrics, "--checkpoint-dir", ckpt});
-    std::vector<char *> argv;
-    for (std::string &a : args)
-      argv.push_back(a.data());
-    r.rc = runDriver(static_cast<int>(argv.size()), argv.data(), p);
-  } catch (const std::exception &e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    r.rc = 1;
-  }
-  std::fflush(stdout);
-  std::fflush(stderr);
-  dup2(out, 1);
-  dup2(err, 2);
-  ::close(out);
-  ::close(err);
-  r.output = slurp(log);
-  r.metrics = slurp(metrics);
+  r.rc = captured(log, [&] {
+    try {
+      Program p = programFromPlan(loadPlan(planFile));
+      r.regions = p.schedule.regions;
+      args.insert(args.begin(),
+                  {"mtprt-run", "--threads", "1", "--progress", "off",
+                   "--metrics", metrics, "--checkpoint-dir", ckpt});
+      return runDriverWith(args, p);
+    } catch (const std::exception &e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 1;
+    }
+  });
+  r.output = readFile(log);
+  r.metrics = readFile(metrics);
   std::istringstream in(r.metrics);
   std::string line;
   while (std::getline(in, line)) {
@@ -698,7 +663,7 @@ struct Change {
 
 /// The fields of every table and struct of plan.fbs, as "Table.field".
 std::set<std::string> schemaFields() {
-  std::istringstream in(slurp(MTPRT_PLAN_SCHEMA));
+  std::istringstream in(readFile(MTPRT_PLAN_SCHEMA));
   std::set<std::string> out;
   std::string line, table;
   while (std::getline(in, line)) {
@@ -924,7 +889,7 @@ std::vector<Change> allChanges(const std::string &jsonl) {
 
 /// Runs the plan as written and once per change of a field of `table`.
 void checkTable(const std::string &table) {
-  Scratch dir;
+  TempDir dir;
   const std::string jsonl = dir.path + "/d.jsonl";
   writeData(jsonl);
   const PlanFields base;
@@ -1049,41 +1014,16 @@ namespace {
 /// `timeoutS`.
 int runTool(const std::vector<std::string> &args, const std::string &log,
             int timeoutS = 90) {
-  std::vector<std::string> av = {MTPRT_RUN, "--threads", "1", "--progress",
-                                 "off"};
-  av.insert(av.end(), args.begin(), args.end());
-  std::vector<char *> avp;
-  for (std::string &a : av)
-    avp.push_back(a.data());
-  avp.push_back(nullptr);
-  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fd, 1);
-    dup2(fd, 2);
-    // (Not the test's own MTPRT_RUN_PLAN: the child reads --plan.)
-    unsetenv("MTPRT_RUN_PLAN");
-    execv(avp[0], avp.data());
-    _exit(127);
-  }
-  ::close(fd);
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::seconds(timeoutS * kTimeScale);
-  int st = 0;
-  while (waitpid(pid, &st, WNOHANG) != pid) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  std::vector<std::string> argv = {MTPRT_RUN, "--threads", "1", "--progress",
+                                   "off"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  // (Not the test's own MTPRT_RUN_PLAN: the child reads --plan.)
+  return Child(argv, log, {}, 0, {"MTPRT_RUN_PLAN"}).wait(timeoutS);
 }
 
 /// The last metrics record's value of `key`.
 std::string lastValue(const std::string &metrics, const std::string &key) {
-  std::istringstream in(slurp(metrics));
+  std::istringstream in(readFile(metrics));
   std::string line, last;
   while (std::getline(in, line))
     if (line.find("\"event\"") == std::string::npos)
@@ -1110,7 +1050,7 @@ struct Exchanged {
 };
 
 /// The plan on two ranks: the last record's bytes, every record's losses.
-Exchanged exchange(const Scratch &dir, const PlanFields &f) {
+Exchanged exchange(const TempDir &dir, const PlanFields &f) {
   static int n = 0;
   const std::string tag = std::to_string(n++);
   const std::string plan = dir.path + "/p" + tag + ".mtpplan",
@@ -1119,10 +1059,10 @@ Exchanged exchange(const Scratch &dir, const PlanFields &f) {
   { std::ofstream(plan, std::ios::binary) << build(f); }
   Exchanged r;
   r.rc = runTool({"--plan", plan, "--nproc", "2", "--metrics", m}, log);
-  r.output = slurp(log);
+  r.output = readFile(log);
   r.sent = lastValue(m, "bytes_sent");
   r.full = lastValue(m, "bytes_sent_uncompressed");
-  std::istringstream in(slurp(m));
+  std::istringstream in(readFile(m));
   std::string line;
   while (std::getline(in, line))
     r.losses += value(line, "loss");
@@ -1134,7 +1074,7 @@ int64_t bytes(const std::string &v) { return std::atoll(v.c_str()); }
 } // namespace
 
 TEST(PlanFields, TheCollectiveAndItsTopkReachTheExchange) {
-  Scratch dir;
+  TempDir dir;
   PlanFields f = twoRanks();
   f.steps = 1;
   const Exchanged base = exchange(dir, f);
@@ -1154,7 +1094,7 @@ TEST(PlanFields, TheCollectiveAndItsTopkReachTheExchange) {
 }
 
 TEST(PlanFields, TheBlockAndTheDecayReachTheExchange) {
-  Scratch dir;
+  TempDir dir;
   // Three steps: the residual of step 1 feeds step 2's exchange, whose
   // update shows in step 3's losses.
   const Exchanged base = exchange(dir, twoRanks());
@@ -1174,7 +1114,7 @@ TEST(PlanFields, TheBlockAndTheDecayReachTheExchange) {
 }
 
 TEST(PlanFields, BitsOtherThanEightAreRefusedWhereTheyWouldRun) {
-  Scratch dir;
+  TempDir dir;
   PlanFields f = twoRanks();
   f.bits = 4;
   const Exchanged r = exchange(dir, f);
@@ -1196,7 +1136,7 @@ TEST(PlanFields, ANonFiniteLossOnOneRankStopsBothRanks) {
   // half of the second global batch: rank 1's loss is infinite, rank 0's
   // finite. The per-step all-reduce makes both ranks stop at step 2; rank 0
   // says so once; step 1's checkpoints stay.
-  Scratch dir;
+  TempDir dir;
   PlanFields f = twoRanks();
   f.collective = "none";
   f.steps = 10;
@@ -1220,7 +1160,7 @@ TEST(PlanFields, ANonFiniteLossOnOneRankStopsBothRanks) {
                      "--checkpoint-every", "1"},
                     log),
             1);
-  const std::string out = slurp(log);
+  const std::string out = readFile(log);
   const std::string said = ": error: step 2 of 10 (metrics \"step\": 1) is not "
                            "finite: task 'reg': loss not finite on another "
                            "rank";
@@ -1231,8 +1171,8 @@ TEST(PlanFields, ANonFiniteLossOnOneRankStopsBothRanks) {
       << out;
   for (int r = 0; r < 2; ++r) {
     const std::string rank = ".rank" + std::to_string(r) + ".ckpt";
-    EXPECT_EQ(slurp(c + "/step-000000001" + rank).substr(0, 12),
+    EXPECT_EQ(readFile(c + "/step-000000001" + rank).substr(0, 12),
               "MTPRTCKPT 1\n");
-    EXPECT_TRUE(slurp(c + "/step-000000002" + rank).empty()) << out;
+    EXPECT_TRUE(readFile(c + "/step-000000002" + rank).empty()) << out;
   }
 }

@@ -15,6 +15,7 @@
 #include "mtprt/Crc32.h"
 #include "mtprt/DataFormat.h"
 
+#include "Fixtures.h"
 #include "Sanitizers.h"
 
 #include <gtest/gtest.h>
@@ -30,6 +31,7 @@
 #include <unistd.h>
 
 using namespace mtprt;
+using namespace fixtures;
 
 namespace {
 
@@ -101,28 +103,13 @@ std::string fileError(const std::string &message) {
 // JSON Lines
 //===----------------------------------------------------------------------===//
 
-ModelConfig model() {
-  ModelConfig m;
-  m.vocab = 32;
-  m.seq = 8;
-  return m;
-}
-
 /// Every head kind: a class, a regression of 3 outputs, tags, a span, a
 /// decoder over a vocabulary of 10.
 std::vector<HeadConfig> heads() {
-  HeadConfig cls{"cls", HeadKind::Classify, 1};
-  cls.classes = 4;
-  HeadConfig reg{"reg", HeadKind::Classify, 1};
+  HeadConfig reg = classifyHead("reg", 1, 3);
   reg.loss = LossKind::Mse;
-  reg.classes = 3;
-  HeadConfig tag{"tag", HeadKind::Tag, 2};
-  tag.classes = 6;
-  HeadConfig qa{"qa", HeadKind::Span, 2};
-  HeadConfig gen{"gen", HeadKind::Decoder, 2};
-  gen.targetVocab = 10;
-  gen.targetSeq = 4;
-  return {cls, reg, tag, qa, gen};
+  return {classifyHead("cls", 1, 4), reg, tagHead("tag", 2, 6),
+          spanHead("qa", 2), decoderHead("gen", 2, 10, 4)};
 }
 
 const std::string kPath = "d.jsonl";
@@ -133,7 +120,7 @@ const std::string kRecord =
 
 Records readText(const std::string &text) {
   std::istringstream in(text);
-  return readJsonLines(in, kPath, model(), heads());
+  return readJsonLines(in, kPath, tinyModel(), heads());
 }
 
 /// The error reading `text` gives, in a limited child.
@@ -261,14 +248,14 @@ TEST(Readers, JsonLinesIsStrictJson) {
 TEST(Readers, JsonLinesLinesAreBounded) {
   // A file that is not one record per line: refused when the line passes the
   // model's bound, having stored no more than that.
-  const size_t limit = maxJsonLinesLineBytes(model(), heads());
+  const size_t limit = maxJsonLinesLineBytes(tinyModel(), heads());
   EXPECT_LT(limit, size_t(2) << 20);
   EXPECT_EQ(limited(
                 [&] {
                   std::string text = kRecord + "\n{\"tokens\": [" +
                                      std::string(limit, ' ');
                   std::istringstream in(text);
-                  readJsonLines(in, kPath, model(), heads());
+                  readJsonLines(in, kPath, tinyModel(), heads());
                 },
                 uint64_t(64) << 20),
             fileError("mtprt: data file " + kPath + ", line 2: longer than " +
@@ -283,13 +270,13 @@ TEST(Readers, JsonLinesLinesAreBounded) {
 
 std::string shardOf(const Records &r) {
   std::ostringstream out;
-  writeShard(out, r, "s.shard", model(), heads());
+  writeShard(out, r, "s.shard", tinyModel(), heads());
   return out.str();
 }
 
 Records readShardBytes(const std::string &bytes) {
   std::istringstream in(bytes);
-  return readShard(in, bytes.size(), "s.shard", model(), heads());
+  return readShard(in, bytes.size(), "s.shard", tinyModel(), heads());
 }
 
 std::string shardError(const std::string &bytes) {

@@ -4,6 +4,8 @@
 #include "mtprt/Memory.h"
 #include "mtprt/Runtime.h"
 
+#include "Fixtures.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +16,7 @@
 #include <cstdio>
 
 using namespace mtprt;
+using namespace fixtures;
 
 namespace {
 
@@ -38,14 +41,8 @@ ModelConfig memModel() {
 }
 
 std::vector<HeadConfig> memHeads() {
-  std::vector<HeadConfig> h(3);
-  h[0] = {"cls", HeadKind::Classify, 2};
-  h[0].classes = kCls;
-  h[1] = {"pos", HeadKind::Tag, 3};
-  h[1].classes = kPos;
-  h[2] = {"ner", HeadKind::Tag, 4};
-  h[2].classes = kNer;
-  return h;
+  return {classifyHead("cls", 2, kCls), tagHead("pos", 3, kPos),
+          tagHead("ner", 4, kNer)};
 }
 
 /// What LibTorch keeps for backward, from tensor sizes (docs/runtime.md,
@@ -179,28 +176,18 @@ TEST(MeasuredPeak, NoneRegionsAndOffloadMatchTheSavedTensorArithmetic) {
 //===--- Gradients through the schedules ----------------------------------===//
 
 ModelConfig small(double dropout) {
-  ModelConfig c;
+  ModelConfig c = tinyModel();
   c.vocab = 40;
   c.seq = 12;
   c.layers = 3;
-  c.hidden = 16;
-  c.heads = 2;
-  c.ffn = 32;
   c.dropout = dropout;
   c.seed = 5;
   return c;
 }
 
 std::vector<HeadConfig> threeTasks() {
-  std::vector<HeadConfig> h(3);
-  h[0] = {"cls", HeadKind::Classify, 1};
-  h[0].classes = 4;
-  h[1] = {"tag", HeadKind::Tag, 3};
-  h[1].classes = 6;
-  h[2] = {"gen", HeadKind::Decoder, 2};
-  h[2].targetSeq = 5;
-  h[2].targetVocab = 12;
-  return h;
+  return {classifyHead("cls", 1, 4), tagHead("tag", 3, 6),
+          decoderHead("gen", 2, 12, 5)};
 }
 
 std::vector<at::Tensor> gradsAfter(const Schedule &s, GradScope scope) {
@@ -550,12 +537,9 @@ TEST(Facade, StepStatsCarryPresenceAndTheTasksGradientNorms) {
   // What the driver's non-finite check reads, already on the host: each
   // task's loss and its processed gradient's norm (no extra sync).
   ModelConfig mc = small(0.0);
-  std::vector<HeadConfig> heads(2);
-  heads[0] = {"cls", HeadKind::Classify, 1};
-  heads[0].classes = 4;
-  heads[1] = {"reg", HeadKind::Classify, 3}; // the top layer: params scope too
-  heads[1].classes = 1;
-  heads[1].loss = LossKind::Mse;
+  HeadConfig reg = classifyHead("reg", 3, 1); // the top layer: params scope too
+  reg.loss = LossKind::Mse;
+  const std::vector<HeadConfig> heads = {classifyHead("cls", 1, 4), reg};
   const int64_t b = 2;
   std::vector<int64_t> tokens(b * mc.seq, 3), cls = {1, 2};
   for (GradScope scope :
