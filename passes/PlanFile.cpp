@@ -300,33 +300,23 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
   return llvm::Error::success();
 }
 
-// A verified plan's enums are in range (mtprt::readPlan checks them).
-llvm::StringRef mtp::planName(fb::Decision v) {
-  return stringifyDecision(static_cast<Decision>(v));
-}
-llvm::StringRef mtp::planName(fb::BackboneKind v) {
-  return stringifyBackboneKind(static_cast<BackboneKind>(v));
-}
-llvm::StringRef mtp::planName(fb::HeadKind v) {
-  return stringifyHeadKind(static_cast<HeadKind>(v));
-}
-llvm::StringRef mtp::planName(fb::LossKind v) {
-  return stringifyLossKind(static_cast<LossKind>(v));
-}
-llvm::StringRef mtp::planName(fb::ScheduleKind v) {
-  return stringifyScheduleKind(static_cast<ScheduleKind>(v));
-}
-llvm::StringRef mtp::planName(fb::Precision v) {
-  return stringifyPrecision(static_cast<Precision>(v));
-}
-llvm::StringRef mtp::planName(fb::UnitKind v) {
-  return stringifyUnitKind(static_cast<UnitKind>(v));
-}
+// A verified plan's enums are in range (mtprt::readPlan checks them), and
+// each is its ODS twin's value (the static_asserts above).
+#define MTP_PLAN_NAME(E)                                                       \
+  llvm::StringRef mtp::planName(fb::E v) {                                     \
+    return stringify##E(static_cast<E>(v));                                    \
+  }
+MTP_PLAN_NAME(Decision)
+MTP_PLAN_NAME(BackboneKind)
+MTP_PLAN_NAME(HeadKind)
+MTP_PLAN_NAME(LossKind)
+MTP_PLAN_NAME(ScheduleKind)
+MTP_PLAN_NAME(Precision)
+MTP_PLAN_NAME(UnitKind)
+MTP_PLAN_NAME(CollectivePolicy)
+#undef MTP_PLAN_NAME
 llvm::StringRef mtp::planName(fb::GradientScope v) {
   return v == fb::GradientScope::sum
              ? "sum"
              : stringifyGradientScope(static_cast<GradientScope>(v));
-}
-llvm::StringRef mtp::planName(fb::CollectivePolicy v) {
-  return stringifyCollectivePolicy(static_cast<CollectivePolicy>(v));
 }

@@ -248,9 +248,14 @@ void MemoryPlanner::Impl::build() {
   SmallVector<std::pair<int, int>> bwdGroups; // (start position, candidate)
   for (Operation &op : body) {
     int pos = position[&op];
+    // The units' and the gradient pipeline's compute time (the optimizer
+    // step runs after every transfer and is not counted).
     double fwdS = 0, bwdS = 0;
+    if (auto costly = dyn_cast<CostOpInterface>(&op);
+        costly && !isa<OptimizerStepOp>(op))
+      (isa<FwdOp>(op) ? fwdS : bwdS) =
+          cost.computeSeconds(costly.getFlopCount());
     if (auto fwd = dyn_cast<FwdOp>(&op)) {
-      fwdS = cost.computeSeconds(fwd.getFlops());
       int64_t b = getBlockNumber(fwd.getUnit(), fwd.getLayer());
       if (b > 0) {
         blockFlops[b] += fwd.getFlops();
@@ -259,7 +264,6 @@ void MemoryPlanner::Impl::build() {
           blockOutputBytes[b] = CostModel::bytes(fwd.getOutput().getType());
       }
     } else if (auto bwd = dyn_cast<BwdOp>(&op)) {
-      bwdS = cost.computeSeconds(bwd.getFlops());
       int64_t b = getBlockNumber(bwd.getUnit(), bwd.getLayer());
       if (b > 0) {
         if (!blockBwdStart.count(b))
@@ -273,8 +277,6 @@ void MemoryPlanner::Impl::build() {
           bwdGroups.push_back({pos, owner});
       }
     }
-    if (auto fuse = dyn_cast<FuseTaskGradsOp>(&op))
-      bwdS = cost.computeSeconds(fuse.getFlops());
     fwdSecondsBefore[pos + 1] = fwdSecondsBefore[pos] + fwdS;
     bwdSecondsBefore[pos + 1] = bwdSecondsBefore[pos] + bwdS;
   }
@@ -345,8 +347,9 @@ MemoryPlanner::Impl::regions(ArrayRef<Decision> decisions) const {
 }
 
 int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions) const {
-  StepTimeline::Live alive = timeline->live();
-  // Only the peak counts here, not its breakdown.
+  // Only the peak counts here, not its breakdown (one array, not two: this
+  // runs for every assignment the search tries).
+  StepTimeline::Live alive = timeline->live(/*breakdown=*/false);
   auto live = [&](int from, int to, int64_t bytes) {
     alive.add(from, to, bytes, /*forward=*/true);
   };

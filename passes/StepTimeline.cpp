@@ -55,7 +55,8 @@ StepTimeline::Peak StepTimeline::sweep(const Live &live, int64_t fuseWorkspace,
   auto arrival = gradientArrivals.begin();
   for (int p = 0, e = size(); p < e; ++p) {
     now.activations += live.activations[p];
-    now.activationGrads += live.activationGrads[p];
+    if (!live.activationGrads.empty())
+      now.activationGrads += live.activationGrads[p];
     for (; !later && arrival != gradientArrivals.end() && arrival->first == p;
          ++arrival)
       now.gradients += arrival->second;

@@ -45,18 +45,22 @@ public:
     void add(int from, int to, int64_t bytes, bool forward) {
       if (from > to)
         return;
-      std::vector<int64_t> &d = forward ? activations : activationGrads;
+      std::vector<int64_t> &d =
+          forward || activationGrads.empty() ? activations : activationGrads;
       d[from] += bytes;
       d[to + 1] -= bytes;
     }
 
   private:
     friend class StepTimeline;
-    explicit Live(int size)
-        : activations(size + 1, 0), activationGrads(size + 1, 0) {}
+    Live(int size, bool breakdown)
+        : activations(size + 1, 0), activationGrads(breakdown ? size + 1 : 0, 0) {}
+    /// Without a breakdown every value counts as an activation.
     std::vector<int64_t> activations, activationGrads;
   };
-  Live live() const { return Live(size()); }
+  /// `breakdown`: keep activations and activation gradients apart (the
+  /// analysis's report); the planner needs only the total.
+  Live live(bool breakdown = true) const { return Live(size(), breakdown); }
 
   struct Peak {
     int64_t bytes = 0;
