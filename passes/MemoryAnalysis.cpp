@@ -280,6 +280,9 @@ namespace {
 struct MemoryAnalysisPass
     : public mtp::impl::MemoryAnalysisBase<MemoryAnalysisPass> {
   using MemoryAnalysisBase::MemoryAnalysisBase;
+  explicit MemoryAnalysisPass(MemoryReportSink sink) : sink(std::move(sink)) {}
+  MemoryReportSink sink;
+
   void runOnOperation() override {
     ModelOp model = getOperation();
     StepOp step = model.getStep();
@@ -291,6 +294,8 @@ struct MemoryAnalysisPass
     }
     const MemoryReport &report = getAnalysis<StepMemoryAnalysis>().report;
     attachMemoryReport(step, report);
+    if (sink)
+      sink(model, report);
     // Attributes only: the analysis (and every other) still holds.
     markAllAnalysesPreserved();
     if (!print)
@@ -316,3 +321,7 @@ struct MemoryAnalysisPass
   }
 };
 } // namespace
+
+std::unique_ptr<mlir::Pass> mtp::createMemoryAnalysis(MemoryReportSink sink) {
+  return std::make_unique<MemoryAnalysisPass>(std::move(sink));
+}

@@ -9,6 +9,10 @@
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringMap.h"
 
+#include "mlir/Pass/Pass.h"
+
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,6 +79,15 @@ struct StepMemoryAnalysis {
       : report(analyzeMemory(llvm::cast<ModelOp>(model))) {}
   MemoryReport report;
 };
+
+/// Where the memory-analysis pass hands its report, so that a tool (mtpc)
+/// reads the analysis the pipeline computed instead of computing it again.
+/// Called once per analyzed model; may be called from pass-manager threads.
+using MemoryReportSink =
+    std::function<void(ModelOp, const MemoryReport &)>;
+
+/// The mtp-memory-analysis pass, handing each report to `sink` as well.
+std::unique_ptr<mlir::Pass> createMemoryAnalysis(MemoryReportSink sink);
 
 /// A fuse op's workspace is its transient before its results (the fused
 /// gradients) exist; counted on top of the live values at the op, which

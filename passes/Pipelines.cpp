@@ -9,16 +9,17 @@
 
 using namespace mlir;
 
-void mtp::buildCheckPipeline(OpPassManager &pm) {
+void mtp::buildCheckPipeline(OpPassManager &pm, MemoryReportSink sink) {
   OpPassManager &model = pm.nest<ModelOp>();
   model.addPass(createNormalizeSpec());
   model.addPass(createExpandTrainingStep());
   model.addPass(createFuseTaskGradients());
-  model.addPass(createMemoryAnalysis());
+  model.addPass(createMemoryAnalysis(std::move(sink)));
 }
 
 void mtp::buildPlanPipeline(OpPassManager &pm,
-                            const PlanPipelineOptions &options) {
+                            const PlanPipelineOptions &options,
+                            MemoryReportSink sink) {
   OpPassManager &model = pm.nest<ModelOp>();
   model.addPass(createNormalizeSpec());
   model.addPass(createExpandTrainingStep());
@@ -32,14 +33,15 @@ void mtp::buildPlanPipeline(OpPassManager &pm,
     model.addPass(createMaterializeOffload());
     model.addPass(createMaterializeCheckpoints());
   }
-  model.addPass(createMemoryAnalysis());
+  model.addPass(createMemoryAnalysis(std::move(sink)));
 }
 
-void mtp::buildMaterializePipeline(OpPassManager &pm) {
+void mtp::buildMaterializePipeline(OpPassManager &pm,
+                                   MemoryReportSink sink) {
   OpPassManager &model = pm.nest<ModelOp>();
   model.addPass(createMaterializeOffload());
   model.addPass(createMaterializeCheckpoints());
-  model.addPass(createMemoryAnalysis());
+  model.addPass(createMemoryAnalysis(std::move(sink)));
 }
 
 void mtp::registerMTPPipelines() {

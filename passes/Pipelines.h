@@ -10,6 +10,8 @@
 #ifndef MTPC_PASSES_PIPELINES_H
 #define MTPC_PASSES_PIPELINES_H
 
+#include "passes/MemoryAnalysis.h"
+
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Pass/PassOptions.h"
 
@@ -30,15 +32,19 @@ struct PlanPipelineOptions
 };
 
 /// `mtpc check`'s estimate: the step as written, no plan, analyzed.
-void buildCheckPipeline(mlir::OpPassManager &pm);
+/// Each pipeline ends in the memory analysis; a `sink` receives its reports.
+void buildCheckPipeline(mlir::OpPassManager &pm,
+                        MemoryReportSink sink = {});
 
 /// `mtpc plan` / `--emit=step` / `build`: normalize, expand, the gradient
 /// pipeline and collectives, the plan, optionally materialized, analyzed.
 void buildPlanPipeline(mlir::OpPassManager &pm,
-                       const PlanPipelineOptions &options);
+                       const PlanPipelineOptions &options,
+                       MemoryReportSink sink = {});
 
 /// Writes an already planned step's decisions into it and re-analyzes.
-void buildMaterializePipeline(mlir::OpPassManager &pm);
+void buildMaterializePipeline(mlir::OpPassManager &pm,
+                              MemoryReportSink sink = {});
 
 /// Registers the three as mtp-check-pipeline, mtp-plan-pipeline and
 /// mtp-materialize-pipeline.

@@ -44,6 +44,7 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Support/Timing.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -55,6 +56,8 @@
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
+
+#include <mutex>
 
 using namespace mlir;
 namespace cl = llvm::cl;
@@ -127,8 +130,31 @@ std::string humanCount(int64_t n) {
 }
 } // namespace
 
+namespace {
+/// The reports the pipelines' memory analysis computed, by model: the tool
+/// prints and serializes those instead of analyzing the step again.
+class MemoryReports {
+public:
+  mtp::MemoryReportSink sink() {
+    return [this](mtp::ModelOp model, const mtp::MemoryReport &report) {
+      std::lock_guard<std::mutex> lock(mutex);
+      reports[model.getOperation()] = report;
+    };
+  }
+  const mtp::MemoryReport &of(mtp::ModelOp model) const {
+    auto it = reports.find(model.getOperation());
+    assert(it != reports.end() && "the pipeline ends in the memory analysis");
+    return it->second;
+  }
+
+private:
+  std::mutex mutex;
+  llvm::DenseMap<Operation *, mtp::MemoryReport> reports;
+};
+} // namespace
+
 static void printSummary(llvm::raw_ostream &os, StringRef file,
-                         ModuleOp module) {
+                         ModuleOp module, const MemoryReports &reports) {
   for (auto model : module.getOps<mtp::ModelOp>()) {
     mtp::BackboneOp bb = model.getBackbone();
     mtp::ParameterCount params = mtp::CostModel(model).parameters();
@@ -139,7 +165,7 @@ static void printSummary(llvm::raw_ostream &os, StringRef file,
        << humanCount(params.backbone) << ", heads " << humanCount(params.heads)
        << ", gate " << humanCount(params.gate) << ")\n";
     if (model.getStep()) {
-      mtp::MemoryReport memory = mtp::analyzeMemory(model);
+      const mtp::MemoryReport &memory = reports.of(model);
       os << "  memory: " << mtp::formatBytes(memory.peakBytes)
          << " peak keeping every activation";
       if (mtp::BudgetOp budget = model.getBudget()) {
@@ -510,6 +536,7 @@ int main(int argc, char **argv) {
     return kSpecError;
   }
 
+  MemoryReports reports;
   PassManager pm(&context);
   if (failed(applyPassManagerCLOptions(pm)))
     return kUsageError;
@@ -522,7 +549,7 @@ int main(int argc, char **argv) {
       (command == Command::Compile &&
        (emitAction == Emit::Step || emitAction == Emit::Cuda));
   if (command == Command::Check) {
-    mtp::buildCheckPipeline(pm);
+    mtp::buildCheckPipeline(pm, reports.sink());
   } else if (wantStep) {
     mtp::PlanPipelineOptions options;
     options.planMemory = llvm::all_of(module->getOps<mtp::ModelOp>(),
@@ -531,7 +558,7 @@ int main(int argc, char **argv) {
                                       });
     options.materialize =
         command == Command::Compile && emitAction != Emit::Plan;
-    mtp::buildPlanPipeline(pm, options);
+    mtp::buildPlanPipeline(pm, options, reports.sink());
   } else {
     pm.addNestedPass<mtp::ModelOp>(mtp::createNormalizeSpec());
   }
@@ -544,7 +571,7 @@ int main(int argc, char **argv) {
   if (wantPlanFile) {
     mtp::ModelOp model = *module->getOps<mtp::ModelOp>().begin();
     planBytes =
-        mtp::serializePlan(model, mtp::analyzeMemory(model), inputFilename);
+        mtp::serializePlan(model, reports.of(model), inputFilename);
     if (command == Command::Build) {
       PassManager materializePm(&context);
       if (failed(applyPassManagerCLOptions(materializePm)))
@@ -558,11 +585,11 @@ int main(int argc, char **argv) {
 
   switch (command) {
   case Command::Check:
-    printSummary(output->os(), inputFilename, *module);
+    printSummary(output->os(), inputFilename, *module, reports);
     break;
   case Command::Plan:
     for (auto model : module->getOps<mtp::ModelOp>()) {
-      mtp::MemoryReport report = mtp::analyzeMemory(model);
+      const mtp::MemoryReport &report = reports.of(model);
       if (format == Format::Fb)
         output->os() << mtp::serializePlan(model, report, inputFilename);
       else if (format == Format::Json)
