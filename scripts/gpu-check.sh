@@ -19,7 +19,8 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 cmake -G Ninja -S "$root/runtime" -B /tmp/mtprt-gpu -DCMAKE_BUILD_TYPE=Release \
   -DTorch_DIR="$torch_dir" -DMTPRT_TORCH_CUDA=ON \
   -DMTPRT_GTEST_SOURCE_DIR="$root/.carry/googletest" \
-  -DMTPRT_FLATBUFFERS_ROOT="$root/.carry/flatbuffers" 2>&1 | tail -3
+  -DMTPRT_FLATBUFFERS_ROOT="$root/.carry/flatbuffers" \
+  -DMTPRT_JSON_ROOT="$root/.carry/nlohmann" 2>&1 | tail -3
 cmake --build /tmp/mtprt-gpu -j 16 2>&1 | tail -3
 set -o pipefail
 /tmp/mtprt-gpu/unittests/MTPRTTests --gtest_output=json:"$out/gtest.json" 2>&1 | tee "$out/gtest.log"

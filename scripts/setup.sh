@@ -25,6 +25,7 @@ say() { printf '[setup] %s\n' "$*"; }
 PKGS=(libmlir-19-dev mlir-19-tools llvm-19-dev llvm-19-tools
       antlr4 libantlr4-runtime-dev
       libflatbuffers-dev flatbuffers-compiler
+      nlohmann-json3-dev             # the runtime's JSON (metrics, --dump-init)
       libgtest-dev googletest
       ccache ninja-build cmake default-jre-headless
       zlib1g-dev libzstd-dev libedit-dev libxml2-dev libcurl4-openssl-dev libffi-dev

@@ -15,6 +15,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <torch/serialize.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -667,12 +668,11 @@ const char *toString(LrSchedule s) {
   return "?";
 }
 
-std::string jsonLr(const LrConfig &c) {
-  std::ostringstream os;
-  os << std::setprecision(17) << "{\"lr\": " << c.lr << ", \"schedule\": \""
-     << toString(c.schedule) << "\", \"warmup\": " << c.warmupSteps
-     << ", \"total\": " << c.totalSteps << "}";
-  return os.str();
+nlohmann::ordered_json jsonLr(const LrConfig &c) {
+  return {{"lr", c.lr},
+          {"schedule", toString(c.schedule)},
+          {"warmup", c.warmupSteps},
+          {"total", c.totalSteps}};
 }
 
 void writeFile(const std::string &path, const std::vector<char> &bytes) {
@@ -704,34 +704,44 @@ void dumpInit(const std::string &dir, TrainerCore &core,
       batch.insert("label." + heads[t].name, b.labels[t].cpu());
   writeFile(dir + "/batch.pt", torch::pickle_save(batch));
 
+  using Json = nlohmann::ordered_json;
+  Json config;
+  config["model"] = {{"vocab", mc.vocab},     {"seq", mc.seq},
+                     {"layers", mc.layers},   {"hidden", mc.hidden},
+                     {"heads", mc.heads},     {"ffn", mc.ffn},
+                     {"dropout", mc.dropout}, {"seed", mc.seed}};
+  Json headList = Json::array();
+  for (const HeadConfig &h : heads)
+    headList.push_back(
+        {{"name", h.name},
+         {"kind", toString(h.kind)},
+         {"tap", h.tap},
+         {"loss", h.loss == LossKind::Mse ? "mse" : "cross_entropy"},
+         {"classes", h.classes},
+         {"weight", h.weight}});
+  config["heads"] = std::move(headList);
+  Json headLr = Json::array();
+  for (const LrConfig &lr : tc.headLr)
+    headLr.push_back(jsonLr(lr));
+  config["train"] = {{"precision", toString(tc.precision)},
+                     {"micro_batches", tc.microBatches},
+                     {"scope", toString(tc.scope)},
+                     {"gfm_keep", tc.gfmKeep},
+                     {"clip_norm", tc.clipNorm},
+                     {"gate", tc.gate},
+                     {"weight_decay", tc.weightDecay},
+                     {"beta1", tc.beta1},
+                     {"beta2", tc.beta2},
+                     {"eps", tc.eps},
+                     {"backbone_lr", jsonLr(tc.backboneLr)},
+                     {"head_lr", std::move(headLr)}};
+  config["batch_size"] = o.batchSize;
+  config["steps"] = o.steps;
+  config["data"] = o.data;
+  config["data_seed"] = o.seed;
+  config["relatedness"] = o.relatedness;
   std::ofstream js(dir + "/config.json");
-  js << std::setprecision(17) << "{\n  \"model\": {\"vocab\": " << mc.vocab
-     << ", \"seq\": " << mc.seq << ", \"layers\": " << mc.layers
-     << ", \"hidden\": " << mc.hidden << ", \"heads\": " << mc.heads
-     << ", \"ffn\": " << mc.ffn << ", \"dropout\": " << mc.dropout
-     << ", \"seed\": " << mc.seed << "},\n  \"heads\": [";
-  for (size_t t = 0; t < heads.size(); ++t) {
-    const HeadConfig &h = heads[t];
-    js << (t ? ",\n    " : "\n    ") << "{\"name\": \"" << h.name
-       << "\", \"kind\": \"" << toString(h.kind) << "\", \"tap\": " << h.tap
-       << ", \"loss\": \""
-       << (h.loss == LossKind::Mse ? "mse" : "cross_entropy")
-       << "\", \"classes\": " << h.classes << ", \"weight\": " << h.weight
-       << "}";
-  }
-  js << "],\n  \"train\": {\"precision\": \"" << toString(tc.precision)
-     << "\", \"micro_batches\": " << tc.microBatches << ", \"scope\": \""
-     << toString(tc.scope) << "\", \"gfm_keep\": " << tc.gfmKeep
-     << ", \"clip_norm\": " << tc.clipNorm
-     << ", \"gate\": " << (tc.gate ? "true" : "false")
-     << ", \"weight_decay\": " << tc.weightDecay << ", \"beta1\": " << tc.beta1
-     << ", \"beta2\": " << tc.beta2 << ", \"eps\": " << tc.eps
-     << ", \"backbone_lr\": " << jsonLr(tc.backboneLr) << ", \"head_lr\": [";
-  for (size_t t = 0; t < tc.headLr.size(); ++t)
-    js << (t ? ", " : "") << jsonLr(tc.headLr[t]);
-  js << "]},\n  \"batch_size\": " << o.batchSize << ", \"steps\": " << o.steps
-     << ", \"data\": \"" << o.data << "\", \"data_seed\": " << o.seed
-     << ", \"relatedness\": " << o.relatedness << "\n}\n";
+  js << config.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
   if (!js)
     throw std::runtime_error("--dump-init: cannot write " + dir +
                              "/config.json");

@@ -2,87 +2,70 @@
 
 #include "mtprt/Runtime.h"
 
-#include <cmath>
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
-#include <cstdio>
-#include <sstream>
+#include <cmath>
 
 namespace mtprt {
 
 namespace {
 
-std::string quote(const std::string &s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\')
-      out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
+using Json = nlohmann::ordered_json;
 
-std::string number(double v) {
-  if (!std::isfinite(v))
-    return "null"; // a task without labels this step
-  std::ostringstream os;
-  os.precision(9);
-  os << v;
-  return os.str();
-}
+/// Non-finite values (a task without labels this step) are written as null.
+Json number(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
 
-std::string perTask(const std::vector<std::string> &tasks,
-                    const std::vector<double> &v) {
-  std::string out = "{";
+Json perTask(const std::vector<std::string> &tasks,
+             const std::vector<double> &v) {
+  Json out = Json::object();
   for (size_t i = 0; i < tasks.size() && i < v.size(); ++i)
-    out += (i ? "," : "") + quote(tasks[i]) + ":" + number(v[i]);
-  return out + "}";
+    out[tasks[i]] = number(v[i]);
+  return out;
+}
+
+/// One line, no spaces; bytes that are not UTF-8 (a task name cannot hold
+/// any, but a path can) become U+FFFD instead of throwing.
+std::string line(const Json &j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 } // namespace
 
 std::string toJsonLine(const StepStats &s) {
-  std::string out = "{\"step\":" + std::to_string(s.step);
-  out += ",\"loss\":" + perTask(s.tasks, s.loss);
-  out += ",\"alpha\":" + perTask(s.tasks, s.alpha);
-  out += ",\"gradient_cosine_sim_matrix\":";
-  if (s.gradientCosineSimMatrix.empty()) {
-    out += "null";
-  } else {
-    out += "[";
-    for (size_t i = 0; i < s.gradientCosineSimMatrix.size(); ++i) {
-      out += i ? ",[" : "[";
-      for (size_t j = 0; j < s.gradientCosineSimMatrix[i].size(); ++j)
-        out += (j ? "," : "") + number(s.gradientCosineSimMatrix[i][j]);
-      out += "]";
+  Json j;
+  j["step"] = s.step;
+  j["loss"] = perTask(s.tasks, s.loss);
+  j["alpha"] = perTask(s.tasks, s.alpha);
+  Json cos = nullptr;
+  if (!s.gradientCosineSimMatrix.empty()) {
+    cos = Json::array();
+    for (const auto &row : s.gradientCosineSimMatrix) {
+      Json r = Json::array();
+      for (double v : row)
+        r.push_back(number(v));
+      cos.push_back(std::move(r));
     }
-    out += "]";
   }
-  out += ",\"activation_reuse_ratio\":" + number(s.activationReuseRatio);
-  out += ",\"checkpoint_hit_rate\":" + number(s.checkpointHitRate);
-  out += ",\"offload_hits\":" + std::to_string(s.offloadHits);
-  out += ",\"offload_misses\":" + std::to_string(s.offloadMisses);
-  out += ",\"offload_wait_s\":" + number(s.offloadWaitS);
-  out += ",\"measured_peak_bytes\":" + std::to_string(s.measuredPeakBytes);
-  out += ",\"predicted_peak_bytes\":" +
-         (s.predictedPeakBytes < 0 ? std::string("null")
-                                   : std::to_string(s.predictedPeakBytes));
-  out += ",\"host_pool_bytes\":" + std::to_string(s.hostPoolBytes);
-  out += ",\"bytes_sent\":" + std::to_string(s.bytesSent);
-  out += ",\"bytes_sent_uncompressed\":" +
-         std::to_string(s.bytesSentUncompressed);
-  out += ",\"step_time_s\":" + number(s.stepTimeS);
-  out += ",\"samples_per_s\":" + number(s.samplesPerS);
+  j["gradient_cosine_sim_matrix"] = std::move(cos);
+  j["activation_reuse_ratio"] = number(s.activationReuseRatio);
+  j["checkpoint_hit_rate"] = number(s.checkpointHitRate);
+  j["offload_hits"] = s.offloadHits;
+  j["offload_misses"] = s.offloadMisses;
+  j["offload_wait_s"] = number(s.offloadWaitS);
+  j["measured_peak_bytes"] = s.measuredPeakBytes;
+  j["predicted_peak_bytes"] =
+      s.predictedPeakBytes < 0 ? Json(nullptr) : Json(s.predictedPeakBytes);
+  j["host_pool_bytes"] = s.hostPoolBytes;
+  j["bytes_sent"] = s.bytesSent;
+  j["bytes_sent_uncompressed"] = s.bytesSentUncompressed;
+  j["step_time_s"] = number(s.stepTimeS);
+  j["samples_per_s"] = number(s.samplesPerS);
   if (s.lossScale != 1.0)
-    out += ",\"loss_scale\":" + number(s.lossScale);
+    j["loss_scale"] = number(s.lossScale);
   if (s.skipped)
-    out += ",\"skipped\":true";
-  return out + "}";
+    j["skipped"] = true;
+  return line(j);
 }
 
 double cosineMatrixStd(const StepStats &s) {
@@ -109,10 +92,12 @@ bool needsGateRecalibration(const StepStats &s, double reuseThreshold,
 }
 
 std::string recalibrationJsonLine(const StepStats &s) {
-  return "{\"event\":\"dgfg_recalibrated\",\"step\":" +
-         std::to_string(s.step) +
-         ",\"activation_reuse_ratio\":" + number(s.activationReuseRatio) +
-         ",\"cosine_std\":" + number(cosineMatrixStd(s)) + "}";
+  Json j;
+  j["event"] = "dgfg_recalibrated";
+  j["step"] = s.step;
+  j["activation_reuse_ratio"] = number(s.activationReuseRatio);
+  j["cosine_std"] = number(cosineMatrixStd(s));
+  return line(j);
 }
 
 } // namespace mtprt

@@ -20,6 +20,7 @@
 #include "Sanitizers.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -698,6 +699,18 @@ TEST(Data, SyntheticIsSeededAndRelatednessControlsSharing) {
 // DGFG recalibration (docs/techniques.md B8)
 //===----------------------------------------------------------------------===//
 
+/// The event line: one JSON object with exactly these fields (std 0.8 for
+/// the two tasks at cos -0.6 the tests use, reuse 0.1).
+static void expectRecalibrationEvent(const std::string &line, int64_t step) {
+  const nlohmann::json j = nlohmann::json::parse(line);
+  ASSERT_TRUE(j.is_object()) << line;
+  EXPECT_EQ(j.size(), 4u) << line;
+  EXPECT_EQ(j.value("event", ""), "dgfg_recalibrated");
+  EXPECT_EQ(j.value("step", -1), step);
+  EXPECT_DOUBLE_EQ(j.value("activation_reuse_ratio", -1.0), 0.1);
+  EXPECT_NEAR(j.value("cosine_std", -1.0), 0.8, 1e-12);
+}
+
 TEST(Recalibration, FiresOnlyForLowReuseAndSpreadCosines) {
   StepStats s;
   s.step = 9;
@@ -706,9 +719,7 @@ TEST(Recalibration, FiresOnlyForLowReuseAndSpreadCosines) {
   s.activationReuseRatio = 0.1;
   EXPECT_NEAR(cosineMatrixStd(s), 0.8, 1e-12);
   EXPECT_TRUE(needsGateRecalibration(s));
-  EXPECT_EQ(recalibrationJsonLine(s),
-            "{\"event\":\"dgfg_recalibrated\",\"step\":9,"
-            "\"activation_reuse_ratio\":0.1,\"cosine_std\":0.8}");
+  expectRecalibrationEvent(recalibrationJsonLine(s), 9);
   s.activationReuseRatio = 0.2; // tasks share enough
   EXPECT_FALSE(needsGateRecalibration(s));
   s.activationReuseRatio = 0.1;
@@ -748,8 +759,7 @@ TEST(Recalibration, TheDriverLogsTheEventOnlyWhenTheRuleHolds) {
   }
   EXPECT_EQ(records, 4);
   ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0], "{\"event\":\"dgfg_recalibrated\",\"step\":1,"
-                       "\"activation_reuse_ratio\":0.1,\"cosine_std\":0.8}");
+  expectRecalibrationEvent(events[0], 1);
 }
 
 TEST(Recalibration, ResetPutsTheGateBackToItsInitialState) {
