@@ -6,6 +6,10 @@ Sections (all by default; `--only a,b`):
 
   agree     the peer's losses against the mtpc binary's, step by step, from the
             binary's --dump-init state (dropout 0, uniform weights)
+  step      mtpc without a strategy against the peers a user writes today: eager
+            with F.scaled_dot_product_attention, torch.compile, torch.compile with
+            activation_memory_budget 0.5 and 0.3; model M (dropout 0) and the
+            wider model W (hidden 256, seq 256)
   memory    peak memory and step time: mtpc none / uniform / the planner at
             uniform's peak and at 50% / 33% / 25% of the no-checkpoint peak,
             task-granular (+ offload); the peer none / uniform / selective /
@@ -210,11 +214,12 @@ class Runner:
 # The models
 #===----------------------------------------------------------------------===#
 
-def budget_block(args, memory):
+def budget_block(args, memory, micro_batch=8):
     if args.device == "cuda":
         return {"device": args.gpu_preset, "memory": "%dB" % memory, "headroom": "0B",
-                "micro_batch": 8, "precision": "fp32"}
-    return {"device": "cpu", "memory": "%dB" % memory, "micro_batch": 8, "precision": "fp32"}
+                "micro_batch": micro_batch, "precision": "fp32"}
+    return {"device": "cpu", "memory": "%dB" % memory, "micro_batch": micro_batch,
+            "precision": "fp32"}
 
 
 def model_m(args, strategy, memory=16 << 30, dropout=0.1):
@@ -232,6 +237,23 @@ def model_m(args, strategy, memory=16 << 30, dropout=0.1):
     return spec_text("bench_m", m, tasks, base, budget_block(args, memory),
                      {"steps": 20, "seed": 1, "log_every": 1},
                      correlate=[("pos", "chunk", 0.8), ("chunk", "ner", 0.3)])
+
+
+def model_w(args, strategy, memory=16 << 30):
+    """The wider model: 6 layers of hidden 256 over 256 tokens, batch 4, four
+    tasks at layers 2 and 6 — matmuls weigh as much as attention here."""
+    m = {"layers": 6, "hidden": 256, "heads": 4, "ffn": 1024, "vocab": 512, "seq": 256,
+         "dropout": 0.0}
+    tasks = [("pos", "tag(labels = 12)", "from layer 2"),
+             ("chunk", "tag(labels = 8)", "from layer 2"),
+             ("ner", "tag(labels = 9)", "from layer 6"),
+             ("topic", "classify(classes = 4)", "from pooled")]
+    base = {"checkpoint": "none", "offload": "none", "gfm": "none", "dgfg": "none",
+            "clip": "none", "lr": "cosine(1e-3, warmup = 5)"}
+    base.update(strategy)
+    return spec_text("bench_w", m, tasks, base, budget_block(args, memory, micro_batch=4),
+                     {"steps": 20, "seed": 1, "log_every": 1},
+                     correlate=[("pos", "chunk", 0.8)])
 
 
 def model_s(args, strategy, steps=200, tasks=None, layers=4, seq=32):
@@ -447,6 +469,92 @@ def section_memory(args, b, r, out):
     return {e["name"]: {k: v for k, v in e.items() if k not in ("binary",)} for e in entries}
 
 
+STEP_PEERS = [("peer none (explicit S×S)", "none"), ("peer sdpa (eager)", "sdpa"),
+              ("peer torch.compile", "compile"),
+              ("peer torch.compile, budget 0.5", "compile_budget50"),
+              ("peer torch.compile, budget 0.3", "compile_budget30")]
+
+
+def section_step(args, b, r, out):
+    """mtpc without a strategy against the model as a PyTorch user writes it
+    today: eager with SDPA, torch.compile, torch.compile with the activation
+    memory budget; model M (dropout 0) and the wider model W."""
+    quick = args.quick
+    key = "cpu_step" if cpu_time(args) else "step"
+    models = [("M", model_m(args, {}, dropout=0.0)), ("W", model_w(args, {}))]
+    results = {}
+    out.append("### The step program against the 2026 PyTorch peers\n")
+    out.append("No strategy (`checkpoint = none`, `gfm = none`, `dgfg = none`, `clip = none`), "
+               "dropout 0, fp32. Model M: 12 layers, hidden 64, seq 128, batch 8, tasks at 3, 6, "
+               "9, 12. Model W: 6 layers, hidden 256, ffn 1024, seq 256, batch 4, tasks at 2, 2, "
+               "6, 6. The peers start from the binary's `--dump-init` state; `budget` is "
+               "`torch._functorch.config.activation_memory_budget`; compilation runs before the "
+               "measured steps. mtpc's attention kind: %s. RSS above post-init with glibc "
+               "`MALLOC_MMAP_THRESHOLD_=%s` (both sides); step time as in the memory section "
+               "(%s time, %s thread(s)).\n"
+               % (", ".join("%s %s" % (n, b.plan(t)[0]["attention"]) for n, t in models),
+                  MMAP_THRESHOLD, "CPU" if key == "cpu_step" else "wall",
+                  args.threads or "LibTorch's"))
+    for label, text in models:
+        binary = b.build(text)
+        plan, _ = b.plan(text)
+        init = os.path.join(args.work, "init-step-" + label)
+        shutil.rmtree(init, ignore_errors=True)
+        r.mtpc(binary, 0, extra=["--dump-init", init])
+        entries = [{"name": "mtpc none", "kind": "mtpc", "binary": binary, "extra": [],
+                    "predicted": plan["plan"]["planned_peak_bytes"] if "plan" in plan
+                    else plan["peak"]["bytes"]},
+                   {"name": "mtpc none, --cosine-every 0", "kind": "mtpc", "binary": binary,
+                    "extra": ["--cosine-every", "0"], "predicted": None}]
+        entries += [{"name": n, "kind": "peer", "variant": v} for n, v in STEP_PEERS]
+        runs, steps, mem_steps = (2, 4, 2) if quick else (3, 6, 3)
+        log("step %s: %d configurations, %d runs of %d steps" % (label, len(entries), runs, steps))
+        for e in entries:
+            e["wall"], e["cpu"] = [], []
+        for _ in range(runs):
+            for e in entries:
+                if e["kind"] == "mtpc":
+                    m = r.mtpc(e["binary"], steps, extra=e["extra"])
+                    e["wall"].append(median(step_times(m["records"])))
+                else:
+                    m = r.peer(init, e["variant"], steps)
+                    e["wall"].append(median(m["step_time_s"][1:]))
+                e["cpu"].append(m.get("cpu_step_s", float("nan")))
+        for e in entries:
+            if e["kind"] == "mtpc":
+                m = r.mtpc(e["binary"], mem_steps, memory=True, extra=e["extra"])
+                e["tracked"] = max(x["measured_peak_bytes"] for x in m["records"])
+            else:
+                m = r.peer(init, e["variant"], mem_steps, memory=True)
+                e["tracked"] = m.get("device_peak_bytes")
+            e["rss"] = m.get("rss_above_base")
+            e["step"], e["cpu_step"] = median(e["wall"]), median(e["cpu"])
+        by = {e["name"]: e for e in entries}
+        sd, co = by["peer sdpa (eager)"], by["peer torch.compile"]
+        rows = []
+        for e in entries:
+            rows.append([e["name"], fmt_bytes(e.get("predicted")),
+                         fmt_bytes(e["tracked"]) if e.get("tracked") is not None else "—",
+                         fmt_bytes(e["rss"]),
+                         fmt_ratio(e["rss"] / sd["rss"]) if e["rss"] and sd["rss"] else "—",
+                         "%.0f (%.0f–%.0f)" % (1e3 * e["cpu_step"], 1e3 * min(e["cpu"]),
+                                               1e3 * max(e["cpu"])),
+                         "%.0f" % (1e3 * e["step"]),
+                         fmt_ratio(e[key] / sd[key]), fmt_ratio(e[key] / co[key])])
+        out.append("\n#### Model %s\n" % label)
+        out.append(table(["configuration", "predicted peak", "tracked peak (mtpc)",
+                          "RSS above post-init", "RSS / sdpa", "CPU ms/step", "wall ms/step",
+                          "time / sdpa", "time / compile"], rows))
+        mn = by["mtpc none"]
+        out.append("\nmtpc none against eager SDPA: **%s** RSS, **%s** step time; against "
+                   "torch.compile: **%s** step time (targets: ≤ 1.0×, ≤ 0.9×, ≤ 1.0×).\n"
+                   % (fmt_ratio(mn["rss"] / sd["rss"]) if sd["rss"] else "—",
+                      fmt_ratio(mn[key] / sd[key]), fmt_ratio(mn[key] / co[key])))
+        results[label] = {e["name"]: {k: v for k, v in e.items() if k != "binary"}
+                          for e in entries}
+    return results
+
+
 def section_plan(args, b, r, out):
     res = {}
     test = os.path.join(ROOT, "build", "unittests", "compiler", "MTPCCompilerTests")
@@ -649,7 +757,8 @@ def section_ablation(args, b, r, out):
     return {"%s@%s" % k: v for k, v in res.items()}
 
 
-SECTIONS = {"agree": section_agree, "memory": section_memory, "plan": section_plan,
+SECTIONS = {"agree": section_agree, "step": section_step, "memory": section_memory,
+            "plan": section_plan,
             "compress": section_compress, "scope": section_scope, "ablation": section_ablation}
 QUICK = ["agree", "memory", "plan", "compress"]
 

@@ -17,6 +17,18 @@ Four ways to save memory, the ones a PyTorch user reaches for:
              matmul outputs (aten.mm / addmm / bmm) and recomputes the rest
   offload    torch.autograd.graph.save_on_cpu around the forward
 
+And the model as a PyTorch user writes it in 2026, attention by
+F.scaled_dot_product_attention (q, k, v as views of the fused projection):
+  sdpa              eager
+  compile           torch.compile of the forward (AOTAutograd compiles the
+                    backward with it; the optimizer stays eager)
+  compile_budget50  the same with torch._functorch.config.activation_memory_budget
+  compile_budget30  = 0.5 / 0.3 (the partitioner recomputes what it must to
+                    keep that share of the saved activations)
+The compiled variants run one forward and backward before the measured steps
+(compilation; the gradients are dropped, so the parameters and losses are the
+same), which the resource figures exclude.
+
 The update equals mtpc's `features` gradient scope with uniform weights
 (dgfg = none, gfm = none, clip = none): heads get their own loss's gradient, the
 backbone the mean over the tasks present of the tap gradients.
@@ -39,7 +51,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-VARIANTS = ("none", "uniform", "selective", "offload")
+VARIANTS = ("none", "uniform", "selective", "offload",
+            "sdpa", "compile", "compile_budget50", "compile_budget30")
+COMPILED = {"compile": None, "compile_budget50": 0.5, "compile_budget30": 0.3}
 
 
 def load_init(path):
@@ -105,6 +119,7 @@ class PeerModel:
         self.heads = config["heads"]
         self.p = {k: v.to(device).detach().requires_grad_(True) for k, v in params.items()}
         self.variant = variant
+        self.fused = variant == "sdpa" or variant in COMPILED
         self.training = True
         if variant == "selective":
             from torch.utils.checkpoint import (CheckpointPolicy,
@@ -146,11 +161,17 @@ class PeerModel:
         heads = self.c["heads"]
         qkv = self.linear(n + ".qkv", self.norm(n + ".norm", x))
 
-        def split(t):  # [B, S, H] -> [B, heads, S, d], contiguous
-            return t.view(t.size(0), t.size(1), heads, h // heads).transpose(1, 2).contiguous()
+        def split(t):  # [B, S, H] -> [B, heads, S, d]
+            t = t.view(t.size(0), t.size(1), heads, h // heads).transpose(1, 2)
+            return t if self.fused else t.contiguous()
         q, k, v = split(qkv[..., :h]), split(qkv[..., h:2 * h]), split(qkv[..., 2 * h:])
         del qkv
         scale = 1.0 / math.sqrt(q.size(-1))
+        if self.fused:
+            d = self.c["dropout"] if self.training else 0.0
+            ctx = F.scaled_dot_product_attention(q, k, v, dropout_p=d, scale=scale)
+            ctx = ctx.transpose(1, 2).reshape(ctx.size(0), ctx.size(2), -1)
+            return x + self.dropout(self.linear(n + ".out", ctx))
         probs = self.dropout(torch.softmax(torch.matmul(q * scale, k.transpose(-2, -1)), -1))
         ctx = torch.matmul(probs, v)
         ctx = ctx.transpose(1, 2).reshape(ctx.size(0), ctx.size(2), -1)
@@ -252,6 +273,12 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
     if tr["micro_batches"] != 1:
         raise SystemExit("peer.py: one micro-batch per step only")
     model = PeerModel(config, params, dev, variant)
+    forward = model.losses
+    if variant in COMPILED:
+        import torch._functorch.config as functorch_config
+        if COMPILED[variant] is not None:
+            functorch_config.activation_memory_budget = COMPILED[variant]
+        forward = torch.compile(model.losses)
     head_names = [c["name"] for c in config["heads"]]
     groups = [{"params": model.backbone_parameters(), "lr": tr["backbone_lr"]["lr"]}]
     head_lr = tr["head_lr"] or [tr["backbone_lr"]] * len(head_names)
@@ -284,6 +311,11 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
     lr_configs = [tr["backbone_lr"]] + list(head_lr)
     backbone = model.backbone_parameters()
 
+    if variant in COMPILED:  # compile now, outside the measured steps
+        tokens, labels = batches[0]
+        sum(w * l for w, l in zip(weights, forward(tokens, labels))).backward()
+        for p in model.p.values():
+            p.grad = None
     gc.collect()
     base_rss = -1
     if resources and reset_resident_peak():
@@ -302,7 +334,7 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
             with torch.autograd.graph.save_on_cpu(pin_memory=cuda):
                 task_losses = model.losses(tokens, labels)
         else:
-            task_losses = model.losses(tokens, labels)
+            task_losses = forward(tokens, labels)
         total = sum(w * l for w, l in zip(weights, task_losses))
         total.backward()
         del total

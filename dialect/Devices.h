@@ -37,6 +37,15 @@ llvm::ArrayRef<DevicePreset> devicePresets();
 /// The preset called `name`, or null.
 const DevicePreset *lookupDevicePreset(llvm::StringRef name);
 
+/// Whether one fused scaled-dot-product-attention kernel can run attention
+/// with `dropout` on a GPU or the CPU: the flash / memory-efficient CUDA
+/// kernels take dropout, the flash CPU kernel does not (LibTorch's CPU
+/// dispatch falls back to its math path, which keeps a float dropout noise
+/// tensor: mtp's own math path with a one-byte mask is then leaner).
+inline bool fusedAttentionServes(bool gpu, double dropout) {
+  return gpu || dropout == 0.0;
+}
+
 } // namespace mtp
 
 #endif // MTPC_DIALECT_DEVICES_H

@@ -14,6 +14,21 @@ def MTP_BackboneKind : I32EnumAttr<"BackboneKind", "kind of shared backbone", [
 }
 def MTP_BackboneKindAttr : EnumAttr<MTP_Dialect, MTP_BackboneKind, "backbone">;
 
+def MTP_AttentionKind : I32EnumAttr<"AttentionKind",
+    "how the attention core is computed", [
+    // softmax(q·kᵀ/√d)·v written out: keeps the S×S probabilities (and the
+    // dropout mask) for backward. The only path for attention dropout on CPU.
+    I32EnumAttrCase<"math", 0>,
+    // One scaled_dot_product_attention kernel (flash / memory-efficient on
+    // CUDA, the flash CPU kernel): keeps its output and log-sum-exp.
+    I32EnumAttrCase<"fused", 1>
+  ]> {
+  let cppNamespace = "::mtp";
+  let genSpecializedAttr = 0;
+}
+def MTP_AttentionKindAttr : EnumAttr<MTP_Dialect, MTP_AttentionKind,
+                                     "attention">;
+
 def MTP_HeadKind : I32EnumAttr<"HeadKind", "kind of task head", [
     // Sequence classification on the pooled (first-token) output.
     I32EnumAttrCase<"classify", 0>,

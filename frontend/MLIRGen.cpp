@@ -24,7 +24,9 @@ public:
     builder.create<BackboneOp>(
         loc(bb.loc), BackboneKindAttr::get(ctx(), BackboneKind::transformer),
         i64(bb.layers), i64(bb.hidden), i64(bb.heads), i64(bb.ffn),
-        i64(bb.vocab), i64(bb.seq), f64(bb.dropout));
+        i64(bb.vocab), i64(bb.seq), f64(bb.dropout),
+        bb.attention ? AttentionKindAttr::get(ctx(), *bb.attention)
+                     : AttentionKindAttr());
 
     for (const CheckedSpec::Task &t : spec.tasks) {
       auto task = builder.create<TaskOp>(

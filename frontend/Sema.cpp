@@ -95,8 +95,9 @@ constexpr Deferred kDeferredBudget[] = {
 };
 
 // Keys per section, so a key written in the wrong section gets pointed home.
-constexpr StringRef kBackboneKeys[] = {"layers", "hidden", "heads", "ffn",
-                                       "vocab",  "seq",    "dropout"};
+constexpr StringRef kBackboneKeys[] = {"layers", "hidden",  "heads",
+                                       "ffn",    "vocab",   "seq",
+                                       "dropout", "attention"};
 constexpr StringRef kBudgetKeys[] = {
     "device",       "memory",      "headroom",     "host_link",
     "gpus",         "global_batch", "micro_batch", "accumulation",
@@ -524,6 +525,12 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
   out.dropout = 0.1;
   if (const ast::Value *v = f.get("dropout"))
     out.dropout = real(*v, "dropout", limits::kDropout).value_or(0.0);
+  if (const ast::Value *v = f.get("attention")) {
+    static const StringRef kinds[] = {"fused", "math"};
+    if (std::optional<StringRef> k = choice(*v, "attention", kinds))
+      out.attention = *symbolizeAttentionKind(*k);
+    out.attentionLoc = v->loc;
+  }
   if (out.hidden > 0 && out.heads > 0 && out.hidden % out.heads != 0) {
     auto diag = error(f.locOf("heads"));
     diag << "'heads' = " << out.heads << " does not divide 'hidden' = "
@@ -1176,6 +1183,17 @@ void Sema::checkTrain(const ast::Section *section, CheckedSpec &spec) {
 
 void Sema::crossChecks(CheckedSpec &spec) {
   const auto &train = spec.train;
+  const auto &bb = spec.backbone;
+  const DevicePreset *preset = lookupDevicePreset(spec.budget.device);
+  if (bb.attention == AttentionKind::fused &&
+      !fusedAttentionServes(!preset || preset->isGpu, bb.dropout)) {
+    auto diag = error(bb.attentionLoc);
+    diag << "attention = fused needs dropout = 0 on device '"
+         << spec.budget.device << "': the fused CPU kernel has no dropout";
+    note(diag, bb.attentionLoc,
+         "set dropout = 0, or write attention = math (or leave attention out: "
+         "mtpc then picks)");
+  }
   auto warmupCheck = [&](const Schedule &s, Location l, StringRef who) {
     if (s.warmup > train.steps)
       error(l) << "the warm-up of " << s.warmup << " steps for " << who

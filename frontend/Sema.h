@@ -34,7 +34,9 @@ struct CheckedSpec {
   struct Backbone {
     int64_t layers, hidden, heads, ffn, vocab, seq;
     double dropout;
-    ast::Location loc;
+    /// Absent: --mtp-normalize-spec picks for the device and dropout.
+    std::optional<AttentionKind> attention;
+    ast::Location loc, attentionLoc;
   } backbone;
 
   struct Task {

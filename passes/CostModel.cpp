@@ -36,6 +36,17 @@ CostModel::CostModel(ModelOp model)
     precision = budget.getPrecision();
   }
   dropout = backbone.getDropout().convertToDouble() > 0.0;
+  attentionKind = backbone.getAttention().value_or(fittingAttention(model));
+}
+
+AttentionKind CostModel::fittingAttention(ModelOp model) {
+  BudgetOp budget = model.getBudget();
+  const DevicePreset *preset =
+      budget ? lookupDevicePreset(budget.getDevice()) : nullptr;
+  const bool gpu = budget && (!preset || preset->isGpu);
+  const double dropout = model.getBackbone().getDropout().convertToDouble();
+  return fusedAttentionServes(gpu, dropout) ? AttentionKind::fused
+                                            : AttentionKind::math;
 }
 
 //===----------------------------------------------------------------------===//
@@ -171,6 +182,23 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
     return cost;
   case UnitKind::attn_core:
     cost.output = tensor({b, s, h}, act);
+    if (attentionKind == AttentionKind::fused) {
+      // scaled_dot_product_attention keeps q, k and v — strided views of
+      // the fused QKV output, which they keep whole — its output (whose
+      // merge into [B, S, H] is a view, kept once with attn_out's input)
+      // and the fp32 log-sum-exp of every query row; no S×S tensor.
+      cost.backwardNeedsInput = true;
+      cost.backwardNeedsOutput = true;
+      cost.saved.push_back({"logsumexp", tensor({b, a, s}, f32)});
+      cost.fwdFlops = 4 * b * s * s * h + 5 * bass;
+      // The backward recomputes the scores block by block.
+      cost.bwdFlops = 10 * b * s * s * h + 5 * bass;
+      cost.fwdWorkspace = flashAttentionBuffers(s, s, /*backward=*/false);
+      // The q, k, v gradients in the kernel's layout, beside its buffers.
+      cost.bwdWorkspace =
+          3 * e * bsh + flashAttentionBuffers(s, s, /*backward=*/true);
+      return cost;
+    }
     // q·scale, k^T and v as contiguous [B*a, ., .] bmm operands.
     cost.saved.push_back({"q", tensor({b, a, s, d}, act)});
     cost.saved.push_back({"k_t", tensor({b, a, d, s}, act)});
@@ -230,6 +258,28 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
     return lossCost(task);
   }
   llvm_unreachable("unknown unit kind");
+}
+
+int64_t CostModel::flashAttentionBuffers(int64_t queries, int64_t keys,
+                                         bool backward) const {
+  // LibTorch's flash CPU kernel tiles queries by 32 (64 from 192 rows, 256
+  // from 768) and keys by 512, with per-thread fp32 buffers (and a 16-bit
+  // copy of the score tile under autocast). One intra-op thread is assumed:
+  // each further thread adds one more set (a few tens of KiB). The CUDA
+  // kernels keep their tiles in shared memory.
+  if (preset->isGpu)
+    return 0;
+  int64_t qs = queries >= 768 ? 256 : queries >= 192 ? 64 : 32;
+  qs = std::min(qs, queries);
+  const int64_t ks = std::min<int64_t>(512, keys);
+  const int64_t d = backbone.getHeadDim();
+  const int64_t e = bytes(tensor({1}, activationElementType()));
+  const bool reduced = e < 4;
+  if (!backward)
+    return 4 * (qs * ks + 2 * qs + qs * d) + (reduced ? e * qs * ks : 0);
+  // The score and score-gradient tiles, and (16-bit) their reduced copies
+  // and an fp32 accumulator of the query-block gradient.
+  return 4 * 2 * qs * ks + (reduced ? 2 * e * qs * ks + 4 * qs * d : 0);
 }
 
 UnitCost CostModel::headCost(TaskOp task) const {
@@ -293,7 +343,8 @@ UnitCost CostModel::headCost(TaskOp task) const {
     add("embedded", tensor({b, t, h}, act));
     if (dropout)
       add("embed_mask", tensor({b, t, h}, mask));
-    add("causal", tensor({t, t}, mask));
+    if (attentionKind == AttentionKind::math)
+      add("causal", tensor({t, t}, mask));
     int64_t flops = 2 * b * t * h;
     for (int64_t l = 1; l <= layers; ++l) {
       std::string p = "l" + std::to_string(l) + ".";
@@ -303,6 +354,19 @@ UnitCost CostModel::headCost(TaskOp task) const {
         add(q + "mean", tensor({b, t, 1}, f32));
         add(q + "rstd", tensor({b, t, 1}, f32));
         add(q + "normed", tensor({b, t, h}, act));
+        if (attentionKind == AttentionKind::fused) {
+          // The projections q, k, v are views of (self: one [B,T,3H]; cross:
+          // [B,T,H] and [B,S,2H]), the log-sum-exp, and the output, which is
+          // the out-projection's input (no causal mask: is_causal).
+          add(q + "q", tensor({b, t, h}, act));
+          add(q + "kv", tensor({b, k, 2 * h}, act));
+          add(q + "logsumexp", tensor({b, a, t}, f32));
+          add(q + "context", tensor({b, t, h}, act));
+          if (dropout)
+            add(q + "mask", tensor({b, t, h}, mask));
+          add(q + "out", tensor({b, t, h}, act));
+          return;
+        }
         add(q + "q", tensor({b, a, t, d}, act));
         add(q + "k_t", tensor({b, a, d, k}, act));
         add(q + "probs", tensor({b, a, t, k}, act));
@@ -343,6 +407,15 @@ UnitCost CostModel::headCost(TaskOp task) const {
     add("final.normed", tensor({b, t, h}, act));
     cost.fwdFlops = flops + 2 * b * t * h * v;
     cost.bwdFlops = 2 * cost.fwdFlops;
+    if (attentionKind == AttentionKind::fused) {
+      // The fused K/V's projection; in backward the q, k, v gradients of
+      // the cross-attention in the kernel's layout.
+      cost.fwdWorkspace = e * 2 * b * s * h +
+                          flashAttentionBuffers(t, std::max(s, t), false);
+      cost.bwdWorkspace = e * (b * t * h + 2 * b * s * h) +
+                          flashAttentionBuffers(t, std::max(s, t), true);
+      return cost;
+    }
     // The widest transient: cross-attention scores beside the fused K/V.
     cost.fwdWorkspace = e * (b * a * t * std::max(s, t) + 2 * b * s * h);
     cost.bwdWorkspace = e * (2 * b * a * t * std::max(s, t));

@@ -65,6 +65,14 @@ public:
   /// device preset of `model`. Without a budget: micro batch 1, fp32, cpu.
   explicit CostModel(ModelOp model);
 
+  /// The attention kind a model without one gets: fused wherever one
+  /// scaled-dot-product-attention kernel serves its dropout on the budget's
+  /// device (a GPU, or a custom device, which is one; the CPU at dropout 0;
+  /// a model without a budget is the CPU's), else math.
+  static AttentionKind fittingAttention(ModelOp model);
+  /// The backbone's attention kind (fittingAttention where it has none).
+  AttentionKind attention() const { return attentionKind; }
+
   //===--- Shapes and bytes ------------------------------------------------===//
 
   /// Bytes of a ranked tensor (an i1 element is one byte, as in LibTorch).
@@ -217,6 +225,10 @@ private:
   mlir::RankedTensorType tensor(llvm::ArrayRef<int64_t> shape,
                                 mlir::Type element) const;
   UnitCost headCost(TaskOp task) const;
+  /// The fused attention kernel's own transient buffers for `queries` rows
+  /// attending to `keys` (CPU; zero on a GPU).
+  int64_t flashAttentionBuffers(int64_t queries, int64_t keys,
+                                bool backward) const;
   UnitCost lossCost(TaskOp task) const;
 
   // Op handles are cheap copies whose accessors are not const-qualified.
@@ -227,6 +239,7 @@ private:
   int64_t batch = 1;
   Precision precision = Precision::fp32;
   bool dropout = false;
+  AttentionKind attentionKind = AttentionKind::math;
 };
 
 } // namespace mtp

@@ -2,6 +2,8 @@
 
 #include "passes/Passes.h"
 
+#include "passes/CostModel.h"
+
 #include "llvm/ADT/STLExtras.h"
 
 namespace mtp {
@@ -16,6 +18,7 @@ namespace {
 struct NormalizeSpecPass
     : public mtp::impl::NormalizeSpecBase<NormalizeSpecPass> {
   void runOnOperation() override;
+  LogicalResult resolveAttention(ModelOp model);
 };
 } // namespace
 
@@ -76,4 +79,26 @@ void NormalizeSpecPass::runOnOperation() {
 
   for (Operation *op : sorted)
     op->moveBefore(&body, body.end());
+
+  if (failed(resolveAttention(model)))
+    signalPassFailure();
+}
+
+/// The attention kind, picked where the spec left it out: fused wherever a
+/// fused kernel serves the dropout on the device (without a budget the
+/// model is costed on the CPU).
+LogicalResult NormalizeSpecPass::resolveAttention(ModelOp model) {
+  BackboneOp bb = model.getBackbone();
+  const AttentionKind fitting = CostModel::fittingAttention(model);
+  if (std::optional<AttentionKind> kind = bb.getAttention()) {
+    if (*kind == AttentionKind::fused && fitting != AttentionKind::fused) {
+      BudgetOp budget = model.getBudget();
+      return bb.emitOpError("attention fused needs dropout = 0 on device '")
+             << (budget ? budget.getDevice() : StringRef("cpu"))
+             << "': the fused CPU kernel has no dropout";
+    }
+    return success();
+  }
+  bb.setAttention(fitting);
+  return success();
 }

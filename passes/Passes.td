@@ -18,6 +18,9 @@ def NormalizeSpec : Pass<"mtp-normalize-spec", "::mtp::ModelOp"> {
     heads run in the forward pass; ties keep their source order), then the
     correlations with each pair named in task order, then the budget. Two
     specs that differ only in how they were written normalize to the same IR.
+    A backbone without an `attention` kind gets one: `fused` wherever one
+    scaled-dot-product-attention kernel serves its dropout on the budget's
+    device (any GPU; the CPU at dropout 0), else `math`.
   }];
 }
 

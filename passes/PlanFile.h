@@ -24,6 +24,7 @@ namespace fb {
 struct Plan;
 enum class Decision : int8_t;
 enum class BackboneKind : int8_t;
+enum class AttentionKind : int8_t;
 enum class HeadKind : int8_t;
 enum class LossKind : int8_t;
 enum class ScheduleKind : int8_t;
@@ -49,6 +50,7 @@ const fb::Plan *getPlan(llvm::StringRef verified);
 /// A plan enum's name, as the spec and the IR spell it (`auto`, `tag`, ...).
 llvm::StringRef planName(fb::Decision v);
 llvm::StringRef planName(fb::BackboneKind v);
+llvm::StringRef planName(fb::AttentionKind v);
 llvm::StringRef planName(fb::HeadKind v);
 llvm::StringRef planName(fb::LossKind v);
 llvm::StringRef planName(fb::ScheduleKind v);

@@ -182,6 +182,7 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
        << ", " << formatBytes(budget.getUsableBytes()) << " usable), micro batch "
        << budget.getMicroBatch() << ", "
        << stringifyPrecision(budget.getPrecision());
+  os << ", attention " << stringifyAttentionKind(CostModel(model).attention());
   os << "\n\n";
   os << llvm::formatv("  {0,-22} {1,12} {2,12}  {3,-10} {4}\n", "unit",
                       "saved", "fwd GFLOP", "decision", "tasks needing it");
@@ -316,6 +317,8 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
   const MemoryBreakdown &m = report.atPeak;
   Object out{{"schema", "mtpc.plan/1"},
              {"model", model.getSymName()},
+             {"attention",
+              stringifyAttentionKind(CostModel(model).attention())},
              {"units", std::move(units)},
              {"peak", Object{{"bytes", report.peakBytes},
                              {"at", MemoryReport::describe(report.peakOp)},

@@ -709,7 +709,9 @@ void dumpInit(const std::string &dir, TrainerCore &core,
   config["model"] = {{"vocab", mc.vocab},     {"seq", mc.seq},
                      {"layers", mc.layers},   {"hidden", mc.hidden},
                      {"heads", mc.heads},     {"ffn", mc.ffn},
-                     {"dropout", mc.dropout}, {"seed", mc.seed}};
+                     {"dropout", mc.dropout}, {"seed", mc.seed},
+                     {"attention",
+                      mc.attention == AttentionKind::Fused ? "fused" : "math"}};
   Json headList = Json::array();
   for (const HeadConfig &h : heads)
     headList.push_back(

@@ -5,8 +5,10 @@
 //  - dropout is at::native_dropout on every device, so the saved mask is one
 //    byte per element (the CPU composite `dropout` would save a float noise
 //    tensor instead);
-//  - q is scaled before the score matmul, so the unscaled scores are never a
-//    second S×S tensor;
+//  - attention is one scaled_dot_product_attention kernel where a fused
+//    kernel takes the dropout (it keeps q, k, v, its output and the
+//    log-sum-exp); the math path, for dropout on the CPU, scales q before
+//    the score matmul, so the unscaled scores are never a second S×S tensor;
 //  - classify pools the first token before its norm, so nothing of size
 //    B×S×H is saved by that head.
 //
@@ -143,14 +145,17 @@ at::Tensor linear(const LinearParams &p, const at::Tensor &x) {
   return at::linear(x, p.weight, p.bias);
 }
 
-/// [B, S, H] -> [B, heads, S, d], contiguous.
-at::Tensor splitHeads(const at::Tensor &x, int64_t heads) {
-  return x.view({x.size(0), x.size(1), heads, x.size(2) / heads})
-      .transpose(1, 2)
-      .contiguous();
+/// [B, S, H] -> [B, heads, S, d]: a strided view for the fused kernel (which
+/// reads any layout, and whose output is then laid out [B, S, heads, d]),
+/// a contiguous copy for the math path's batched matmuls.
+at::Tensor splitHeads(const at::Tensor &x, int64_t heads, bool fused) {
+  at::Tensor split = x.view({x.size(0), x.size(1), heads, x.size(2) / heads})
+                         .transpose(1, 2);
+  return fused ? split : split.contiguous();
 }
 
-/// [B, heads, S, d] -> [B, S, H] (a contiguous copy).
+/// [B, heads, S, d] -> [B, S, H]: a view of the fused kernel's output, a
+/// contiguous copy of the math path's.
 at::Tensor mergeHeads(const at::Tensor &x) {
   return x.transpose(1, 2).reshape({x.size(0), x.size(2), -1});
 }
@@ -273,26 +278,49 @@ at::Tensor Model::embed(const at::Tensor &tokens) const {
   return dropout(x);
 }
 
+bool Model::fusedAttention() const {
+  return config_.attention == AttentionKind::Fused &&
+         (device_.is_cuda() || !training_ || config_.dropout == 0.0);
+}
+
+at::Tensor Model::causalMask(int64_t t) const {
+  if (fusedAttention())
+    return {};
+  return at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(device_))
+      .triu(1);
+}
+
 at::Tensor Model::attentionCore(const at::Tensor &q, const at::Tensor &k,
-                                const at::Tensor &v,
+                                const at::Tensor &v, bool causal,
                                 const at::Tensor &mask) const {
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  if (fusedAttention()) {
+    // One kernel (flash / memory-efficient on CUDA, flash on the CPU) that
+    // keeps q, k, v, its output and the log-sum-exp; its output's layout
+    // is [B, S, a, d], so merging the heads afterwards is a view.
+    return at::scaled_dot_product_attention(
+        q, k, v, /*attn_mask=*/{}, training_ ? config_.dropout : 0.0, causal,
+        scale);
+  }
   at::Tensor scores = at::matmul(q * scale, k.transpose(-2, -1));
-  if (mask.defined())
-    scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  if (causal)
+    scores = scores.masked_fill(mask.defined() ? mask : causalMask(q.size(-2)),
+                                -std::numeric_limits<float>::infinity());
   at::Tensor probs = dropout(at::softmax(scores, -1));
   return at::matmul(probs, v);
 }
 
 at::Tensor Model::attentionBlock(const AttentionParams &p, const at::Tensor &x,
-                                 const at::Tensor &mask) const {
+                                 bool causal, const at::Tensor &mask) const {
   const int64_t hdim = x.size(-1);
+  const bool fused = fusedAttention();
   at::Tensor qkv = linear(p.qkv, layerNorm(p.norm, x));
-  at::Tensor q = splitHeads(qkv.narrow(-1, 0, hdim), config_.heads);
-  at::Tensor k = splitHeads(qkv.narrow(-1, hdim, hdim), config_.heads);
-  at::Tensor v = splitHeads(qkv.narrow(-1, 2 * hdim, hdim), config_.heads);
+  const int64_t a = config_.heads;
+  at::Tensor q = splitHeads(qkv.narrow(-1, 0, hdim), a, fused);
+  at::Tensor k = splitHeads(qkv.narrow(-1, hdim, hdim), a, fused);
+  at::Tensor v = splitHeads(qkv.narrow(-1, 2 * hdim, hdim), a, fused);
   qkv.reset();
-  at::Tensor ctx = mergeHeads(attentionCore(q, k, v, mask));
+  at::Tensor ctx = mergeHeads(attentionCore(q, k, v, causal, mask));
   return x + dropout(linear(p.out, ctx));
 }
 
@@ -306,7 +334,7 @@ at::Tensor Model::attention(int64_t layer, const at::Tensor &x) const {
     throw std::out_of_range("mtprt: attention: layer " + std::to_string(layer) +
                             " is not in [1, " + std::to_string(config_.layers) +
                             "]");
-  return attentionBlock(attn_[layer - 1], x, {});
+  return attentionBlock(attn_[layer - 1], x, /*causal=*/false);
 }
 
 at::Tensor Model::mlp(int64_t layer, const at::Tensor &x) const {
@@ -351,20 +379,22 @@ at::Tensor Model::decoderHead(const Head &p, const HeadConfig &c,
       {at::zeros({b, 1}, targets.options()), targets.narrow(1, 0, t - 1)}, 1);
   at::Tensor h =
       dropout(at::embedding(p.tokEmb, inputs) + p.posEmb.narrow(0, 0, t));
-  at::Tensor causal =
-      at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(device_))
-          .triu(1);
+  // The math path's mask, made once and shared by every layer.
+  const at::Tensor causal = causalMask(t);
+  const bool fused = fusedAttention();
+  const int64_t a = config_.heads;
   for (const DecoderLayer &l : p.layers) {
-    h = attentionBlock(l.self, h, causal);
+    h = attentionBlock(l.self, h, /*causal=*/true, causal);
     at::Tensor mem = layerNorm(l.memNorm, memory);
     at::Tensor kv = linear(l.crossKv, mem);
     const int64_t hdim = h.size(-1);
     at::Tensor q =
-        splitHeads(linear(l.crossQ, layerNorm(l.crossNorm, h)), config_.heads);
-    at::Tensor k = splitHeads(kv.narrow(-1, 0, hdim), config_.heads);
-    at::Tensor v = splitHeads(kv.narrow(-1, hdim, hdim), config_.heads);
+        splitHeads(linear(l.crossQ, layerNorm(l.crossNorm, h)), a, fused);
+    at::Tensor k = splitHeads(kv.narrow(-1, 0, hdim), a, fused);
+    at::Tensor v = splitHeads(kv.narrow(-1, hdim, hdim), a, fused);
     kv.reset();
-    h = h + dropout(linear(l.crossOut, mergeHeads(attentionCore(q, k, v))));
+    h = h + dropout(linear(l.crossOut,
+                           mergeHeads(attentionCore(q, k, v, false))));
     h = mlpBlock(l.mlp, h);
   }
   return linear(p.out, layerNorm(p.norm, h));

@@ -110,6 +110,8 @@ static_assert(int(LrSchedule::Constant) ==
                   int(mtp::fb::ScheduleKind::constant) &&
               int(LrSchedule::Linear) == int(mtp::fb::ScheduleKind::linear) &&
               int(LrSchedule::Cosine) == int(mtp::fb::ScheduleKind::cosine));
+static_assert(int(AttentionKind::Math) == int(mtp::fb::AttentionKind::math) &&
+              int(AttentionKind::Fused) == int(mtp::fb::AttentionKind::fused));
 static_assert(int(Precision::Fp32) == int(mtp::fb::Precision::fp32) &&
               int(Precision::Bf16) == int(mtp::fb::Precision::bf16) &&
               int(Precision::Fp16) == int(mtp::fb::Precision::fp16));
@@ -205,6 +207,9 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
   m.vocab = c.range("backbone.vocab", bb->vocab(), limits::kVocab);
   m.seq = c.range("backbone.seq", bb->seq(), limits::kSeq);
   m.dropout = c.real("backbone.dropout", bb->dropout(), limits::kDropout);
+  m.attention = static_cast<AttentionKind>(
+      c.oneOf("backbone.attention", bb->attention(),
+              mtp::fb::EnumNamesAttentionKind()));
   if (m.hidden % m.heads)
     c.field("backbone.heads", std::to_string(m.heads) +
                                   " attention heads do not divide hidden " +

@@ -20,11 +20,13 @@ namespace {
 /// A spec-level model from its fields, expanded into a step.
 class CostModelTest : public ::testing::Test {
 protected:
+  /// `attention` follows the backbone's parenthesis (" attention math").
   ModelOp load(const std::string &backbone, const std::string &tasks,
-               const std::string &budget) {
+               const std::string &budget, const std::string &attention = "") {
     context.loadDialect<MTPDialect>();
     std::string text = "mtp.model @m {\n  mtp.backbone transformer(" +
-                       backbone + ")\n" + tasks + "\n" + budget + "\n}\n";
+                       backbone + ")" + attention + "\n" + tasks + "\n" +
+                       budget + "\n}\n";
     module = parseSourceString<ModuleOp>(text, &context);
     EXPECT_TRUE(module) << text;
     PassManager pm(&context);
@@ -137,22 +139,34 @@ TEST_F(CostModelTest, MemoryOfATinyStep) {
 // autocast keeps in fp32 (the attention block's and the layer's output: two
 // extra bytes each, 4*s*b*h); and autocast's fp16 copies of the four linear
 // layers' weights and biases, which their backward keeps (2 bytes each).
+// The paper's attention is the math path; with the fused kernel (what a GPU
+// gets by default) the 5*a*s*s*b bytes of S×S tensors become the fp32
+// log-sum-exp, 4*a*s*b (q, k, v and the output are what the paper counts).
 TEST_F(CostModelTest, KorthikantiCrossCheck) {
   const int64_t s = 128, b = 4, h = 256, a = 8;
-  ModelOp model = load(
-      "layers = 3, hidden = 256, heads = 8, ffn = 1024, vocab = 1000, "
-      "seq = 128, dropout = 0.1",
-      "  mtp.task @t : tag(labels = 5) from layer 3 loss cross_entropy weight 1.0",
-      "  mtp.budget device \"A100_80GB\" memory 80 GiB headroom 2 GiB "
-      "link 32 GBps gpus 1 batch 4 micro 4 precision fp16");
-  MemoryReport report = analyzeMemory(model);
   const int64_t f = 4 * h;
   const int64_t korthikanti = s * b * h * 34 + 5 * a * s * s * b;
   const int64_t linearParams = 4 * h * h + 2 * h * f + 5 * h + f;
-  for (uint64_t layer : {1, 2, 3})
-    EXPECT_EQ(layerSaved(report, layer),
-              korthikanti + 16 * s * b + 4 * s * b * h + 2 * linearParams)
-        << "layer " << layer;
+  const int64_t extra = 16 * s * b + 4 * s * b * h + 2 * linearParams;
+  for (bool fused : {false, true}) {
+    ModelOp model = load(
+        "layers = 3, hidden = 256, heads = 8, ffn = 1024, vocab = 1000, "
+        "seq = 128, dropout = 0.1",
+        "  mtp.task @t : tag(labels = 5) from layer 3 loss cross_entropy "
+        "weight 1.0",
+        "  mtp.budget device \"A100_80GB\" memory 80 GiB headroom 2 GiB "
+        "link 32 GBps gpus 1 batch 4 micro 4 precision fp16",
+        fused ? "" : " attention math");
+    EXPECT_EQ(CostModel(model).attention(),
+              fused ? AttentionKind::fused : AttentionKind::math);
+    MemoryReport report = analyzeMemory(model);
+    const int64_t expected =
+        fused ? korthikanti - 5 * a * s * s * b + 4 * a * s * b + extra
+              : korthikanti + extra;
+    for (uint64_t layer : {1, 2, 3})
+      EXPECT_EQ(layerSaved(report, layer), expected)
+          << (fused ? "fused" : "math") << " layer " << layer;
+  }
 }
 
 TEST_F(CostModelTest, TimeFromThePreset) {

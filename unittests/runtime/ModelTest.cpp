@@ -246,6 +246,92 @@ TEST(Model, SavedBytesPerUnitMatchTheContract) {
 /// outputs); masks stay 1 byte; the residual stream and the loss's
 /// log-probabilities stay fp32. The first forward also caches a bf16 copy of
 /// every weight and bias it casts (live until autocast's cache is cleared).
+/// Fused attention (one scaled_dot_product_attention kernel) against the
+/// math path, same parameters and batch, dropout 0: the same losses and
+/// gradients (fp32, 1e-5), through every head kind (the decoder's causal
+/// self-attention and its cross-attention included).
+TEST(Attention, FusedGradientsEqualTheMathPath) {
+  ModelConfig c = tinyConfig(0.0);
+  c.attention = AttentionKind::Math;
+  Model math(c, allHeads());
+  c.attention = AttentionKind::Fused;
+  Model fused(c, allHeads());
+  EXPECT_FALSE(math.fusedAttention());
+  EXPECT_TRUE(fused.fusedAttention());
+  Batch b = math.syntheticBatch(4, 3);
+  at::Tensor lm = totalLoss(math, b, {}), lf = totalLoss(fused, b, {});
+  EXPECT_NEAR(lm.item<float>(), lf.item<float>(), 1e-5);
+  auto gm = gradsOf(math, lm), gf = gradsOf(fused, lf);
+  ASSERT_EQ(gm.size(), gf.size());
+  auto named = math.namedParameters();
+  for (size_t i = 0; i < gm.size(); ++i) {
+    ASSERT_TRUE(gm[i].defined() && gf[i].defined()) << named[i].first;
+    const double diff = (gm[i] - gf[i]).abs().max().item<double>();
+    EXPECT_LE(diff, 1e-5) << named[i].first;
+  }
+}
+
+/// Where no fused kernel takes the dropout (training on the CPU with
+/// dropout > 0) a fused config runs the math path; in eval it is fused.
+TEST(Attention, FusedFallsBackToMathForCpuDropout) {
+  ModelConfig c = tinyConfig(0.1);
+  c.attention = AttentionKind::Fused;
+  Model m(c, allHeads());
+  EXPECT_FALSE(m.fusedAttention());
+  m.setTraining(false);
+  EXPECT_TRUE(m.fusedAttention());
+}
+
+/// The fused rows of the saved-bytes contract (dropout 0): the attention
+/// block keeps its norm's statistics and output, the fused QKV output
+/// (q, k and v are views of it), the fp32 log-sum-exp and the kernel's
+/// output (the out-projection's input, a view after the head merge) — no
+/// S×S tensor; the decoder keeps no causal mask.
+TEST(Attention, FusedSavedBytesMatchTheContract) {
+  installCpuMemoryTracking();
+  ModelConfig c = tinyConfig(0.0);
+  c.attention = AttentionKind::Fused;
+  auto heads = allHeads();
+  for (HeadConfig &h : heads)
+    h.tap = 1;
+  Model m(c, heads);
+  const int64_t B = 4, S = c.seq, H = c.hidden, nh = c.heads, F = c.ffn, f = 4;
+  const int64_t T = heads[3].targetSeq, V = heads[3].targetVocab;
+  Batch b = m.syntheticBatch(B, 1);
+  at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
+  auto cur = [] { return cpuMemoryStats().currentBytes; };
+  auto savedBy = [&](const std::function<std::vector<at::Tensor>()> &run) {
+    const int64_t before = cur();
+    std::vector<at::Tensor> out = run();
+    int64_t outBytes = 0;
+    for (const at::Tensor &o : out)
+      outBytes += o.nbytes();
+    return cur() - before - outBytes;
+  };
+  // s queries over kv keys: norm stats and output, q (in the fused QKV or
+  // its own projection), k and v, log-sum-exp, the context.
+  auto attention = [&](int64_t s, int64_t kv) {
+    return 2 * B * s * f + B * s * H * f + B * s * H * f + 2 * B * kv * H * f +
+           B * nh * s * f + B * s * H * f;
+  };
+  auto mlp = [&](int64_t s) {
+    return 2 * B * s * f + B * s * H * f + 2 * B * s * F * f;
+  };
+  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.attention(1, x)}; }),
+            attention(S, S));
+  const int64_t lossScalar = f;
+  const int64_t decoder =
+      B * T * 8 + B * T * H * f + attention(T, T) + B * T * H * f +
+      (attention(T, S) + 2 * B * S * f + B * S * H * f) + B * T * H * f +
+      mlp(T) + B * T * H * f + 2 * B * T * f + B * T * H * f + B * T * V * f +
+      lossScalar;
+  EXPECT_EQ(savedBy([&] {
+              return std::vector<at::Tensor>{
+                  m.loss(3, m.head(3, x, b.labels[3]), b.labels[3])};
+            }),
+            decoder);
+}
+
 TEST(Model, Bf16SavedBytesPerUnitMatchTheContract) {
   installCpuMemoryTracking();
   ModelConfig c = tinyConfig(0.1);

@@ -51,6 +51,7 @@ struct Forge {
   std::string kind = "transformer";
   int64_t layers = 2, hidden = 16, heads = 2, ffn = 32, vocab = 40, seq = 12;
   double dropout = 0.1;
+  std::string attention = "math";
   std::string clsName = "cls", clsHead = "classify", clsLoss = "cross_entropy";
   int64_t clsClasses = 4, tagClasses = 6, tap = 1;
   double tagWeight = 0.5;
@@ -72,8 +73,9 @@ struct Forge {
   /// The bare flatbuffer.
   std::string flatbuffer() const {
     flatbuffers::FlatBufferBuilder b;
-    auto backbone = fb::CreateBackbone(b, KIND(BackboneKind, kind), layers, hidden,
-                                       heads, ffn, vocab, seq, dropout);
+    auto backbone = fb::CreateBackbone(
+        b, KIND(BackboneKind, kind), layers, hidden, heads, ffn, vocab, seq,
+        dropout, KIND(AttentionKind, attention));
     std::vector<flatbuffers::Offset<fb::Task>> tasks = {
         fb::CreateTask(b, b.CreateString(clsName), KIND(HeadKind, clsHead), 2,
                        true, clsClasses, 0, 0, 0, 1.0,
@@ -249,21 +251,27 @@ TEST(Plan, OldAndOtherVersionsAreRefusedByName) {
   EXPECT_EQ(errorOf(v1.flatbuffer()),
             "mtprt: plan p.mtpplan: plan version 1 (a bare flatbuffer, "
             "written before plans carried a checksum); this mtpc and runtime "
-            "read version 3: re-plan the spec with `mtpc plan SPEC "
+            "read version 4: re-plan the spec with `mtpc plan SPEC "
             "--format=fb -o PLAN`");
   // Version 2 wrote the kinds as strings.
   std::string v2 = Forge().file();
   v2[8] = 2;
   EXPECT_EQ(errorOf(v2), "mtprt: plan p.mtpplan: plan version 2; this mtpc "
-                         "and runtime read version 3: re-plan the spec with "
+                         "and runtime read version 4: re-plan the spec with "
                          "the matching mtpc");
-  std::string v4 = Forge().file();
-  v4[8] = 4;
-  EXPECT_EQ(errorOf(v4), "mtprt: plan p.mtpplan: plan version 4; this mtpc "
-                         "and runtime read version 3: re-plan the spec with "
+  // Version 3 had no attention kind.
+  std::string v3 = Forge().file();
+  v3[8] = 3;
+  EXPECT_EQ(errorOf(v3), "mtprt: plan p.mtpplan: plan version 3; this mtpc "
+                         "and runtime read version 4: re-plan the spec with "
+                         "the matching mtpc");
+  std::string v5 = Forge().file();
+  v5[8] = 5;
+  EXPECT_EQ(errorOf(v5), "mtprt: plan p.mtpplan: plan version 5; this mtpc "
+                         "and runtime read version 4: re-plan the spec with "
                          "the matching mtpc");
   EXPECT_NE(errorOf(v1.file()).find("the flatbuffer says plan version 1, its "
-                                    "frame version 3"),
+                                    "frame version 4"),
             std::string::npos);
   EXPECT_NE(errorOf("layers = 2").find("not an mtpc plan (no 'MTPPLAN' "
                                        "header)"),
@@ -306,6 +314,8 @@ TEST(Plan, EveryFieldTheRuntimeUsesIsChecked) {
       // The rest of what the runtime reads.
       {[](Forge &f) { f.kind = "lstm"; },
        "field backbone.kind: 99 is none of transformer"},
+      {[](Forge &f) { f.attention = "flash"; },
+       "field backbone.attention: 99 is none of math, fused"},
       {[](Forge &f) { f.heads = 3; },
        "field backbone.heads: 3 attention heads do not divide hidden 16"},
       {[](Forge &f) { f.seq = 0; }, "field backbone.seq: 0 is out of [1, "},
@@ -449,6 +459,7 @@ struct PlanFields {
   std::string kind = "transformer";
   int64_t layers = 2, hidden = 16, heads = 2, ffn = 32, vocab = 40, seq = 12;
   double dropout = 0.1;
+  std::string attention = "math";
   std::vector<TaskFields> tasks = {{"cls", "classify", 1, true, 4},
                                    {"tag", "tag", 1, false, 6, 0, 0, 0, 0.5},
                                    {"gen", "decoder", 2, false, 0, 1, 0, 4}};
@@ -491,8 +502,9 @@ std::string build(const PlanFields &f) {
                : fb::CreateLrSchedule(b, KIND(ScheduleKind, kind), peak, warmup);
   };
   auto backbone =
-      fb::CreateBackbone(b, KIND(BackboneKind, f.kind), f.layers, f.hidden, f.heads,
-                         f.ffn, f.vocab, f.seq, f.dropout);
+      fb::CreateBackbone(b, KIND(BackboneKind, f.kind), f.layers, f.hidden,
+                         f.heads, f.ffn, f.vocab, f.seq, f.dropout,
+                         KIND(AttentionKind, f.attention));
   std::vector<flatbuffers::Offset<fb::Task>> tasks;
   for (const TaskFields &t : f.tasks)
     tasks.push_back(fb::CreateTask(
@@ -772,6 +784,10 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       {"Backbone.vocab", [](F &f) { f.vocab = 50; }, Shows::Losses},
       {"Backbone.seq", [](F &f) { f.seq = 10; }, Shows::Losses},
       {"Backbone.dropout", [](F &f) { f.dropout = 0.0; }, Shows::Losses},
+      // Fused attention keeps no S×S tensors (at dropout 0: on the CPU a
+      // fused config with dropout runs the math path).
+      {"Backbone.attention", [](F &f) { f.attention = "fused"; }, Shows::Peak,
+       "", [](F &f) { f.dropout = 0.0; }},
 
       {"Task.name", task(0, [](TaskFields &t) { t.name = "klass"; }),
        Shows::Losses},

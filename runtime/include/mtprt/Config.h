@@ -20,6 +20,9 @@ namespace mtprt {
 
 /// The shared transformer backbone: token + position embeddings and `layers`
 /// pre-norm layers (attention block, then MLP block).
+/// plan.fbs's AttentionKind, value for value.
+enum class AttentionKind { Math, Fused };
+
 struct ModelConfig {
   int64_t vocab = 128;
   int64_t seq = 16; ///< maximum (and batch) sequence length
@@ -31,6 +34,10 @@ struct ModelConfig {
       0.0;           ///< embedding, attention-probability and residual dropout
   uint64_t seed = 0; ///< deterministic initialization
   std::string device = "cpu"; ///< "cpu" or "cuda[:N]"
+  /// How the attention core runs (docs/runtime.md §2). Fused falls back to
+  /// Math where no fused kernel takes the dropout (training on the CPU
+  /// with dropout > 0).
+  AttentionKind attention = AttentionKind::Fused;
 };
 
 enum class HeadKind { Classify, Tag, Span, Decoder };

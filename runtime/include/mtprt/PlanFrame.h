@@ -35,7 +35,7 @@ namespace mtprt {
 inline constexpr char kPlanMagic[8] = {'M', 'T', 'P', 'P', 'L', 'A', 'N', '\n'};
 inline constexpr size_t kPlanFrameBytes = 24;
 /// The plan version this tree writes and reads (= plan.fbs PlanVersion).
-inline constexpr uint32_t kPlanVersion = 3;
+inline constexpr uint32_t kPlanVersion = 4;
 
 namespace detail {
 inline uint64_t readLe(const uint8_t *p, int n) {

@@ -79,10 +79,19 @@ public:
   /// Unit "layer<l>.attn" (l in 1..L): x + dropout(out(core(qkv(norm(x))))).
   at::Tensor attention(int64_t layer, const at::Tensor &x) const;
   /// The score–softmax–dropout–value core alone, for finer plans.
-  /// q, k, v: [B, heads, S, d]; mask: optional bool [S, S] (true = hidden).
+  /// q: [B, heads, T, d], k, v: [B, heads, S, d]. `causal` hides the keys
+  /// after each query; the math path then takes `mask` (causalMask(T)) if
+  /// given, else makes it. Fused (one scaled_dot_product_attention kernel)
+  /// where fusedAttention(), else the math path (docs/runtime.md §2).
   at::Tensor attentionCore(const at::Tensor &q, const at::Tensor &k,
-                           const at::Tensor &v,
+                           const at::Tensor &v, bool causal = false,
                            const at::Tensor &mask = {}) const;
+  /// Whether attentionCore runs the fused kernel: the config asks for it
+  /// and a fused kernel takes the dropout here (CUDA, eval, or dropout 0).
+  bool fusedAttention() const;
+  /// The math path's causal mask (bool [T, T], true = hidden); undefined
+  /// where the fused kernel runs, which needs none.
+  at::Tensor causalMask(int64_t t) const;
   /// Unit "layer<l>.mlp": x + dropout(down(gelu(up(norm(x))))).
   at::Tensor mlp(int64_t layer, const at::Tensor &x) const;
   /// Backbone chain unit u: 0 = embed (x = tokens), 2l-1 = attention of layer
@@ -136,7 +145,7 @@ private:
 
   at::Tensor dropout(const at::Tensor &x) const;
   at::Tensor attentionBlock(const AttentionParams &p, const at::Tensor &x,
-                            const at::Tensor &mask) const;
+                            bool causal, const at::Tensor &mask = {}) const;
   at::Tensor mlpBlock(const MlpParams &p, const at::Tensor &x) const;
   at::Tensor decoderHead(const Head &p, const HeadConfig &c,
                          const at::Tensor &memory,
