@@ -656,18 +656,6 @@ int envLocalRank(int rank) {
 // --dump-init and --rss: what the benchmarks' PyTorch peer needs
 //===----------------------------------------------------------------------===//
 
-const char *toString(LrSchedule s) {
-  switch (s) {
-  case LrSchedule::Constant:
-    return "constant";
-  case LrSchedule::Linear:
-    return "linear";
-  case LrSchedule::Cosine:
-    return "cosine";
-  }
-  return "?";
-}
-
 nlohmann::ordered_json jsonLr(const LrConfig &c) {
   return {{"lr", c.lr},
           {"schedule", toString(c.schedule)},
@@ -710,15 +698,14 @@ void dumpInit(const std::string &dir, TrainerCore &core,
                      {"layers", mc.layers},   {"hidden", mc.hidden},
                      {"heads", mc.heads},     {"ffn", mc.ffn},
                      {"dropout", mc.dropout}, {"seed", mc.seed},
-                     {"attention",
-                      mc.attention == AttentionKind::Fused ? "fused" : "math"}};
+                     {"attention", toString(mc.attention)}};
   Json headList = Json::array();
   for (const HeadConfig &h : heads)
     headList.push_back(
         {{"name", h.name},
          {"kind", toString(h.kind)},
          {"tap", h.tap},
-         {"loss", h.loss == LossKind::Mse ? "mse" : "cross_entropy"},
+         {"loss", toString(h.loss)},
          {"classes", h.classes},
          {"weight", h.weight}});
   config["heads"] = std::move(headList);

@@ -24,20 +24,6 @@
 
 namespace mtprt {
 
-const char *toString(HeadKind kind) {
-  switch (kind) {
-  case HeadKind::Classify:
-    return "classify";
-  case HeadKind::Tag:
-    return "tag";
-  case HeadKind::Span:
-    return "span";
-  case HeadKind::Decoder:
-    return "decoder";
-  }
-  return "?";
-}
-
 const char *toString(GradScope scope) {
   switch (scope) {
   case GradScope::Sum:
@@ -46,18 +32,6 @@ const char *toString(GradScope scope) {
     return "features";
   case GradScope::Params:
     return "params";
-  }
-  return "?";
-}
-
-const char *toString(Precision precision) {
-  switch (precision) {
-  case Precision::Fp32:
-    return "fp32";
-  case Precision::Bf16:
-    return "bf16";
-  case Precision::Fp16:
-    return "fp16";
   }
   return "?";
 }

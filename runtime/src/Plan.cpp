@@ -121,6 +121,28 @@ static_assert(int(Collective::Auto) ==
               int(Collective::Compressed) ==
                   int(mtp::fb::CollectivePolicy::compressed));
 
+} // namespace
+
+const char *toString(HeadKind kind) {
+  return mtp::fb::EnumNameHeadKind(static_cast<mtp::fb::HeadKind>(kind));
+}
+const char *toString(LossKind loss) {
+  return mtp::fb::EnumNameLossKind(static_cast<mtp::fb::LossKind>(loss));
+}
+const char *toString(AttentionKind kind) {
+  return mtp::fb::EnumNameAttentionKind(
+      static_cast<mtp::fb::AttentionKind>(kind));
+}
+const char *toString(LrSchedule schedule) {
+  return mtp::fb::EnumNameScheduleKind(
+      static_cast<mtp::fb::ScheduleKind>(schedule));
+}
+const char *toString(Precision precision) {
+  return mtp::fb::EnumNamePrecision(static_cast<mtp::fb::Precision>(precision));
+}
+
+namespace {
+
 GradScope gradScope(mtp::fb::GradientScope s) {
   switch (s) {
   case mtp::fb::GradientScope::sum:

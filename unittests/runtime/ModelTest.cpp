@@ -83,6 +83,17 @@ std::vector<at::Tensor> gradsOf(const Model &m, const at::Tensor &loss) {
   return torch::autograd::grad({loss}, m.parameters(), {}, false, false, true);
 }
 
+/// Bytes still allocated after `run`, beyond what it returns (the CPU
+/// tracking allocator must be installed).
+int64_t savedBy(const std::function<std::vector<at::Tensor>()> &run) {
+  const int64_t before = cpuMemoryStats().currentBytes;
+  std::vector<at::Tensor> out = run();
+  int64_t outBytes = 0;
+  for (const at::Tensor &o : out)
+    outBytes += o.nbytes();
+  return cpuMemoryStats().currentBytes - before - outBytes;
+}
+
 void expectSameGrads(const std::vector<at::Tensor> &a,
                      const std::vector<at::Tensor> &b, const Model &m) {
   ASSERT_EQ(a.size(), b.size());
@@ -187,15 +198,6 @@ TEST(Model, SavedBytesPerUnitMatchTheContract) {
   const int64_t T = heads[3].targetSeq, V = heads[3].targetVocab;
   Batch b = m.syntheticBatch(B, 1);
   at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
-  auto cur = [] { return cpuMemoryStats().currentBytes; };
-  auto savedBy = [&](const std::function<std::vector<at::Tensor>()> &run) {
-    const int64_t before = cur();
-    std::vector<at::Tensor> out = run();
-    int64_t outBytes = 0;
-    for (const at::Tensor &o : out)
-      outBytes += o.nbytes();
-    return cur() - before - outBytes;
-  };
   auto attention = [&](int64_t s, int64_t kv) { // kv = key/value length
     return 2 * B * s * f + B * s * H * f + B * s * H * f + 2 * B * kv * H * f +
            B * nh * s * kv * (f + 1 + f) + B * s * H * f + B * s * H;
@@ -299,15 +301,6 @@ TEST(Attention, FusedSavedBytesMatchTheContract) {
   const int64_t T = heads[3].targetSeq, V = heads[3].targetVocab;
   Batch b = m.syntheticBatch(B, 1);
   at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
-  auto cur = [] { return cpuMemoryStats().currentBytes; };
-  auto savedBy = [&](const std::function<std::vector<at::Tensor>()> &run) {
-    const int64_t before = cur();
-    std::vector<at::Tensor> out = run();
-    int64_t outBytes = 0;
-    for (const at::Tensor &o : out)
-      outBytes += o.nbytes();
-    return cur() - before - outBytes;
-  };
   // s queries over kv keys: norm stats and output, q (in the fused QKV or
   // its own projection), k and v, log-sum-exp, the context.
   auto attention = [&](int64_t s, int64_t kv) {

@@ -187,7 +187,12 @@ struct StepStats {
   bool skipped = false;   ///< fp16 overflow: the step was skipped
 };
 
+/// The names the spec, the IR and the plan file use (flatc's tables for the
+/// enums the plan schema shares, value for value: runtime/src/Plan.cpp).
 const char *toString(HeadKind kind);
+const char *toString(LossKind loss);
+const char *toString(AttentionKind kind);
+const char *toString(LrSchedule schedule);
 const char *toString(GradScope scope);
 const char *toString(Precision precision);
 
