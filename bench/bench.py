@@ -10,6 +10,8 @@ Sections (all by default; `--only a,b`):
             with F.scaled_dot_product_attention, torch.compile, torch.compile with
             activation_memory_budget 0.5 and 0.3; model M (dropout 0) and the
             wider model W (hidden 256, seq 256)
+  load      step time beside one other CPU-bound process, default threads and
+            one: mtpc against eager SDPA
   memory    peak memory and step time: mtpc none / uniform / the planner at
             uniform's peak and at 50% / 33% / 25% of the no-checkpoint peak,
             task-granular (+ offload); the peer none / uniform / selective /
@@ -555,6 +557,49 @@ def section_step(args, b, r, out):
     return results
 
 
+def section_load(args, b, r, out):
+    """Step time beside one other CPU-bound process, at LibTorch's default
+    thread count and at one thread: mtpc against eager SDPA, model M."""
+    text = model_m(args, {}, dropout=0.0)
+    binary = b.build(text)
+    init = os.path.join(args.work, "init-load")
+    shutil.rmtree(init, ignore_errors=True)
+    r.mtpc(binary, 0, extra=["--dump-init", init])
+    steps = 4 if args.quick else 8
+    wall = {}
+    saved = args.threads
+    try:
+        for loaded in (False, True):
+            hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if loaded else None
+            try:
+                time.sleep(0.5)
+                for threads in (0, 1):
+                    args.threads = threads
+                    m = r.mtpc(binary, steps)
+                    wall[("mtpc none", threads, loaded)] = median(step_times(m["records"]))
+                    p = r.peer(init, "sdpa", steps)
+                    wall[("peer sdpa (eager)", threads, loaded)] = median(p["step_time_s"][1:])
+            finally:
+                if hog:
+                    hog.kill()
+                    hog.wait()
+    finally:
+        args.threads = saved
+    rows = []
+    for who in ("mtpc none", "peer sdpa (eager)"):
+        for threads in (0, 1):
+            quiet, busy = wall[(who, threads, False)], wall[(who, threads, True)]
+            rows.append([who, "LibTorch's (%d)" % os.cpu_count() if threads == 0 else "1",
+                         "%.1f" % (1e3 * quiet), "%.1f" % (1e3 * busy), fmt_ratio(busy / quiet)])
+    out.append("### Under load: one other CPU-bound process\n")
+    out.append("Model M, dropout 0, no strategy; wall ms per step (median of %d steps, the first "
+               "dropped), quiet and beside a Python busy loop, at LibTorch's default intra-op "
+               "thread count and at one thread.\n" % steps)
+    out.append(table(["configuration", "threads", "quiet ms/step", "loaded ms/step", "slowdown"],
+                     rows))
+    return {"%s/%s/%s" % k: v for k, v in wall.items()}
+
+
 def section_plan(args, b, r, out):
     res = {}
     test = os.path.join(ROOT, "build", "unittests", "compiler", "MTPCCompilerTests")
@@ -757,7 +802,8 @@ def section_ablation(args, b, r, out):
     return {"%s@%s" % k: v for k, v in res.items()}
 
 
-SECTIONS = {"agree": section_agree, "step": section_step, "memory": section_memory,
+SECTIONS = {"agree": section_agree, "step": section_step, "load": section_load,
+            "memory": section_memory,
             "plan": section_plan,
             "compress": section_compress, "scope": section_scope, "ablation": section_ablation}
 QUICK = ["agree", "memory", "plan", "compress"]
