@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs bench/peer.py's four variants from a binary's --dump-init state and
+"""Runs every bench/peer.py variant from a binary's --dump-init state and
 compares their per-task losses with the binary's metrics, step by step.
 
     compare_peer.py BENCH_DIR INIT_DIR METRICS.jsonl STEPS TOL0 TOL
