@@ -18,11 +18,11 @@
 
 namespace mtprt {
 
-/// The shared transformer backbone: token + position embeddings and `layers`
-/// pre-norm layers (attention block, then MLP block).
 /// plan.fbs's AttentionKind, value for value.
 enum class AttentionKind { Math, Fused };
 
+/// The shared transformer backbone: token + position embeddings and `layers`
+/// pre-norm layers (attention block, then MLP block).
 struct ModelConfig {
   int64_t vocab = 128;
   int64_t seq = 16; ///< maximum (and batch) sequence length
