@@ -135,8 +135,20 @@ if(MTP_CCACHE)
   set(CMAKE_CXX_COMPILER_LAUNCHER ${{MTP_CCACHE})
   set(CMAKE_CUDA_COMPILER_LAUNCHER ${{MTP_CCACHE})
 endif()
-add_executable({1} main.cpp step.cpp plan.cpp kernels_cpu.cpp)
+add_executable({1} main.cpp step.cpp plan.cpp kernels_cpu.cpp kernels_vec.cpp)
 target_link_libraries({1} PRIVATE mtprt::mtprt)
+# The fused pointwise kernels: AVX2+FMA where the compiler has them (the
+# binary registers them only on a CPU that does), as ATen builds its own.
+include(CheckCXXCompilerFlag)
+check_cxx_compiler_flag("-mavx2 -mfma" MTP_CXX_HAS_AVX2)
+if(MTP_CXX_HAS_AVX2 AND CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+  set_source_files_properties(kernels_vec.cpp PROPERTIES
+    COMPILE_OPTIONS "-mavx2;-mfma;-O3"
+    COMPILE_DEFINITIONS "CPU_CAPABILITY=AVX2;CPU_CAPABILITY_AVX2")
+else()
+  set_source_files_properties(kernels_vec.cpp PROPERTIES
+    COMPILE_OPTIONS "-O3" COMPILE_DEFINITIONS "CPU_CAPABILITY=DEFAULT")
+endif()
 if(MTP_CUDA)
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
@@ -191,6 +203,7 @@ int main(int argc, char **argv) {{
 
   step.cpp         the planned step (EmitC, MLIR's C++ emitter)
   kernels_cpu.cpp  kernels specialized with the spec's constants (CPU)
+  kernels_vec.cpp  the fused norm kernels with the hidden size as row width
   kernels.cu       the same kernels for CUDA (built with -DMTP_CUDA=ON)
   plan.cpp         the plan, embedded (plan.mtpplan is the same bytes)
   main.cpp         the runtime's driver around the step
@@ -211,6 +224,7 @@ Build on a GPU node:   cmake -G Ninja -S . -B build -DMTP_CUDA=ON -Dmtprt_DIR=<r
              {"plan.cpp", planCpp},
              {"plan.mtpplan", files.planBytes},
              {"kernels_cpu.cpp", files.kernelsCpu},
+             {"kernels_vec.cpp", files.kernelsVec},
              {"kernels.cu", files.kernelsCuda},
              {"README", readme}};
   for (auto &f : out)

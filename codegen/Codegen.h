@@ -41,12 +41,14 @@ llvm::StringRef findEmbeddedPlan(llvm::StringRef binary);
 /// CUDA C++ (each a complete translation unit).
 std::string emitKernelsCpu(ModelOp model);
 std::string emitKernelsCuda(ModelOp model);
+/// The fused pointwise CPU kernels with the hidden size as row width.
+std::string emitKernelsVec(ModelOp model);
 
 struct ProjectFiles {
   std::string modelName;
   std::string stepCpp;    ///< emitStepCpp's output
   std::string planBytes;  ///< the flatbuffer plan
-  std::string kernelsCpu, kernelsCuda;
+  std::string kernelsCpu, kernelsCuda, kernelsVec;
   std::string source;     ///< the spec file, for comments
   bool cuda = false;      ///< build the .cu with nvcc and link CUDA + NCCL
 };

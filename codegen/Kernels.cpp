@@ -2,7 +2,9 @@
 //
 // The GFM mask (hidden size -> rfft bins, `keep` -> kept bins) and the GSC
 // block quantizer (`block`, `bits`) with their sizes as compile-time
-// constants, as a CPU twin and as CUDA C++. Both register themselves with
+// constants, as a CPU twin and as CUDA C++; the fused pointwise norm kernels
+// with the hidden size as their row width (kernels_vec.cpp, over ATen's
+// at::vec, compiled for AVX2 where the compiler has it). Both register themselves with
 // the runtime (mtprt/kernels/Specialized.h), which runs them wherever a
 // tensor has the specialized shape and its generic kernel elsewhere.
 //
@@ -11,6 +13,7 @@
 #include "codegen/Codegen.h"
 #include "dialect/MTPOps.h"
 #include "mtprt/kernels/GradFuse.h"
+#include "passes/CostModel.h"
 
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -26,6 +29,7 @@ struct Constants {
   std::string model;
   int64_t tasks = 0, hidden = 0, bins = 0, keep = 0, block = 256, bits = 8;
   double keepFraction = 1.0, topk = 0.15;
+  bool fusedPointwise = false;
 };
 
 Constants constantsOf(ModelOp model) {
@@ -36,6 +40,7 @@ Constants constantsOf(ModelOp model) {
   c.hidden = backbone ? static_cast<int64_t>(backbone.getHidden()) : 0;
   c.bins = mtprt::kernels::gfmBins(c.hidden);
   c.keep = c.bins;
+  c.fusedPointwise = CostModel(model).pointwise() == PointwiseKind::fused;
   if (StrategyOp s = model.getStrategy()) {
     if (std::optional<llvm::APFloat> gfm = s.getGfmKeep()) {
       double keep = gfm->convertToDouble();
@@ -104,6 +109,12 @@ void blockDequantize(const int8_t *codes, const float *scales, int64_t n, float 
 }
 } // namespace
 
+#if {9}
+// kernels_vec.cpp: the norm kernels with rows of the hidden size.
+const mtprt::kernels::PointwiseCpu *mtp_pointwise_kernels();
+extern const bool mtp_pointwise_needs_avx2;
+#endif
+
 #ifdef MTP_CUDA_KERNELS
 int mtp_mask_bins_cuda(float *spectrum, int64_t rows, void *stream);
 int mtp_block_quantize_cuda(const float *values, int64_t n, int8_t *codes, float *scales, void *stream);
@@ -119,6 +130,12 @@ void mtp_register_kernels() {{
   k.quantBlock = {4};
   k.blockQuantizeCpu = {5};
   k.blockDequantizeCpu = {6};
+#if {9}
+  if (!mtp_pointwise_needs_avx2 || mtprt::kernels::cpuHasAvx2Fma()) {{
+    k.normWidth = {10};
+    k.pointwise = *mtp_pointwise_kernels();
+  }
+#endif
 #ifdef MTP_CUDA_KERNELS
   k.maskBinsCuda = mtp_mask_bins_cuda;
   k.blockQuantizeCuda = {7};
@@ -132,7 +149,34 @@ void mtp_register_kernels() {{
                        c.bits == 8 ? "blockQuantize" : "nullptr",
                        c.bits == 8 ? "blockDequantize" : "nullptr",
                        c.bits == 8 ? "mtp_block_quantize_cuda" : "nullptr",
-                       c.bits == 8 ? "mtp_block_dequantize_cuda" : "nullptr")
+                       c.bits == 8 ? "mtp_block_dequantize_cuda" : "nullptr",
+                       c.fusedPointwise ? 1 : 0, c.hidden)
+             .str();
+}
+
+std::string emitKernelsVec(ModelOp model) {
+  Constants c = constantsOf(model);
+  return header(c, "The fused pointwise kernels (CPU, at::vec)") +
+         llvm::formatv(R"mtp(// Compiled with CPU_CAPABILITY=AVX2 and -mavx2 -mfma where the compiler has
+// them (CMakeLists.txt), else CPU_CAPABILITY=DEFAULT; kernels_cpu.cpp
+// registers them only where this CPU runs them.
+#include "mtprt/kernels/PointwiseVec.h"
+
+#ifdef CPU_CAPABILITY_AVX2
+extern const bool mtp_pointwise_needs_avx2 = true;
+#else
+extern const bool mtp_pointwise_needs_avx2 = false;
+#endif
+
+// LayerNorm rows of the hidden size {0} (a compile-time constant: the
+// reductions are unrolled for it); GELU is shape-free.
+const mtprt::kernels::PointwiseCpu *mtp_pointwise_kernels() {{
+  static const mtprt::kernels::PointwiseCpu table =
+      mtprt::kernels::vec::table<{0}>();
+  return &table;
+}
+)mtp",
+                       c.hidden)
              .str();
 }
 

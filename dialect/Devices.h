@@ -46,6 +46,11 @@ inline bool fusedAttentionServes(bool gpu, double dropout) {
   return gpu || dropout == 0.0;
 }
 
+/// Whether the runtime's fused norm and GELU kernels serve a model trained
+/// with (`autocast`) or without 16-bit autocast: they are fp32 kernels, and
+/// under autocast the linears' 16-bit copies are what is kept anyway.
+inline bool fusedPointwiseServes(bool autocast) { return !autocast; }
+
 } // namespace mtp
 
 #endif // MTPC_DIALECT_DEVICES_H

@@ -29,6 +29,22 @@ def MTP_AttentionKind : I32EnumAttr<"AttentionKind",
 def MTP_AttentionKindAttr : EnumAttr<MTP_Dialect, MTP_AttentionKind,
                                      "attention">;
 
+def MTP_PointwiseKind : I32EnumAttr<"PointwiseKind",
+    "how the norms and the GELU keep what their backward needs", [
+    // ATen's layer_norm, gelu and linear: a linear after a norm or a GELU
+    // keeps that op's output.
+    I32EnumAttrCase<"aten", 0>,
+    // The runtime's fused pointwise kernels: the norm keeps its input and
+    // statistics, the GELU its input; backward recomputes their outputs, so
+    // the linear after them keeps nothing. fp32 only (no autocast).
+    I32EnumAttrCase<"fused", 1>
+  ]> {
+  let cppNamespace = "::mtp";
+  let genSpecializedAttr = 0;
+}
+def MTP_PointwiseKindAttr : EnumAttr<MTP_Dialect, MTP_PointwiseKind,
+                                     "pointwise">;
+
 def MTP_HeadKind : I32EnumAttr<"HeadKind", "kind of task head", [
     // Sequence classification on the pooled (first-token) output.
     I32EnumAttrCase<"classify", 0>,

@@ -960,6 +960,17 @@ static LogicalResult verifyUnit(Operation *op, UnitKind unit, uint64_t layer,
 }
 
 LogicalResult BwdOp::verify() {
+  if (uint64_t n = getAliases()) {
+    if (getGrads().size() != 1 || n > getInputGrads().size())
+      return emitOpError("aliases ")
+             << n << " needs one incoming gradient and at least " << n
+             << " input gradients";
+    for (Value g : getInputGrads().take_front(n))
+      if (g.getType() != getGrads().front().getType())
+        return emitOpError("an aliased input gradient has type ")
+               << g.getType() << ", the incoming one "
+               << getGrads().front().getType();
+  }
   return verifyUnit(*this, getUnit(), getLayer(), getTaskAttr());
 }
 
@@ -1008,8 +1019,16 @@ LogicalResult FuseTaskGradsOp::verify() {
     return emitOpError("takes ")
            << getGrads().size() << " gradients for " << getTasks().size()
            << " tasks";
-  if (getGrads().getTypes() != getFused().getTypes())
-    return emitOpError("must return one gradient of each input's type");
+  // One fused gradient per tap layer: no more than the tasks, each of a
+  // task gradient's type.
+  if (getFused().empty() || getFused().size() > getGrads().size())
+    return emitOpError("returns ")
+           << getFused().size() << " fused gradients for " << getGrads().size()
+           << " task gradients (one per tap layer expected)";
+  for (Type t : getFused().getTypes())
+    if (!llvm::is_contained(getGrads().getTypes(), t))
+      return emitOpError("returns a fused gradient of type ")
+             << t << " that no task gradient has";
   return success();
 }
 

@@ -77,7 +77,7 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
     ```mlir
     mtp.backbone transformer(layers = 24, hidden = 1024, heads = 16,
                              ffn = 4096, vocab = 32000, seq = 512,
-                             dropout = 0.1) attention math
+                             dropout = 0.1) attention math pointwise aten
     ```
   }];
   let arguments = (ins MTP_BackboneKindAttr:$kind,
@@ -88,12 +88,13 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
                        MTP_PositiveI64Attr:$vocab,
                        MTP_PositiveI64Attr:$seq,
                        F64Attr:$dropout,
-                       OptionalAttr<MTP_AttentionKindAttr>:$attention);
+                       OptionalAttr<MTP_AttentionKindAttr>:$attention,
+                       OptionalAttr<MTP_PointwiseKindAttr>:$pointwise);
   let assemblyFormat = [{
     $kind `(` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
               `heads` `=` $heads `,` `ffn` `=` $ffn `,`
               `vocab` `=` $vocab `,` `seq` `=` $seq `,` `dropout` `=` $dropout `)`
-              (`attention` $attention^)? attr-dict
+              (`attention` $attention^)? (`pointwise` $pointwise^)? attr-dict
   }];
   let hasVerifier = 1;
   let extraClassDeclaration = [{

@@ -105,11 +105,17 @@ def MTP_BwdOp : MTP_Op<"bwd", [HasParent<"StepOp">, AttrSizedOperandSegments,
                        Variadic<AnyRankedTensor>:$grads,
                        Variadic<AnyRankedTensor>:$saved,
                        MTP_NonNegativeI64Attr:$flops,
-                       DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$workspace);
+                       DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$workspace,
+                       DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$aliases);
   let results = (outs Variadic<AnyRankedTensor>:$input_grads);
+  // `aliases n`: the first n input gradients are the one incoming gradient
+  // itself — a residual add hands it to both branches, the fused GELU
+  // backward scales it in place: no buffer of their own, and the incoming
+  // one lives as long as they do.
   let assemblyFormat = [{
     $unit `[` $layer `]` ($task^)? `grads` `(` $grads `)`
-    `saved` `(` $saved `)` `flops` $flops (`workspace` $workspace^)? attr-dict `:`
+    `saved` `(` $saved `)` `flops` $flops (`workspace` $workspace^)?
+    (`aliases` $aliases^)? attr-dict `:`
     functional-type(operands, results)
   }];
   let hasVerifier = 1;
@@ -133,7 +139,9 @@ def MTP_FuseTaskGradsOp : MTP_Op<"fuse_task_grads", [HasParent<"StepOp">,
     `gfm_keep` fraction of rfft bins along the channel dimension; none =
     off), per-task clipping to `clip_max_norm` (0 = off), then α_t from the
     DGFG gate (`gate_hidden` wide; none = uniform α over present tasks), so
-    that the backbone's gradient is Σ α_t ĝ_t (docs/contracts.md). Each head's own
+    that the backbone's gradient is Σ α_t ĝ_t (docs/contracts.md): one
+    result per tap layer, the sum over the tasks reading it, in the order
+    the heads first reach each tap. Each head's own
     parameters keep their gradients for their optimizer group
     (TaskLRAdapter).
   }];

@@ -26,7 +26,9 @@ public:
         i64(bb.layers), i64(bb.hidden), i64(bb.heads), i64(bb.ffn),
         i64(bb.vocab), i64(bb.seq), f64(bb.dropout),
         bb.attention ? AttentionKindAttr::get(ctx(), *bb.attention)
-                     : AttentionKindAttr());
+                     : AttentionKindAttr(),
+        bb.pointwise ? PointwiseKindAttr::get(ctx(), *bb.pointwise)
+                     : PointwiseKindAttr());
 
     for (const CheckedSpec::Task &t : spec.tasks) {
       auto task = builder.create<TaskOp>(

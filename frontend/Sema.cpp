@@ -97,7 +97,7 @@ constexpr Deferred kDeferredBudget[] = {
 // Keys per section, so a key written in the wrong section gets pointed home.
 constexpr StringRef kBackboneKeys[] = {"layers", "hidden",  "heads",
                                        "ffn",    "vocab",   "seq",
-                                       "dropout", "attention"};
+                                       "dropout", "attention", "pointwise"};
 constexpr StringRef kBudgetKeys[] = {
     "device",       "memory",      "headroom",     "host_link",
     "gpus",         "global_batch", "micro_batch", "accumulation",
@@ -530,6 +530,12 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
     if (std::optional<StringRef> k = choice(*v, "attention", kinds))
       out.attention = *symbolizeAttentionKind(*k);
     out.attentionLoc = v->loc;
+  }
+  if (const ast::Value *v = f.get("pointwise")) {
+    static const StringRef kinds[] = {"fused", "aten"};
+    if (std::optional<StringRef> k = choice(*v, "pointwise", kinds))
+      out.pointwise = *symbolizePointwiseKind(*k);
+    out.pointwiseLoc = v->loc;
   }
   if (out.hidden > 0 && out.heads > 0 && out.hidden % out.heads != 0) {
     auto diag = error(f.locOf("heads"));
@@ -1193,6 +1199,14 @@ void Sema::crossChecks(CheckedSpec &spec) {
     note(diag, bb.attentionLoc,
          "set dropout = 0, or write attention = math (or leave attention out: "
          "mtpc then picks)");
+  }
+  if (bb.pointwise == PointwiseKind::fused &&
+      !fusedPointwiseServes(spec.budget.precision != Precision::fp32)) {
+    auto diag = error(bb.pointwiseLoc);
+    diag << "pointwise = fused needs precision = fp32: the fused norm and "
+            "GELU kernels do not run under autocast";
+    note(diag, bb.pointwiseLoc,
+         "write pointwise = aten (or leave pointwise out: mtpc then picks)");
   }
   auto warmupCheck = [&](const Schedule &s, Location l, StringRef who) {
     if (s.warmup > train.steps)

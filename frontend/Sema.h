@@ -36,7 +36,8 @@ struct CheckedSpec {
     double dropout;
     /// Absent: --mtp-normalize-spec picks for the device and dropout.
     std::optional<AttentionKind> attention;
-    ast::Location loc, attentionLoc;
+    std::optional<PointwiseKind> pointwise;
+    ast::Location loc, attentionLoc, pointwiseLoc;
   } backbone;
 
   struct Task {

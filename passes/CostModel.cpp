@@ -6,6 +6,9 @@
 //   layer_norm      saves its input, mean and rstd ([.., 1] fp32 each)
 //   linear          saves its input
 //   gelu            saves its input
+//   fused pointwise a linear after a norm or a GELU saves nothing of its own:
+//                   backward recomputes the norm's output from its input and
+//                   statistics, the GELU's from its input
 //   softmax         saves its output
 //   native_dropout  saves a one-byte mask
 //   cross_entropy   log_softmax saves its output, nll_loss a scalar weight
@@ -37,6 +40,14 @@ CostModel::CostModel(ModelOp model)
   }
   dropout = backbone.getDropout().convertToDouble() > 0.0;
   attentionKind = backbone.getAttention().value_or(fittingAttention(model));
+  pointwiseKind = backbone.getPointwise().value_or(fittingPointwise(model));
+}
+
+PointwiseKind CostModel::fittingPointwise(ModelOp model) {
+  BudgetOp budget = model.getBudget();
+  const bool autocast = budget && budget.getPrecision() != Precision::fp32;
+  return fusedPointwiseServes(autocast) ? PointwiseKind::fused
+                                        : PointwiseKind::aten;
 }
 
 AttentionKind CostModel::fittingAttention(ModelOp model) {
@@ -141,6 +152,11 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
                 f = backbone.getFfn();
   const int64_t e = bytes(tensor({1}, act));
   const int64_t bsh = b * s * h, bass = b * a * s * s;
+  // The fused pointwise kernels recompute in backward what a linear after a
+  // norm or a GELU would keep; the recomputed tensor has its input
+  // gradient's size and is freed before that gradient is made, so it needs
+  // no workspace of its own.
+  const bool fusedPointwise = pointwiseKind == PointwiseKind::fused;
   auto stream = [&] { return tensor({b, s, h}, f32); };
   auto weights = [&](UnitCost &cost, int64_t out, int64_t in) {
     if (!autocast)
@@ -176,9 +192,9 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
   case UnitKind::qkv:
     cost.output = tensor({b, s, 3 * h}, act);
     weights(cost, 3 * h, h);
-    cost.backwardNeedsInput = true;
+    cost.backwardNeedsInput = !fusedPointwise;
     cost.fwdFlops = 2 * bsh * 3 * h;
-    cost.bwdFlops = 2 * cost.fwdFlops;
+    cost.bwdFlops = 2 * cost.fwdFlops + (fusedPointwise ? 4 * bsh : 0);
     return cost;
   case UnitKind::attn_core:
     cost.output = tensor({b, s, h}, act);
@@ -225,6 +241,9 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
   case UnitKind::attn_residual:
   case UnitKind::mlp_residual:
     cost.output = stream();
+    // The add hands its incoming gradient to the skip input, and to the
+    // branch too unless dropout scales it into a new tensor.
+    cost.backwardAliases = dropout ? 1 : 2;
     if (dropout) {
       cost.saved.push_back({"mask", tensor({b, s, h}, mask)});
       cost.fwdWorkspace = e * bsh; // the dropped branch before the add
@@ -235,22 +254,24 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
   case UnitKind::mlp_up:
     cost.output = tensor({b, s, f}, act);
     weights(cost, f, h);
-    cost.backwardNeedsInput = true;
+    cost.backwardNeedsInput = !fusedPointwise;
     cost.fwdFlops = 2 * bsh * f;
-    cost.bwdFlops = 4 * bsh * f;
+    cost.bwdFlops = 4 * bsh * f + (fusedPointwise ? 4 * bsh : 0);
     return cost;
   case UnitKind::mlp_act:
     cost.output = tensor({b, s, f}, act);
     cost.backwardNeedsInput = true;
+    // The fused GELU backward scales the incoming gradient in place.
+    cost.backwardAliases = fusedPointwise ? 1 : 0;
     cost.fwdFlops = 8 * b * s * f;
     cost.bwdFlops = 12 * b * s * f;
     return cost;
   case UnitKind::mlp_down:
     cost.output = tensor({b, s, h}, act);
     weights(cost, h, f);
-    cost.backwardNeedsInput = true;
+    cost.backwardNeedsInput = !fusedPointwise;
     cost.fwdFlops = 2 * bsh * f;
-    cost.bwdFlops = 4 * bsh * f;
+    cost.bwdFlops = 4 * bsh * f + (fusedPointwise ? 8 * b * s * f : 0);
     return cost;
   case UnitKind::head:
     return headCost(task);
@@ -294,6 +315,9 @@ UnitCost CostModel::headCost(TaskOp task) const {
 
   UnitCost cost;
   const bool autocast = !act.isF32();
+  // With fused pointwise kernels, a linear after a norm or a GELU keeps
+  // nothing (see unit()): no norm output, no GELU output.
+  const bool fusedPointwise = pointwiseKind == PointwiseKind::fused;
   auto weights = [&](int64_t out, int64_t in) {
     if (!autocast)
       return;
@@ -307,10 +331,10 @@ UnitCost CostModel::headCost(TaskOp task) const {
   case HeadKind::classify: {
     int64_t c = *task.getClasses();
     cost.output = tensor({b, c}, act);
-    cost.saved = {{"mean", tensor({b, 1}, f32)},
-                  {"rstd", tensor({b, 1}, f32)},
-                  {"normed", tensor({b, h}, act)},
-                  {"pooled", tensor({b, h}, act)}};
+    cost.saved = {{"mean", tensor({b, 1}, f32)}, {"rstd", tensor({b, 1}, f32)}};
+    if (!fusedPointwise)
+      cost.saved.push_back({"normed", tensor({b, h}, act)});
+    cost.saved.push_back({"pooled", tensor({b, h}, act)});
     weights(h, h);
     weights(c, h);
     cost.fwdFlops = 2 * b * h * h + 2 * b * h * c + 12 * b * h;
@@ -323,8 +347,9 @@ UnitCost CostModel::headCost(TaskOp task) const {
     int64_t c = task.getHead() == HeadKind::tag ? int64_t(*task.getLabels()) : 2;
     cost.output = tensor({b, s, c}, act);
     cost.saved = {{"mean", tensor({b, s, 1}, f32)},
-                  {"rstd", tensor({b, s, 1}, f32)},
-                  {"normed", tensor({b, s, h}, act)}};
+                  {"rstd", tensor({b, s, 1}, f32)}};
+    if (!fusedPointwise)
+      cost.saved.push_back({"normed", tensor({b, s, h}, act)});
     weights(c, h);
     cost.fwdFlops = 2 * b * s * h * c + 8 * b * s * h;
     cost.bwdFlops = 2 * cost.fwdFlops;
@@ -338,6 +363,11 @@ UnitCost CostModel::headCost(TaskOp task) const {
     cost.output = tensor({b, t, v}, act);
     auto add = [&](std::string name, RankedTensorType type) {
       cost.saved.push_back({std::move(name), type});
+    };
+    // What only the ATen path keeps: a norm's or the GELU's output.
+    auto addUnfused = [&](std::string name, RankedTensorType type) {
+      if (!fusedPointwise)
+        add(std::move(name), type);
     };
     add("inputs", tensor({b, t}, builder.getI64Type()));
     add("embedded", tensor({b, t, h}, act));
@@ -353,7 +383,7 @@ UnitCost CostModel::headCost(TaskOp task) const {
       auto attention = [&](const std::string &q, int64_t k) {
         add(q + "mean", tensor({b, t, 1}, f32));
         add(q + "rstd", tensor({b, t, 1}, f32));
-        add(q + "normed", tensor({b, t, h}, act));
+        addUnfused(q + "normed", tensor({b, t, h}, act));
         if (attentionKind == AttentionKind::fused) {
           // The projections q, k, v are views of (self: one [B,T,3H]; cross:
           // [B,T,H] and [B,S,2H]), the log-sum-exp, and the output, which is
@@ -386,14 +416,14 @@ UnitCost CostModel::headCost(TaskOp task) const {
       attention(p + "self.", t);
       add(p + "cross.mem_mean", tensor({b, s, 1}, f32));
       add(p + "cross.mem_rstd", tensor({b, s, 1}, f32));
-      add(p + "cross.memory", tensor({b, s, h}, act));
+      addUnfused(p + "cross.memory", tensor({b, s, h}, act));
       attention(p + "cross.", s);
       // MLP.
       add(p + "mlp.mean", tensor({b, t, 1}, f32));
       add(p + "mlp.rstd", tensor({b, t, 1}, f32));
-      add(p + "mlp.normed", tensor({b, t, h}, act));
+      addUnfused(p + "mlp.normed", tensor({b, t, h}, act));
       add(p + "mlp.up", tensor({b, t, f}, act));
-      add(p + "mlp.act", tensor({b, t, f}, act));
+      addUnfused(p + "mlp.act", tensor({b, t, f}, act));
       if (dropout)
         add(p + "mlp.mask", tensor({b, t, h}, mask));
       add(p + "mlp.out", tensor({b, t, h}, act));
@@ -404,7 +434,7 @@ UnitCost CostModel::headCost(TaskOp task) const {
     }
     add("final.mean", tensor({b, t, 1}, f32));
     add("final.rstd", tensor({b, t, 1}, f32));
-    add("final.normed", tensor({b, t, h}, act));
+    addUnfused("final.normed", tensor({b, t, h}, act));
     cost.fwdFlops = flops + 2 * b * t * h * v;
     cost.bwdFlops = 2 * cost.fwdFlops;
     if (attentionKind == AttentionKind::fused) {

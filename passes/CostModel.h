@@ -48,6 +48,9 @@ struct UnitCost {
   llvm::SmallVector<SavedTensor> saved;
   /// Whether the backward needs the unit's input / output tensors.
   bool backwardNeedsInput = false, backwardNeedsOutput = false;
+  /// How many of the backward's input gradients (the first ones) are its
+  /// incoming gradient itself: no buffer of their own.
+  int backwardAliases = 0;
   /// Floating-point operations of the forward and of the backward.
   int64_t fwdFlops = 0, bwdFlops = 0;
   /// Transient bytes alive at the unit's internal peak beyond its inputs,
@@ -72,6 +75,10 @@ public:
   static AttentionKind fittingAttention(ModelOp model);
   /// The backbone's attention kind (fittingAttention where it has none).
   AttentionKind attention() const { return attentionKind; }
+  /// The pointwise kind a model without one gets: fused at fp32.
+  static PointwiseKind fittingPointwise(ModelOp model);
+  /// The backbone's pointwise kind (fittingPointwise where it has none).
+  PointwiseKind pointwise() const { return pointwiseKind; }
 
   //===--- Shapes and bytes ------------------------------------------------===//
 
@@ -240,6 +247,7 @@ private:
   Precision precision = Precision::fp32;
   bool dropout = false;
   AttentionKind attentionKind = AttentionKind::math;
+  PointwiseKind pointwiseKind = PointwiseKind::aten;
 };
 
 } // namespace mtp

@@ -75,6 +75,19 @@ private:
                               fwd.getLayerAttr(), fwd.getTaskAttr(), grads,
                               saved, b.getI64IntegerAttr(unit.cost.bwdFlops),
                               b.getI64IntegerAttr(unit.cost.bwdWorkspace));
+    // Only a gradient of the incoming one's type can be it (under autocast
+    // the 16-bit branch's is a cast copy).
+    if (unit.cost.backwardAliases > 0 && op.getGrads().size() == 1) {
+      uint64_t n = 0;
+      for (Value g : op.getInputGrads())
+        if (n < uint64_t(unit.cost.backwardAliases) &&
+            g.getType() == op.getGrads().front().getType())
+          ++n;
+        else
+          break;
+      if (n)
+        op.setAliases(n);
+    }
     return SmallVector<Value>(op.getInputGrads());
   }
 

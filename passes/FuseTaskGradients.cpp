@@ -60,11 +60,32 @@ void FuseTaskGradientsPass::runOnOperation() {
                             strategy.getScopeLayers());
   const int64_t flops = pipeline.flops, workspace = pipeline.workspace;
 
+  // One fused gradient per tap layer (Σ α_t ĝ_t over the tasks reading it),
+  // in the order the heads first reach each tap: what the runtime hands the
+  // backbone backward as grad_outputs.
+  llvm::StringMap<int64_t> tapOf;
+  for (TaskOp t : model.getTasks())
+    tapOf[t.getSymName()] = t.getTapLayer();
+  SmallVector<int64_t> taps;
+  SmallVector<Type> fusedTypes;
+  SmallVector<unsigned> groupOf; // head index -> its tap's result
+  for (auto [i, head] : llvm::enumerate(heads)) {
+    int64_t tap = tapOf.lookup(head.getTaskAttr().getValue());
+    auto it = llvm::find(taps, tap);
+    if (it == taps.end()) {
+      groupOf.push_back(taps.size());
+      taps.push_back(tap);
+      fusedTypes.push_back(gradTypes[i]);
+    } else {
+      groupOf.push_back(it - taps.begin());
+    }
+  }
+
   OpBuilder b(model.getContext());
   b.setInsertionPointAfter(heads.back());
   Builder &attrs = b;
   auto fuse = b.create<FuseTaskGradsOp>(
-      heads.back().getLoc(), ValueRange(grads).getTypes(), grads,
+      heads.back().getLoc(), fusedTypes, grads,
       attrs.getArrayAttr(tasks),
       GradientScopeAttr::get(model.getContext(), strategy.getGradientScope()),
       keep ? attrs.getF64FloatAttr(*keep) : FloatAttr(),
@@ -73,8 +94,43 @@ void FuseTaskGradientsPass::runOnOperation() {
                                 : 0.0),
       strategy.getDgfgHiddenAttr(), attrs.getI64IntegerAttr(flops),
       attrs.getI64IntegerAttr(workspace));
-  for (auto [g, fused] : llvm::zip(grads, fuse.getFused()))
-    g.replaceAllUsesExcept(fused, fuse);
+  // Each tap's sum of head gradients becomes its fused gradient: the head
+  // gradients leave every mtp.add_grads (the tap's one fused gradient takes
+  // their place once), and a sum left with one term is that term.
+  llvm::SetVector<AddGradsOp> sums;
+  for (auto [i, g] : llvm::enumerate(grads)) {
+    Value fused = fuse.getFused()[groupOf[i]];
+    for (OpOperand &use : llvm::make_early_inc_range(g.getUses())) {
+      Operation *user = use.getOwner();
+      if (user == fuse)
+        continue;
+      if (auto sum = dyn_cast<AddGradsOp>(user)) {
+        sums.insert(sum);
+        continue;
+      }
+      use.set(fused);
+    }
+  }
+  llvm::DenseSet<Value> headGrads(grads.begin(), grads.end());
+  for (AddGradsOp sum : sums) {
+    SmallVector<Value> terms;
+    llvm::SetVector<Value> fusedTerms;
+    for (Value v : sum.getGrads()) {
+      if (!headGrads.count(v)) {
+        terms.push_back(v);
+        continue;
+      }
+      unsigned i = llvm::find(grads, v) - grads.begin();
+      fusedTerms.insert(fuse.getFused()[groupOf[i]]);
+    }
+    llvm::append_range(terms, fusedTerms);
+    if (terms.size() == 1) {
+      sum.getSum().replaceAllUsesWith(terms.front());
+      sum.erase();
+      continue;
+    }
+    sum->setOperands(terms);
+  }
   if (remarks)
     model.emitRemark() << "fused the gradients of " << heads.size()
                        << " tasks at their taps (scope "

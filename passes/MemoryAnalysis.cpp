@@ -148,11 +148,16 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   // A region op's results are its yielded values handed out: no new
   // allocation, but the yielded value lives until the result's last use.
   llvm::DenseMap<Value, Value> aliasOf; // result -> yielded value
-  for (Operation *op : order)
+  for (Operation *op : order) {
     if (auto yield = dyn_cast<YieldOp>(op))
       for (auto [v, r] :
            llvm::zip(yield.getValues(), yield->getParentOp()->getResults()))
         aliasOf[r] = v;
+    // A backward's aliased gradients are its incoming one.
+    if (auto bwd = dyn_cast<BwdOp>(op))
+      for (Value g : bwd.getInputGrads().take_front(bwd.getAliases()))
+        aliasOf[g] = bwd.getGrads().front();
+  }
   auto lastUse = [&](Value v, auto &self) -> unsigned {
     unsigned last = position[v.getDefiningOp()];
     for (Operation *user : v.getUsers()) {
@@ -162,6 +167,11 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
                                       yield->getParentOp()->getResults()))
           if (yv == v)
             last = std::max(last, self(r, self));
+      // An aliased input gradient is this incoming one (not a saved operand).
+      if (auto bwd = dyn_cast<BwdOp>(user);
+          bwd && bwd.getAliases() && bwd.getGrads().front() == v)
+        for (Value g : bwd.getInputGrads().take_front(bwd.getAliases()))
+          last = std::max(last, self(g, self));
     }
     return last;
   };

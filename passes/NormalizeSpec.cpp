@@ -19,6 +19,7 @@ struct NormalizeSpecPass
     : public mtp::impl::NormalizeSpecBase<NormalizeSpecPass> {
   void runOnOperation() override;
   LogicalResult resolveAttention(ModelOp model);
+  LogicalResult resolvePointwise(ModelOp model);
 };
 } // namespace
 
@@ -80,7 +81,7 @@ void NormalizeSpecPass::runOnOperation() {
   for (Operation *op : sorted)
     op->moveBefore(&body, body.end());
 
-  if (failed(resolveAttention(model)))
+  if (failed(resolveAttention(model)) || failed(resolvePointwise(model)))
     signalPassFailure();
 }
 
@@ -100,5 +101,20 @@ LogicalResult NormalizeSpecPass::resolveAttention(ModelOp model) {
     return success();
   }
   bb.setAttention(fitting);
+  return success();
+}
+
+/// The pointwise kind, picked where the spec left it out: fused wherever
+/// the model trains in fp32.
+LogicalResult NormalizeSpecPass::resolvePointwise(ModelOp model) {
+  BackboneOp bb = model.getBackbone();
+  const PointwiseKind fitting = CostModel::fittingPointwise(model);
+  if (std::optional<PointwiseKind> kind = bb.getPointwise()) {
+    if (*kind == PointwiseKind::fused && fitting != PointwiseKind::fused)
+      return bb.emitOpError("pointwise fused needs precision fp32: the fused "
+                            "norm and GELU kernels do not run under autocast");
+    return success();
+  }
+  bb.setPointwise(fitting);
   return success();
 }

@@ -41,6 +41,7 @@ fb::Decision decisionOf(FwdOp op) {
                 int(fb::FB::MAX) == int(getMaxEnumValFor##ODS()))
 MTP_SAME_ENUM(BackboneKind, BackboneKind, transformer, transformer);
 MTP_SAME_ENUM(AttentionKind, AttentionKind, math, fused);
+MTP_SAME_ENUM(PointwiseKind, PointwiseKind, aten, fused);
 MTP_SAME_ENUM(HeadKind, HeadKind, classify, decoder);
 MTP_SAME_ENUM(LossKind, LossKind, cross_entropy, mse);
 MTP_SAME_ENUM(ScheduleKind, ScheduleKind, constant, cosine);
@@ -74,7 +75,8 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
       b, toFb<fb::BackboneKind>(bb.getKind()),
       bb.getLayers(), bb.getHidden(), bb.getHeads(), bb.getFfn(),
       bb.getVocab(), bb.getSeq(), bb.getDropout().convertToDouble(),
-      toFb<fb::AttentionKind>(CostModel(model).attention()));
+      toFb<fb::AttentionKind>(CostModel(model).attention()),
+      toFb<fb::PointwiseKind>(CostModel(model).pointwise()));
 
   auto lrOf = [&](LRScheduleAttr lr) -> flatbuffers::Offset<fb::LrSchedule> {
     if (!lr)
@@ -218,7 +220,8 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
        << " layers, hidden " << bb->hidden() << ", " << bb->heads()
        << " heads, ffn " << bb->ffn() << ", vocab " << bb->vocab() << ", seq "
        << bb->seq() << ", dropout " << llvm::format("%g", bb->dropout())
-       << ", attention " << planName(bb->attention()) << "\n";
+       << ", attention " << planName(bb->attention()) << ", pointwise "
+       << planName(bb->pointwise()) << "\n";
   if (plan->tasks())
     for (const fb::Task *t : *plan->tasks())
       os << "  task     " << str(t->name()) << ": " << planName(t->head())
@@ -312,6 +315,7 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
 MTP_PLAN_NAME(Decision)
 MTP_PLAN_NAME(BackboneKind)
 MTP_PLAN_NAME(AttentionKind)
+MTP_PLAN_NAME(PointwiseKind)
 MTP_PLAN_NAME(HeadKind)
 MTP_PLAN_NAME(LossKind)
 MTP_PLAN_NAME(ScheduleKind)

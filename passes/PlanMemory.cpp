@@ -323,6 +323,27 @@ void MemoryPlanner::Impl::build() {
       values.push_back(std::move(info));
     }
   }
+  // A backward's aliased gradients are its incoming one: no bytes of their
+  // own, and the incoming one lives as long (walked backwards, so an
+  // alias's lifetime is final when its op is reached).
+  llvm::DenseMap<Value, size_t> index;
+  size_t next = 0;
+  for (Operation &op : body)
+    for (Value v : op.getResults())
+      index[v] = next++;
+  for (Operation &op : llvm::reverse(body))
+    if (auto bwd = dyn_cast<BwdOp>(&op)) {
+      auto it = bwd.getAliases() ? index.find(bwd.getGrads().front())
+                                 : index.end();
+      if (it == index.end())
+        continue;
+      ValueInfo &incoming = values[it->second];
+      for (Value g : bwd.getInputGrads().take_front(bwd.getAliases())) {
+        ValueInfo &alias = values[index.lookup(g)];
+        incoming.last = std::max(incoming.last, alias.last);
+        alias.bytes = 0;
+      }
+    }
 }
 
 std::vector<std::pair<int64_t, int64_t>>

@@ -182,7 +182,8 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
        << ", " << formatBytes(budget.getUsableBytes()) << " usable), micro batch "
        << budget.getMicroBatch() << ", "
        << stringifyPrecision(budget.getPrecision());
-  os << ", attention " << stringifyAttentionKind(CostModel(model).attention());
+  os << ", attention " << stringifyAttentionKind(CostModel(model).attention())
+     << ", pointwise " << stringifyPointwiseKind(CostModel(model).pointwise());
   os << "\n\n";
   os << llvm::formatv("  {0,-22} {1,12} {2,12}  {3,-10} {4}\n", "unit",
                       "saved", "fwd GFLOP", "decision", "tasks needing it");
@@ -319,6 +320,8 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
              {"model", model.getSymName()},
              {"attention",
               stringifyAttentionKind(CostModel(model).attention())},
+             {"pointwise",
+              stringifyPointwiseKind(CostModel(model).pointwise())},
              {"units", std::move(units)},
              {"peak", Object{{"bytes", report.peakBytes},
                              {"at", MemoryReport::describe(report.peakOp)},

@@ -698,7 +698,8 @@ void dumpInit(const std::string &dir, TrainerCore &core,
                      {"layers", mc.layers},   {"hidden", mc.hidden},
                      {"heads", mc.heads},     {"ffn", mc.ffn},
                      {"dropout", mc.dropout}, {"seed", mc.seed},
-                     {"attention", toString(mc.attention)}};
+                     {"attention", toString(mc.attention)},
+                     {"pointwise", toString(mc.pointwise)}};
   Json headList = Json::array();
   for (const HeadConfig &h : heads)
     headList.push_back(

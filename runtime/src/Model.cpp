@@ -10,11 +10,16 @@
 //    log-sum-exp); the math path, for dropout on the CPU, scales q before
 //    the score matmul, so the unscaled scores are never a second S×S tensor;
 //  - classify pools the first token before its norm, so nothing of size
-//    B×S×H is saved by that head.
+//    B×S×H is saved by that head;
+//  - with fused pointwise kernels a linear after a norm or a GELU keeps
+//    nothing: the norm keeps its input and statistics, the GELU its input,
+//    and backward recomputes their outputs (mtprt/torch/Fused.h).
 //
 //===----------------------------------------------------------------------===//
 
 #include "mtprt/torch/Model.h"
+
+#include "mtprt/torch/Fused.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -284,11 +289,24 @@ at::Tensor Model::attentionCore(const at::Tensor &q, const at::Tensor &k,
   return at::matmul(probs, v);
 }
 
+at::Tensor Model::normLinear(const NormParams &n, const LinearParams &l,
+                             const at::Tensor &x) const {
+  if (config_.pointwise == PointwiseKind::Fused)
+    return fused::normLinear(x, n.weight, n.bias, l.weight, l.bias, 1e-5);
+  return linear(l, layerNorm(n, x));
+}
+
+at::Tensor Model::geluLinear(const at::Tensor &u, const LinearParams &l) const {
+  if (config_.pointwise == PointwiseKind::Fused)
+    return fused::geluLinear(u, l.weight, l.bias);
+  return linear(l, at::gelu(u));
+}
+
 at::Tensor Model::attentionBlock(const AttentionParams &p, const at::Tensor &x,
                                  bool causal, const at::Tensor &mask) const {
   const int64_t hdim = x.size(-1);
   const bool fused = fusedAttention();
-  at::Tensor qkv = linear(p.qkv, layerNorm(p.norm, x));
+  at::Tensor qkv = normLinear(p.norm, p.qkv, x);
   const int64_t a = config_.heads;
   at::Tensor q = splitHeads(qkv.narrow(-1, 0, hdim), a, fused);
   at::Tensor k = splitHeads(qkv.narrow(-1, hdim, hdim), a, fused);
@@ -299,8 +317,7 @@ at::Tensor Model::attentionBlock(const AttentionParams &p, const at::Tensor &x,
 }
 
 at::Tensor Model::mlpBlock(const MlpParams &p, const at::Tensor &x) const {
-  at::Tensor up = linear(p.up, layerNorm(p.norm, x));
-  return x + dropout(linear(p.down, at::gelu(up)));
+  return x + dropout(geluLinear(normLinear(p.norm, p.up, x), p.down));
 }
 
 at::Tensor Model::attention(int64_t layer, const at::Tensor &x) const {
@@ -359,11 +376,9 @@ at::Tensor Model::decoderHead(const Head &p, const HeadConfig &c,
   const int64_t a = config_.heads;
   for (const DecoderLayer &l : p.layers) {
     h = attentionBlock(l.self, h, /*causal=*/true, causal);
-    at::Tensor mem = layerNorm(l.memNorm, memory);
-    at::Tensor kv = linear(l.crossKv, mem);
+    at::Tensor kv = normLinear(l.memNorm, l.crossKv, memory);
     const int64_t hdim = h.size(-1);
-    at::Tensor q =
-        splitHeads(linear(l.crossQ, layerNorm(l.crossNorm, h)), a, fused);
+    at::Tensor q = splitHeads(normLinear(l.crossNorm, l.crossQ, h), a, fused);
     at::Tensor k = splitHeads(kv.narrow(-1, 0, hdim), a, fused);
     at::Tensor v = splitHeads(kv.narrow(-1, hdim, hdim), a, fused);
     kv.reset();
@@ -371,7 +386,7 @@ at::Tensor Model::decoderHead(const Head &p, const HeadConfig &c,
                            mergeHeads(attentionCore(q, k, v, false))));
     h = mlpBlock(l.mlp, h);
   }
-  return linear(p.out, layerNorm(p.norm, h));
+  return normLinear(p.norm, p.out, h);
 }
 
 std::vector<at::Tensor> Model::head(int64_t h, const at::Tensor &tap,
@@ -383,14 +398,13 @@ std::vector<at::Tensor> Model::head(int64_t h, const at::Tensor &tap,
   const HeadConfig &c = headConfigs_[h];
   switch (c.kind) {
   case HeadKind::Classify: {
-    at::Tensor pooled =
-        at::tanh(linear(p.pool, layerNorm(p.norm, tap.select(1, 0))));
+    at::Tensor pooled = at::tanh(normLinear(p.norm, p.pool, tap.select(1, 0)));
     return {linear(p.out, pooled)};
   }
   case HeadKind::Tag:
-    return {linear(p.out, layerNorm(p.norm, tap))};
+    return {normLinear(p.norm, p.out, tap)};
   case HeadKind::Span: {
-    at::Tensor logits = linear(p.out, layerNorm(p.norm, tap));
+    at::Tensor logits = normLinear(p.norm, p.out, tap);
     return {logits.select(-1, 0), logits.select(-1, 1)};
   }
   case HeadKind::Decoder:

@@ -112,6 +112,8 @@ static_assert(int(LrSchedule::Constant) ==
               int(LrSchedule::Cosine) == int(mtp::fb::ScheduleKind::cosine));
 static_assert(int(AttentionKind::Math) == int(mtp::fb::AttentionKind::math) &&
               int(AttentionKind::Fused) == int(mtp::fb::AttentionKind::fused));
+static_assert(int(PointwiseKind::Aten) == int(mtp::fb::PointwiseKind::aten) &&
+              int(PointwiseKind::Fused) == int(mtp::fb::PointwiseKind::fused));
 static_assert(int(Precision::Fp32) == int(mtp::fb::Precision::fp32) &&
               int(Precision::Bf16) == int(mtp::fb::Precision::bf16) &&
               int(Precision::Fp16) == int(mtp::fb::Precision::fp16));
@@ -132,6 +134,10 @@ const char *toString(LossKind loss) {
 const char *toString(AttentionKind kind) {
   return mtp::fb::EnumNameAttentionKind(
       static_cast<mtp::fb::AttentionKind>(kind));
+}
+const char *toString(PointwiseKind kind) {
+  return mtp::fb::EnumNamePointwiseKind(
+      static_cast<mtp::fb::PointwiseKind>(kind));
 }
 const char *toString(LrSchedule schedule) {
   return mtp::fb::EnumNameScheduleKind(
@@ -232,6 +238,9 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
   m.attention = static_cast<AttentionKind>(
       c.oneOf("backbone.attention", bb->attention(),
               mtp::fb::EnumNamesAttentionKind()));
+  m.pointwise = static_cast<PointwiseKind>(
+      c.oneOf("backbone.pointwise", bb->pointwise(),
+              mtp::fb::EnumNamesPointwiseKind()));
   if (m.hidden % m.heads)
     c.field("backbone.heads", std::to_string(m.heads) +
                                   " attention heads do not divide hidden " +

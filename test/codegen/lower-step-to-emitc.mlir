@@ -1,7 +1,7 @@
 // RUN: mtp-opt %s -split-input-file --pass-pipeline='builtin.module(mtp.model(mtp-normalize-spec,mtp-expand-training-step,mtp-fuse-task-gradients,mtp-compress-collectives,mtp-plan-memory,mtp-materialize-offload,mtp-materialize-checkpoints),mtp-lower-step-to-emitc)' | FileCheck %s
 // RUN: mtp-opt %s -split-input-file --pass-pipeline='builtin.module(mtp.model(mtp-normalize-spec,mtp-expand-training-step,mtp-fuse-task-gradients,mtp-compress-collectives,mtp-plan-memory,mtp-materialize-offload,mtp-materialize-checkpoints),mtp-lower-step-to-emitc)' | mtp-opt | FileCheck %s
 
-// The tiny model at 7 MiB, task-granular: both intervals recomputed, a
+// The tiny model at 6 MiB, task-granular: both intervals recomputed, a
 // region per layer. The step becomes one emitc.func; each backbone unit or
 // region is one forward call, each head follows its tap, the heads'
 // backwards run in reverse, then the fused op, the backbone backward (the
@@ -43,7 +43,7 @@ module {
     mtp.task @topic : classify(classes = 4) from pooled layer 4 loss cross_entropy weight 1.000000e+00 lr cosine(1.000000e-03, warmup = 20)
     mtp.correlate @pos, @chunk = 8.000000e-01
     mtp.correlate @pos, @topic = 1.000000e-01
-    mtp.budget device "cpu" memory 7 MiB headroom 0 B link 10 GBps gpus 1 batch 8 micro 8 precision fp32
+    mtp.budget device "cpu" memory 6 MiB headroom 0 B link 10 GBps gpus 1 batch 8 micro 8 precision fp32
     mtp.strategy checkpoint task_granular every 1 threshold 5.000000e-01 offload none max_latency 1.200000e-03 gfm 5.000000e-01 scope features layers 1 dgfg 16 recalibrate reuse 1.500000e-01 std 4.000000e-01 clip per_task max_norm 1.000000e+00 collective auto topk 1.500000e-01 block 256 bits 8 decay 8.000000e-01
     mtp.train steps 200 seed 7 data synthetic lr cosine(1.000000e-03, warmup = 20) adamw(weight_decay = 1.000000e-02, beta1 = 9.000000e-01, beta2 = 0.99899999999999999, eps = 1.000000e-08) log_every 10 save_every 0
   }

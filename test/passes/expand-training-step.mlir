@@ -3,9 +3,10 @@
 // RUN: not mtp-opt %s --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-expand-training-step))' 2>&1 | FileCheck %s --check-prefix=TWICE
 
 // A 2-layer, 2-task spec: @lo tags tokens from layer 1, @hi classifies the
-// pooled top layer. B=2, S=4, H=8, 2 heads, F=16, fp32, dropout on.
+// pooled top layer. B=2, S=4, H=8, 2 heads, F=16, fp32, dropout on, ATen's
+// pointwise ops (expand-training-step-fused.mlir: the fused ones).
 mtp.model @two {
-  mtp.backbone transformer(layers = 2, hidden = 8, heads = 2, ffn = 16, vocab = 10, seq = 4, dropout = 0.1)
+  mtp.backbone transformer(layers = 2, hidden = 8, heads = 2, ffn = 16, vocab = 10, seq = 4, dropout = 0.1) pointwise aten
   mtp.task @lo : tag(labels = 3) from layer 1 loss cross_entropy weight 1.0
   mtp.task @hi : classify(classes = 2) from pooled layer 2 loss cross_entropy weight 1.0
   mtp.budget device "cpu" memory 1 GiB headroom 0 B link 10 GBps gpus 1 batch 2 micro 2 precision fp32

@@ -38,7 +38,7 @@
 // ROUNDTRIP: mtp.checkpoint 0
 // ROUNDTRIP: mtp.recompute 0
 mtp.model @auto {
-  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1)
+  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1) pointwise aten
   mtp.task @pos : tag(labels = 12) from layer 2 loss cross_entropy weight 1.0
   mtp.task @chunk : tag(labels = 8) from layer 2 loss cross_entropy weight 0.5
   mtp.task @topic : classify(classes = 4) from pooled layer 4 loss cross_entropy weight 1.0

@@ -4,9 +4,9 @@
 
 // The 2-layer, 2-task step of expand-training-step.mlir. Worked by hand
 // (unittests/compiler/CostModelTest.cpp): parameters 1461 fp32 = 5844 B,
-// AdamW state 11688 B; each layer saves 3904 B.
+// AdamW state 11688 B; each layer saves 3904 B (ATen's pointwise ops).
 mtp.model @two {
-  mtp.backbone transformer(layers = 2, hidden = 8, heads = 2, ffn = 16, vocab = 10, seq = 4, dropout = 0.1)
+  mtp.backbone transformer(layers = 2, hidden = 8, heads = 2, ffn = 16, vocab = 10, seq = 4, dropout = 0.1) pointwise aten
   mtp.task @lo : tag(labels = 3) from layer 1 loss cross_entropy weight 1.0
   mtp.task @hi : classify(classes = 2) from pooled layer 2 loss cross_entropy weight 1.0
   mtp.budget device "cpu" memory 1 GiB headroom 0 B link 10 GBps gpus 1 batch 2 micro 2 precision fp32

@@ -16,7 +16,7 @@
 // CHECK: mtp.fwd attn_core[3]{{.*}} plan recompute region 2 :
 // CHECK: mtp.fwd attn_core[4]{{.*}} plan keep :
 mtp.model @auto {
-  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1)
+  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1) pointwise aten
   mtp.task @pos : tag(labels = 12) from layer 2 loss cross_entropy weight 1.0
   mtp.task @chunk : tag(labels = 8) from layer 2 loss cross_entropy weight 0.5
   mtp.task @topic : classify(classes = 4) from pooled layer 4 loss cross_entropy weight 1.0
@@ -31,7 +31,7 @@ mtp.model @auto {
 // Nothing may be recomputed or offloaded: the budget is an error that says
 // what the smallest plan needs and what would fit.
 mtp.model @impossible {
-  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1)
+  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1) pointwise aten
   mtp.task @pos : tag(labels = 12) from layer 2 loss cross_entropy weight 1.0
   mtp.task @topic : classify(classes = 4) from pooled layer 4 loss cross_entropy weight 1.0
   // expected-error @+5 {{no plan fits the budget: the smallest peak any plan reaches is 8.67 MiB, over the usable 7.00 MiB}}
@@ -51,7 +51,7 @@ mtp.model @impossible {
 // CHECK-NOT: plan recompute
 // CHECK: mtp.fwd attn_core[1]{{.*}} plan offload :
 mtp.model @offload_only {
-  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1)
+  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1) pointwise aten
   mtp.task @pos : tag(labels = 12) from layer 2 loss cross_entropy weight 1.0
   mtp.task @topic : classify(classes = 4) from pooled layer 4 loss cross_entropy weight 1.0
   mtp.budget device "cpu" memory 8 MiB headroom 0 B link 10 GBps gpus 1 batch 8 micro 8 precision fp32

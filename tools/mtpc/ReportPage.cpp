@@ -155,11 +155,13 @@ void PageWriter::planRows() {
   if (const mtp::fb::Backbone *bb = plan->backbone())
     row("backbone",
         esc(llvm::formatv("{0}: {1} layers, hidden {2}, {3} heads, ffn {4}, "
-                          "vocab {5}, seq {6}, dropout {7}, attention {8}",
+                          "vocab {5}, seq {6}, dropout {7}, attention {8}, "
+                          "pointwise {9}",
                           mtp::planName(bb->kind()), bb->layers(), bb->hidden(),
                           bb->heads(), bb->ffn(), bb->vocab(), bb->seq(),
                           llvm::format("%g", bb->dropout()),
-                          mtp::planName(bb->attention()))
+                          mtp::planName(bb->attention()),
+                          mtp::planName(bb->pointwise()))
                 .str()));
   if (plan->tasks()) {
     std::vector<std::string> ts;

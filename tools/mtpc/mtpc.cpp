@@ -290,6 +290,7 @@ static int build(ModuleOp module, StringRef planBytes, raw_ostream &os) {
   files.planBytes = planBytes.str();
   files.kernelsCpu = mtp::emitKernelsCpu(model);
   files.kernelsCuda = mtp::emitKernelsCuda(model);
+  files.kernelsVec = mtp::emitKernelsVec(model);
   files.cuda = buildDevice == "cuda";
   {
     llvm::raw_string_ostream step(files.stepCpp);

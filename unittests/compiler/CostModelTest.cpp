@@ -76,7 +76,8 @@ TEST_F(CostModelTest, ParametersOfATinyTransformer) {
 }
 
 TEST_F(CostModelTest, UnitsOfATinyTransformer) {
-  ModelOp model = load(kTinyBackbone, kTinyTasks, kCpuBudget);
+  ModelOp model =
+      load(kTinyBackbone, kTinyTasks, kCpuBudget, " pointwise aten");
   CostModel cost(model);
   // B=2, S=4, H=8, a=2, d=4, F=16, fp32.
   UnitCost qkv = cost.unit(UnitKind::qkv);
@@ -111,7 +112,8 @@ TEST_F(CostModelTest, UnitsOfATinyTransformer) {
 }
 
 TEST_F(CostModelTest, MemoryOfATinyStep) {
-  ModelOp model = load(kTinyBackbone, kTinyTasks, kCpuBudget);
+  ModelOp model =
+      load(kTinyBackbone, kTinyTasks, kCpuBudget, " pointwise aten");
   MemoryReport report = analyzeMemory(model);
   const int64_t params = 112 + 2 * 600 + 43 + 106;
   EXPECT_EQ(report.atPeak.parameters, 4 * params);
@@ -128,6 +130,32 @@ TEST_F(CostModelTest, MemoryOfATinyStep) {
   EXPECT_LT(report.activationReuseRatio, 1.0);
   EXPECT_LE(report.peakBytes, report.atPeak.total());
   EXPECT_EQ(report.peakBytes, report.atPeak.total());
+}
+
+/// The fused pointwise rows (the default at fp32): the linears after a norm
+/// or the GELU keep nothing; the recomputes cost FLOPs, not memory; the
+/// GELU and residual backwards pass their gradient through.
+TEST_F(CostModelTest, FusedPointwiseUnitsAndStep) {
+  ModelOp model = load(kTinyBackbone, kTinyTasks, kCpuBudget);
+  CostModel cost(model);
+  EXPECT_EQ(cost.pointwise(), PointwiseKind::fused);
+  UnitCost qkv = cost.unit(UnitKind::qkv);
+  EXPECT_FALSE(qkv.backwardNeedsInput);
+  EXPECT_EQ(qkv.bwdFlops, 2 * qkv.fwdFlops + 4 * 2 * 4 * 8);
+  EXPECT_EQ(qkv.bwdWorkspace, 0);
+  EXPECT_FALSE(cost.unit(UnitKind::mlp_up).backwardNeedsInput);
+  EXPECT_FALSE(cost.unit(UnitKind::mlp_down).backwardNeedsInput);
+  EXPECT_TRUE(cost.unit(UnitKind::mlp_act).backwardNeedsInput);
+  EXPECT_EQ(cost.unit(UnitKind::mlp_act).backwardAliases, 1);
+  // Dropout on: the residual's branch gradient is a new tensor.
+  EXPECT_EQ(cost.unit(UnitKind::mlp_residual).backwardAliases, 1);
+  MemoryReport report = analyzeMemory(model);
+  // A layer saves: attn stats 64; attention extras 1344 + context 256;
+  // residual mask 64 + output 256; MLP stats 64; up 512; residual mask 64 +
+  // output 256 — 1024 B less than the ATen rows (two norm outputs, the GELU
+  // output).
+  EXPECT_EQ(layerSaved(report, 1),
+            64 + 1344 + 256 + 64 + 256 + 64 + 512 + 64 + 256);
 }
 
 // Korthikanti et al. 2022, eq. (1): a transformer layer keeps
@@ -235,15 +263,18 @@ namespace {
 // OffloadMatchTheSavedTensorArithmetic measured this model's features-scope
 // step on the CPU tracking allocator (docs/runtime.md §6), above what is
 // live at the step's start (parameters, batch, optimizer state): 15,806,808
-// B with nothing checkpointed or offloaded, 5,882,080 B with every layer a
+// B with nothing checkpointed or offloaded (12,396,888 B with the fused
+// pointwise kernels), 5,882,080 B with every layer a
 // checkpoint region. The predictions must be within 1% and 3%.
 int64_t predictedStepBytes(MLIRContext &context, OwningOpRef<ModuleOp> &module,
-                           const std::string &checkpoint) {
+                           const std::string &checkpoint,
+                           const std::string &pointwise = "aten") {
   context.loadDialect<MTPDialect>();
   std::string text =
       "mtp.model @m {\n"
       "  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = "
-      "256, vocab = 512, seq = 64, dropout = 0.1)\n"
+      "256, vocab = 512, seq = 64, dropout = 0.1) pointwise " + pointwise +
+      "\n"
       "  mtp.task @cls : classify(classes = 8) from pooled layer 2 loss "
       "cross_entropy weight 1.0\n"
       "  mtp.task @pos : tag(labels = 192) from layer 3 loss cross_entropy "
@@ -275,6 +306,15 @@ TEST(Measured, NoCheckpointPeakMatchesTheRuntime) {
   const double measured = 15806808;
   EXPECT_NEAR(double(predictedStepBytes(context, module, "none")), measured,
               0.01 * measured);
+}
+
+// The same test's fused pointwise run ("[ measured ] fused pointwise, none").
+TEST(Measured, FusedNoCheckpointPeakMatchesTheRuntime) {
+  MLIRContext context;
+  OwningOpRef<ModuleOp> module;
+  const double measured = 12396888;
+  EXPECT_NEAR(double(predictedStepBytes(context, module, "none", "fused")),
+              measured, 0.01 * measured);
 }
 
 TEST(Measured, RegionsPeakMatchesTheRuntime) {

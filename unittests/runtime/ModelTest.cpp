@@ -186,10 +186,11 @@ TEST(Model, ConfigErrorsNameTheField) {
 
 /// The saved-bytes contract of docs/runtime.md, unit by unit: bytes still
 /// allocated after a unit's forward, minus its outputs, with its input
-/// already alive. fp32, dropout on.
+/// already alive. fp32, dropout on, ATen's pointwise ops.
 TEST(Model, SavedBytesPerUnitMatchTheContract) {
   installCpuMemoryTracking();
   ModelConfig c = tinyConfig(0.1);
+  c.pointwise = PointwiseKind::Aten;
   auto heads = allHeads();
   for (HeadConfig &h : heads)
     h.tap = 1;
@@ -293,6 +294,7 @@ TEST(Attention, FusedSavedBytesMatchTheContract) {
   installCpuMemoryTracking();
   ModelConfig c = tinyConfig(0.0);
   c.attention = AttentionKind::Fused;
+  c.pointwise = PointwiseKind::Aten;
   auto heads = allHeads();
   for (HeadConfig &h : heads)
     h.tap = 1;
@@ -323,6 +325,83 @@ TEST(Attention, FusedSavedBytesMatchTheContract) {
                   m.loss(3, m.head(3, x, b.labels[3]), b.labels[3])};
             }),
             decoder);
+}
+
+/// The fused pointwise rows (fused attention, dropout 0): no norm output and
+/// no GELU output is kept anywhere — the attention block keeps its norm's
+/// statistics, the fused QKV output, the log-sum-exp and the context; the
+/// MLP its norm's statistics and the up-projection's output; the heads'
+/// norms only their statistics.
+TEST(Pointwise, FusedSavedBytesMatchTheContract) {
+  installCpuMemoryTracking();
+  ModelConfig c = tinyConfig(0.0);
+  c.attention = AttentionKind::Fused;
+  c.pointwise = PointwiseKind::Fused;
+  auto heads = allHeads();
+  for (HeadConfig &h : heads)
+    h.tap = 1;
+  Model m(c, heads);
+  const int64_t B = 4, S = c.seq, H = c.hidden, nh = c.heads, F = c.ffn, f = 4;
+  const int64_t T = heads[3].targetSeq, V = heads[3].targetVocab;
+  Batch b = m.syntheticBatch(B, 1);
+  at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
+  auto attention = [&](int64_t s, int64_t kv) {
+    return 2 * B * s * f + B * s * H * f + 2 * B * kv * H * f +
+           B * nh * s * f + B * s * H * f;
+  };
+  auto mlp = [&](int64_t s) { return 2 * B * s * f + B * s * F * f; };
+  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.attention(1, x)}; }),
+            attention(S, S));
+  EXPECT_EQ(savedBy([&] { return std::vector<at::Tensor>{m.mlp(1, x)}; }),
+            mlp(S));
+  auto headAndLoss = [&](int64_t h) {
+    return [&, h] {
+      return std::vector<at::Tensor>{
+          m.loss(h, m.head(h, x, b.labels[h]), b.labels[h])};
+    };
+  };
+  const int64_t lossScalar = f;
+  const int64_t cls = heads[0].classes, tags = heads[1].classes;
+  EXPECT_EQ(savedBy(headAndLoss(0)),
+            2 * B * f + B * H * f + B * cls * f + lossScalar);
+  EXPECT_EQ(savedBy(headAndLoss(1)),
+            2 * B * S * f + B * S * tags * f + lossScalar);
+  EXPECT_EQ(savedBy(headAndLoss(2)), 2 * B * S * f + 2 * B * S * f +
+                                         2 * lossScalar);
+  const int64_t decoder =
+      B * T * 8 + B * T * H * f + attention(T, T) + B * T * H * f +
+      (attention(T, S) + 2 * B * S * f) + B * T * H * f + mlp(T) +
+      B * T * H * f + 2 * B * T * f + B * T * V * f + lossScalar;
+  EXPECT_EQ(savedBy(headAndLoss(3)), decoder);
+}
+
+/// Fused pointwise kernels against ATen's ops, same parameters and batch:
+/// the same losses and gradients (fp32, 1e-5) through every head kind,
+/// without dropout (fused attention) and with it (math attention, the same
+/// dropout masks: the kernels draw no random numbers).
+TEST(Pointwise, FusedGradientsEqualTheAtenPath) {
+  for (double dropout : {0.0, 0.1}) {
+    SCOPED_TRACE("dropout " + std::to_string(dropout));
+    ModelConfig c = tinyConfig(dropout);
+    c.pointwise = PointwiseKind::Aten;
+    Model aten(c, allHeads());
+    c.pointwise = PointwiseKind::Fused;
+    Model fused(c, allHeads());
+    Batch b = aten.syntheticBatch(4, 3);
+    at::manual_seed(5);
+    at::Tensor la = totalLoss(aten, b, {});
+    at::manual_seed(5);
+    at::Tensor lf = totalLoss(fused, b, {});
+    EXPECT_NEAR(la.item<float>(), lf.item<float>(), 1e-5);
+    auto ga = gradsOf(aten, la), gf = gradsOf(fused, lf);
+    ASSERT_EQ(ga.size(), gf.size());
+    auto named = aten.namedParameters();
+    for (size_t i = 0; i < ga.size(); ++i) {
+      ASSERT_TRUE(ga[i].defined() && gf[i].defined()) << named[i].first;
+      EXPECT_LE((ga[i] - gf[i]).abs().max().item<double>(), 1e-5)
+          << named[i].first;
+    }
+  }
 }
 
 TEST(Model, Bf16SavedBytesPerUnitMatchTheContract) {

@@ -52,6 +52,7 @@ struct Forge {
   int64_t layers = 2, hidden = 16, heads = 2, ffn = 32, vocab = 40, seq = 12;
   double dropout = 0.1;
   std::string attention = "math";
+  std::string pointwise = "aten";
   std::string clsName = "cls", clsHead = "classify", clsLoss = "cross_entropy";
   int64_t clsClasses = 4, tagClasses = 6, tap = 1;
   double tagWeight = 0.5;
@@ -75,7 +76,8 @@ struct Forge {
     flatbuffers::FlatBufferBuilder b;
     auto backbone = fb::CreateBackbone(
         b, KIND(BackboneKind, kind), layers, hidden, heads, ffn, vocab, seq,
-        dropout, KIND(AttentionKind, attention));
+        dropout, KIND(AttentionKind, attention),
+        KIND(PointwiseKind, pointwise));
     std::vector<flatbuffers::Offset<fb::Task>> tasks = {
         fb::CreateTask(b, b.CreateString(clsName), KIND(HeadKind, clsHead), 2,
                        true, clsClasses, 0, 0, 0, 1.0,
@@ -316,6 +318,8 @@ TEST(Plan, EveryFieldTheRuntimeUsesIsChecked) {
        "field backbone.kind: 99 is none of transformer"},
       {[](Forge &f) { f.attention = "flash"; },
        "field backbone.attention: 99 is none of math, fused"},
+      {[](Forge &f) { f.pointwise = "jit"; },
+       "field backbone.pointwise: 99 is none of aten, fused"},
       {[](Forge &f) { f.heads = 3; },
        "field backbone.heads: 3 attention heads do not divide hidden 16"},
       {[](Forge &f) { f.seq = 0; }, "field backbone.seq: 0 is out of [1, "},
@@ -460,6 +464,7 @@ struct PlanFields {
   int64_t layers = 2, hidden = 16, heads = 2, ffn = 32, vocab = 40, seq = 12;
   double dropout = 0.1;
   std::string attention = "math";
+  std::string pointwise = "aten";
   std::vector<TaskFields> tasks = {{"cls", "classify", 1, true, 4},
                                    {"tag", "tag", 1, false, 6, 0, 0, 0, 0.5},
                                    {"gen", "decoder", 2, false, 0, 1, 0, 4}};
@@ -504,7 +509,8 @@ std::string build(const PlanFields &f) {
   auto backbone =
       fb::CreateBackbone(b, KIND(BackboneKind, f.kind), f.layers, f.hidden,
                          f.heads, f.ffn, f.vocab, f.seq, f.dropout,
-                         KIND(AttentionKind, f.attention));
+                         KIND(AttentionKind, f.attention),
+                         KIND(PointwiseKind, f.pointwise));
   std::vector<flatbuffers::Offset<fb::Task>> tasks;
   for (const TaskFields &t : f.tasks)
     tasks.push_back(fb::CreateTask(
@@ -788,6 +794,8 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       // fused config with dropout runs the math path).
       {"Backbone.attention", [](F &f) { f.attention = "fused"; }, Shows::Peak,
        "", [](F &f) { f.dropout = 0.0; }},
+      // The fused norm and GELU kernels keep neither's output.
+      {"Backbone.pointwise", [](F &f) { f.pointwise = "fused"; }, Shows::Peak},
 
       {"Task.name", task(0, [](TaskFields &t) { t.name = "klass"; }),
        Shows::Losses},

@@ -24,6 +24,8 @@ namespace {
 
 // B=8, S=64, H=64, 4 heads of 16, F=256, dropout 0.1; heads: cls (tap 2,
 // 8 classes), pos (tag, tap 3, 192 tags), ner (tag, tap 4, 256 tags).
+// ATen's pointwise ops: the arithmetic below is theirs (the fused rows are
+// checked against it at the end).
 constexpr int64_t kB = 8, kS = 64, kH = 64, kNh = 4, kF = 256, kL = 4;
 constexpr int64_t kPos = 192, kNer = 256, kCls = 8;
 
@@ -37,6 +39,7 @@ ModelConfig memModel() {
   c.ffn = kF;
   c.dropout = 0.1;
   c.seed = 1;
+  c.pointwise = PointwiseKind::Aten;
   return c;
 }
 
@@ -171,6 +174,28 @@ TEST(MeasuredPeak, NoneRegionsAndOffloadMatchTheSavedTensorArithmetic) {
   // Per tag head: the norm output and the log-probabilities (saved by both
   // log_softmax and nll_loss, one shared copy: two uses).
   EXPECT_EQ(stats[2].offloadHits + stats[2].offloadMisses, 6);
+
+  // The fused pointwise kernels, nothing checkpointed: every layer keeps
+  // neither norm output nor the GELU output, and neither tag head its norm
+  // output (both still saved at the ner head's backward); the classify
+  // head's [B, H] norm output is gone too.
+  {
+    ModelConfig fc = memModel();
+    fc.pointwise = PointwiseKind::Fused;
+    TrainConfig tc;
+    tc.scope = GradScope::Features;
+    tc.cosineEvery = 0;
+    TrainerCore core(fc, memHeads(), tc);
+    Batch b = core.model().syntheticBatch(kB, 1);
+    core.computeGradients(b, schedules[0]);
+    StepStats fused = core.computeGradients(b, schedules[0]);
+    const int64_t fusedPeak = fused.measuredPeakBytes - fused.measuredStartBytes;
+    const int64_t model = none - kL * (2 * SB::act + kB * kS * kF * 4) -
+                          2 * SB::act - kB * kH * 4;
+    std::printf("[ measured ] fused pointwise, none %lld (model %lld)\n",
+                (long long)fusedPeak, (long long)model);
+    EXPECT_NEAR(fusedPeak, model, 0.05 * model);
+  }
 }
 
 //===--- Gradients through the schedules ----------------------------------===//

@@ -20,6 +20,8 @@ namespace mtprt {
 
 /// plan.fbs's AttentionKind, value for value.
 enum class AttentionKind { Math, Fused };
+/// plan.fbs's PointwiseKind, value for value.
+enum class PointwiseKind { Aten, Fused };
 
 /// The shared transformer backbone: token + position embeddings and `layers`
 /// pre-norm layers (attention block, then MLP block).
@@ -38,6 +40,10 @@ struct ModelConfig {
   /// Math where no fused kernel takes the dropout (training on the CPU
   /// with dropout > 0).
   AttentionKind attention = AttentionKind::Fused;
+  /// Whether a linear after a norm or a GELU keeps that op's output (Aten)
+  /// or recomputes it in backward in the fused pointwise kernels (Fused;
+  /// fp32 without autocast, else Aten). docs/runtime.md §2.
+  PointwiseKind pointwise = PointwiseKind::Fused;
 };
 
 enum class HeadKind { Classify, Tag, Span, Decoder };
@@ -192,6 +198,7 @@ struct StepStats {
 const char *toString(HeadKind kind);
 const char *toString(LossKind loss);
 const char *toString(AttentionKind kind);
+const char *toString(PointwiseKind kind);
 const char *toString(LrSchedule schedule);
 const char *toString(GradScope scope);
 const char *toString(Precision precision);

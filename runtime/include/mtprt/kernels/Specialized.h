@@ -13,6 +13,8 @@
 #ifndef MTPRT_KERNELS_SPECIALIZED_H
 #define MTPRT_KERNELS_SPECIALIZED_H
 
+#include "mtprt/kernels/Pointwise.h"
+
 #include <cstdint>
 
 namespace mtprt::kernels {
@@ -33,6 +35,10 @@ struct Specialized {
                            float *scales, void *stream) = nullptr;
   int (*blockDequantizeCuda)(const int8_t *codes, const float *scales,
                              int64_t n, float *values, void *stream) = nullptr;
+  /// The fused pointwise kernels with rows of `normWidth` (the hidden size)
+  /// a compile-time constant.
+  int64_t normWidth = 0;
+  PointwiseCpu pointwise;
 };
 
 /// Registers the program's kernels (once, before training).

@@ -144,6 +144,10 @@ private:
   };
 
   at::Tensor dropout(const at::Tensor &x) const;
+  /// linear(norm(x)) and linear(gelu(u)), fused where the config says.
+  at::Tensor normLinear(const NormParams &n, const LinearParams &l,
+                        const at::Tensor &x) const;
+  at::Tensor geluLinear(const at::Tensor &u, const LinearParams &l) const;
   at::Tensor attentionBlock(const AttentionParams &p, const at::Tensor &x,
                             bool causal, const at::Tensor &mask = {}) const;
   at::Tensor mlpBlock(const MlpParams &p, const at::Tensor &x) const;
