@@ -550,6 +550,14 @@ void TrainerCore::backwardHead(int64_t t) {
   const std::vector<at::Tensor> hp = m.headParameters(t);
   inputs.insert(inputs.end(), hp.begin(), hp.end());
   // Params scope retains the graph: the layers below need Σ α_t loss_t.
+  // The head's gradient reaches its tap, whose prefetch hook (armPrefetch)
+  // is for the backbone backward: an offloaded block at a tap would
+  // otherwise come back here, at the backward's start, ahead of its turn.
+  *probing_ = true;
+  struct Reset {
+    bool &flag;
+    ~Reset() { flag = false; }
+  } reset{*probing_};
   auto grads = torch::autograd::grad({st.loss[t]}, inputs, {},
                                      train_.scope == GradScope::Params, false,
                                      /*allow_unused=*/true);

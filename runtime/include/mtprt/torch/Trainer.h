@@ -156,9 +156,10 @@ private:
   std::vector<std::vector<double>> lastCosines_;
   std::unique_ptr<StepState> state_;
   int64_t prefetchAhead_ = 2;
-  /// True while the cosine probe's partial backwards run: the prefetch hooks
-  /// armed for the backbone backward stay quiet, so the probe brings back
-  /// only what it unpacks, and drops it after use.
+  /// True while a head's backward or the cosine probe's partial backwards
+  /// run: the prefetch hooks armed for the backbone backward stay quiet, so
+  /// an offloaded block at a tap is not brought back at the backward's
+  /// start, and the probe brings back only what it unpacks.
   std::shared_ptr<bool> probing_ = std::make_shared<bool>(false);
   double lossScale_ = 1.0;
   int64_t goodSteps_ = 0;
