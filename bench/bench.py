@@ -224,11 +224,13 @@ def budget_block(args, memory, micro_batch=8):
             "precision": "fp32"}
 
 
-def model_m(args, strategy, memory=16 << 30, dropout=0.1):
+def model_m(args, strategy, memory=16 << 30, dropout=0.1, backbone=None):
     """The memory/time model: 12 narrow layers over 128 tokens, four tasks at
-    layers 3, 6, 9, 12 — activations (mostly attention probabilities) dominate."""
+    layers 3, 6, 9, 12 — activations (mostly attention probabilities) dominate.
+    `backbone`: extra backbone keys (e.g. pointwise = aten)."""
     m = {"layers": 12, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 512, "seq": 128,
          "dropout": dropout}
+    m.update(backbone or {})
     tasks = [("topic", "classify(classes = 4)", "from pooled"),
              ("pos", "tag(labels = 12)", "from layer 3"),
              ("chunk", "tag(labels = 8)", "from layer 6"),
@@ -241,11 +243,12 @@ def model_m(args, strategy, memory=16 << 30, dropout=0.1):
                      correlate=[("pos", "chunk", 0.8), ("chunk", "ner", 0.3)])
 
 
-def model_w(args, strategy, memory=16 << 30):
+def model_w(args, strategy, memory=16 << 30, backbone=None):
     """The wider model: 6 layers of hidden 256 over 256 tokens, batch 4, four
     tasks at layers 2 and 6 — matmuls weigh as much as attention here."""
     m = {"layers": 6, "hidden": 256, "heads": 4, "ffn": 1024, "vocab": 512, "seq": 256,
          "dropout": 0.0}
+    m.update(backbone or {})
     tasks = [("pos", "tag(labels = 12)", "from layer 2"),
              ("chunk", "tag(labels = 8)", "from layer 2"),
              ("ner", "tag(labels = 9)", "from layer 6"),
@@ -477,13 +480,19 @@ STEP_PEERS = [("peer none (explicit S×S)", "none"), ("peer sdpa (eager)", "sdpa
               ("peer torch.compile, budget 0.3", "compile_budget30")]
 
 
+def planned_peak(plan):
+    return plan["plan"]["planned_peak_bytes"] if "plan" in plan else plan["peak"]["bytes"]
+
+
 def section_step(args, b, r, out):
     """mtpc without a strategy against the model as a PyTorch user writes it
     today: eager with SDPA, torch.compile, torch.compile with the activation
     memory budget; model M (dropout 0) and the wider model W."""
     quick = args.quick
     key = "cpu_step" if cpu_time(args) else "step"
-    models = [("M", model_m(args, {}, dropout=0.0)), ("W", model_w(args, {}))]
+    aten = {"pointwise": "aten"}
+    models = [("M", model_m(args, {}, dropout=0.0), model_m(args, {}, dropout=0.0, backbone=aten)),
+              ("W", model_w(args, {}), model_w(args, {}, backbone=aten))]
     results = {}
     out.append("### The step program against the 2026 PyTorch peers\n")
     out.append("No strategy (`checkpoint = none`, `gfm = none`, `dgfg = none`, `clip = none`), "
@@ -494,11 +503,12 @@ def section_step(args, b, r, out):
                "measured steps. mtpc's attention kind: %s. RSS above post-init with glibc "
                "`MALLOC_MMAP_THRESHOLD_=%s` (both sides); step time as in the memory section "
                "(%s time, %s thread(s)).\n"
-               % (", ".join("%s %s" % (n, b.plan(t)[0]["attention"]) for n, t in models),
+               % (", ".join("%s %s" % (n, b.plan(t)[0]["attention"]) for n, t, _ in models),
                   MMAP_THRESHOLD, "CPU" if key == "cpu_step" else "wall",
                   args.threads or "LibTorch's"))
-    for label, text in models:
+    for label, text, aten_text in models:
         binary = b.build(text)
+        aten_binary = b.build(aten_text)
         plan, _ = b.plan(text)
         init = os.path.join(args.work, "init-step-" + label)
         shutil.rmtree(init, ignore_errors=True)
@@ -507,7 +517,10 @@ def section_step(args, b, r, out):
                     "predicted": plan["plan"]["planned_peak_bytes"] if "plan" in plan
                     else plan["peak"]["bytes"]},
                    {"name": "mtpc none, --cosine-every 0", "kind": "mtpc", "binary": binary,
-                    "extra": ["--cosine-every", "0"], "predicted": None}]
+                    "extra": ["--cosine-every", "0"], "predicted": None},
+                   # The fused pointwise kernels off: ATen's norm, GELU and linear.
+                   {"name": "mtpc none, pointwise aten", "kind": "mtpc", "binary": aten_binary,
+                    "extra": [], "predicted": planned_peak(b.plan(aten_text)[0])}]
         entries += [{"name": n, "kind": "peer", "variant": v} for n, v in STEP_PEERS]
         runs, steps, mem_steps = (2, 4, 2) if quick else (3, 6, 3)
         log("step %s: %d configurations, %d runs of %d steps" % (label, len(entries), runs, steps))

@@ -123,7 +123,7 @@ int mtp_block_dequantize_cuda(const int8_t *codes, const float *scales, int64_t 
 
 void mtp_register_kernels() {{
   mtprt::kernels::Specialized k;
-  k.what = "{3}: gfm bins {0} keep {1}, quant block {2}";
+  k.what = "{3}: gfm bins {0} keep {1}, quant block {2}{11}";
   k.gfmBins = kBins;
   k.gfmKeep = kKeep;
   k.maskBinsCpu = maskBins;
@@ -150,7 +150,10 @@ void mtp_register_kernels() {{
                        c.bits == 8 ? "blockDequantize" : "nullptr",
                        c.bits == 8 ? "mtp_block_quantize_cuda" : "nullptr",
                        c.bits == 8 ? "mtp_block_dequantize_cuda" : "nullptr",
-                       c.fusedPointwise ? 1 : 0, c.hidden)
+                       c.fusedPointwise ? 1 : 0, c.hidden,
+                       c.fusedPointwise
+                           ? llvm::formatv(", norm rows of {0}", c.hidden).str()
+                           : std::string())
              .str();
 }
 

@@ -243,7 +243,7 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
     cost.output = stream();
     // The add hands its incoming gradient to the skip input, and to the
     // branch too unless dropout scales it into a new tensor.
-    cost.backwardAliases = getenv("NOALIAS") ? 0 : dropout ? 1 : 2;
+    cost.backwardAliases = dropout ? 1 : 2;
     if (dropout) {
       cost.saved.push_back({"mask", tensor({b, s, h}, mask)});
       cost.fwdWorkspace = e * bsh; // the dropped branch before the add

@@ -158,25 +158,8 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
       for (Value g : bwd.getInputGrads().take_front(bwd.getAliases()))
         aliasOf[g] = bwd.getGrads().front();
   }
-  // A checkpoint region's backward (one autograd call in the runtime) holds
-  // the gradient it starts from until it returns.
-  llvm::DenseMap<Value, unsigned> heldTo;
-  for (auto [first, last] : regions) {
-    Value incoming;
-    unsigned end = 0;
-    for (Operation *op : order)
-      if (auto bwd = dyn_cast<BwdOp>(op)) {
-        int64_t b = getBlockNumber(bwd.getUnit(), bwd.getLayer());
-        if (b == last && !incoming && !bwd.getGrads().empty())
-          incoming = bwd.getGrads().front();
-        if (b == first)
-          end = position[op];
-      }
-    if (incoming)
-      heldTo[incoming] = std::max(heldTo.lookup(incoming), end);
-  }
   auto lastUse = [&](Value v, auto &self) -> unsigned {
-    unsigned last = std::max(position[v.getDefiningOp()], heldTo.lookup(v));
+    unsigned last = position[v.getDefiningOp()];
     for (Operation *user : v.getUsers()) {
       last = std::max(last, position[user]);
       if (auto yield = dyn_cast<YieldOp>(user))

@@ -88,8 +88,6 @@ struct MemoryPlanner::Impl {
   llvm::DenseMap<int64_t, int> blockOwner;
   llvm::DenseMap<int64_t, int64_t> blockFlops, blockOutputBytes;
   llvm::DenseMap<int64_t, int> blockBwdStart, blockBwdEnd;
-  /// Per block: the value index of the gradient its backward starts from.
-  llvm::DenseMap<int64_t, size_t> blockIncomingGrad;
   /// Per candidate: first backward position, prefetch position, last forward
   /// position, offloadable bytes.
   std::vector<int> candBwdStart, candPrefetch, candLastFwd;
@@ -333,13 +331,6 @@ void MemoryPlanner::Impl::build() {
   for (Operation &op : body)
     for (Value v : op.getResults())
       index[v] = next++;
-  for (Operation &op : body)
-    if (auto bwd = dyn_cast<BwdOp>(&op)) {
-      int64_t b = getBlockNumber(bwd.getUnit(), bwd.getLayer());
-      if (b > 0 && !bwd.getGrads().empty() && !blockIncomingGrad.count(b))
-        if (auto it = index.find(bwd.getGrads().front()); it != index.end())
-          blockIncomingGrad[b] = it->second;
-    }
   for (Operation &op : llvm::reverse(body))
     if (auto bwd = dyn_cast<BwdOp>(&op)) {
       auto it = bwd.getAliases() ? index.find(bwd.getGrads().front())
@@ -386,8 +377,6 @@ int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions) const {
   // Which region each block is in.
   llvm::DenseMap<int64_t, std::pair<int64_t, int64_t>> regionOf;
   const std::vector<std::pair<int64_t, int64_t>> planned = regions(decisions);
-  // A region's backward holds the gradient it starts from until it returns.
-  llvm::DenseMap<size_t, int> heldTo;
   for (auto [first, last] : planned) {
     for (int64_t b = first; b <= last; ++b)
       regionOf[b] = {first, last};
@@ -396,15 +385,11 @@ int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions) const {
     // mtp.release).
     int start = blockBwdStart.lookup(last), end = blockBwdEnd.lookup(first);
     live(start, end, blockOutputBytes.lookup(last));
-    if (auto it = blockIncomingGrad.find(last); it != blockIncomingGrad.end())
-      heldTo[it->second] = std::max(heldTo.lookup(it->second), end);
   }
-  for (auto [i, v] : llvm::enumerate(values)) {
+  for (const ValueInfo &v : values) {
     Decision d = v.owner >= 0 ? decisions[v.owner] : Decision::Keep;
     if (d == Decision::Keep || v.bwdBlocks.empty()) {
-      auto held = heldTo.find(i);
-      live(v.def, held == heldTo.end() ? v.last : std::max(v.last, held->second),
-           v.bytes);
+      live(v.def, v.last, v.bytes);
       continue;
     }
     if (d == Decision::Recompute) {
