@@ -27,7 +27,7 @@ set -o pipefail
 # Here the CUDA tests (pinned-memory offload on side streams, the caching
 # allocator's peak, fp16 loss scaling, the kernels against their CPU twins)
 # must run: a skip means the build lost its LibTorch-CUDA parts.
-skipped=$(grep -E '^\[  SKIPPED \] (Cuda|CudaMemoryStats|BlockQuant|Kernels)\.' "$out/gtest.log" || true)
+skipped=$(grep -E '^\[  SKIPPED \] (Cuda|CudaMemoryStats|BlockQuant|Kernels|Pointwise)\.' "$out/gtest.log" || true)
 if [ -n "$skipped" ]; then
   echo "[gpu-check] CUDA tests were skipped on the GPU machine:"
   echo "$skipped"
