@@ -153,8 +153,7 @@ normBackward(const at::Tensor &dy, const at::Tensor &x, const at::Tensor &mean,
   at::Tensor xc = x.contiguous(), dyc = dy.contiguous();
   if (x.is_cuda() && !cudaTwins())
     return at::native_layer_norm_backward(dyc, xc, {width}, mean, rstd, w,
-                                          at::zeros_like(w),
-                                          {true, true, true});
+                                          /*bias=*/{}, {true, true, true});
   at::Tensor dx = at::empty_like(xc);
   const int64_t rows = xc.numel() / width;
   const float *px = xc.const_data_ptr<float>(),

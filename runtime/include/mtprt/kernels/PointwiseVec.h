@@ -40,6 +40,20 @@ inline V loadTail(const float *p, int64_t i, int64_t n) {
   return V::loadu(p + i, static_cast<int>(n - i));
 }
 
+/// y = (x - mu) * rs * w + b over one row: the forward and the recompute
+/// share it, so the recompute reproduces the forward's output bit for bit.
+inline void affineRow(const float *xr, float mu, float rs, const float *w,
+                      const float *b, float *yr, int64_t n) {
+  const int64_t body = n - n % kLanes;
+  const V vmu(mu), vrs(rs);
+  for (int64_t i = 0; i < body; i += kLanes) {
+    V xhat = (V::loadu(xr + i) - vmu) * vrs;
+    at::vec::fmadd(xhat, V::loadu(w + i), V::loadu(b + i)).store(yr + i);
+  }
+  for (int64_t i = body; i < n; ++i)
+    yr[i] = std::fma((xr[i] - mu) * rs, w[i], b[i]);
+}
+
 template <int64_t W>
 void normForward(const float *x, const float *w, const float *b, float *y,
                  float *mean, float *rstd, int64_t rows, int64_t width,
@@ -69,13 +83,7 @@ void normForward(const float *x, const float *w, const float *b, float *y,
     const float rs = 1.f / std::sqrt(var + eps);
     mean[r] = mu;
     rstd[r] = rs;
-    const V vrs(rs);
-    for (int64_t i = 0; i < body; i += kLanes) {
-      V xhat = (V::loadu(xr + i) - vmu) * vrs;
-      at::vec::fmadd(xhat, V::loadu(w + i), V::loadu(b + i)).store(yr + i);
-    }
-    for (int64_t i = body; i < n; ++i)
-      yr[i] = std::fma((xr[i] - mu) * rs, w[i], b[i]);
+    affineRow(xr, mu, rs, w, b, yr, n);
   }
 }
 
@@ -84,18 +92,10 @@ void normRecompute(const float *x, const float *mean, const float *rstd,
                    const float *w, const float *b, float *y, int64_t rows,
                    int64_t width) {
   const int64_t n = W ? W : width;
-  const int64_t body = n - n % kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     const float *xr = x + r * n;
     float *yr = y + r * n;
-    const float mu = mean[r], rs = rstd[r];
-    const V vmu(mu), vrs(rs);
-    for (int64_t i = 0; i < body; i += kLanes) {
-      V xhat = (V::loadu(xr + i) - vmu) * vrs;
-      at::vec::fmadd(xhat, V::loadu(w + i), V::loadu(b + i)).store(yr + i);
-    }
-    for (int64_t i = body; i < n; ++i)
-      yr[i] = std::fma((xr[i] - mu) * rs, w[i], b[i]);
+    affineRow(xr, mean[r], rstd[r], w, b, yr, n);
   }
 }
 

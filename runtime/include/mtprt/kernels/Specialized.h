@@ -1,7 +1,8 @@
 //===- Specialized.h - kernels an emitted program specialized ---*- C++ -*-===//
 //
 // `mtpc build` emits the GFM mask and the GSC block quantizer with the spec's
-// sizes as compile-time constants (a CPU twin and CUDA C++) and registers
+// sizes as compile-time constants (a CPU twin and CUDA C++), and the fused
+// pointwise norm kernels with the hidden size as row width, and registers
 // them here at start-up. The runtime runs a specialized kernel wherever a
 // tensor has its shape (the spec's hidden size, keep, block) and the generic
 // kernel everywhere else; both compute the same values.
