@@ -971,6 +971,20 @@ LogicalResult BwdOp::verify() {
                << g.getType() << ", the incoming one "
                << getGrads().front().getType();
   }
+  // What is freed at the peak was saved (an i1 element is a byte).
+  if (uint64_t freed = getFreed()) {
+    uint64_t saved = 0;
+    for (Value v : getSaved()) {
+      auto type = cast<RankedTensorType>(v.getType());
+      if (!type.hasStaticShape())
+        return emitOpError("freed ") << freed << " needs static saved shapes";
+      saved += uint64_t(type.getNumElements()) *
+               std::max<uint64_t>(1, type.getElementTypeBitWidth() / 8);
+    }
+    if (freed > saved)
+      return emitOpError("frees ")
+             << freed << " bytes at its peak but saves only " << saved;
+  }
   return verifyUnit(*this, getUnit(), getLayer(), getTaskAttr());
 }
 

@@ -106,16 +106,22 @@ def MTP_BwdOp : MTP_Op<"bwd", [HasParent<"StepOp">, AttrSizedOperandSegments,
                        Variadic<AnyRankedTensor>:$saved,
                        MTP_NonNegativeI64Attr:$flops,
                        DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$workspace,
-                       DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$aliases);
+                       DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$aliases,
+                       DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$freed,
+                       DefaultValuedAttr<MTP_NonNegativeI64Attr, "0">:$pending);
   let results = (outs Variadic<AnyRankedTensor>:$input_grads);
   // `aliases n`: the first n input gradients are the one incoming gradient
   // itself — a residual add hands it to both branches, the fused GELU
   // backward scales it in place: no buffer of their own, and the incoming
-  // one lives as long as they do.
+  // one lives as long as they do. `freed f pending p`: at the backward's
+  // internal peak (where its workspace is counted) f bytes of its saved
+  // operands are already freed and p bytes of its parameters' gradients not
+  // yet created — a unit of many layers (the decoder head), whose autograd
+  // nodes free and create them one by one.
   let assemblyFormat = [{
     $unit `[` $layer `]` ($task^)? `grads` `(` $grads `)`
     `saved` `(` $saved `)` `flops` $flops (`workspace` $workspace^)?
-    (`aliases` $aliases^)? attr-dict `:`
+    (`aliases` $aliases^)? (`freed` $freed^)? (`pending` $pending^)? attr-dict `:`
     functional-type(operands, results)
   }];
   let hasVerifier = 1;

@@ -360,7 +360,30 @@ UnitCost CostModel::headCost(TaskOp task) const {
     // self-attention block, cross-attention to the tap and an MLP block.
     const int64_t t = *task.getTargetSeq(), v = *task.getVocab(),
                   layers = *task.getLayers();
+    const bool fused = attentionKind == AttentionKind::fused;
     cost.output = tensor({b, t, v}, act);
+    // Its backward runs node by node: each phase (in forward order, the
+    // embedding, then per layer self-attention, cross-attention and MLP, then
+    // the final norm) frees its saved tensors once it has run and creates
+    // its weights' gradients when it starts. A phase's output is freed with
+    // the next phase, which keeps it as its input.
+    struct Phase {
+      int64_t saved = 0, out = 0, grads = 0, workspace = 0;
+    };
+    llvm::SmallVector<Phase> phases;
+    int64_t savedSoFar = 0;
+    auto total = [&] {
+      int64_t n = 0;
+      for (const SavedTensor &t : cost.saved)
+        n += bytes(t.type);
+      return n;
+    };
+    auto endPhase = [&](int64_t params, int64_t workspace, int64_t out) {
+      int64_t now = total();
+      phases.push_back({now - savedSoFar, out, kGradientBytes * params,
+                        workspace});
+      savedSoFar = now;
+    };
     auto add = [&](std::string name, RankedTensorType type) {
       cost.saved.push_back({std::move(name), type});
     };
@@ -369,13 +392,25 @@ UnitCost CostModel::headCost(TaskOp task) const {
       if (!fusedPointwise)
         add(std::move(name), type);
     };
+    const int64_t bth = b * t * h, norm = 2 * h;
     add("inputs", tensor({b, t}, builder.getI64Type()));
     add("embedded", tensor({b, t, h}, act));
     if (dropout)
       add("embed_mask", tensor({b, t, h}, mask));
-    if (attentionKind == AttentionKind::math)
+    if (!fused)
       add("causal", tensor({t, t}, mask));
+    endPhase(v * h + t * h, 0, e * bth);
     int64_t flops = 2 * b * t * h;
+    // The widest backward transients: with the fused kernel the q, k, v
+    // gradients in its layout beside its buffers; on the math path the
+    // scores and their gradient.
+    const int64_t selfWorkspace =
+        fused ? e * 4 * bth + flashAttentionBuffers(t, t, true)
+              : e * 2 * b * a * t * std::max(s, t);
+    const int64_t crossWorkspace =
+        fused ? e * (bth + 2 * b * s * h) +
+                    flashAttentionBuffers(t, std::max(s, t), true)
+              : e * 2 * b * a * t * std::max(s, t);
     for (int64_t l = 1; l <= layers; ++l) {
       std::string p = "l" + std::to_string(l) + ".";
       // Attention of t queries over k keys: the query side's norm, q, k^T,
@@ -384,7 +419,7 @@ UnitCost CostModel::headCost(TaskOp task) const {
         add(q + "mean", tensor({b, t, 1}, f32));
         add(q + "rstd", tensor({b, t, 1}, f32));
         addUnfused(q + "normed", tensor({b, t, h}, act));
-        if (attentionKind == AttentionKind::fused) {
+        if (fused) {
           // The projections q, k, v are views of (self: one [B,T,3H]; cross:
           // [B,T,H] and [B,S,2H]), the log-sum-exp, and the output, which is
           // the out-projection's input (no causal mask: is_causal).
@@ -414,10 +449,13 @@ UnitCost CostModel::headCost(TaskOp task) const {
       // counted there), then cross-attention with keys and values from the
       // normed tap.
       attention(p + "self.", t);
+      endPhase(norm + 3 * h * h + 3 * h + h * h + h, selfWorkspace, e * bth);
       add(p + "cross.mem_mean", tensor({b, s, 1}, f32));
       add(p + "cross.mem_rstd", tensor({b, s, 1}, f32));
       addUnfused(p + "cross.memory", tensor({b, s, h}, act));
       attention(p + "cross.", s);
+      endPhase(2 * norm + (h * h + h) + (2 * h * h + 2 * h) + (h * h + h),
+               crossWorkspace, e * bth);
       // MLP.
       add(p + "mlp.mean", tensor({b, t, 1}, f32));
       add(p + "mlp.rstd", tensor({b, t, 1}, f32));
@@ -427,6 +465,7 @@ UnitCost CostModel::headCost(TaskOp task) const {
       if (dropout)
         add(p + "mlp.mask", tensor({b, t, h}, mask));
       add(p + "mlp.out", tensor({b, t, h}, act));
+      endPhase(norm + h * f + f + f * h + h, e * b * t * f, e * bth);
       flops += 2 * b * t * h * 3 * h + 4 * b * t * t * h + 2 * b * t * h * h // self
                + 2 * b * s * h * 2 * h + 2 * b * t * h * h +
                4 * b * t * s * h + 2 * b * t * h * h // cross
@@ -435,20 +474,38 @@ UnitCost CostModel::headCost(TaskOp task) const {
     add("final.mean", tensor({b, t, 1}, f32));
     add("final.rstd", tensor({b, t, 1}, f32));
     addUnfused("final.normed", tensor({b, t, h}, act));
+    endPhase(norm + h * v + v, 0, 0);
     cost.fwdFlops = flops + 2 * b * t * h * v;
     cost.bwdFlops = 2 * cost.fwdFlops;
-    if (attentionKind == AttentionKind::fused) {
-      // The fused K/V's projection; in backward the q, k, v gradients of
-      // the cross-attention in the kernel's layout.
-      cost.fwdWorkspace = e * 2 * b * s * h +
-                          flashAttentionBuffers(t, std::max(s, t), false);
-      cost.bwdWorkspace = e * (b * t * h + 2 * b * s * h) +
-                          flashAttentionBuffers(t, std::max(s, t), true);
-      return cost;
+    // The forward's widest transient: the cross K/V's projection beside the
+    // kernel's buffers, or (math) the cross-attention scores.
+    cost.fwdWorkspace =
+        fused ? e * 2 * b * s * h +
+                    flashAttentionBuffers(t, std::max(s, t), false)
+              : e * (b * a * t * std::max(s, t) + 2 * b * s * h);
+    // The backward's peak: the phase (run last to first) with the most
+    // alive — what earlier phases saved, its own saved tensors but its
+    // output, the gradients created so far, its workspace.
+    int64_t savedTotal = savedSoFar, gradsTotal = 0, best = -1;
+    for (const Phase &ph : phases)
+      gradsTotal += ph.grads;
+    // At the params scope the head's backward keeps the graph: nothing is
+    // freed there (the backbone backward frees it when it runs through).
+    StrategyOp strategy = model.getStrategy();
+    const bool retains =
+        strategy && strategy.getGradientScope() == GradientScope::params;
+    int64_t before = savedTotal, created = 0;
+    for (const Phase &ph : llvm::reverse(phases)) {
+      before -= ph.saved;
+      created += ph.grads;
+      int64_t alive = retains ? savedTotal : before + ph.saved - ph.out;
+      if (alive + created + ph.workspace > best) {
+        best = alive + created + ph.workspace;
+        cost.bwdWorkspace = ph.workspace;
+        cost.bwdFreed = savedTotal - alive;
+        cost.bwdPending = gradsTotal - created;
+      }
     }
-    // The widest transient: cross-attention scores beside the fused K/V.
-    cost.fwdWorkspace = e * (b * a * t * std::max(s, t) + 2 * b * s * h);
-    cost.bwdWorkspace = e * (2 * b * a * t * std::max(s, t));
     return cost;
   }
   }
@@ -751,7 +808,8 @@ bool CostModel::gradientsResidentThroughStep() const {
 
 CostModel::PipelineCost
 CostModel::gradientPipeline(ArrayRef<Type> grads, bool gfm,
-                            GradientScope scope, int64_t scopeLayers) const {
+                            GradientScope scope, int64_t scopeLayers,
+                            bool clip) const {
   PipelineCost c;
   for (Type t : grads) {
     auto type = cast<RankedTensorType>(t);
@@ -766,9 +824,17 @@ CostModel::gradientPipeline(ArrayRef<Type> grads, bool gfm,
   c.workspace = gfmWorkspace(grads);
   if (scope == GradientScope::features)
     c.workspace = std::max(c.workspace, cosineProbeWorkspace());
-  if (scope == GradientScope::params)
-    c.workspace +=
-        perTaskParameterGradientBytes(int64_t(grads.size()), scopeLayers);
+  if (scope == GradientScope::params) {
+    // The per-task top-k gradients are held from each head's backward to
+    // the step's end (the timeline counts them with the gradients); here
+    // their processed copies, beside GFM's spectrum of the widest weight.
+    const int64_t h = backbone.getHidden(), f = backbone.getFfn();
+    c.workspace =
+        (gfm ? 2 * kGradientBytes * std::max(h * f, 3 * h * h) : 0) +
+        (gfm || clip ? perTaskParameterGradientBytes(int64_t(grads.size()),
+                                                     scopeLayers)
+                     : 0);
+  }
   return c;
 }
 

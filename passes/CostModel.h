@@ -56,6 +56,13 @@ struct UnitCost {
   /// Transient bytes alive at the unit's internal peak beyond its inputs,
   /// output and saved tensors (temporaries held until the call returns).
   int64_t fwdWorkspace = 0, bwdWorkspace = 0;
+  /// At the backward's internal peak (where bwdWorkspace is counted): bytes
+  /// of the saved tensors autograd has already freed, and of the unit's
+  /// parameter gradients it has not created yet. Autograd frees a node's
+  /// saved tensors once the node has run and creates a weight's gradient when
+  /// it reaches it; that matters only for a unit of many layers (the decoder
+  /// head).
+  int64_t bwdFreed = 0, bwdPending = 0;
 };
 
 /// Memory categories of the breakdown.
@@ -135,14 +142,15 @@ public:
   /// rfft and irfft along the channels (about 5·n·log2 c each, with `gfm`),
   /// the mask, the clip's norm and scale, the weighted accumulate; its
   /// workspace before the fused results exist: GFM's (gfmWorkspace), the
-  /// cosine probe's at the features scope, plus the per-task parameter
-  /// gradients at the params scope.
+  /// cosine probe's at the features scope; at the params scope the
+  /// processed copies of the per-task parameter gradients (GFM or `clip`
+  /// makes them) beside GFM's spectrum of the widest weight.
   struct PipelineCost {
     int64_t flops = 0, workspace = 0;
   };
   PipelineCost gradientPipeline(llvm::ArrayRef<mlir::Type> grads, bool gfm,
-                                GradientScope scope,
-                                int64_t scopeLayers) const;
+                                GradientScope scope, int64_t scopeLayers,
+                                bool clip = true) const;
   /// GFM's elementwise part: the complex spectrum (n/2+1 pairs per row)
   /// beside the processed copy of the widest gradient.
   static int64_t gfmWorkspace(llvm::ArrayRef<mlir::Type> grads);

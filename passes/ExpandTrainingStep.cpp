@@ -75,6 +75,10 @@ private:
                               fwd.getLayerAttr(), fwd.getTaskAttr(), grads,
                               saved, b.getI64IntegerAttr(unit.cost.bwdFlops),
                               b.getI64IntegerAttr(unit.cost.bwdWorkspace));
+    if (unit.cost.bwdFreed)
+      op.setFreed(unit.cost.bwdFreed);
+    if (unit.cost.bwdPending)
+      op.setPending(unit.cost.bwdPending);
     // Only a gradient of the incoming one's type can be it (under autocast
     // the 16-bit branch's is a cast copy).
     if (unit.cost.backwardAliases > 0 && op.getGrads().size() == 1) {

@@ -57,7 +57,8 @@ void FuseTaskGradientsPass::runOnOperation() {
   const CostModel::PipelineCost pipeline =
       cost.gradientPipeline(gradTypes, keep.has_value(),
                             strategy.getGradientScope(),
-                            strategy.getScopeLayers());
+                            strategy.getScopeLayers(),
+                            strategy.getClip() == ClipPolicy::per_task);
   const int64_t flops = pipeline.flops, workspace = pipeline.workspace;
 
   // One fused gradient per tap layer (Σ α_t ĝ_t over the tasks reading it),
@@ -141,6 +142,23 @@ void FuseTaskGradientsPass::runOnOperation() {
                                : "")
                        << "): " << flops << " FLOPs, " << workspace
                        << " bytes of workspace";
+
+  // At the params scope each head's backward is a partial one that keeps
+  // the graph (the backbone backward runs through the heads again, from
+  // Σ α_t loss_t): the heads' and losses' saved tensors live through the
+  // fuse op and go at the backbone backward's start.
+  if (strategy.getGradientScope() == GradientScope::params) {
+    llvm::SetVector<Value> retained;
+    for (BwdOp bwd : body.getOps<BwdOp>())
+      if (bwd.getTaskAttr())
+        for (Value v : bwd.getSaved())
+          if (auto fwd = v.getDefiningOp<FwdOp>(); fwd && fwd.getTaskAttr())
+            retained.insert(v);
+    if (!retained.empty()) {
+      b.setInsertionPointAfter(fuse);
+      b.create<ReleaseOp>(fuse.getLoc(), retained.getArrayRef());
+    }
+  }
 
   // The runtime runs the backbone backward as one call whose roots are the
   // taps and whose grad_outputs are the fused gradients: it holds them all

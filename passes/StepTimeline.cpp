@@ -24,7 +24,18 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
   allGradients = CostModel::kGradientBytes * groups.total;
   twoSweeps = cost.gradientsResidentThroughStep();
 
+  // The params scope's per-task gradients, per head (FuseTaskGradients'
+  // op says the scope).
+  int64_t perTask = 0, topLayersFrom = INT64_MAX, deferred = 0;
+  for (Operation *op : order)
+    if (auto f = dyn_cast<FuseTaskGradsOp>(op);
+        f && f.getScope() == GradientScope::params && model.getStrategy()) {
+      const int64_t k = model.getStrategy().getScopeLayers();
+      perTask = cost.perTaskParameterGradientBytes(1, k);
+      topLayersFrom = model.getBackbone().getLayers() - k;
+    }
   workspace.assign(order.size(), 0);
+  relief.assign(order.size(), {0, 0});
   llvm::StringSet<> arrived;
   for (auto [pos, op] : llvm::enumerate(order)) {
     if (auto f = dyn_cast<FuseTaskGradsOp>(op)) {
@@ -38,10 +49,30 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
     // A group's gradients appear at its first backward unit and stay until
     // the optimizer step.
     if (auto bwd = dyn_cast<BwdOp>(op)) {
+      // At the params scope a head's backward also makes its task's
+      // gradients of the top k layers, held (summed over micro-batches)
+      // until the step's end.
+      if (bwd.getUnit() == UnitKind::head && perTask) {
+        gradientArrivals.push_back({int(pos), perTask});
+        allGradients += perTask;
+      }
+      relief[pos] = {int64_t(bwd.getFreed()), int64_t(bwd.getPending())};
       std::string group = gradientGroup(bwd);
-      if (!group.empty() && arrived.insert(group).second)
-        gradientArrivals.push_back(
-            {int(pos), CostModel::kGradientBytes * groups.params.lookup(group)});
+      if (!group.empty() && arrived.insert(group).second) {
+        const int64_t bytes =
+            CostModel::kGradientBytes * groups.params.lookup(group);
+        // The backbone backward leaves the top k layers' gradients to the
+        // step's end (the fused per-task ones become them there).
+        if (perTask && !bwd.getTaskAttr() && bwd.getUnit() != UnitKind::embed &&
+            int64_t(bwd.getLayer()) > topLayersFrom)
+          deferred += bytes;
+        else
+          gradientArrivals.push_back({int(pos), bytes});
+      }
+    }
+    if (isa<OptimizerStepOp>(op) && deferred) {
+      gradientArrivals.push_back({int(pos), deferred});
+      deferred = 0;
     }
   }
 }
@@ -61,10 +92,15 @@ StepTimeline::Peak StepTimeline::sweep(const Live &live, int64_t fuseWorkspace,
          ++arrival)
       now.gradients += arrival->second;
     now.workspace = p == fusePosition ? fuseWorkspace : workspace[p];
-    if (now.total() > best.bytes) {
-      best.bytes = now.total();
+    // Inside a many-layer backward unit: its peak, not its start.
+    MemoryBreakdown at = now;
+    at.activations -= relief[p].first;
+    if (!later)
+      at.gradients -= relief[p].second;
+    if (at.total() > best.bytes) {
+      best.bytes = at.total();
       best.position = p;
-      best.at = now;
+      best.at = at;
     }
   }
   return best;

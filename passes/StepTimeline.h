@@ -82,6 +82,9 @@ private:
   /// (position, bytes) where a parameter group's gradients appear.
   std::vector<std::pair<int, int64_t>> gradientArrivals;
   std::vector<int64_t> workspace; ///< per position, the fuse op's aside
+  /// Per position, what a backward unit's internal peak lacks of its saved
+  /// tensors and (first micro-batch) of its gradients (BwdOp freed/pending).
+  std::vector<std::pair<int64_t, int64_t>> relief;
   FuseTaskGradsOp fuse;
   int fusePosition = -1;
   bool twoSweeps = false;

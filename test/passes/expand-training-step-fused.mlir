@@ -1,5 +1,7 @@
 // RUN: mtp-opt %s --split-input-file --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step))' | FileCheck %s
 // RUN: mtp-opt %s --split-input-file --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step))' | mtp-opt --split-input-file | FileCheck %s
+// RUN: mtp-opt %s --split-input-file --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step))' | sed -e 's/freed 5040/freed 99999/' | not mtp-opt --split-input-file 2>&1 | FileCheck %s --check-prefix=FREED
+// FREED: error: 'mtp.bwd' op frees 99999 bytes at its peak but saves only 6400
 // RUN: not mtp-opt %s --split-input-file --pass-pipeline='builtin.module(mtp.model(mtp-normalize-spec))' 2>&1 | FileCheck %s --check-prefix=BF16
 
 // The fused pointwise kernels in the step IR (expand-training-step.mlir has
@@ -38,3 +40,20 @@ mtp.model @half {
   mtp.task @lo : tag(labels = 3) from layer 1 loss cross_entropy weight 1.0
   mtp.budget device "cpu" memory 1 GiB headroom 0 B link 10 GBps gpus 1 batch 2 micro 2 precision bf16
 }
+
+// -----
+
+// A decoder head's backward runs its layers' nodes last to first, freeing
+// each one's saved tensors and creating its weights' gradients as it goes.
+// Here the gradients outweigh the activations, so its peak is late, at
+// layer 1's self-attention: all saved but that phase's 1104 B (its own but
+// its output, the embedding's) are freed, and only the embeddings'
+// gradients are pending ((6 + 3) x 8 floats = 288 B).
+mtp.model @gen {
+  mtp.backbone transformer(layers = 1, hidden = 8, heads = 2, ffn = 16, vocab = 10, seq = 4, dropout = 0.0) attention fused pointwise fused
+  mtp.task @mt : decoder(layers = 2, vocab = 6, target_seq = 3) from layer 1 loss cross_entropy weight 1.0
+  mtp.budget device "cpu" memory 1 GiB headroom 0 B link 10 GBps gpus 1 batch 2 micro 2 precision fp32
+}
+
+// CHECK-LABEL: mtp.step {
+// CHECK: mtp.bwd head[0] @mt grads({{.*}}) saved({{.*}}) flops {{[0-9]+}} workspace {{[0-9]+}} freed 5040 pending 288 :
