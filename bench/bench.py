@@ -571,14 +571,20 @@ def section_step(args, b, r, out):
 
 
 def section_load(args, b, r, out):
-    """Step time beside one other CPU-bound process, at LibTorch's default
-    thread count and at one thread: mtpc against eager SDPA, model M."""
+    """Step time beside one other CPU-bound process: mtpc at its default
+    (--threads auto), at LibTorch's count pinned and at one thread, against
+    eager SDPA at LibTorch's default and at one thread; model M."""
     text = model_m(args, {}, dropout=0.0)
     binary = b.build(text)
     init = os.path.join(args.work, "init-load")
     shutil.rmtree(init, ignore_errors=True)
     r.mtpc(binary, 0, extra=["--dump-init", init])
-    steps = 4 if args.quick else 8
+    # Enough steps that auto's probes (the warm-up, then 2 steps at each
+    # count) are a minority: the median is its settled count.
+    steps = 16 if args.quick else 24
+    cores = os.cpu_count()
+    runs = [("mtpc none", 0), ("mtpc none", cores), ("mtpc none", 1),
+            ("peer sdpa (eager)", 0), ("peer sdpa (eager)", 1)]
     wall = {}
     saved = args.threads
     try:
@@ -586,12 +592,14 @@ def section_load(args, b, r, out):
             hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if loaded else None
             try:
                 time.sleep(0.5)
-                for threads in (0, 1):
+                for who, threads in runs:
                     args.threads = threads
-                    m = r.mtpc(binary, steps)
-                    wall[("mtpc none", threads, loaded)] = median(step_times(m["records"]))
-                    p = r.peer(init, "sdpa", steps)
-                    wall[("peer sdpa (eager)", threads, loaded)] = median(p["step_time_s"][1:])
+                    if who.startswith("mtpc"):
+                        m = r.mtpc(binary, steps)
+                        wall[(who, threads, loaded)] = median(step_times(m["records"]))
+                    else:
+                        p = r.peer(init, "sdpa", steps)
+                        wall[(who, threads, loaded)] = median(p["step_time_s"][1:])
             finally:
                 if hog:
                     hog.kill()
@@ -599,15 +607,17 @@ def section_load(args, b, r, out):
     finally:
         args.threads = saved
     rows = []
-    for who in ("mtpc none", "peer sdpa (eager)"):
-        for threads in (0, 1):
-            quiet, busy = wall[(who, threads, False)], wall[(who, threads, True)]
-            rows.append([who, "LibTorch's (%d)" % os.cpu_count() if threads == 0 else "1",
-                         "%.1f" % (1e3 * quiet), "%.1f" % (1e3 * busy), fmt_ratio(busy / quiet)])
+    for who, threads in runs:
+        quiet, busy = wall[(who, threads, False)], wall[(who, threads, True)]
+        label = ("auto (the default)" if who.startswith("mtpc") else "LibTorch's (%d)" % cores) \
+            if threads == 0 else ("%d, pinned" % threads if threads > 1 else "1")
+        rows.append([who, label, "%.1f" % (1e3 * quiet), "%.1f" % (1e3 * busy),
+                     fmt_ratio(busy / quiet)])
     out.append("### Under load: one other CPU-bound process\n")
     out.append("Model M, dropout 0, no strategy; wall ms per step (median of %d steps, the first "
-               "dropped), quiet and beside a Python busy loop, at LibTorch's default intra-op "
-               "thread count and at one thread.\n" % steps)
+               "dropped), quiet and beside a Python busy loop; mtpc at its default thread count "
+               "(`--threads auto`), at LibTorch's pinned and at one thread, the peer at "
+               "LibTorch's default and at one thread.\n" % steps)
     out.append(table(["configuration", "threads", "quiet ms/step", "loaded ms/step", "slowdown"],
                      rows))
     return {"%s/%s/%s" % k: v for k, v in wall.items()}

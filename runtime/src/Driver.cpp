@@ -1,6 +1,7 @@
 //===- Driver.cpp - the training program around a step --------------------===//
 
 #include "mtprt/Driver.h"
+#include "mtprt/Threads.h"
 #include "mtprt/Format.h"
 #include "mtprt/Limits.h"
 #include "mtprt/Memory.h"
@@ -77,7 +78,7 @@ struct Options {
   double topK = defaults::kTopK, decay = defaults::kResidualDecay;
   int64_t block = defaults::kQuantBlock, bucket = 1 << 20;
   std::string progress = "auto";
-  int threads = 0;
+  int threads = 0; ///< 0: auto
   std::string writeShard;
   std::string dumpInit;
   bool resources = false;
@@ -144,7 +145,7 @@ const Flag kFlags[] = {
     {"--compress-decay", "D", "residual feedback decay (default 0.8)"},
     {"--compress-block", "N", "values per quantization block (default 256)"},
     {"--compress-bucket", "N", "values per bucket (default 1048576)"},
-    {"--threads", "N", "intra-op CPU threads (default: LibTorch's)"},
+    {"--threads", "N|auto", "intra-op CPU threads; auto (the default on CPU) times steps from LibTorch's count down to 1 and keeps the fastest, probing again when the machine's load changes; N pins it (runs that must repeat bit for bit)"},
     {"--cosine-every", "M",
      "measure the task-gradient cosine matrix every M steps (0: never; "
      "without it DGFG keeps uniform weights; default 1)"},
@@ -365,8 +366,15 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.block = toInt(arg, value, 1, 1 << 20);
     else if (arg == "--compress-bucket")
       o.bucket = toInt(arg, value, 1, big);
-    else if (arg == "--threads")
-      o.threads = static_cast<int>(toInt(arg, value, 1, 1024));
+    else if (arg == "--threads") {
+      try {
+        o.threads =
+            value == "auto" ? 0 : static_cast<int>(toInt(arg, value, 1, 1024));
+      } catch (const UsageError &) {
+        throw UsageError("--threads expects auto or an integer in [1, 1024], "
+                         "got '" + value + "'");
+      }
+    }
     else if (arg == "--cosine-every")
       o.cosineEvery = toInt(arg, value, 0, big);
     else if (arg == "--dump-init")
@@ -1114,10 +1122,25 @@ int train(const std::string &name, const Program &p, const Options &o) {
   const auto start = std::chrono::steady_clock::now();
   RunSummary summary;
   int64_t lastSaved = -1;
+  // --threads auto on the CPU: the count whose steps are fastest now.
+  std::optional<ThreadTuner> tuner;
+  if (o.threads == 0 && mc.device == "cpu" && at::get_num_threads() > 1)
+    tuner.emplace(at::get_num_threads());
   while (core.stepsTaken() < o.steps) {
     Batch global = data->batch(position, o.batchSize);
     trainer.setBatch(global.slice(d.rank * local, (d.rank + 1) * local));
+    const auto stepStart = std::chrono::steady_clock::now();
     StepStats s = p.step ? p.step(trainer) : trainer.step(p.schedule);
+    if (tuner) {
+      if (tuner->record(std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - stepStart)
+                            .count()))
+        at::set_num_threads(tuner->threads());
+      if (tuner->settledAnew() && rank0 && (tty || plain))
+        std::fprintf(stderr, "%s--threads auto: %d intra-op thread%s (%s)\n",
+                     tty ? "\n" : "", tuner->threads(),
+                     tuner->threads() == 1 ? "" : "s", tuner->why().c_str());
+    }
     ++position;
     if (cpuFirst < 0)
       cpuFirst = cpuSeconds();
