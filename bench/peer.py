@@ -36,7 +36,7 @@ backbone the mean over the tasks present of the tap gradients.
 Usage (prints one JSON object):
 
     peer.py --init DIR [--variant none] [--steps N] [--threads T] [--device cpu|cuda]
-            [--resources]
+            [--resources] [--profile TRACE.json]
 """
 import argparse
 import functools
@@ -261,7 +261,7 @@ def reset_resident_peak():
         return False
 
 
-def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False):
+def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False, profile=None):
     config, params, first = load_init(init)
     if threads > 0:
         torch.set_num_threads(threads)
@@ -325,7 +325,12 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
         torch.cuda.reset_peak_memory_stats()
         base_cuda = torch.cuda.memory_allocated()
     times, cpu, losses = [], [], []
+    prof = None
     for step in range(steps):
+        if profile and step == 1:  # as mtprt-run --profile: the steps after the first
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                          record_shapes=True)
+            prof.__enter__()
         tokens, labels = batches[step]
         if cuda:
             torch.cuda.synchronize()
@@ -353,6 +358,9 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
         times.append(time.perf_counter() - start)
         cpu.append(time.process_time() - cpu_start)
         losses.append(step_losses)
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        prof.export_chrome_trace(profile)
     out = {"variant": variant, "tasks": head_names, "step_time_s": times, "loss": losses,
            "cpu_s": cpu,
            "threads": torch.get_num_threads(), "device": str(dev), "torch": torch.__version__}
@@ -374,8 +382,11 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--resources", action="store_true",
                     help="measure the resident set's peak above the post-init level")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="profile the steps after the first (CPU ops, shapes): a Chrome trace")
     a = ap.parse_args()
-    print(json.dumps(run(a.init, a.variant, a.steps, a.threads, a.device, a.resources)))
+    print(json.dumps(run(a.init, a.variant, a.steps, a.threads, a.device, a.resources,
+                         a.profile)))
     return 0
 
 

@@ -1,10 +1,10 @@
 //===- Driver.cpp - the training program around a step --------------------===//
 
 #include "mtprt/Driver.h"
-#include "mtprt/Threads.h"
 #include "mtprt/Format.h"
 #include "mtprt/Limits.h"
 #include "mtprt/Memory.h"
+#include "mtprt/Threads.h"
 #include "mtprt/kernels/Specialized.h"
 
 #include "mtprt/Runtime.h"
@@ -15,6 +15,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/serialize.h>
 #include <nlohmann/json.hpp>
 
@@ -81,6 +82,7 @@ struct Options {
   int threads = 0; ///< 0: auto
   std::string writeShard;
   std::string dumpInit;
+  std::string profile;
   bool resources = false;
   std::optional<int64_t> cosineEvery;
 };
@@ -149,6 +151,8 @@ const Flag kFlags[] = {
     {"--cosine-every", "M",
      "measure the task-gradient cosine matrix every M steps (0: never; "
      "without it DGFG keeps uniform weights; default 1)"},
+    {"--profile", "FILE",
+     "profile every step after the first with LibTorch's profiler (CPU ops and their input shapes; rank 0) and write it to FILE as a Chrome trace (Perfetto, chrome://tracing; bench/compare_profiles.py sums two by op)"},
     {"--dump-init", "DIR",
      "write the initial parameters, the first batch and the "
      "settings to DIR (torch.load / JSON; bench/peer.py reads them); "
@@ -377,6 +381,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
     }
     else if (arg == "--cosine-every")
       o.cosineEvery = toInt(arg, value, 0, big);
+    else if (arg == "--profile")
+      o.profile = value;
     else if (arg == "--dump-init")
       o.dumpInit = value;
     else if (arg == "--resources")
@@ -1126,9 +1132,29 @@ int train(const std::string &name, const Program &p, const Options &o) {
   std::optional<ThreadTuner> tuner;
   if (o.threads == 0 && mc.device == "cpu" && at::get_num_threads() > 1)
     tuner.emplace(at::get_num_threads());
+  // --profile: from the second step (the first grows the allocator and
+  // touches every page) to the end.
+  const bool profiling = rank0 && !o.profile.empty();
+  if (profiling) {
+    std::ofstream probe(o.profile, std::ios::app);
+    if (!probe)
+      throw std::runtime_error("cannot write the --profile file " + o.profile +
+                               "; give a path in a writable directory");
+  }
+  bool profilerOn = false;
+  using torch::profiler::impl::ActivityType;
+  const std::set<ActivityType> activities{ActivityType::CPU};
   while (core.stepsTaken() < o.steps) {
     Batch global = data->batch(position, o.batchSize);
     trainer.setBatch(global.slice(d.rank * local, (d.rank + 1) * local));
+    if (profiling && !profilerOn && core.stepsTaken() > first) {
+      const torch::profiler::impl::ProfilerConfig config(
+          torch::profiler::impl::ProfilerState::KINETO,
+          /*report_input_shapes=*/true);
+      torch::autograd::profiler::prepareProfiler(config, activities);
+      torch::autograd::profiler::enableProfiler(config, activities);
+      profilerOn = true;
+    }
     const auto stepStart = std::chrono::steady_clock::now();
     StepStats s = p.step ? p.step(trainer) : trainer.step(p.schedule);
     if (tuner) {
@@ -1280,6 +1306,15 @@ int train(const std::string &name, const Program &p, const Options &o) {
   }
   if (tty && rank0)
     std::fprintf(stderr, "\n");
+  if (profilerOn) {
+    torch::autograd::profiler::disableProfiler()->save(o.profile);
+    std::fprintf(stderr, "profile of steps %lld..%lld: %s\n",
+                 static_cast<long long>(first + 2),
+                 static_cast<long long>(core.stepsTaken()), o.profile.c_str());
+  } else if (profiling) {
+    std::fprintf(stderr, "--profile: fewer than two steps ran; %s not "
+                 "written\n", o.profile.c_str());
+  }
   if (!o.checkpointDir.empty() && lastSaved != core.stepsTaken()) {
     const std::string path = save();
     if (rank0)

@@ -290,7 +290,54 @@ struct GeluLinearFn : torch::autograd::Function<GeluLinearFn> {
   }
 };
 
+struct SplitHeadsFn : torch::autograd::Function<SplitHeadsFn> {
+  static variable_list forward(AutogradContext *ctx, const at::Tensor &x,
+                               int64_t n, int64_t heads) {
+    const int64_t width = x.size(-1) / n;
+    ctx->saved_data["sizes"] = x.sizes().vec();
+    ctx->saved_data["n"] = n;
+    variable_list out;
+    for (int64_t i = 0; i < n; ++i)
+      out.push_back(x.narrow(-1, i * width, width)
+                        .view({x.size(0), x.size(1), heads, width / heads})
+                        .transpose(1, 2));
+    return out;
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
+    const int64_t n = ctx->saved_data["n"].toInt();
+    const at::Tensor *any = nullptr;
+    for (const at::Tensor &g : grads)
+      if (g.defined() && !any)
+        any = &g;
+    if (!any)
+      return {at::Tensor(), at::Tensor(), at::Tensor()};
+    at::Tensor dx = at::empty(sizes, any->options());
+    const int64_t width = sizes.back() / n;
+    for (int64_t i = 0; i < n; ++i) {
+      const at::Tensor &g = grads[i];
+      at::Tensor slot = dx.narrow(-1, i * width, width);
+      // [B, a, S, d] -> [B, S, a, d], copied into its columns.
+      if (g.defined())
+        slot.view({sizes[0], sizes[1], g.size(1), g.size(3)})
+            .copy_(g.transpose(1, 2));
+      else
+        slot.zero_();
+    }
+    return {dx, at::Tensor(), at::Tensor()};
+  }
+};
+
 } // namespace
+
+std::vector<at::Tensor> splitHeads(const at::Tensor &x, int64_t n,
+                                   int64_t heads) {
+  if (x.dim() != 3 || n < 1 || x.size(-1) % (n * heads) != 0)
+    throw std::invalid_argument(
+        "mtprt: splitHeads: needs [B, S, n*H] with H a multiple of the heads");
+  return SplitHeadsFn::apply(x, n, heads);
+}
 
 at::Tensor normLinear(const at::Tensor &x, const at::Tensor &normWeight,
                       const at::Tensor &normBias, const at::Tensor &weight,

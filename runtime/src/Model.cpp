@@ -308,9 +308,16 @@ at::Tensor Model::attentionBlock(const AttentionParams &p, const at::Tensor &x,
   const bool fused = fusedAttention();
   at::Tensor qkv = normLinear(p.norm, p.qkv, x);
   const int64_t a = config_.heads;
-  at::Tensor q = splitHeads(qkv.narrow(-1, 0, hdim), a, fused);
-  at::Tensor k = splitHeads(qkv.narrow(-1, hdim, hdim), a, fused);
-  at::Tensor v = splitHeads(qkv.narrow(-1, 2 * hdim, hdim), a, fused);
+  at::Tensor q, k, v;
+  if (fused) {
+    // Views whose backward fills one [B, S, 3H] gradient (Fused.h).
+    std::vector<at::Tensor> heads = fused::splitHeads(qkv, 3, a);
+    q = heads[0], k = heads[1], v = heads[2];
+  } else {
+    q = splitHeads(qkv.narrow(-1, 0, hdim), a, fused);
+    k = splitHeads(qkv.narrow(-1, hdim, hdim), a, fused);
+    v = splitHeads(qkv.narrow(-1, 2 * hdim, hdim), a, fused);
+  }
   qkv.reset();
   at::Tensor ctx = mergeHeads(attentionCore(q, k, v, causal, mask));
   return x + dropout(linear(p.out, ctx));
@@ -379,8 +386,14 @@ at::Tensor Model::decoderHead(const Head &p, const HeadConfig &c,
     at::Tensor kv = normLinear(l.memNorm, l.crossKv, memory);
     const int64_t hdim = h.size(-1);
     at::Tensor q = splitHeads(normLinear(l.crossNorm, l.crossQ, h), a, fused);
-    at::Tensor k = splitHeads(kv.narrow(-1, 0, hdim), a, fused);
-    at::Tensor v = splitHeads(kv.narrow(-1, hdim, hdim), a, fused);
+    at::Tensor k, v;
+    if (fused) {
+      std::vector<at::Tensor> heads = fused::splitHeads(kv, 2, a);
+      k = heads[0], v = heads[1];
+    } else {
+      k = splitHeads(kv.narrow(-1, 0, hdim), a, fused);
+      v = splitHeads(kv.narrow(-1, hdim, hdim), a, fused);
+    }
     kv.reset();
     h = h + dropout(linear(l.crossOut,
                            mergeHeads(attentionCore(q, k, v, false))));

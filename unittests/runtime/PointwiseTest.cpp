@@ -195,3 +195,32 @@ TEST(Pointwise, FusedLinearsGradientsMatchTheComposition) {
     EXPECT_LE(maxDiff(gf[i], gr[i]), 1e-5 * std::max(1.0, gr[i].abs().max().item<double>()))
         << names[i];
 }
+
+TEST(Pointwise, SplitHeadsIsTheNarrowViewsWithOneGradientBuffer) {
+  // q, k, v of a fused projection: the same values as narrow + view +
+  // transpose, and the same gradient, bit for bit (copies only), also when
+  // one of them gets no gradient.
+  const int64_t b = 2, s = 5, heads = 4, d = 3, n = 3;
+  at::Tensor x = randn({b, s, n * heads * d}, 61).requires_grad_();
+  std::vector<at::Tensor> split = fused::splitHeads(x, n, heads);
+  ASSERT_EQ(split.size(), size_t(n));
+  std::vector<at::Tensor> upstream;
+  for (int64_t i = 0; i < n; ++i)
+    upstream.push_back(randn({b, heads, s, d}, 70 + i));
+  at::Tensor ref = x.detach().clone().requires_grad_();
+  std::vector<at::Tensor> views;
+  for (int64_t i = 0; i < n; ++i) {
+    views.push_back(ref.narrow(-1, i * heads * d, heads * d)
+                        .view({b, s, heads, d})
+                        .transpose(1, 2));
+    EXPECT_TRUE(at::equal(split[i], views[i]));
+  }
+  at::Tensor loss = (split[0] * upstream[0]).sum() + (split[2] * upstream[2]).sum();
+  at::Tensor refLoss = (views[0] * upstream[0]).sum() + (views[2] * upstream[2]).sum();
+  auto got = torch::autograd::grad({loss}, {x});
+  auto want = torch::autograd::grad({refLoss}, {ref});
+  EXPECT_TRUE(at::equal(got[0], want[0]));
+  EXPECT_TRUE(at::equal(got[0].narrow(-1, heads * d, heads * d),
+                        at::zeros({b, s, heads * d})));
+  EXPECT_THROW(fused::splitHeads(x, 5, heads), std::invalid_argument);
+}

@@ -16,6 +16,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 namespace mtprt::fused {
 
 /// linear(layer_norm(x, w_n, b_n, eps), w, b), keeping x, mean and rstd.
@@ -25,6 +27,15 @@ at::Tensor normLinear(const at::Tensor &x, const at::Tensor &normWeight,
 /// linear(gelu(u), w, b), keeping u.
 at::Tensor geluLinear(const at::Tensor &u, const at::Tensor &weight,
                       const at::Tensor &bias);
+/// A fused projection's [B, S, n·H] output as n heads-first [B, a, S, H/a]
+/// views (what the fused attention kernel takes), whose backward writes the
+/// n gradients straight into one [B, S, n·H] buffer. Narrow and transpose
+/// views would have autograd zero-fill a [B, S, n·H] buffer per view, copy
+/// each gradient into it, and add them: n fills, n copies, n − 1 adds, two
+/// such buffers alive. Any dtype, any device.
+std::vector<at::Tensor> splitHeads(const at::Tensor &x, int64_t n,
+                                   int64_t heads);
+
 /// Whether the fused functions take `x` (fp32, no autocast on its device);
 /// elsewhere they run the composition.
 bool serves(const at::Tensor &x);
