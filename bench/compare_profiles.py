@@ -55,7 +55,8 @@ def main():
     a = ap.parse_args()
     (mt, mc), (pt, pc) = self_times(a.mtpc), self_times(a.peer)
     n = float(a.steps)
-    names = sorted(set(mt) | set(pt), key=lambda k: -abs(mt[k] - pt[k]))
+    # Largest difference first; among equal ones, the larger op.
+    names = sorted(set(mt) | set(pt), key=lambda k: (-abs(mt[k] - pt[k]), -(mt[k] + pt[k]), k))
     print("| op | mtpc ms/step | calls | peer ms/step | calls | difference ms |")
     print("|---|---|---|---|---|---|")
     for k in names[:a.top]:

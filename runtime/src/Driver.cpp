@@ -83,6 +83,7 @@ struct Options {
   std::string writeShard;
   std::string dumpInit;
   std::string profile;
+  bool profileMemory = false;
   bool resources = false;
   std::optional<int64_t> cosineEvery;
 };
@@ -153,6 +154,8 @@ const Flag kFlags[] = {
      "without it DGFG keeps uniform weights; default 1)"},
     {"--profile", "FILE",
      "profile every step after the first with LibTorch's profiler (CPU ops and their input shapes; rank 0) and write it to FILE as a Chrome trace (Perfetto, chrome://tracing; bench/compare_profiles.py sums two by op)"},
+    {"--profile-memory", "",
+     "with --profile: also every allocation and free ([memory] events: bytes, running total), to find where a step peaks"},
     {"--dump-init", "DIR",
      "write the initial parameters, the first batch and the "
      "settings to DIR (torch.load / JSON; bench/peer.py reads them); "
@@ -387,6 +390,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.dumpInit = value;
     else if (arg == "--resources")
       o.resources = true;
+    else if (arg == "--profile-memory")
+      o.profileMemory = true;
     else if (arg == "--progress") {
       if (value != "auto" && value != "plain" && value != "off")
         throw UsageError("--progress expects auto, plain or off");
@@ -1134,6 +1139,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
     tuner.emplace(at::get_num_threads());
   // --profile: from the second step (the first grows the allocator and
   // touches every page) to the end.
+  if (o.profileMemory && o.profile.empty())
+    throw UsageError("--profile-memory needs --profile FILE");
   const bool profiling = rank0 && !o.profile.empty();
   if (profiling) {
     std::ofstream probe(o.profile, std::ios::app);
@@ -1150,7 +1157,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
     if (profiling && !profilerOn && core.stepsTaken() > first) {
       const torch::profiler::impl::ProfilerConfig config(
           torch::profiler::impl::ProfilerState::KINETO,
-          /*report_input_shapes=*/true);
+          /*report_input_shapes=*/true, /*profile_memory=*/o.profileMemory);
       torch::autograd::profiler::prepareProfiler(config, activities);
       torch::autograd::profiler::enableProfiler(config, activities);
       profilerOn = true;
