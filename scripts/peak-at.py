@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Where a profiled run peaked: the live allocations at the highest total.
+
+    scripts/peak-at.py TRACE.json [--top N]
+
+TRACE.json is `mtprt-run --profile TRACE.json --profile-memory` (or any
+Kineto trace with memory events). Replays the `[memory]` events (allocations
+and frees by address), finds the highest running total, and prints the ops
+running then and the live allocations grouped by size and by the op that
+made them — what to hold against the plan's breakdown (`mtpc plan`) when a
+predicted peak misses the measured one.
+"""
+import argparse
+import collections
+import json
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("--top", type=int, default=20)
+    a = ap.parse_args()
+    try:
+        with open(a.trace) as f:
+            events = json.load(f)["traceEvents"]
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit("peak-at: %s: not a Chrome trace (%s)" % (a.trace, e))
+    mem = sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"])
+    if not mem:
+        sys.exit("peak-at: %s has no [memory] events; profile with --profile-memory" % a.trace)
+    ops = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"),
+                 key=lambda e: e["ts"])
+
+    def running(t):
+        return [o["name"] for o in ops if o["ts"] <= t <= o["ts"] + o["dur"]]
+
+    live, best = {}, None
+    for e in mem:
+        args = e["args"]
+        if args["Bytes"] > 0:
+            live[args["Addr"]] = (args["Bytes"], e["ts"])
+        else:
+            live.pop(args["Addr"], None)
+        if best is None or args["Total Allocated"] > best[0]:
+            best = (args["Total Allocated"], e["ts"], dict(live))
+    total, at, alive = best
+    print("peak %d B (the profiler's count from its start) in: %s" % (
+        total, " > ".join(running(at)[-5:]) or "-"))
+    groups, counts = collections.Counter(), collections.Counter()
+    for size, ts in alive.values():
+        key = (size, " > ".join(running(ts)[-2:]) or "-")
+        groups[key] += size
+        counts[key] += 1
+    print("| bytes | count x size | allocated in |")
+    print("|---|---|---|")
+    for key, b in sorted(groups.items(), key=lambda kv: -kv[1])[:a.top]:
+        print("| %d | %d x %d | `%s` |" % (b, counts[key], key[0], key[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
