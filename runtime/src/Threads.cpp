@@ -40,6 +40,11 @@ void ThreadTuner::startProbe(const std::string &reason) {
 void ThreadTuner::settle() {
   probing_ = false;
   current_ = int(std::min_element(best_.begin(), best_.end()) - best_.begin());
+  // Within 5% of the fastest, the count kept before stays: timings that
+  // close are noise, and each change is announced.
+  for (size_t i = 0; i < candidates_.size(); ++i)
+    if (candidates_[i] == kept_ && best_[i] <= 1.05 * best_[current_])
+      current_ = int(i);
   announce_ = candidates_[current_] != kept_;
   kept_ = candidates_[current_];
   settledSteps_ = slowInRow_ = 0;

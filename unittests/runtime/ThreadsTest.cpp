@@ -86,3 +86,16 @@ TEST(ThreadTuner, OneSlowStepIsNoise) {
   run(t, 10, [](int n) { return n == 2 ? 0.15 : 0.22; });
   EXPECT_EQ(t.threads(), 2);
 }
+
+TEST(ThreadTuner, CloseTimingsKeepTheCountKeptBefore) {
+  ThreadTuner t(2, 2, /*reprobeEvery=*/10);
+  run(t, 5, [](int n) { return n == 2 ? 0.042 : 0.047; });
+  EXPECT_EQ(t.threads(), 2);
+  // The next probe finds one thread 3% faster: noise, no change.
+  run(t, 10 + 4, [](int n) { return n == 2 ? 0.045 : 0.0437; });
+  EXPECT_EQ(t.threads(), 2);
+  EXPECT_FALSE(t.settledAnew());
+  // 20% faster is a change.
+  run(t, 10 + 4, [](int n) { return n == 2 ? 0.045 : 0.036; });
+  EXPECT_EQ(t.threads(), 1);
+}

@@ -5,7 +5,7 @@
 // count (one thread per core) can take several times as long as at one
 // thread, where PyTorch users just see a slow machine. The tuner times the
 // steps at each candidate count (the default, then halving to 1), keeps the
-// fastest, and probes again when the kept count's steps slow down or every
+// fastest (the count kept before, if within 5% of it), and probes again when the kept count's steps slow down or every
 // `reprobeEvery` steps (the load may have gone). Torch-free: the driver sets
 // the count it returns. Floating-point reductions may split differently at
 // another count, so a run that must repeat bit for bit pins `--threads N`.
