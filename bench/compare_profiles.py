@@ -27,11 +27,10 @@ def self_times(path):
     calls = collections.Counter()
     for evs in by_thread.values():
         evs.sort(key=lambda e: (e["ts"], -e["dur"]))
-        stack = []  # (end, name, child time)
-        own = {}
+        stack = []  # [end, name, child time, duration]
 
         def close(entry):
-            end, name, child, dur = entry
+            _, name, child, dur = entry
             total[name] += dur - child
             if stack:
                 stack[-1][2] += dur

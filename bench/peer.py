@@ -330,7 +330,7 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
         if profile and step == 1:  # as mtprt-run --profile: the steps after the first
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                           record_shapes=True)
-            prof.__enter__()
+            prof.start()
         tokens, labels = batches[step]
         if cuda:
             torch.cuda.synchronize()
@@ -359,7 +359,7 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
         cpu.append(time.process_time() - cpu_start)
         losses.append(step_losses)
     if prof is not None:
-        prof.__exit__(None, None, None)
+        prof.stop()
         prof.export_chrome_trace(profile)
     out = {"variant": variant, "tasks": head_names, "step_time_s": times, "loss": losses,
            "cpu_s": cpu,

@@ -24,6 +24,7 @@
 #include "mlir/IR/Builders.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 
 using namespace mlir;
@@ -371,20 +372,14 @@ UnitCost CostModel::headCost(TaskOp task) const {
       int64_t saved = 0, out = 0, grads = 0, workspace = 0;
     };
     llvm::SmallVector<Phase> phases;
-    int64_t savedSoFar = 0;
-    auto total = [&] {
-      int64_t n = 0;
-      for (const SavedTensor &t : cost.saved)
-        n += bytes(t.type);
-      return n;
-    };
+    int64_t savedTotal = 0, savedAtPhase = 0;
     auto endPhase = [&](int64_t params, int64_t workspace, int64_t out) {
-      int64_t now = total();
-      phases.push_back({now - savedSoFar, out, kGradientBytes * params,
-                        workspace});
-      savedSoFar = now;
+      phases.push_back({savedTotal - savedAtPhase, out,
+                        kGradientBytes * params, workspace});
+      savedAtPhase = savedTotal;
     };
     auto add = [&](std::string name, RankedTensorType type) {
+      savedTotal += bytes(type);
       cost.saved.push_back({std::move(name), type});
     };
     // What only the ATen path keeps: a norm's or the GELU's output.
@@ -486,9 +481,11 @@ UnitCost CostModel::headCost(TaskOp task) const {
     // The backward's peak: the phase (run last to first) with the most
     // alive — what earlier phases saved, its own saved tensors but its
     // output, the gradients created so far, its workspace.
-    int64_t savedTotal = savedSoFar, gradsTotal = 0, best = -1;
+    int64_t gradsTotal = 0, best = -1;
     for (const Phase &ph : phases)
       gradsTotal += ph.grads;
+    assert(gradsTotal == kGradientBytes * headParameters(task) &&
+           "the phases' parameters are the head's");
     // At the params scope the head's backward keeps the graph: nothing is
     // freed there (the backbone backward frees it when it runs through).
     StrategyOp strategy = model.getStrategy();

@@ -150,7 +150,7 @@ public:
   };
   PipelineCost gradientPipeline(llvm::ArrayRef<mlir::Type> grads, bool gfm,
                                 GradientScope scope, int64_t scopeLayers,
-                                bool clip = true) const;
+                                bool clip) const;
   /// GFM's elementwise part: the complex spectrum (n/2+1 pairs per row)
   /// beside the processed copy of the widest gradient.
   static int64_t gfmWorkspace(llvm::ArrayRef<mlir::Type> grads);

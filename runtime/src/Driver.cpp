@@ -406,6 +406,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
     throw UsageError("--write-shard needs --data FILE.jsonl");
   if (o.resumeFallback && !o.resume)
     throw UsageError("--resume-fallback needs --resume");
+  if (o.profileMemory && o.profile.empty())
+    throw UsageError("--profile-memory needs --profile FILE");
   if (o.nproc > 1 && (o.rank || o.worldSize))
     throw UsageError("--nproc starts its own ranks; drop --rank/--world-size");
   return true;
@@ -1139,8 +1141,6 @@ int train(const std::string &name, const Program &p, const Options &o) {
     tuner.emplace(at::get_num_threads());
   // --profile: from the second step (the first grows the allocator and
   // touches every page) to the end.
-  if (o.profileMemory && o.profile.empty())
-    throw UsageError("--profile-memory needs --profile FILE");
   const bool profiling = rank0 && !o.profile.empty();
   if (profiling) {
     std::ofstream probe(o.profile, std::ios::app);

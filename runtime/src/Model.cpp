@@ -133,6 +133,20 @@ at::Tensor splitHeads(const at::Tensor &x, int64_t heads, bool fused) {
   return fused ? split : split.contiguous();
 }
 
+/// A fused projection [B, S, n·H] as n heads-first tensors: for the fused
+/// kernel views whose backward fills one gradient buffer (Fused.h), for the
+/// math path contiguous copies.
+std::vector<at::Tensor> splitProjection(const at::Tensor &x, int64_t n,
+                                        int64_t heads, bool fused) {
+  if (fused)
+    return fused::splitHeads(x, n, heads);
+  const int64_t width = x.size(-1) / n;
+  std::vector<at::Tensor> out;
+  for (int64_t i = 0; i < n; ++i)
+    out.push_back(splitHeads(x.narrow(-1, i * width, width), heads, false));
+  return out;
+}
+
 /// [B, heads, S, d] -> [B, S, H]: a view of the fused kernel's output, a
 /// contiguous copy of the math path's.
 at::Tensor mergeHeads(const at::Tensor &x) {
@@ -304,20 +318,12 @@ at::Tensor Model::geluLinear(const at::Tensor &u, const LinearParams &l) const {
 
 at::Tensor Model::attentionBlock(const AttentionParams &p, const at::Tensor &x,
                                  bool causal, const at::Tensor &mask) const {
-  const int64_t hdim = x.size(-1);
   const bool fused = fusedAttention();
   at::Tensor qkv = normLinear(p.norm, p.qkv, x);
   const int64_t a = config_.heads;
-  at::Tensor q, k, v;
-  if (fused) {
-    // Views whose backward fills one [B, S, 3H] gradient (Fused.h).
-    std::vector<at::Tensor> heads = fused::splitHeads(qkv, 3, a);
-    q = heads[0], k = heads[1], v = heads[2];
-  } else {
-    q = splitHeads(qkv.narrow(-1, 0, hdim), a, fused);
-    k = splitHeads(qkv.narrow(-1, hdim, hdim), a, fused);
-    v = splitHeads(qkv.narrow(-1, 2 * hdim, hdim), a, fused);
-  }
+  std::vector<at::Tensor> qkvHeads = splitProjection(qkv, 3, a, fused);
+  at::Tensor q = qkvHeads[0], k = qkvHeads[1], v = qkvHeads[2];
+  qkvHeads.clear();
   qkv.reset();
   at::Tensor ctx = mergeHeads(attentionCore(q, k, v, causal, mask));
   return x + dropout(linear(p.out, ctx));
@@ -384,16 +390,10 @@ at::Tensor Model::decoderHead(const Head &p, const HeadConfig &c,
   for (const DecoderLayer &l : p.layers) {
     h = attentionBlock(l.self, h, /*causal=*/true, causal);
     at::Tensor kv = normLinear(l.memNorm, l.crossKv, memory);
-    const int64_t hdim = h.size(-1);
     at::Tensor q = splitHeads(normLinear(l.crossNorm, l.crossQ, h), a, fused);
-    at::Tensor k, v;
-    if (fused) {
-      std::vector<at::Tensor> heads = fused::splitHeads(kv, 2, a);
-      k = heads[0], v = heads[1];
-    } else {
-      k = splitHeads(kv.narrow(-1, 0, hdim), a, fused);
-      v = splitHeads(kv.narrow(-1, hdim, hdim), a, fused);
-    }
+    std::vector<at::Tensor> kvHeads = splitProjection(kv, 2, a, fused);
+    at::Tensor k = kvHeads[0], v = kvHeads[1];
+    kvHeads.clear();
     kv.reset();
     h = h + dropout(linear(l.crossOut,
                            mergeHeads(attentionCore(q, k, v, false))));

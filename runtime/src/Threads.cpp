@@ -28,13 +28,12 @@ static std::string ms(double seconds) {
   return buf;
 }
 
-void ThreadTuner::startProbe(const std::string &reason) {
+void ThreadTuner::startProbe() {
   probing_ = true;
   std::fill(best_.begin(), best_.end(),
             std::numeric_limits<double>::infinity());
   current_ = 0;
   stepsAtCandidate_ = 0;
-  why_ = reason;
 }
 
 void ThreadTuner::settle() {
@@ -77,12 +76,8 @@ bool ThreadTuner::record(double seconds) {
   // Kept: watch for the load changing.
   ++settledSteps_;
   slowInRow_ = seconds > slowFactor_ * best_[current_] ? slowInRow_ + 1 : 0;
-  if (slowInRow_ >= slowSteps_)
-    startProbe("steps at " + std::to_string(before) + " slowed from " +
-               ms(best_[current_]) + " to " + ms(seconds) + "; probing");
-  else if (settledSteps_ >= reprobeEvery_)
-    startProbe(std::to_string(reprobeEvery_) + " steps at " +
-               std::to_string(before) + "; probing again");
+  if (slowInRow_ >= slowSteps_ || settledSteps_ >= reprobeEvery_)
+    startProbe();
   return threads() != before;
 }
 

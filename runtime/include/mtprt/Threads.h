@@ -39,12 +39,12 @@ public:
   /// counted. Returns true when threads() changed.
   bool record(double seconds);
   /// Whether the last record() settled on a count other than the one kept
-  /// before (the first settling included); why() then gives the timings.
+  /// before (the first settling included); why() gives the probe's timings.
   bool settledAnew() const { return announce_; }
   const std::string &why() const { return why_; }
 
 private:
-  void startProbe(const std::string &reason);
+  void startProbe();
   void settle();
 
   std::vector<int> candidates_;
