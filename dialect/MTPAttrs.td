@@ -229,8 +229,13 @@ def MTP_StepPlanAttr : AttrDef<MTP_Dialect, "StepPlan"> {
     schedule. Each unit's own decision is the `decision` of its `mtp.fwd`.
 
     `#mtp.plan<peak 5884428, keep 9163532, uniform 5556748, minimal 5000000,
-    added 1.2e-04, uniform_added 3.4e-04, regions [1 to 1, 3 to 3],
-    offloads ["head pos" 4096 stream 1 wait 0.0e+00]>`
+    added 1.2e-04, uniform_added 3.4e-04, search 812 optimal,
+    regions [1 to 1, 3 to 3], offloads ["head pos" 4096 stream 1 wait 0.0e+00]>`
+
+    `search N optimal`: the branch and bound searched its whole tree in N
+    nodes, so no plan of the cost model is cheaper; `search N stopped`: it
+    stopped at its node limit with the best plan found; `search 0 stopped`:
+    the instance was too large for it (the heuristic's plan).
   }];
   let parameters = (ins "int64_t":$planned_peak_bytes,
                         "int64_t":$keep_peak_bytes,
@@ -238,6 +243,8 @@ def MTP_StepPlanAttr : AttrDef<MTP_Dialect, "StepPlan"> {
                         "int64_t":$minimal_peak_bytes,
                         APFloatParameter<"added seconds">:$added_seconds,
                         APFloatParameter<"uniform's added seconds">:$uniform_added_seconds,
+                        "int64_t":$search_nodes,
+                        "bool":$optimal,
                         ArrayRefParameter<"::mtp::PlanRegion">:$regions,
                         ArrayRefParameter<"::mtp::PlanOffload">:$offloads);
   let hasCustomAssemblyFormat = 1;

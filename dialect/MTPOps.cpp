@@ -274,11 +274,12 @@ static void printSchedule(OpAsmPrinter &printer, Operation *,
 //===----------------------------------------------------------------------===//
 
 // <peak N, keep N, uniform N, minimal N, added F, uniform_added F,
-//  regions [A to B, ...], offloads ["unit" BYTES stream S wait F, ...]>
+//  [search N optimal|stopped,] regions [A to B, ...], offloads ["unit" BYTES stream S wait F, ...]>
 Attribute StepPlanAttr::parse(AsmParser &parser, Type) {
   SMLoc loc = parser.getCurrentLocation();
-  int64_t peaks[4];
+  int64_t peaks[4], nodes;
   double added, uniformAdded;
+  StringRef searched;
   SmallVector<PlanRegion> regions;
   SmallVector<PlanOffload> offloads;
   if (parser.parseLess() || parser.parseKeyword("peak") ||
@@ -290,7 +291,20 @@ Attribute StepPlanAttr::parse(AsmParser &parser, Type) {
       parser.parseComma() || parser.parseKeyword("added") ||
       parser.parseFloat(added) || parser.parseComma() ||
       parser.parseKeyword("uniform_added") || parser.parseFloat(uniformAdded) ||
-      parser.parseComma() || parser.parseKeyword("regions"))
+      parser.parseComma())
+    return {};
+  // The search's figures are optional (a step planned before they were
+  // recorded reads as a heuristic's plan).
+  nodes = 0;
+  searched = "stopped";
+  SMLoc searchLoc = loc;
+  if (succeeded(parser.parseOptionalKeyword("search")) &&
+      (parser.parseInteger(nodes) ||
+       (searchLoc = parser.getCurrentLocation(),
+        parser.parseKeyword(&searched)) ||
+       parser.parseComma()))
+    return {};
+  if (parser.parseKeyword("regions"))
     return {};
   auto parseRegion = [&]() -> ParseResult {
     PlanRegion r;
@@ -311,6 +325,13 @@ Attribute StepPlanAttr::parse(AsmParser &parser, Type) {
     offloads.push_back(o);
     return success();
   };
+  if (searched != "optimal" && searched != "stopped") {
+    parser.emitError(searchLoc, "expected 'optimal' or 'stopped' after the "
+                                "search's "
+                          "node count, got '")
+        << searched << "'";
+    return {};
+  }
   if (parser.parseCommaSeparatedList(AsmParser::Delimiter::Square,
                                      parseRegion) ||
       parser.parseComma() || parser.parseKeyword("offloads") ||
@@ -320,7 +341,8 @@ Attribute StepPlanAttr::parse(AsmParser &parser, Type) {
     return {};
   return getChecked([&] { return parser.emitError(loc); }, parser.getContext(),
                     peaks[0], peaks[1], peaks[2], peaks[3], APFloat(added),
-                    APFloat(uniformAdded), ArrayRef<PlanRegion>(regions),
+                    APFloat(uniformAdded), nodes, searched == "optimal",
+                    ArrayRef<PlanRegion>(regions),
                     ArrayRef<PlanOffload>(offloads));
 }
 
@@ -331,6 +353,8 @@ void StepPlanAttr::print(AsmPrinter &printer) const {
   printer.printFloat(getAddedSeconds());
   printer << ", uniform_added ";
   printer.printFloat(getUniformAddedSeconds());
+  printer << ", search " << getSearchNodes()
+          << (getOptimal() ? " optimal" : " stopped");
   printer << ", regions [";
   llvm::interleaveComma(getRegions(), printer, [&](const PlanRegion &r) {
     printer << r.first << " to " << r.last;
@@ -348,12 +372,16 @@ LogicalResult
 StepPlanAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                      int64_t planned, int64_t keep, int64_t uniform,
                      int64_t minimal, APFloat added, APFloat uniformAdded,
+                     int64_t searchNodes, bool optimal,
                      ArrayRef<PlanRegion> regions,
                      ArrayRef<PlanOffload> offloads) {
   for (int64_t bytes : {planned, keep, uniform, minimal})
     if (bytes < 0 || bytes > limits::kMaxBytes)
       return emitError() << "plan peak " << bytes << " B is outside [0, "
                          << limits::kMaxBytes << "]";
+  if (searchNodes < 0)
+    return emitError() << "plan's search node count must be >= 0, got "
+                       << searchNodes;
   for (const APFloat &s : {added, uniformAdded})
     if (!s.isFinite() || s.isNegative())
       return emitError() << "plan's added seconds must be finite and >= 0";

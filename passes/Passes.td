@@ -69,7 +69,16 @@ def PlanMemory : Pass<"mtp-plan-memory", "::mtp::ModelOp"> {
     Writes `mtp.decision` (and `mtp.region`) on each forward unit and the
     planned peak and added time on the step. A budget no plan meets is an
     error naming the smallest reachable peak and what would fit.
+
+    The heuristic's plan is the start of a depth-first branch and bound that
+    is exact for the cost model: `max-nodes` bounds it (a count, so plans are
+    the same on every machine; 0 runs the heuristic alone), and the plan
+    says whether the search finished (proved optimal) or stopped.
   }];
+  let options = [
+    Option<"maxNodes", "max-nodes", "int64_t", /*default=*/"40000",
+           "branch-and-bound nodes before the search keeps its best plan">
+  ];
 }
 
 def FuseTaskGradients : Pass<"mtp-fuse-task-gradients", "::mtp::ModelOp"> {

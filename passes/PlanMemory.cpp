@@ -106,7 +106,11 @@ struct MemoryPlanner::Impl {
   void build();
   std::vector<std::pair<int64_t, int64_t>>
   regions(ArrayRef<Decision> decisions) const;
-  int64_t simulate(ArrayRef<Decision> decisions) const;
+  /// The simulated peak; with `decided` (per candidate), a lower bound on
+  /// the peak of every completion of a partial assignment (the undecided
+  /// at Keep in `decisions`).
+  int64_t simulate(ArrayRef<Decision> decisions,
+                   ArrayRef<char> decided = {}) const;
   double added(ArrayRef<Decision> decisions) const;
   std::pair<double, std::vector<double>>
   transfers(ArrayRef<Decision> decisions) const;
@@ -119,6 +123,15 @@ struct MemoryPlanner::Impl {
   int64_t greedy(std::vector<Decision> &current, int64_t peak) const;
   void prune(std::vector<Decision> &current) const;
   void localSearch(std::vector<Decision> &current, bool exhaustive) const;
+  /// Depth-first branch and bound (MemoryPlanner::branchAndBound).
+  BoundResult branchAndBound(std::vector<Decision> incumbent,
+                             int64_t maxNodes, bool minimizePeak) const;
+
+  /// Per block: the segment it is in (a run of blocks no region crosses:
+  /// regions end at every cut); per segment, the candidates owning its
+  /// blocks. A block's region is known once they are all decided.
+  llvm::DenseMap<int64_t, int> segmentOf;
+  std::vector<SmallVector<int>> segmentOwners;
 };
 
 void MemoryPlanner::Impl::build() {
@@ -344,6 +357,15 @@ void MemoryPlanner::Impl::build() {
         alias.bytes = 0;
       }
     }
+  // Segments, as regions() cuts them.
+  for (int64_t b = 1; b <= numBlocks; ++b) {
+    if (b == 1 || cutAfter.count(b - 1) || (b - 1) % uniformSpan == 0)
+      segmentOwners.emplace_back();
+    segmentOf[b] = int(segmentOwners.size()) - 1;
+    auto it = blockOwner.find(b);
+    if (it != blockOwner.end() && !llvm::is_contained(segmentOwners.back(), it->second))
+      segmentOwners.back().push_back(it->second);
+  }
 }
 
 std::vector<std::pair<int64_t, int64_t>>
@@ -367,16 +389,33 @@ MemoryPlanner::Impl::regions(ArrayRef<Decision> decisions) const {
   return out;
 }
 
-int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions) const {
+int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions,
+                                      ArrayRef<char> decided) const {
   // Only the peak counts here, not its breakdown (one array, not two: this
   // runs for every assignment the search tries).
   StepTimeline::Live alive = timeline->live(/*breakdown=*/false);
   auto live = [&](int from, int to, int64_t bytes) {
     alive.add(from, to, bytes, /*forward=*/true);
   };
+  // A partial assignment: a value whose decision (or region) is not known
+  // yet is alive only where every choice keeps it — through its forward
+  // uses and at its last use; a region not known yet is left out. Each is a
+  // subset of what any completion has alive, and the sweep's peak (and the
+  // probe's workspace, growing with the regions) only grows with more.
+  const bool partial = !decided.empty();
+  auto regionKnown = [&](int64_t block) {
+    if (!partial)
+      return true;
+    auto seg = segmentOf.find(block);
+    return seg == segmentOf.end() ||
+           llvm::all_of(segmentOwners[seg->second],
+                        [&](int c) { return decided[c] != 0; });
+  };
   // Which region each block is in.
   llvm::DenseMap<int64_t, std::pair<int64_t, int64_t>> regionOf;
-  const std::vector<std::pair<int64_t, int64_t>> planned = regions(decisions);
+  std::vector<std::pair<int64_t, int64_t>> planned = regions(decisions);
+  if (partial)
+    llvm::erase_if(planned, [&](auto r) { return !regionKnown(r.first); });
   for (auto [first, last] : planned) {
     for (int64_t b = first; b <= last; ++b)
       regionOf[b] = {first, last};
@@ -388,6 +427,13 @@ int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions) const {
   }
   for (const ValueInfo &v : values) {
     Decision d = v.owner >= 0 ? decisions[v.owner] : Decision::Keep;
+    if (partial && v.owner >= 0 && !v.bwdBlocks.empty() &&
+        (!decided[v.owner] ||
+         (d == Decision::Recompute && !regionKnown(v.block)))) {
+      live(v.def, v.lastFwd, v.bytes);
+      live(v.last, v.last, v.bytes);
+      continue;
+    }
     if (d == Decision::Keep || v.bwdBlocks.empty()) {
       live(v.def, v.last, v.bytes);
       continue;
@@ -740,7 +786,115 @@ void MemoryPlanner::Impl::localSearch(std::vector<Decision> &current,
   }
 }
 
-PlanResult MemoryPlanner::solve() {
+BoundResult MemoryPlanner::Impl::branchAndBound(std::vector<Decision> incumbent,
+                                                int64_t maxNodes,
+                                                bool minimizePeak) const {
+  const size_t n = candidates.size();
+  BoundResult best;
+  if (incumbent.size() == n && latencyOk(incumbent)) {
+    int64_t p = simulate(incumbent);
+    if (minimizePeak || p <= usable)
+      best = {incumbent, added(incumbent), p, 0, false};
+  }
+  // Each candidate's choices, the cheapest alone first (Keep), so the first
+  // plans the depth-first search meets are cheap ones.
+  std::vector<SmallVector<Decision, 3>> choices(n);
+  std::vector<char> decided(n, 0);
+  std::vector<Decision> cur(n, Decision::Keep);
+  std::vector<size_t> order;
+  for (size_t c = 0; c < n; ++c) {
+    std::vector<std::pair<double, Decision>> costed;
+    for (Decision d : kAllDecisions)
+      if (allowed(c, d)) {
+        std::vector<Decision> alone(n, Decision::Keep);
+        alone[c] = d;
+        costed.push_back({d == Decision::Keep ? -1.0 : added(alone), d});
+      }
+    llvm::stable_sort(costed, [](auto &a, auto &b) { return a.first < b.first; });
+    for (auto &[t, d] : costed)
+      choices[c].push_back(d);
+    if (choices[c].size() == 1) {
+      cur[c] = choices[c].front();
+      decided[c] = 1;
+    } else {
+      order.push_back(c);
+    }
+  }
+  // The candidates deciding most bytes first (they move the bound most), a
+  // segment's together (its region is known, and bounded tightly, once they
+  // are all decided).
+  auto key = [&](size_t c) -> std::pair<int64_t, int64_t> {
+    if (candidates[c].blocks.empty())
+      return {candOffloadBytes[c], int64_t(c)};
+    int seg = segmentOf.lookup(candidates[c].blocks.front());
+    int64_t bytes = 0;
+    for (int o : segmentOwners[seg])
+      bytes += candOffloadBytes[o];
+    return {bytes, -int64_t(seg) - 1};
+  };
+  llvm::stable_sort(order, [&](size_t a, size_t b) {
+    auto ka = key(a), kb = key(b);
+    return ka.first != kb.first ? ka.first > kb.first : ka.second < kb.second;
+  });
+
+  int64_t nodes = 0;
+  bool stopped = false;
+  std::function<void(size_t)> visit = [&](size_t i) {
+    if (stopped)
+      return;
+    if (++nodes > maxNodes) {
+      stopped = true;
+      return;
+    }
+    const bool found = !best.decisions.empty();
+    if (minimizePeak) {
+      if (found && simulate(cur, decided) >= best.peak)
+        return;
+      // The undecided kept is a plan too.
+      int64_t p = simulate(cur);
+      if ((!found || p < best.peak) && latencyOk(cur))
+        best = {cur, added(cur), p, 0, false};
+    } else {
+      // Every completion costs at least this (recompute adds its FLOPs,
+      // another offload never shortens the link's queues) and peaks at
+      // least at the bound.
+      double t = added(cur);
+      if (found && t >= best.seconds)
+        return;
+      if (simulate(cur, decided) > usable)
+        return;
+      // The undecided kept is the cheapest completion: if it fits, nothing
+      // below this node is better.
+      int64_t p = simulate(cur);
+      if (p <= usable && latencyOk(cur)) {
+        best = {cur, t, p, 0, false};
+        return;
+      }
+    }
+    if (i == order.size())
+      return;
+    size_t c = order[i];
+    decided[c] = 1;
+    for (Decision d : choices[c]) {
+      cur[c] = d;
+      visit(i + 1);
+    }
+    cur[c] = Decision::Keep;
+    decided[c] = 0;
+  };
+  visit(0);
+  best.nodes = std::min(nodes, maxNodes);
+  best.complete = !stopped;
+  return best;
+}
+
+BoundResult MemoryPlanner::branchAndBound(std::vector<Decision> incumbent,
+                                          int64_t maxNodes,
+                                          bool minimizePeak) const {
+  return impl->branchAndBound(std::move(incumbent), maxNodes, minimizePeak);
+}
+
+PlanResult MemoryPlanner::solve(const SolveOptions &options) {
   const auto &cands = impl->candidates;
   const size_t n = cands.size();
   auto regionsOf = [&](ArrayRef<Decision> d) { return impl->regions(d); };
@@ -784,8 +938,34 @@ PlanResult MemoryPlanner::solve() {
     impl->prune(current);
   if (peak <= budget || impl->simulate(current) <= budget)
     impl->localSearch(current, exhaustive);
+
+  // Then exact: the branch and bound from the heuristic's plan proves it
+  // optimal or finds a better one (or one that fits where it found none)
+  // within its node budget.
+  if (exhaustive && options.maxNodes > 0) {
+    const bool heuristicFits = impl->simulate(current) <= budget &&
+                               impl->latencyOk(current);
+    BoundResult exact = impl->branchAndBound(
+        heuristicFits ? current : std::vector<Decision>{}, options.maxNodes,
+        /*minimizePeak=*/false);
+    result.nodes = exact.nodes;
+    result.optimal = exact.complete;
+    if (!exact.decisions.empty())
+      current = exact.decisions;
+    else if (exact.complete) {
+      // No plan fits: the smallest peak, searched the same way, for the
+      // error to name.
+      BoundResult lowest = impl->branchAndBound(
+          impl->frugal(exhaustive), options.maxNodes, /*minimizePeak=*/true);
+      if (!lowest.decisions.empty())
+        result.minimalPeak = lowest.complete
+                                 ? lowest.peak
+                                 : std::min(result.minimalPeak, lowest.peak);
+    }
+  }
   result.decisions = current;
   finish(*this, result, regionsOf);
+  result.minimalPeak = std::min(result.minimalPeak, result.peakBytes);
   return result;
 }
 
@@ -865,12 +1045,14 @@ void mtp::attachPlan(ModelOp model, const PlanResult &result) {
   step.setPlanAttr(StepPlanAttr::get(
       model.getContext(), result.peakBytes, result.keepPeak, result.uniformPeak,
       result.minimalPeak, APFloat(result.addedSeconds),
-      APFloat(result.uniformSeconds), ArrayRef<PlanRegion>(regions),
+      APFloat(result.uniformSeconds), result.nodes, result.optimal,
+      ArrayRef<PlanRegion>(regions),
       ArrayRef<PlanOffload>(offloads)));
 }
 
 namespace {
 struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
+  using PlanMemoryBase::PlanMemoryBase;
   void runOnOperation() override {
     ModelOp model = getOperation();
     if (!model.getStep()) {
@@ -880,7 +1062,9 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
       return signalPassFailure();
     }
     MemoryPlanner planner(model);
-    PlanResult result = planner.solve();
+    SolveOptions options;
+    options.maxNodes = std::max<int64_t>(0, maxNodes);
+    PlanResult result = planner.solve(options);
     if (!result.fits) {
       BudgetOp budget = model.getBudget();
       auto diag = (budget ? budget.emitError() : model.emitError())

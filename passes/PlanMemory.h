@@ -62,6 +62,28 @@ struct PlanResult {
     double exposedWait;
   };
   std::vector<Offload> offloads;
+  /// The search: nodes the branch and bound visited (0: not run), and
+  /// whether it searched its whole tree, which proves the decisions optimal
+  /// for the simulator (and `minimalPeak` the smallest peak any plan has).
+  int64_t nodes = 0;
+  bool optimal = false;
+};
+
+/// What the branch and bound found: the best assignment (empty when none
+/// fits), and whether the tree was searched to its end.
+struct BoundResult {
+  std::vector<Decision> decisions;
+  double seconds = 0;
+  int64_t peak = 0;
+  int64_t nodes = 0;
+  bool complete = false;
+};
+
+struct SolveOptions {
+  /// Branch-and-bound nodes before the search stops with the best plan so
+  /// far (a count, not a time, so plans are the same on every machine).
+  /// Each node is three simulations; 0: the heuristic alone.
+  int64_t maxNodes = 40000;
 };
 
 class MemoryPlanner {
@@ -70,8 +92,15 @@ public:
   explicit MemoryPlanner(ModelOp model);
   ~MemoryPlanner();
 
-  /// The joint decision under the model's strategy and budget.
-  PlanResult solve();
+  /// The joint decision under the model's strategy and budget: the
+  /// heuristic's plan, then the branch and bound from it.
+  PlanResult solve(const SolveOptions &options = {});
+  /// Depth-first branch and bound over the candidates, exact for the
+  /// simulator: the least added time under the budget (or, with
+  /// `minimizePeak`, the smallest peak), starting from `incumbent` (empty:
+  /// none) and stopping after `maxNodes` nodes.
+  BoundResult branchAndBound(std::vector<Decision> incumbent, int64_t maxNodes,
+                             bool minimizePeak = false) const;
   /// Exhaustive search over every combination (tests only; 3^n).
   PlanResult solveExactly();
 

@@ -278,6 +278,15 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
     os << llvm::formatv("  {0,-26} {1,12} {2,14}\n", "this plan",
                         formatBytes(plan.getPlannedPeakBytes()),
                         microseconds(plan.getAddedSeconds().convertToDouble()));
+    if (plan.getOptimal())
+      os << "  search: optimal for the cost model (branch and bound, "
+         << plan.getSearchNodes() << " nodes)\n";
+    else if (plan.getSearchNodes())
+      os << "  search: the best plan in " << plan.getSearchNodes()
+         << " branch-and-bound nodes (not proven optimal)\n";
+    else
+      os << "  search: the heuristic's plan (too many candidates for the "
+            "exact search)\n";
   }
   printGradientsAndCollectives(model, os);
   int64_t margin = budget.getUsableBytes() - peak;
@@ -356,6 +365,8 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
         {"uniform_added_seconds",
          plan.getUniformAddedSeconds().convertToDouble()},
         {"minimal_peak_bytes", plan.getMinimalPeakBytes()},
+        {"search", Object{{"nodes", plan.getSearchNodes()},
+                          {"optimal", plan.getOptimal()}}},
         {"regions", std::move(regions)}};
   }
   if (budget) {

@@ -7,7 +7,7 @@
 // blocks (their saved bytes per FLOP are the highest), one region each,
 // since regions end at the taps of layer 2 and layer 4.
 // CHECK-LABEL: mtp.model @auto
-// CHECK: mtp.step plan <peak [[PLANNED:[0-9]+]], keep 9163532, uniform 5556748, minimal 5556748, added {{.*}}, uniform_added {{.*}}, regions [1 to 1, 3 to 3, 5 to 5], offloads []> {
+// CHECK: mtp.step plan <peak [[PLANNED:[0-9]+]], keep 9163532, uniform 5556748, minimal 5556748, added {{.*}}, uniform_added {{.*}}, search {{[0-9]+}} optimal, regions [1 to 1, 3 to 3, 5 to 5], offloads []> {
 // CHECK: mtp.fwd attn_norm[1]{{.*}} plan recompute region 0 :
 // CHECK: mtp.fwd attn_core[1]{{.*}} plan recompute region 0 :
 // CHECK: mtp.fwd mlp_norm[1]{{.*}} plan keep :
