@@ -154,6 +154,8 @@ private:
   llvm::DenseMap<int64_t, std::pair<int64_t, int64_t>> offloadedBlocks;
   llvm::StringMap<std::pair<int64_t, int64_t>> offloadedTasks;
   llvm::StringSet<> prefetchedTasks;
+  /// Backbone blocks recomputed at tensor grain (partial mtp.recompute).
+  llvm::DenseSet<int64_t> partialBlocks;
   bool backboneBackwardDone = false;
 };
 
@@ -180,6 +182,15 @@ std::string StepLowering::backwardEvents(Operation *from) {
       auto ref = getUnitRef(bwd);
       if (ref && !ref->task)
         lastBlock = getBlockNumber(ref->kind, ref->layer);
+    } else if (auto rec = dyn_cast<RecomputeOp>(op); rec && rec.getPartial()) {
+      std::string units;
+      rec.getBody().walk([&](FwdOp fwd) {
+        units += (units.empty() ? "" : ", ") +
+                 stringifyUnitKind(fwd.getUnit()).str();
+      });
+      os << llvm::formatv("  re-create unit {0}'s ({1}) {2} from its input at "
+                          "their first backward use\n",
+                          rec.getRegion(), blockName(rec.getRegion()), units);
     } else if (auto rec = dyn_cast<RecomputeOp>(op)) {
       auto [first, last] = unitRange(rec.getBody());
       os << llvm::formatv("  recompute region {0} (units {1}..{2}: {3} .. "
@@ -217,6 +228,10 @@ void StepLowering::lowerBody() {
     }
   });
 
+  step.getBody().walk([&](RecomputeOp rec) {
+    if (rec.getPartial())
+      partialBlocks.insert(rec.getRegion());
+  });
   for (Operation &op : step.getBody().front())
     llvm::TypeSwitch<Operation *>(&op)
         .Case<InputOp>([&](InputOp in) { lower(in); })
@@ -275,7 +290,13 @@ void StepLowering::lower(FwdOp fwd) {
   if (block == currentBlock)
     return;
   auto it = offloadedBlocks.find(block);
-  if (it != offloadedBlocks.end())
+  if (partialBlocks.count(block))
+    forwardUnits(block, block, "Partial",
+                 llvm::formatv("unit {0} ({1}): keep, but its projection "
+                               "outputs are re-created from its input at "
+                               "their first backward use",
+                               block, blockName(block)));
+  else if (it != offloadedBlocks.end())
     forwardUnits(block, block, "KeepOffload",
                  llvm::formatv("unit {0} ({1}): offload {2} saved tensors "
                                "({3} B) to the host on stream 1",
@@ -360,8 +381,15 @@ LogicalResult StepLowering::run() {
     std::optional<Decision> decision = fwd.getDecision();
     if (!decision)
       return WalkResult::advance();
+    bool partial = false;
+    if (!fwd.getRegion() && !fwd.getTaskAttr()) {
+      const int64_t block = getBlockNumber(fwd.getUnit(), fwd.getLayer());
+      step.walk([&](RecomputeOp rec) {
+        partial |= rec.getPartial() && int64_t(rec.getRegion()) == block;
+      });
+    }
     if ((*decision == Decision::Recompute &&
-         !fwd->getParentOfType<CheckpointOp>()) ||
+         !fwd->getParentOfType<CheckpointOp>() && !partial) ||
         (*decision == Decision::Offload && !hasOffloadOps)) {
       fwd.emitError() << "unit " << fwd.getUnitName() << " is planned to "
                       << stringifyDecision(*decision)

@@ -205,7 +205,13 @@ def MTP_Decision : I32EnumAttr<"Decision",
     // Dropped after the forward, re-created in a checkpoint region.
     I32EnumAttrCase<"Recompute", 1, "recompute">,
     // Copied to pinned host memory, prefetched before the backward.
-    I32EnumAttrCase<"Offload", 2, "offload">
+    I32EnumAttrCase<"Offload", 2, "offload">,
+    // A block's, at tensor grain: its projection outputs (the norm's and the
+    // QKV / up-projection's, with ATen pointwise the GELU's too) recomputed
+    // from the block's kept input at their first backward use, the rest
+    // kept. The planner's choice for a block; its units then carry keep and
+    // recompute (no region), tensor by tensor.
+    I32EnumAttrCase<"Partial", 3, "partial">
   ]> {
   let cppNamespace = "::mtp";
   let genSpecializedAttr = 0;

@@ -1048,6 +1048,9 @@ LogicalResult FwdOp::verify() {
                                    << getOutputs().size() - 1;
   if (getOutputs().empty())
     return emitOpError("produces no output");
+  if (getDecision() == Decision::Partial)
+    return emitOpError("is planned 'partial', a block's decision; a unit's "
+                       "plan is keep, recompute or offload");
   if (getRegion() && getDecision() != Decision::Recompute)
     return emitOpError("names checkpoint region ")
            << *getRegion() << " but its plan is "

@@ -221,14 +221,19 @@ def MTP_RecomputeOp : MTP_Op<"recompute", [HasParent<"StepOp">,
     Re-runs the forward units of region `region` from its saved boundary
     right before the region's backward and yields the tensors its backward
     units read.
+
+    With `partial`, tensor grain: `region` is a backbone block whose
+    projection units (decision recompute, no region) stay in the forward;
+    they re-run from the block's kept input right before the first backward
+    unit that reads their outputs, which then reads the re-created ones.
   }];
-  let arguments = (ins MTP_NonNegativeI64Attr:$region,
+  let arguments = (ins MTP_NonNegativeI64Attr:$region, UnitAttr:$partial,
                        Variadic<AnyRankedTensor>:$boundary);
   let results = (outs Variadic<AnyRankedTensor>:$saved);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
-    $region `(` $boundary `)` attr-dict `:` functional-type($boundary, $saved)
-    $body
+    $region (`partial` $partial^)? `(` $boundary `)` attr-dict `:`
+    functional-type($boundary, $saved) $body
   }];
 }
 

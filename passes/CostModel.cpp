@@ -282,6 +282,18 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
   llvm_unreachable("unknown unit kind");
 }
 
+SmallVector<UnitKind, 3> CostModel::projectionChain(bool attention) const {
+  if (!activationElementType().isF32())
+    return {};
+  if (attention)
+    return attentionKind == AttentionKind::fused
+               ? SmallVector<UnitKind, 3>{UnitKind::attn_norm, UnitKind::qkv}
+               : SmallVector<UnitKind, 3>{};
+  if (pointwiseKind == PointwiseKind::fused)
+    return {UnitKind::mlp_norm, UnitKind::mlp_up};
+  return {UnitKind::mlp_norm, UnitKind::mlp_up, UnitKind::mlp_act};
+}
+
 int64_t CostModel::flashAttentionBuffers(int64_t queries, int64_t keys,
                                          bool backward) const {
   // LibTorch's flash CPU kernel tiles queries by 32 (64 from 192 rows, 256

@@ -86,6 +86,13 @@ public:
   static PointwiseKind fittingPointwise(ModelOp model);
   /// The backbone's pointwise kind (fittingPointwise where it has none).
   PointwiseKind pointwise() const { return pointwiseKind; }
+  /// The units a block's tensor-grain recompute (Decision::Partial) re-runs
+  /// from the block's kept input — the norm and the projection after it (the
+  /// QKV projection, or the up-projection and, with ATen pointwise ops, the
+  /// GELU) — whose outputs the backward then reads re-created; empty where
+  /// the runtime has no such path (autocast; the math attention's own copies
+  /// of q, k, v). The runtime's Model::projections re-runs the same units.
+  llvm::SmallVector<UnitKind, 3> projectionChain(bool attention) const;
 
   //===--- Shapes and bytes ------------------------------------------------===//
 

@@ -115,6 +115,7 @@ void MaterializeCheckpointsPass::runOnOperation() {
     types.push_back(regionOutput.getType());
     auto recompute = b.create<RecomputeOp>(firstBackward->getLoc(), types,
                                            b.getI64IntegerAttr(index),
+                                           /*partial=*/nullptr,
                                            boundaryOutside);
     Block *bwdBody = new Block();
     recompute.getBody().push_back(bwdBody);
@@ -142,9 +143,69 @@ void MaterializeCheckpointsPass::runOnOperation() {
     b.create<ReleaseOp>(recompute.getLoc(),
                         ValueRange{recompute.getSaved().back()});
   }
+
+  // Tensor grain: a block's projection units planned recompute without a
+  // region stay in the forward; a partial mtp.recompute re-runs them from
+  // the block's input right before the first backward unit that reads
+  // their outputs, and every backward unit reads the re-created ones.
+  llvm::MapVector<int64_t, SmallVector<FwdOp>> partial;
+  for (FwdOp fwd : body.getOps<FwdOp>())
+    if (fwd.getDecision() == Decision::Recompute && !fwd.getRegion() &&
+        !fwd.getTaskAttr())
+      partial[getBlockNumber(fwd.getUnit(), fwd.getLayer())].push_back(fwd);
+  int64_t partialTensors = 0;
+  for (auto &[block, units] : partial) {
+    llvm::DenseSet<Operation *> inside;
+    for (FwdOp fwd : units)
+      inside.insert(fwd);
+    llvm::SetVector<Value> boundary;
+    SmallVector<Value> recomputed;
+    for (FwdOp fwd : units) {
+      for (Value in : fwd.getInputs())
+        if (!inside.count(in.getDefiningOp()))
+          boundary.insert(in);
+      if (llvm::any_of(fwd.getOutput().getUsers(),
+                       [](Operation *u) { return isa<BwdOp>(u); }))
+        recomputed.push_back(fwd.getOutput());
+    }
+    Operation *firstBackward = nullptr;
+    for (Operation &op : body)
+      if (isa<BwdOp>(op) && llvm::any_of(op.getOperands(), [&](Value v) {
+            return llvm::is_contained(recomputed, v);
+          })) {
+        firstBackward = &op;
+        break;
+      }
+    if (!firstBackward)
+      continue;
+    partialTensors += recomputed.size();
+    b.setInsertionPoint(firstBackward);
+    auto recompute = b.create<RecomputeOp>(
+        firstBackward->getLoc(), ValueRange(recomputed).getTypes(),
+        b.getI64IntegerAttr(block), b.getUnitAttr(), boundary.getArrayRef());
+    Block *bwdBody = new Block();
+    recompute.getBody().push_back(bwdBody);
+    b.setInsertionPointToEnd(bwdBody);
+    IRMapping mapping;
+    for (FwdOp fwd : units) {
+      auto clone = cast<FwdOp>(b.clone(*fwd, mapping));
+      clone.removeDecisionAttr();
+    }
+    SmallVector<Value> yielded;
+    for (Value v : recomputed)
+      yielded.push_back(mapping.lookup(v));
+    b.create<YieldOp>(recompute.getLoc(), yielded);
+    for (auto [value, result] : llvm::zip(recomputed, recompute.getSaved()))
+      value.replaceUsesWithIf(result, [&](OpOperand &use) {
+        return isa<BwdOp>(use.getOwner());
+      });
+  }
   if (remarks)
     model.emitRemark() << "materialized " << regions.size()
                        << " checkpoint regions: " << movedUnits
                        << " forward units, " << recomputedTensors
-                       << " saved tensors recomputed before their backward";
+                       << " saved tensors recomputed before their backward; "
+                       << partialTensors << " projection outputs of "
+                       << partial.size()
+                       << " blocks recomputed at their first backward use";
 }

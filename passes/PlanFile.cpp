@@ -26,7 +26,8 @@ static_assert(kPlanVersion == mtprt::kPlanVersion,
 static_assert(int(fb::Decision::Keep) == int(Decision::Keep) &&
               int(fb::Decision::Recompute) == int(Decision::Recompute) &&
               int(fb::Decision::Offload) == int(Decision::Offload) &&
-              int(fb::Decision::MAX) == int(getMaxEnumValForDecision()));
+              int(fb::Decision::MAX) == int(Decision::Offload));
+// (Partial is a block's decision; its units carry keep and recompute.)
 
 fb::Decision decisionOf(FwdOp op) {
   return static_cast<fb::Decision>(op.getDecision().value_or(Decision::Keep));

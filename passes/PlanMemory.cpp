@@ -73,6 +73,9 @@ struct MemoryPlanner::Impl {
     int64_t block = -1;
     /// Blocks of its backward users (-1 for heads); empty: not saved.
     SmallVector<int64_t> bwdBlocks;
+    /// The output of a unit of its block's projection chain that a backward
+    /// reads: re-created there under Decision::Partial.
+    bool chain = false;
   };
 
   ModelOp model;
@@ -92,6 +95,11 @@ struct MemoryPlanner::Impl {
   /// position, offloadable bytes.
   std::vector<int> candBwdStart, candPrefetch, candLastFwd;
   std::vector<int64_t> candOffloadBytes;
+  /// Per candidate under Decision::Partial: the first backward position
+  /// reading a chain output (where the chain re-runs), its forward FLOPs and
+  /// the bytes it frees.
+  std::vector<int> candPartialAt;
+  std::vector<int64_t> candPartialFlops, candPartialBytes;
   /// Prefix sums of forward / backward compute seconds by position.
   std::vector<double> fwdSecondsBefore, bwdSecondsBefore;
   int64_t numBlocks = 0;
@@ -214,8 +222,12 @@ void MemoryPlanner::Impl::build() {
       from = 2 * high + 1;
     }
   } else {
-    for (int64_t b = 1; b <= 2 * topTap; ++b)
+    for (int64_t b = 1; b <= 2 * topTap; ++b) {
       addBlocks(blockName(b), {b});
+      candidates.back().canPartial =
+          checkpoint == CheckpointPolicy::automatic &&
+          !cost.projectionChain(/*attention=*/b % 2 == 1).empty();
+    }
     if (checkpoint == CheckpointPolicy::uniform) {
       fixedRecompute = true;
       uniformSpan = 2 * strategy.getCheckpointEvery();
@@ -251,6 +263,9 @@ void MemoryPlanner::Impl::build() {
   candBwdStart.assign(candidates.size(), numOps);
   candLastFwd.assign(candidates.size(), 0);
   candOffloadBytes.assign(candidates.size(), 0);
+  candPartialAt.assign(candidates.size(), numOps);
+  candPartialFlops.assign(candidates.size(), 0);
+  candPartialBytes.assign(candidates.size(), 0);
   auto ownerOf = [&](int64_t block, FlatSymbolRefAttr task) -> int {
     if (task)
       return headOwner.lookup(task.getValue());
@@ -272,6 +287,10 @@ void MemoryPlanner::Impl::build() {
       int64_t b = getBlockNumber(fwd.getUnit(), fwd.getLayer());
       if (b > 0) {
         blockFlops[b] += fwd.getFlops();
+        int owner = ownerOf(b, {});
+        if (owner >= 0 && candidates[owner].canPartial &&
+            llvm::is_contained(cost.projectionChain(b % 2 == 1), fwd.getUnit()))
+          candPartialFlops[owner] += fwd.getFlops();
         if (fwd.getUnit() == UnitKind::attn_residual ||
             fwd.getUnit() == UnitKind::mlp_residual)
           blockOutputBytes[b] = CostModel::bytes(fwd.getOutput().getType());
@@ -321,6 +340,18 @@ void MemoryPlanner::Impl::build() {
       if (auto fwd = dyn_cast<FwdOp>(&op)) {
         info.block = getBlockNumber(fwd.getUnit(), fwd.getLayer());
         info.owner = ownerOf(info.block, fwd.getTaskAttr());
+        if (info.owner >= 0 && candidates[info.owner].canPartial &&
+            llvm::is_contained(cost.projectionChain(info.block % 2 == 1),
+                               fwd.getUnit())) {
+          if (v == fwd.getOutputs().front() && !info.bwdBlocks.empty()) {
+            info.chain = true;
+            candPartialBytes[info.owner] += info.bytes;
+            for (Operation *user : v.getUsers())
+              if (isa<BwdOp>(user))
+                candPartialAt[info.owner] =
+                    std::min(candPartialAt[info.owner], position[user]);
+          }
+        }
         if (info.owner >= 0 && !info.bwdBlocks.empty()) {
           candLastFwd[info.owner] =
               std::max(candLastFwd[info.owner], info.lastFwd);
@@ -434,8 +465,16 @@ int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions,
       live(v.last, v.last, v.bytes);
       continue;
     }
-    if (d == Decision::Keep || v.bwdBlocks.empty()) {
+    if (d == Decision::Keep || v.bwdBlocks.empty() ||
+        (d == Decision::Partial && !v.chain)) {
       live(v.def, v.last, v.bytes);
+      continue;
+    }
+    if (d == Decision::Partial) {
+      // Re-created from the block's kept input at the first backward unit
+      // that reads a chain output.
+      live(v.def, v.lastFwd, v.bytes);
+      live(candPartialAt[v.owner], v.last, v.bytes);
       continue;
     }
     if (d == Decision::Recompute) {
@@ -512,6 +551,8 @@ double MemoryPlanner::Impl::added(ArrayRef<Decision> decisions) const {
     if (decisions[c] == Decision::Recompute)
       for (int64_t b : candidates[c].blocks)
         seconds += cost.computeSeconds(blockFlops.lookup(b));
+    else if (decisions[c] == Decision::Partial)
+      seconds += cost.computeSeconds(candPartialFlops[c]);
   return seconds;
 }
 
@@ -566,7 +607,7 @@ void finish(const MemoryPlanner &planner, PlanResult &r,
 
 namespace {
 const Decision kAllDecisions[] = {Decision::Keep, Decision::Recompute,
-                                  Decision::Offload};
+                                  Decision::Offload, Decision::Partial};
 } // namespace
 
 bool MemoryPlanner::Impl::allowed(size_t c, Decision d) const {
@@ -575,7 +616,8 @@ bool MemoryPlanner::Impl::allowed(size_t c, Decision d) const {
     return d == Decision::Recompute;
   return d == Decision::Keep ||
          (d == Decision::Recompute && cand.canRecompute) ||
-         (d == Decision::Offload && cand.canOffload);
+         (d == Decision::Offload && cand.canOffload) ||
+         (d == Decision::Partial && cand.canPartial);
 }
 
 std::vector<Decision> MemoryPlanner::Impl::frugal(bool exhaustive) const {
@@ -593,11 +635,7 @@ std::vector<Decision> MemoryPlanner::Impl::frugal(bool exhaustive) const {
   for (size_t c = 0; c < n; ++c) {
     int64_t best = INT64_MAX;
     for (Decision d : kAllDecisions) {
-      if ((d == Decision::Recompute && !candidates[c].canRecompute) ||
-          (d == Decision::Offload && !candidates[c].canOffload))
-        continue;
-      if (fixedRecompute && !candidates[c].blocks.empty() &&
-          d != Decision::Recompute)
+      if (!allowed(c, d))
         continue;
       std::vector<Decision> trial = frugal;
       trial[c] = d;
@@ -635,6 +673,12 @@ void MemoryPlanner::Impl::rankedPrefix(std::vector<Decision> &current) const {
       for (int64_t b : candidates[c].blocks)
         t += cost.computeSeconds(blockFlops.lookup(b));
       best = freed / std::max(t, 1e-12), bestD = Decision::Recompute;
+    }
+    if (candidates[c].canPartial && candPartialBytes[c] > 0) {
+      double score = double(candPartialBytes[c]) /
+                     std::max(cost.computeSeconds(candPartialFlops[c]), 1e-12);
+      if (score > best)
+        best = score, bestD = Decision::Partial;
     }
     if (candidates[c].canOffload) {
       std::vector<Decision> alone(n, Decision::Keep);
@@ -682,9 +726,9 @@ int64_t MemoryPlanner::Impl::greedy(std::vector<Decision> &current,
     for (size_t c = 0; c < n; ++c) {
       if (current[c] != Decision::Keep)
         continue;
-      for (Decision d : {Decision::Recompute, Decision::Offload}) {
-        if ((d == Decision::Recompute && !candidates[c].canRecompute) ||
-            (d == Decision::Offload && !candidates[c].canOffload))
+      for (Decision d :
+           {Decision::Recompute, Decision::Offload, Decision::Partial}) {
+        if (!allowed(c, d))
           continue;
         std::vector<Decision> trial = current;
         trial[c] = d;
@@ -732,17 +776,16 @@ void MemoryPlanner::Impl::prune(std::vector<Decision> &current) const {
   for (size_t c : order) {
     if (current[c] == Decision::Keep)
       continue;
-    Decision other = current[c] == Decision::Recompute ? Decision::Offload
-                                                       : Decision::Recompute;
-    if ((other == Decision::Recompute && !candidates[c].canRecompute) ||
-        (other == Decision::Offload && !candidates[c].canOffload) ||
-        (fixedRecompute && !candidates[c].blocks.empty()))
-      continue;
-    std::vector<Decision> trial = current;
-    trial[c] = other;
-    if (latencyOk(trial) && simulate(trial) <= usable &&
-        added(trial) < added(current))
-      current = trial;
+    for (Decision other :
+         {Decision::Recompute, Decision::Offload, Decision::Partial}) {
+      if (other == current[c] || !allowed(c, other))
+        continue;
+      std::vector<Decision> trial = current;
+      trial[c] = other;
+      if (latencyOk(trial) && simulate(trial) <= usable &&
+          added(trial) < added(current))
+        current = trial;
+    }
   }
 }
 
@@ -993,9 +1036,8 @@ PlanResult MemoryPlanner::solveExactly() {
       }
       return;
     }
-    for (Decision x : {Decision::Keep, Decision::Recompute, Decision::Offload}) {
-      if ((x == Decision::Recompute && !cands[i].canRecompute) ||
-          (x == Decision::Offload && !cands[i].canOffload))
+    for (Decision x : kAllDecisions) {
+      if (!impl->allowed(i, x))
         continue;
       d[i] = x;
       search(i + 1);
@@ -1009,6 +1051,7 @@ PlanResult MemoryPlanner::solveExactly() {
 
 void mtp::attachPlan(ModelOp model, const PlanResult &result) {
   StepOp step = model.getStep();
+  CostModel cost(model);
   Builder b(model.getContext());
   llvm::DenseMap<int64_t, std::pair<Decision, int64_t>> blockDecision;
   llvm::StringMap<Decision> headDecision;
@@ -1030,6 +1073,15 @@ void mtp::attachPlan(ModelOp model, const PlanResult &result) {
     } else if (auto it = blockDecision.find(getBlockNumber(fwd.getUnit(), fwd.getLayer()));
                it != blockDecision.end()) {
       std::tie(d, region) = it->second;
+      // Tensor grain: the projection chain's units are recomputed (no
+      // region), the rest of the block kept.
+      if (d == Decision::Partial)
+        d = llvm::is_contained(
+                cost.projectionChain(
+                    getBlockNumber(fwd.getUnit(), fwd.getLayer()) % 2 == 1),
+                fwd.getUnit())
+                ? Decision::Recompute
+                : Decision::Keep;
     }
     fwd.setDecision(d);
     if (region >= 0)

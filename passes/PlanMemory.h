@@ -32,6 +32,9 @@ struct Candidate {
   /// The task whose head this is (heads only).
   std::string task;
   bool canRecompute = false, canOffload = false;
+  /// Whether the block's projections can be recomputed at tensor grain
+  /// (Decision::Partial: CostModel::projectionChain).
+  bool canPartial = false;
 };
 
 /// Task groups: tasks joined when their correlation reaches the threshold

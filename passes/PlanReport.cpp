@@ -20,6 +20,8 @@ struct Row {
   /// Tasks whose head reads the output of this row (a tap point).
   llvm::SmallVector<StringRef> taps;
   Decision decision = Decision::Keep;
+  /// Tensor grain: the units whose outputs the backward re-creates.
+  llvm::SmallVector<StringRef> recomputedUnits;
 };
 
 /// The planner's decision on a unit (keep before planning).
@@ -157,7 +159,14 @@ SmallVector<Row> rowsOf(ModelOp model, const MemoryReport &report) {
     Row &row = rows[it->second];
     row.saved += unit.savedBytes;
     row.fwdFlops += op.getFlops();
-    row.decision = decisionOf(op);
+    // A unit planned recompute outside a region is the block's tensor-grain
+    // (partial) decision; otherwise every unit of a row has the row's.
+    if (decisionOf(op) == Decision::Recompute && !op.getRegion()) {
+      row.decision = Decision::Partial;
+      row.recomputedUnits.push_back(stringifyUnitKind(op.getUnit()));
+    } else if (row.decision != Decision::Partial) {
+      row.decision = decisionOf(op);
+    }
   }
   for (TaskOp task : model.getTasks()) {
     std::string at = task.getTapLayer() == 0
@@ -195,6 +204,12 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
       os << "   <- tap:";
       for (StringRef t : row.taps)
         os << ' ' << t;
+    }
+    if (!row.recomputedUnits.empty()) {
+      os << "   (re-creates";
+      for (StringRef u : row.recomputedUnits)
+        os << ' ' << u;
+      os << " at its backward)";
     }
     os << "\n";
   }

@@ -20,8 +20,10 @@
 #include "mtprt/torch/Model.h"
 
 #include "mtprt/torch/Fused.h"
+#include "mtprt/torch/Regions.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 
 #include <cmath>
 #include <set>
@@ -316,10 +318,47 @@ at::Tensor Model::geluLinear(const at::Tensor &u, const LinearParams &l) const {
   return linear(l, at::gelu(u));
 }
 
+at::Tensor Model::attentionProjections(const AttentionParams &p,
+                                       const at::Tensor &x,
+                                       const Sink *sink) const {
+  if (config_.pointwise == PointwiseKind::Fused || !sink) {
+    at::Tensor qkv = normLinear(p.norm, p.qkv, x);
+    if (sink)
+      (*sink)(qkv);
+    return qkv;
+  }
+  at::Tensor normed = layerNorm(p.norm, x);
+  (*sink)(normed);
+  at::Tensor qkv = linear(p.qkv, normed);
+  (*sink)(qkv);
+  return qkv;
+}
+
+at::Tensor Model::mlpProjections(const MlpParams &p, const at::Tensor &x,
+                                 const Sink *sink) const {
+  if (config_.pointwise == PointwiseKind::Fused) {
+    at::Tensor up = normLinear(p.norm, p.up, x);
+    if (sink)
+      (*sink)(up);
+    return up; // the fused GELU-linear reads it
+  }
+  at::Tensor normed = layerNorm(p.norm, x);
+  if (sink)
+    (*sink)(normed);
+  at::Tensor up = linear(p.up, normed);
+  if (sink)
+    (*sink)(up);
+  at::Tensor act = at::gelu(up);
+  if (sink)
+    (*sink)(act);
+  return act;
+}
+
 at::Tensor Model::attentionBlock(const AttentionParams &p, const at::Tensor &x,
-                                 bool causal, const at::Tensor &mask) const {
+                                 bool causal, const at::Tensor &mask,
+                                 const Sink *sink) const {
   const bool fused = fusedAttention();
-  at::Tensor qkv = normLinear(p.norm, p.qkv, x);
+  at::Tensor qkv = attentionProjections(p, x, sink);
   const int64_t a = config_.heads;
   std::vector<at::Tensor> qkvHeads = splitProjection(qkv, 3, a, fused);
   at::Tensor q = qkvHeads[0], k = qkvHeads[1], v = qkvHeads[2];
@@ -329,8 +368,12 @@ at::Tensor Model::attentionBlock(const AttentionParams &p, const at::Tensor &x,
   return x + dropout(linear(p.out, ctx));
 }
 
-at::Tensor Model::mlpBlock(const MlpParams &p, const at::Tensor &x) const {
-  return x + dropout(geluLinear(normLinear(p.norm, p.up, x), p.down));
+at::Tensor Model::mlpBlock(const MlpParams &p, const at::Tensor &x,
+                           const Sink *sink) const {
+  at::Tensor h = mlpProjections(p, x, sink);
+  return x + dropout(config_.pointwise == PointwiseKind::Fused
+                         ? geluLinear(h, p.down)
+                         : linear(p.down, h));
 }
 
 at::Tensor Model::attention(int64_t layer, const at::Tensor &x) const {
@@ -357,6 +400,42 @@ at::Tensor Model::unit(int64_t u, const at::Tensor &x) const {
   if (u == 0)
     return embed(x);
   return u % 2 ? attention((u + 1) / 2, x) : mlp(u / 2, x);
+}
+
+at::Tensor Model::unitPartial(int64_t u, const at::Tensor &x) const {
+  if (u < 1 || u >= numUnits())
+    throw std::out_of_range("mtprt: unit " + std::to_string(u) +
+                            " at tensor grain is not a layer's block in [1, " +
+                            std::to_string(numUnits() - 1) + "]");
+  if (at::autocast::is_autocast_enabled(device_.type()))
+    throw std::invalid_argument(
+        "mtprt: unit " + std::to_string(u) +
+        " at tensor grain: not under autocast (the plan recomputes "
+        "projections at fp32 only)");
+  const bool attention = u % 2 == 1;
+  const int64_t l = (u + 1) / 2;
+  if (attention && !fusedAttention())
+    throw std::invalid_argument(
+        "mtprt: unit " + std::to_string(u) +
+        " at tensor grain needs the fused attention kernel (the math path, "
+        "for dropout on the CPU, keeps its own copies of q, k and v)");
+  const Model *self = this;
+  const at::Tensor input = x.detach();
+  Recomputed recomputed(
+      [self, attention, l, input] {
+        std::vector<at::Tensor> outs;
+        const Sink collect = [&outs](const at::Tensor &t) { outs.push_back(t); };
+        if (attention)
+          self->attentionProjections(self->attn_[l - 1], input, &collect);
+        else
+          self->mlpProjections(self->mlp_[l - 1], input, &collect);
+        return outs;
+      },
+      device_);
+  const Sink add = [&recomputed](const at::Tensor &t) { recomputed.add(t); };
+  Recomputed::Scope scope(recomputed);
+  return attention ? attentionBlock(attn_[l - 1], x, /*causal=*/false, {}, &add)
+                   : mlpBlock(mlp_[l - 1], x, &add);
 }
 
 at::Tensor Model::runUnits(int64_t first, int64_t last, at::Tensor x) const {

@@ -293,6 +293,7 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
   // Decisions: offloaded backbone blocks and heads; recompute comes as the
   // regions.
   const auto &units = *fb->units();
+  std::vector<int64_t> recomputedBlocks;
   for (unsigned i = 0; i < units.size(); ++i) {
     const mtp::fb::Unit *u = units.Get(i);
     const std::string f = "units[" + std::to_string(i) + "]";
@@ -310,6 +311,9 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
         if (offloaded.empty() || offloaded.back() != block)
           offloaded.push_back(block);
       }
+      // Recompute outside a region (the regions come below): tensor grain.
+      if (u->decision() == mtp::fb::Decision::Recompute)
+        recomputedBlocks.push_back(block);
       continue;
     }
     const auto it = taskIndex.find(task);
@@ -324,6 +328,14 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
   if (fb->regions())
     for (const mtp::fb::Region *r : *fb->regions())
       plan.schedule.regions.emplace_back(r->first_block(), r->last_block());
+  for (int64_t block : recomputedBlocks) {
+    bool inRegion = false;
+    for (const auto &[first, last] : plan.schedule.regions)
+      inRegion |= block >= first && block <= last;
+    auto &partial = plan.schedule.partialUnits;
+    if (!inRegion && (partial.empty() || partial.back() != block))
+      partial.push_back(block);
+  }
 
   // The strategy and training settings the step runs with.
   if (const auto *tr = fb->train()) {

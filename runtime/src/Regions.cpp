@@ -40,12 +40,58 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+/// The CPU generator's state (and, for a CUDA device, that device's), saved
+/// so that a recompute draws what the forward drew.
+struct RandomState {
+  at::Tensor cpu, cuda;
+  int cudaDevice = -1;
+
+  static RandomState capture(const at::Device &device) {
+    RandomState r;
+    at::Generator cpuGen = at::detail::getDefaultCPUGenerator();
+    {
+      std::lock_guard<std::mutex> lock(cpuGen.mutex());
+      r.cpu = cpuGen.get_state();
+    }
+#ifdef MTPRT_TORCH_CUDA
+    if (device.is_cuda()) {
+      r.cudaDevice = device.has_index() ? device.index()
+                                        : at::cuda::current_device();
+      at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(r.cudaDevice);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      r.cuda = gen.get_state();
+    }
+#endif
+    return r;
+  }
+
+  /// Sets the generators to this state; returns the state they had.
+  RandomState swapIn() const {
+    RandomState was;
+    at::Generator cpuGen = at::detail::getDefaultCPUGenerator();
+    {
+      std::lock_guard<std::mutex> lock(cpuGen.mutex());
+      was.cpu = cpuGen.get_state();
+      cpuGen.set_state(cpu);
+    }
+#ifdef MTPRT_TORCH_CUDA
+    if (cudaDevice >= 0) {
+      at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(cudaDevice);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      was.cudaDevice = cudaDevice;
+      was.cuda = gen.get_state();
+      gen.set_state(cuda);
+    }
+#endif
+    return was;
+  }
+};
+
 /// Holds the region's callable in the autograd context.
 struct RegionHolder : torch::CustomClassHolder {
   RegionFn fn;
   variable_list params;
-  at::Tensor cpuRng, cudaRng;
-  int cudaDevice = -1;
+  RandomState rng;
   bool autocastCpu = false, autocastCuda = false;
   at::ScalarType cpuDtype = at::kBFloat16, cudaDtype = at::kHalf;
 };
@@ -55,20 +101,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
                                c10::intrusive_ptr<RegionHolder> holder,
                                const at::Tensor &x, at::TensorList params) {
     // RNG and autocast state at entry, replayed by the recompute.
-    at::Generator cpuGen = at::detail::getDefaultCPUGenerator();
-    {
-      std::lock_guard<std::mutex> lock(cpuGen.mutex());
-      holder->cpuRng = cpuGen.get_state();
-    }
-#ifdef MTPRT_TORCH_CUDA
-    if (x.is_cuda()) {
-      holder->cudaDevice = x.get_device();
-      at::Generator gen =
-          at::cuda::detail::getDefaultCUDAGenerator(x.get_device());
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      holder->cudaRng = gen.get_state();
-    }
-#endif
+    holder->rng = RandomState::capture(x.device());
     holder->autocastCpu = at::autocast::is_autocast_enabled(at::kCPU);
     holder->autocastCuda = at::autocast::is_autocast_enabled(at::kCUDA);
     holder->cpuDtype = at::autocast::get_autocast_dtype(at::kCPU);
@@ -87,23 +120,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     at::Tensor xd = x.detach().set_requires_grad(x.requires_grad());
 
     // Replay with the entry RNG state, then give the caller's stream back.
-    at::Generator cpuGen = at::detail::getDefaultCPUGenerator();
-    at::Tensor cpuNow;
-    {
-      std::lock_guard<std::mutex> lock(cpuGen.mutex());
-      cpuNow = cpuGen.get_state();
-      cpuGen.set_state(holder->cpuRng);
-    }
-#ifdef MTPRT_TORCH_CUDA
-    at::Tensor cudaNow;
-    if (holder->cudaDevice >= 0) {
-      at::Generator gen =
-          at::cuda::detail::getDefaultCUDAGenerator(holder->cudaDevice);
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      cudaNow = gen.get_state();
-      gen.set_state(holder->cudaRng);
-    }
-#endif
+    const RandomState callers = holder->rng.swapIn();
     at::Tensor out;
     {
       at::AutoGradMode grad(true);
@@ -129,18 +146,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       if (!cpuWas && !cudaWas)
         at::autocast::clear_cache();
     }
-    {
-      std::lock_guard<std::mutex> lock(cpuGen.mutex());
-      cpuGen.set_state(cpuNow);
-    }
-#ifdef MTPRT_TORCH_CUDA
-    if (holder->cudaDevice >= 0) {
-      at::Generator gen =
-          at::cuda::detail::getDefaultCUDAGenerator(holder->cudaDevice);
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(cudaNow);
-    }
-#endif
+    callers.swapIn();
 
     // Inputs of the inner graph whose gradients this backward needs: x, then
     // the parameters. A partial backward (autograd::grad to some inputs, as
@@ -421,6 +427,10 @@ private:
   const std::vector<at::Tensor> *keep_;
 };
 
+thread_local std::vector<std::shared_ptr<Recomputed::Impl>> recomputeStack;
+std::unique_ptr<torch::autograd::SavedVariableHooks>
+recomputeHooks(std::shared_ptr<Recomputed::Impl> impl);
+
 /// The autograd engine with C++ default saved-tensor hooks.
 class HookingEngine final : public torch::autograd::Engine {
 public:
@@ -430,6 +440,10 @@ public:
   }
   std::unique_ptr<torch::autograd::SavedVariableHooks>
   get_default_saved_variable_hooks() override {
+    // A block recomputed at tensor grain is never offloaded too: its scope
+    // is the only one alive while it runs.
+    if (!recomputeStack.empty())
+      return recomputeHooks(recomputeStack.back());
     if (scopeStack.empty())
       return nullptr;
     const ScopeFrame &top = scopeStack.back();
@@ -702,5 +716,137 @@ void Offloader::resetStats() {
     it = v.empty() ? impl_->groups.erase(it) : std::next(it);
   }
 }
+
+//===----------------------------------------------------------------------===//
+// Tensor grain
+//===----------------------------------------------------------------------===//
+
+namespace {
+std::atomic<int64_t> recomputeRuns{0};
+} // namespace
+
+struct Recomputed::Impl {
+  Fn fn;
+  RandomState rng;
+  std::mutex mutex;
+  /// Per registered tensor: its storage (weak: a freed and reused allocation
+  /// never matches), the saved uses that hold it, the unpacks left this
+  /// round, and the re-created tensor while some are left.
+  struct Slot {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage{
+        c10::intrusive_ptr<c10::StorageImpl>()};
+    int64_t users = 0, left = 0;
+    at::Tensor recomputed;
+  };
+  std::vector<Slot> slots;
+
+  int find(const at::Tensor &t) {
+    if (!t.has_storage())
+      return -1;
+    std::lock_guard<std::mutex> lock(mutex);
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].storage.lock().get() == t.storage().unsafeGetStorageImpl()) {
+        slots[i].users += 1;
+        slots[i].left += 1;
+        return static_cast<int>(i);
+      }
+    return -1;
+  }
+
+  at::Tensor unpack(int i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                    int64_t offset) {
+    std::lock_guard<std::mutex> lock(mutex);
+    Slot &slot = slots[i];
+    if (!slot.recomputed.defined()) {
+      // One re-run re-creates every registered tensor still to be unpacked.
+      std::vector<at::Tensor> outs;
+      {
+        at::NoGradGuard noGrad;
+        const RandomState callers = rng.swapIn();
+        try {
+          outs = fn();
+        } catch (...) {
+          callers.swapIn();
+          throw;
+        }
+        callers.swapIn();
+      }
+      recomputeRuns += 1;
+      if (outs.size() != slots.size())
+        throw std::logic_error(
+            "mtprt: tensor-grain recompute returned " +
+            std::to_string(outs.size()) + " tensors for " +
+            std::to_string(slots.size()) + " registered");
+      for (size_t j = 0; j < slots.size(); ++j)
+        if (slots[j].left > 0 && !slots[j].recomputed.defined())
+          slots[j].recomputed = outs[j];
+    }
+    at::Tensor out = slot.recomputed.as_strided(sizes, strides, offset);
+    if (--slot.left <= 0) {
+      slot.recomputed.reset();
+      slot.left = slot.users; // a retained graph unpacks again
+    }
+    return out;
+  }
+};
+
+namespace {
+
+class RecomputeHooks final : public torch::autograd::SavedVariableHooks {
+public:
+  explicit RecomputeHooks(std::shared_ptr<Recomputed::Impl> impl)
+      : impl_(std::move(impl)) {}
+  void call_pack_hook(const at::Tensor &tensor) override {
+    index_ = impl_->find(tensor);
+    if (index_ < 0) {
+      kept_ = tensor.detach();
+      return;
+    }
+    sizes_ = tensor.sizes().vec();
+    strides_ = tensor.strides().vec();
+    offset_ = tensor.storage_offset();
+  }
+  at::Tensor call_unpack_hook() override {
+    if (index_ < 0)
+      return kept_;
+    return impl_->unpack(index_, sizes_, strides_, offset_);
+  }
+
+private:
+  std::shared_ptr<Recomputed::Impl> impl_;
+  int index_ = -1;
+  at::Tensor kept_;
+  std::vector<int64_t> sizes_, strides_;
+  int64_t offset_ = 0;
+};
+
+std::unique_ptr<torch::autograd::SavedVariableHooks>
+recomputeHooks(std::shared_ptr<Recomputed::Impl> impl) {
+  return std::make_unique<RecomputeHooks>(std::move(impl));
+}
+
+} // namespace
+
+Recomputed::Recomputed(Fn recompute, const at::Device &device)
+    : impl_(std::make_shared<Impl>()) {
+  impl_->fn = std::move(recompute);
+  impl_->rng = RandomState::capture(device);
+  installHookingEngine();
+}
+
+void Recomputed::add(const at::Tensor &t) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  Impl::Slot slot;
+  slot.storage = t.storage().getWeakStorageImpl();
+  impl_->slots.push_back(std::move(slot));
+}
+
+Recomputed::Scope::Scope(Recomputed &recomputed) {
+  recomputeStack.push_back(recomputed.impl_);
+}
+
+Recomputed::Scope::~Scope() { recomputeStack.pop_back(); }
+
+int64_t Recomputed::runs() { return recomputeRuns.load(); }
 
 } // namespace mtprt

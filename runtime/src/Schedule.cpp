@@ -54,6 +54,21 @@ void validateSchedule(const Schedule &s, int64_t layers,
       bad(f, "unit " + std::to_string(u) +
                  " is inside a checkpoint region; offload its boundary instead");
   }
+  std::set<int64_t> offloaded(s.offloadUnits.begin(), s.offloadUnits.end());
+  for (size_t i = 0; i < s.partialUnits.size(); ++i) {
+    const int64_t u = s.partialUnits[i];
+    const std::string f = "Schedule.partialUnits[" + std::to_string(i) + "]";
+    if (u < 1 || u >= units)
+      bad(f, "must be a backbone unit within [1, " + std::to_string(units - 1) +
+                 "], got " + std::to_string(u));
+    if (used[u])
+      bad(f, "unit " + std::to_string(u) +
+                 " is inside a checkpoint region, which recomputes it whole");
+    if (offloaded.count(u))
+      bad(f, "unit " + std::to_string(u) +
+                 " is offloaded too; a block is kept, recomputed (whole or its "
+                 "projections) or offloaded");
+  }
   if (s.prefetchAhead < 0)
     bad("Schedule.prefetchAhead", "must be >= 0");
   std::vector<bool> seen(heads.size(), false);

@@ -444,9 +444,9 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       if (isTap[u])
         st.taps[u / 2] = x;
     }
-  } else if (mode == RegionMode::Keep) {
+  } else if (mode == RegionMode::Keep || mode == RegionMode::Partial) {
     for (int64_t u = first; u <= last; ++u) {
-      x = m.unit(u, x);
+      x = mode == RegionMode::Partial ? m.unitPartial(u, x) : m.unit(u, x);
       account(u);
       if (isTap[u])
         st.taps[u / 2] = x;
@@ -891,6 +891,9 @@ void TrainerCore::runBackbone(const Schedule &s) {
   std::vector<bool> offloadUnit(model_->numUnits(), false);
   for (int64_t u : s.offloadUnits)
     offloadUnit[u] = true;
+  std::vector<bool> partialUnit(model_->numUnits(), false);
+  for (int64_t u : s.partialUnits)
+    partialUnit[u] = true;
   for (int64_t u = 0; u < model_->numUnits();) {
     const int64_t last = regionEnd[u] < 0 ? u : regionEnd[u];
     const ValueId next =
@@ -899,6 +902,7 @@ void TrainerCore::runBackbone(const Schedule &s) {
                                          ? RegionMode::CheckpointOffload
                                          : RegionMode::Checkpoint)
                 : offloadUnit[u] ? RegionMode::KeepOffload
+                : partialUnit[u] ? RegionMode::Partial
                                  : RegionMode::Keep);
     release(x); // the chain's last use: only what autograd saved keeps it
     x = next;

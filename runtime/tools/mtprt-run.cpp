@@ -60,7 +60,8 @@ int main(int argc, char **argv) {
                 << "' from " << plan.source << ", " << plan.heads.size()
                 << " tasks, " << plan.schedule.regions.size()
                 << " checkpoint regions, " << plan.schedule.offloadUnits.size()
-                << " offloaded blocks, "
+                << " offloaded blocks, " << plan.schedule.partialUnits.size()
+                << " at tensor grain, "
                 << plan.schedule.offloadHeadList.size()
                 << " offloaded heads; predicted peak "
                 << plan.predictedPeakBytes << " B\n";

@@ -620,4 +620,122 @@ TEST(Offload, RegionBoundaryOffload) {
   EXPECT_EQ(off.stats().hits + off.stats().misses, 1);
 }
 
+/// The backbone with every layer block at tensor grain (or kept), the heads
+/// on their taps; every parameter's gradient of the summed losses.
+std::vector<at::Tensor> gradsWithBlocks(const Model &m, const Batch &b,
+                                        bool partial) {
+  std::vector<at::Tensor> taps(m.config().layers + 1);
+  at::Tensor x = b.tokens;
+  for (int64_t u = 0; u < m.numUnits(); ++u) {
+    x = partial && u > 0 ? m.unitPartial(u, x) : m.unit(u, x);
+    if (u % 2 == 0)
+      taps[u / 2] = x;
+  }
+  at::Tensor total = at::zeros({}, at::kFloat);
+  for (int64_t h = 0; h < m.numHeads(); ++h)
+    total = total + m.loss(h, m.head(h, taps[m.heads()[h].tap], b.labels[h]),
+                           b.labels[h]);
+  return gradsOf(m, total);
+}
+
+/// Tensor grain (the plan's Decision::Partial): each block's projection
+/// outputs re-created in the backward give the gradients of keeping them,
+/// bit for bit, with one re-run per block — fused and ATen pointwise ops.
+TEST(TensorGrain, GradientsEqualKeepingBitForBit) {
+  for (PointwiseKind pointwise : {PointwiseKind::Fused, PointwiseKind::Aten}) {
+    ModelConfig c = tinyConfig(0.0);
+    c.attention = AttentionKind::Fused;
+    c.pointwise = pointwise;
+    Model m(c, allHeads());
+    Batch b = m.syntheticBatch(4, 3);
+    auto kept = gradsWithBlocks(m, b, /*partial=*/false);
+    const int64_t runs = Recomputed::runs();
+    auto partial = gradsWithBlocks(m, b, /*partial=*/true);
+    EXPECT_EQ(Recomputed::runs() - runs, 2 * c.layers);
+    auto named = m.namedParameters();
+    ASSERT_EQ(kept.size(), partial.size());
+    for (size_t i = 0; i < kept.size(); ++i) {
+      ASSERT_EQ(kept[i].defined(), partial[i].defined()) << named[i].first;
+      if (kept[i].defined())
+        EXPECT_TRUE(at::equal(kept[i], partial[i]))
+            << named[i].first << " (pointwise "
+            << (pointwise == PointwiseKind::Fused ? "fused" : "aten") << ")";
+    }
+  }
+}
+
+/// What a block at tensor grain no longer keeps: the QKV projection's output
+/// (and, with ATen pointwise ops, the norm's), the up-projection's (and the
+/// norm's and the GELU's) — CostModel::projectionChain's outputs — beside
+/// the random state it holds for the re-run (a few KB).
+TEST(TensorGrain, KeepsLessByTheProjectionOutputs) {
+  installCpuMemoryTracking();
+  for (PointwiseKind pointwise : {PointwiseKind::Fused, PointwiseKind::Aten}) {
+    ModelConfig c = tinyConfig(0.0);
+    c.attention = AttentionKind::Fused;
+    c.pointwise = pointwise;
+    Model m(c, allHeads());
+    const int64_t B = 4, S = c.seq, H = c.hidden, F = c.ffn, f = 4;
+    const bool aten = pointwise == PointwiseKind::Aten;
+    Batch b = m.syntheticBatch(B, 1);
+    at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
+    for (int64_t u : {1, 2}) {
+      const int64_t kept = savedBy([&] { return std::vector<at::Tensor>{m.unit(u, x)}; });
+      const int64_t partial =
+          savedBy([&] { return std::vector<at::Tensor>{m.unitPartial(u, x)}; });
+      const int64_t dropped =
+          u == 1 ? B * S * 3 * H * f + (aten ? B * S * H * f : 0)
+                 : B * S * F * f + (aten ? B * S * H * f + B * S * F * f : 0);
+      EXPECT_GE(kept - partial, dropped - 8192) << "unit " << u;
+      EXPECT_LE(kept - partial, dropped) << "unit " << u;
+    }
+  }
+}
+
+/// A re-created tensor that drew random numbers (dropout) is drawn again with
+/// the forward's random state: the gradients of keeping it, bit for bit, and
+/// the caller's random stream after the backward as if nothing re-ran.
+TEST(TensorGrain, RecomputedRandomOpsGiveTheGradientsOfKeepingThem) {
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({8, 32});
+  at::Tensor w = at::randn({32, 32}).requires_grad_(true);
+  auto run = [&](bool recompute) {
+    at::manual_seed(5);
+    std::unique_ptr<Recomputed> recomputed;
+    std::unique_ptr<Recomputed::Scope> scope;
+    if (recompute) {
+      recomputed = std::make_unique<Recomputed>(
+          [&x, &w] {
+            return std::vector<at::Tensor>{
+                std::get<0>(at::native_dropout(at::matmul(x, w), 0.5, true))};
+          },
+          at::Device(at::kCPU));
+      scope = std::make_unique<Recomputed::Scope>(*recomputed);
+    }
+    at::Tensor h = std::get<0>(at::native_dropout(at::matmul(x, w), 0.5, true));
+    if (recompute)
+      recomputed->add(h);
+    at::Tensor loss = (h * h.sin()).sum(); // h saved twice: by mul and sin
+    scope.reset();
+    at::Tensor grad = torch::autograd::grad({loss}, {w})[0];
+    return std::make_pair(grad, at::rand({4}));
+  };
+  auto [kept, keptAfter] = run(false);
+  const int64_t runs = Recomputed::runs();
+  auto [again, againAfter] = run(true);
+  EXPECT_EQ(Recomputed::runs() - runs, 1);
+  EXPECT_TRUE(at::equal(kept, again));
+  EXPECT_TRUE(at::equal(keptAfter, againAfter));
+}
+
+TEST(TensorGrain, RefusesWhatItCannotReCreate) {
+  ModelConfig c = tinyConfig(0.1); // dropout on the CPU: the math attention
+  Model m(c, allHeads());
+  Batch b = m.syntheticBatch(2, 1);
+  at::Tensor x = m.embed(b.tokens);
+  EXPECT_THROW(m.unitPartial(1, x), std::invalid_argument);
+  EXPECT_NO_THROW(m.unitPartial(2, x)); // the MLP has no such copies
+  EXPECT_THROW(m.unitPartial(0, b.tokens), std::out_of_range);
+}
+
 } // namespace

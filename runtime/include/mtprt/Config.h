@@ -125,6 +125,11 @@ struct Schedule {
   /// and come back when the backward reaches them (prefetchAhead applies):
   /// the compiler's per-block offload decision.
   std::vector<int64_t> offloadUnits;
+  /// Backbone units (outside regions, not offloaded) run at tensor grain:
+  /// their projection outputs are re-created from the unit's input in the
+  /// backward, the rest kept (Model::unitPartial; the compiler's
+  /// Decision::Partial, a plan's units planned recompute outside a region).
+  std::vector<int64_t> partialUnits;
   /// Heads run their backward in this order (head indices; empty = the
   /// reverse of their forward order, autograd's natural order). With the heads
   /// offloaded, the largest head first keeps only its own tensors on the device
@@ -154,7 +159,7 @@ using ValueId = int64_t;
 /// as one checkpoint region, as a checkpoint region whose saved boundary
 /// input goes to the host pool, or kept with each unit's saved tensors (but
 /// its input) on the host pool until its backward.
-enum class RegionMode { Keep, Checkpoint, CheckpointOffload, KeepOffload };
+enum class RegionMode { Keep, Checkpoint, CheckpointOffload, KeepOffload, Partial };
 
 /// One step's measurements, named as docs/contracts.md#metric-names.
 struct StepStats {

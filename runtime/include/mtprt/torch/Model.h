@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -97,6 +98,13 @@ public:
   /// Backbone chain unit u: 0 = embed (x = tokens), 2l-1 = attention of layer
   /// l, 2l = its MLP. numUnits() = 2L + 1.
   at::Tensor unit(int64_t u, const at::Tensor &x) const;
+  /// Unit u >= 1 at tensor grain (the plan's Decision::Partial): as unit(),
+  /// but its projection outputs — the QKV projection's, or the
+  /// up-projection's (and with ATen pointwise ops the norm's and the GELU's:
+  /// mtpc's CostModel::projectionChain) — are not kept; the backward
+  /// re-creates them from the block's input (mtprt::Recomputed). An
+  /// attention block needs the fused attention kernel; not under autocast.
+  at::Tensor unitPartial(int64_t u, const at::Tensor &x) const;
   int64_t numUnits() const { return 2 * config_.layers + 1; }
   /// Units [first, last] in order.
   at::Tensor runUnits(int64_t first, int64_t last, at::Tensor x) const;
@@ -148,9 +156,21 @@ private:
   at::Tensor normLinear(const NormParams &n, const LinearParams &l,
                         const at::Tensor &x) const;
   at::Tensor geluLinear(const at::Tensor &u, const LinearParams &l) const;
+  /// Receives a block's projection outputs as they are made (tensor grain).
+  using Sink = std::function<void(const at::Tensor &)>;
+  /// The projections a block's tensor-grain recompute re-runs from its input
+  /// x: the QKV projection; the up-projection, and with ATen pointwise ops
+  /// the GELU (returned: what the down-projection reads). Each output, and
+  /// with ATen pointwise ops the norm's, goes to `sink` before any op reads it.
+  at::Tensor attentionProjections(const AttentionParams &p, const at::Tensor &x,
+                                  const Sink *sink) const;
+  at::Tensor mlpProjections(const MlpParams &p, const at::Tensor &x,
+                            const Sink *sink) const;
   at::Tensor attentionBlock(const AttentionParams &p, const at::Tensor &x,
-                            bool causal, const at::Tensor &mask = {}) const;
-  at::Tensor mlpBlock(const MlpParams &p, const at::Tensor &x) const;
+                            bool causal, const at::Tensor &mask = {},
+                            const Sink *sink = nullptr) const;
+  at::Tensor mlpBlock(const MlpParams &p, const at::Tensor &x,
+                      const Sink *sink = nullptr) const;
   at::Tensor decoderHead(const Head &p, const HeadConfig &c,
                          const at::Tensor &memory,
                          const at::Tensor &targets) const;

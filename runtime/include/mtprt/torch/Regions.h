@@ -13,6 +13,11 @@
 // fetched at use) and each use is recorded as a hit (ready) or a miss (the
 // step waited, and how long).
 //
+// Tensor grain: the same engine's hooks, from a RecomputeScope: a saved
+// tensor registered with Recomputed::add is not kept but re-created in the
+// backward from what the block keeps (its input), once for every registered
+// tensor, at the first unpack; every other saved tensor is kept as usual.
+//
 // CPU: host-pool buffers are malloc'd outside the tracking allocator (so not
 // device bytes) and copies run on one worker thread, with an optional
 // artificial delay per copy. CUDA (MTPRT_TORCH_CUDA): pinned buffers, copies
@@ -42,6 +47,39 @@ using RegionFn = std::function<at::Tensor(const at::Tensor &)>;
 /// restored for the recompute.
 at::Tensor checkpoint(const RegionFn &fn, const at::Tensor &x,
                       const std::vector<at::Tensor> &params);
+
+/// A block's recomputable tensors (Decision::Partial). `recompute` returns
+/// them all again, in the order add() registered them, from what the block
+/// keeps; it runs without grad, with the CPU (and CUDA) random state of
+/// construction replayed, the first time the backward unpacks any of them,
+/// and each re-created tensor is dropped once its saved uses have unpacked
+/// it (a retained graph recomputes again). While a Scope is alive, a tensor
+/// an op saves that is (a view of) a registered one keeps only its shape.
+class Recomputed {
+public:
+  using Fn = std::function<std::vector<at::Tensor>()>;
+  /// `device`: where the block runs (whose random state is replayed).
+  Recomputed(Fn recompute, const at::Device &device);
+  /// The next of recompute's outputs (its registration index is the count
+  /// of earlier add()s). Must run before an op saves it.
+  void add(const at::Tensor &t);
+
+  class Scope {
+  public:
+    explicit Scope(Recomputed &recomputed);
+    ~Scope();
+    Scope(const Scope &) = delete;
+    Scope &operator=(const Scope &) = delete;
+  };
+
+  /// Times the recompute ran (over every Recomputed), for tests.
+  static int64_t runs();
+
+  struct Impl;
+
+private:
+  std::shared_ptr<Impl> impl_;
+};
 
 struct OffloadOptions {
   /// Artificial delay added to every copy (seconds), to test late prefetches.
