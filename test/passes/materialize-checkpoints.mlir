@@ -2,13 +2,14 @@
 // RUN: mtp-opt %s --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-plan-memory,mtp-materialize-checkpoints))' | mtp-opt | FileCheck %s --check-prefix=ROUNDTRIP
 // RUN: mtp-opt %s -mlir-print-op-on-diagnostic=false --pass-pipeline='builtin.module(mtp.model(mtp-expand-training-step,mtp-plan-memory,mtp-materialize-checkpoints{remarks=true}))' 2>&1 | FileCheck %s --check-prefix=REMARK
 
-// The remark counts what the IR holds: three regions, each re-run once.
-// REMARK: remark: materialized 3 checkpoint regions: 15 forward units, 33 saved tensors recomputed before their backward
-// REMARK-COUNT-3: mtp.checkpoint
+// The remark counts what the IR holds: two regions, each re-run once, and one
+// block's projections at tensor grain.
+// REMARK: remark: materialized 2 checkpoint regions: 10 forward units, 22 saved tensors recomputed before their backward; 3 projection outputs of 1 blocks recomputed at their first backward use
+// REMARK-COUNT-2: mtp.checkpoint
 // REMARK-NOT: mtp.checkpoint
 
-// The plan of plan-memory.mlir (7 MiB: the three attention blocks below the
-// top recomputed). Each region's forward units move into an mtp.checkpoint
+// The plan of plan-memory.mlir (7 MiB: the attention blocks of layers 1
+// and 2 recomputed, layer 3's MLP projections at tensor grain). Each region's forward units move into an mtp.checkpoint
 // that keeps only its boundary; an mtp.recompute before the region's
 // backward re-creates what the backward takes. The memory analysis of the
 // result is exactly the peak the planner simulated.
@@ -24,6 +25,20 @@
 // The rest of the step reads the region's output.
 // CHECK-NEXT: mtp.fwd mlp_norm[1](%[[Y1]])
 
+// Tensor grain: layer 3's MLP units stay in the forward (planned recompute,
+// no region); right before the first backward unit reading their outputs, a
+// partial mtp.recompute re-creates the norm, up-projection and GELU outputs
+// from the block's input, and the backward units read those.
+// CHECK: %[[P:.*]]:3 = mtp.recompute 6 partial(%attn_residual3)
+// CHECK-NEXT: mtp.fwd mlp_norm[3](%attn_residual3)
+// CHECK-NEXT: mtp.fwd mlp_up[3]
+// CHECK-NEXT: mtp.fwd mlp_act[3]
+// CHECK-NEXT: mtp.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: mtp.bwd mlp_down[3] {{.*}}saved(%[[P]]#2)
+// CHECK-NEXT: mtp.bwd mlp_act[3] {{.*}}saved(%[[P]]#1)
+// CHECK-NEXT: mtp.bwd mlp_up[3] {{.*}}saved(%[[P]]#0)
+
 // Before layer 1's attention backward: the units again, from the boundary;
 // it yields what the backward takes and, last, the re-created output, held
 // until the region's backward ends.
@@ -36,6 +51,7 @@
 // CHECK-NEXT: mtp.release %[[R]]#11 : tensor<8x32x64xf32>
 
 // ROUNDTRIP: mtp.checkpoint 0
+// ROUNDTRIP: mtp.recompute 6 partial
 // ROUNDTRIP: mtp.recompute 0
 mtp.model @auto {
   mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1) pointwise aten

@@ -3,17 +3,23 @@
 // The tiny example's model with 7 MiB: keeping everything peaks at 8.74 MiB,
 // recomputing every block at 5.30 MiB (one region per layer: the planner's
 // regions end at every layer, so that is uniform(every = 1)'s peak). The
-// plan recomputes the attention
-// blocks (their saved bytes per FLOP are the highest), one region each,
-// since regions end at the taps of layer 2 and layer 4.
+// proven-optimal plan recomputes the attention blocks of layers 1 and 2 (one
+// region each: regions end at the taps of layer 2 and layer 4) and, at
+// tensor grain, layer 3's MLP projections: its norm, up-projection and GELU
+// outputs are re-created (plan recompute, no region), the rest of the block
+// kept — cheaper than its attention block's whole re-run.
 // CHECK-LABEL: mtp.model @auto
-// CHECK: mtp.step plan <peak [[PLANNED:[0-9]+]], keep 9163532, uniform 5556748, minimal 5556748, added {{.*}}, uniform_added {{.*}}, search {{[0-9]+}} optimal, regions [1 to 1, 3 to 3, 5 to 5], offloads []> {
+// CHECK: mtp.step plan <peak [[PLANNED:[0-9]+]], keep 9163532, uniform 5556748, minimal 5556748, added {{.*}}, uniform_added {{.*}}, search {{[0-9]+}} optimal, regions [1 to 1, 3 to 3], offloads []> {
 // CHECK: mtp.fwd attn_norm[1]{{.*}} plan recompute region 0 :
 // CHECK: mtp.fwd attn_core[1]{{.*}} plan recompute region 0 :
 // CHECK: mtp.fwd mlp_norm[1]{{.*}} plan keep :
 // CHECK: mtp.fwd attn_core[2]{{.*}} plan recompute region 1 :
 // CHECK: mtp.fwd head[0] @pos{{.*}} plan keep :
-// CHECK: mtp.fwd attn_core[3]{{.*}} plan recompute region 2 :
+// CHECK: mtp.fwd attn_core[3]{{.*}} plan keep :
+// CHECK: mtp.fwd mlp_norm[3]{{.*}} plan recompute :
+// CHECK: mtp.fwd mlp_up[3]{{.*}} plan recompute :
+// CHECK: mtp.fwd mlp_act[3]{{.*}} plan recompute :
+// CHECK: mtp.fwd mlp_down[3]{{.*}} plan keep :
 // CHECK: mtp.fwd attn_core[4]{{.*}} plan keep :
 mtp.model @auto {
   mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1) pointwise aten

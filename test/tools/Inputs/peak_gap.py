@@ -4,6 +4,8 @@
   peak_gap.py --order A.jsonl B.jsonl .. measured and predicted peaks both
                                          strictly decreasing, A > B > ...
   peak_gap.py --fits BYTES M.jsonl       every measured peak <= BYTES
+  peak_gap.py --same-losses A.jsonl B.jsonl  every step's task losses equal,
+                                         bit for bit (the same training)
 Prints one line per file; exits 1 on a violation.
 """
 import json
@@ -29,6 +31,11 @@ def main(argv):
               "predicted", " > ".join(str(p) for _, p in peaks))
         ok = all(a[0] > b[0] and a[1] > b[1] for a, b in zip(peaks, peaks[1:]))
         return 0 if ok else 1
+    if argv[0] == "--same-losses":
+        a, b = steps(argv[1]), steps(argv[2])
+        same = len(a) == len(b) and all(x["loss"] == y["loss"] for x, y in zip(a, b))
+        print(f"same losses over {len(a)} steps: {same}")
+        return 0 if same else 1
     if argv[0] == "--fits":
         budget = int(argv[1])
         worst = max(r["measured_peak_bytes"] for r in steps(argv[2]))
