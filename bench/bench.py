@@ -831,7 +831,131 @@ def section_ablation(args, b, r, out):
     return {"%s@%s" % k: v for k, v in res.items()}
 
 
+PARETO_PEERS = [("peer sdpa (eager)", "sdpa"), ("peer torch.compile", "compile"),
+                ("peer torch.compile, budget 0.5", "compile_budget50"),
+                ("peer torch.compile, budget 0.3", "compile_budget30")]
+
+
+def section_pareto(args, b, r, out):
+    """The planner against torch.compile's activation memory budget: each
+    compile peer is measured, then mtpc is planned to that peer's measured
+    peak (RSS above post-init: the activations and gradients both sides add
+    to the parameters and AdamW state they allocate up front) and measured
+    beside it. Also mtpc keeping everything, uniform(every = 1), a plan at
+    uniform's peak and one at a third of keep-everything's activations."""
+    quick = args.quick
+    key = "cpu_step" if cpu_time(args) else "step"
+    models = [("M", lambda strategy, mem=16 << 30: model_m(args, strategy, memory=mem,
+                                                          dropout=0.0)),
+              ("W", lambda strategy, mem=16 << 30: model_w(args, strategy, memory=mem))]
+    results = {}
+    out.append("### Pareto: memory against time, mtpc's plans and the PyTorch peers\n")
+    out.append("Dropout 0, fp32, %s time per step, %s intra-op thread(s). `mtpc @ X` is "
+               "planned (`checkpoint = auto`, offload off: on a CPU the host is the same "
+               "memory) to a budget of the parameters and AdamW state plus X's measured RSS "
+               "above post-init, so its own RSS above post-init is comparable. Targets "
+               "(issue #17): at each compile peer's peak, ≤ 0.9× its step time; at uniform's "
+               "peak, at most half of uniform's added time; at ⅓ of the activations, ≤ 1.15× "
+               "the no-strategy step.\n"
+               % ("CPU" if key == "cpu_step" else "wall", args.threads or "LibTorch's"))
+    for label, make in models:
+        keep_text = make({})
+        keep_plan, _ = b.plan(keep_text)
+        resident = keep_plan["peak"]["parameters"] + keep_plan["peak"]["optimizer"]
+        keep_peak = keep_plan["peak"]["bytes"]
+        binary = b.build(keep_text)
+        init = os.path.join(args.work, "init-pareto-" + label)
+        shutil.rmtree(init, ignore_errors=True)
+        r.mtpc(binary, 0, extra=["--dump-init", init])
+        runs, steps, mem_steps = (2, 4, 2) if quick else (3, 6, 3)
+        peers = [{"name": n, "kind": "peer", "variant": v} for n, v in PARETO_PEERS]
+        for e in peers:
+            m = r.peer(init, e["variant"], mem_steps, memory=True)
+            e["rss"] = m.get("rss_above_base")
+        uni_text = make({"checkpoint": "uniform(every = 1)"})
+        uni_plan, _ = b.plan(uni_text)
+        mtpc = [{"name": "mtpc none", "text": keep_text},
+                {"name": "mtpc uniform (every layer)", "text": uni_text},
+                {"name": "mtpc @ uniform's peak",
+                 "text": make({"checkpoint": "auto"}, uni_plan["plan"]["planned_peak_bytes"])},
+                {"name": "mtpc @ ⅓ of the activations",
+                 "text": make({"checkpoint": "auto"},
+                              resident + (keep_peak - resident) // 3)}]
+        for e in peers:
+            if e["rss"]:
+                mtpc.append({"name": "mtpc @ " + e["name"][5:] + "'s peak", "peer": e["name"],
+                             "text": make({"checkpoint": "auto"}, resident + e["rss"])})
+        entries = []
+        for e in mtpc:
+            plan, err = b.plan(e["text"])
+            if plan is None:
+                entries.append(dict(e, error=err))
+                continue
+            entries.append(dict(e, kind="mtpc", binary=b.build(e["text"]),
+                                budget=plan["budget"]["memory_bytes"],
+                                predicted=plan["plan"]["planned_peak_bytes"],
+                                optimal=plan["plan"].get("search", {}).get("optimal"),
+                                partial=sum(1 for u in plan["units"]
+                                            if u["decision"] == "recompute"
+                                            and u["unit"] in ("qkv", "mlp_up")),
+                                regions=len(plan["plan"]["regions"])))
+        live = [e for e in entries if "error" not in e] + peers
+        log("pareto %s: %d configurations, %d runs of %d steps" % (label, len(live), runs, steps))
+        for e in live:
+            e["wall"], e["cpu"] = [], []
+        for _ in range(runs):
+            for e in live:
+                if e["kind"] == "mtpc":
+                    m = r.mtpc(e["binary"], steps)
+                    e["wall"].append(median(step_times(m["records"])))
+                else:
+                    m = r.peer(init, e["variant"], steps)
+                    e["wall"].append(median(m["step_time_s"][1:]))
+                e["cpu"].append(m.get("cpu_step_s", float("nan")))
+        for e in live:
+            if e["kind"] == "mtpc":
+                m = r.mtpc(e["binary"], mem_steps, memory=True)
+                e["tracked"] = max(x["measured_peak_bytes"] for x in m["records"])
+                e["rss"] = m.get("rss_above_base")
+            e["step"], e["cpu_step"] = median(e["wall"]), median(e["cpu"])
+        by = {e["name"]: e for e in live}
+        none, uni = by["mtpc none"], by.get("mtpc uniform (every layer)")
+        rows = []
+        for e in entries + peers:
+            if "error" in e:
+                rows.append([e["name"], "does not fit"] + [""] * 7)
+                continue
+            vs = by.get(e.get("peer", ""))
+            gap = (e["tracked"] / e["predicted"] - 1) if e.get("predicted") else None
+            rows.append([e["name"],
+                         fmt_bytes(e.get("predicted")) if e["kind"] == "mtpc" else "—",
+                         "%+.1f%%" % (100 * gap) if gap is not None else "—",
+                         fmt_bytes(e["rss"]),
+                         "%.0f" % (1e3 * e[key]),
+                         fmt_ratio(e[key] / none[key]),
+                         ("%s RSS, %s time" % (fmt_ratio(e["rss"] / vs["rss"]),
+                                               fmt_ratio(e[key] / vs[key]))) if vs else "—",
+                         "%d partial, %d regions%s" % (e["partial"], e["regions"],
+                                                       "" if e["optimal"] else " (not proven)")
+                         if e["kind"] == "mtpc" else ""])
+        out.append("\n#### Model %s\n" % label)
+        out.append(table(["configuration", "predicted peak", "tracked vs predicted",
+                          "RSS above post-init", "ms/step", "time / mtpc none",
+                          "against the peer it is planned to", "plan"], rows))
+        if uni and "mtpc @ uniform's peak" in by:
+            at = by["mtpc @ uniform's peak"]
+            added_uni, added_at = uni[key] - none[key], at[key] - none[key]
+            out.append("\nAt uniform's peak: the plan adds %.0f ms, uniform %.0f ms (%s of "
+                       "uniform's added time; target ≤ 0.5×).\n"
+                       % (1e3 * added_at, 1e3 * added_uni,
+                          fmt_ratio(added_at / added_uni) if added_uni > 0 else "—"))
+        results[label] = {e["name"]: {k: v for k, v in e.items() if k not in ("binary", "text")}
+                          for e in entries + peers}
+    return results
+
+
 SECTIONS = {"agree": section_agree, "step": section_step, "load": section_load,
+            "pareto": section_pareto,
             "memory": section_memory,
             "plan": section_plan,
             "compress": section_compress, "scope": section_scope, "ablation": section_ablation}
