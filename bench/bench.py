@@ -831,6 +831,21 @@ def section_ablation(args, b, r, out):
     return {"%s@%s" % k: v for k, v in res.items()}
 
 
+def partial_blocks(plan):
+    """Blocks the plan runs at tensor grain: projection units planned
+    recompute outside every checkpoint region."""
+    inside = set()
+    for first, last in plan["plan"]["regions"]:
+        inside.update(range(first, last + 1))
+    blocks = set()
+    for u in plan["units"]:
+        if u["decision"] == "recompute" and u["unit"] in ("qkv", "mlp_up"):
+            block = 2 * u["layer"] - (1 if u["unit"] == "qkv" else 0)
+            if block not in inside:
+                blocks.add(block)
+    return len(blocks)
+
+
 PARETO_PEERS = [("peer sdpa (eager)", "sdpa"), ("peer torch.compile", "compile"),
                 ("peer torch.compile, budget 0.5", "compile_budget50"),
                 ("peer torch.compile, budget 0.3", "compile_budget30")]
@@ -895,9 +910,7 @@ def section_pareto(args, b, r, out):
                                 budget=plan["budget"]["memory_bytes"],
                                 predicted=plan["plan"]["planned_peak_bytes"],
                                 optimal=plan["plan"].get("search", {}).get("optimal"),
-                                partial=sum(1 for u in plan["units"]
-                                            if u["decision"] == "recompute"
-                                            and u["unit"] in ("qkv", "mlp_up")),
+                                partial=partial_blocks(plan),
                                 regions=len(plan["plan"]["regions"])))
         live = [e for e in entries if "error" not in e] + peers
         log("pareto %s: %d configurations, %d runs of %d steps" % (label, len(live), runs, steps))

@@ -22,6 +22,26 @@ struct MaterializeCheckpointsPass
   void runOnOperation() override;
 };
 
+/// Fills `recompute`'s body with the units again (without their plan: the
+/// re-run's units are the same units) and yields the clones of `yielded`.
+void fillRecompute(OpBuilder &b, RecomputeOp recompute, ArrayRef<FwdOp> units,
+                   ArrayRef<Value> yielded) {
+  Block *body = new Block();
+  recompute.getBody().push_back(body);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToEnd(body);
+  IRMapping mapping;
+  for (FwdOp fwd : units) {
+    auto clone = cast<FwdOp>(b.clone(*fwd, mapping));
+    clone.removeDecisionAttr();
+    clone.removeRegionAttr();
+  }
+  SmallVector<Value> clones;
+  for (Value v : yielded)
+    clones.push_back(mapping.lookup(v));
+  b.create<YieldOp>(recompute.getLoc(), clones);
+}
+
 } // namespace
 
 void MaterializeCheckpointsPass::runOnOperation() {
@@ -117,20 +137,9 @@ void MaterializeCheckpointsPass::runOnOperation() {
                                            b.getI64IntegerAttr(index),
                                            /*partial=*/nullptr,
                                            boundaryOutside);
-    Block *bwdBody = new Block();
-    recompute.getBody().push_back(bwdBody);
-    b.setInsertionPointToEnd(bwdBody);
-    IRMapping mapping;
-    for (FwdOp fwd : units) {
-      auto clone = cast<FwdOp>(b.clone(*fwd, mapping));
-      clone.removeDecisionAttr();
-      clone.removeRegionAttr();
-    }
-    SmallVector<Value> yielded;
-    for (Value v : recomputed)
-      yielded.push_back(mapping.lookup(v));
-    yielded.push_back(mapping.lookup(regionOutput));
-    b.create<YieldOp>(recompute.getLoc(), yielded);
+    SmallVector<Value> yielded(recomputed);
+    yielded.push_back(regionOutput);
+    fillRecompute(b, recompute, units, yielded);
     for (auto [value, result] : llvm::zip(recomputed, recompute.getSaved()))
       value.replaceUsesWithIf(result, [&](OpOperand &use) {
         return isRegionBackward(use.getOwner());
@@ -183,18 +192,7 @@ void MaterializeCheckpointsPass::runOnOperation() {
     auto recompute = b.create<RecomputeOp>(
         firstBackward->getLoc(), ValueRange(recomputed).getTypes(),
         b.getI64IntegerAttr(block), b.getUnitAttr(), boundary.getArrayRef());
-    Block *bwdBody = new Block();
-    recompute.getBody().push_back(bwdBody);
-    b.setInsertionPointToEnd(bwdBody);
-    IRMapping mapping;
-    for (FwdOp fwd : units) {
-      auto clone = cast<FwdOp>(b.clone(*fwd, mapping));
-      clone.removeDecisionAttr();
-    }
-    SmallVector<Value> yielded;
-    for (Value v : recomputed)
-      yielded.push_back(mapping.lookup(v));
-    b.create<YieldOp>(recompute.getLoc(), yielded);
+    fillRecompute(b, recompute, units, recomputed);
     for (auto [value, result] : llvm::zip(recomputed, recompute.getSaved()))
       value.replaceUsesWithIf(result, [&](OpOperand &use) {
         return isa<BwdOp>(use.getOwner());
