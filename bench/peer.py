@@ -325,6 +325,7 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
         torch.cuda.reset_peak_memory_stats()
         base_cuda = torch.cuda.memory_allocated()
     times, cpu, losses = [], [], []
+    first_peak = warm_base = -1
     prof = None
     for step in range(steps):
         if profile and step == 1:  # as mtprt-run --profile: the steps after the first
@@ -358,6 +359,12 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
         times.append(time.perf_counter() - start)
         cpu.append(time.process_time() - cpu_start)
         losses.append(step_losses)
+        if step == 0 and base_rss >= 0 and steps > 1:
+            # The warm window, as the binary's rss-warm: from the end of the
+            # first step over the later ones.
+            first_peak = resident()[1]
+            if reset_resident_peak():
+                warm_base = resident()[0]
     if prof is not None:
         prof.stop()
         prof.export_chrome_trace(profile)
@@ -365,8 +372,11 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
            "cpu_s": cpu,
            "threads": torch.get_num_threads(), "device": str(dev), "torch": torch.__version__}
     if base_rss >= 0:
-        now, hwm = resident()
+        now, hwm_now = resident()
+        hwm = max(hwm_now, first_peak)
         out.update(rss_base=base_rss, rss_peak=hwm, rss_above_base=hwm - base_rss)
+        if warm_base >= 0:
+            out.update(rss_warm_base=warm_base, rss_warm_above=hwm_now - warm_base)
     if cuda:
         out.update(device_peak_bytes=torch.cuda.max_memory_allocated(),
                    device_above_base=torch.cuda.max_memory_allocated() - base_cuda)

@@ -1125,7 +1125,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
   // --resources: the peak above what initialization left resident
   // (parameters, optimizer state, LibTorch) and the steps' CPU time, measured
   // the way bench/peer.py measures them.
-  int64_t rssBase = -1;
+  int64_t rssBase = -1, rssFirstPeak = -1, rssWarmBase = -1;
   if (o.resources && resetResidentPeak())
     rssBase = residentSet().first;
   const double cpuStart = cpuSeconds();
@@ -1175,8 +1175,17 @@ int train(const std::string &name, const Program &p, const Options &o) {
                      tuner->threads() == 1 ? "" : "s", tuner->why().c_str());
     }
     ++position;
-    if (cpuFirst < 0)
+    if (cpuFirst < 0) {
       cpuFirst = cpuSeconds();
+      // The warm window: from the end of the first step (every kernel's code
+      // paged in, the allocator grown; gradients freed with the update) over
+      // the later steps — what a peer measured after a warm-up step shows.
+      if (o.resources && rssBase >= 0 && core.stepsTaken() < o.steps) {
+        rssFirstPeak = residentSet().second;
+        if (resetResidentPeak())
+          rssWarmBase = residentSet().first;
+      }
+    }
     summary.add(s);
     s.bytesSent = sent.bytesSent;
     s.bytesSentUncompressed = sent.bytesSentUncompressed;
@@ -1341,7 +1350,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
   }
   if (o.resources && rank0) {
     const double cpuEnd = cpuSeconds();
-    const auto [rss, hwm] = residentSet();
+    const auto [rss, hwmNow] = residentSet();
+    const int64_t hwm = std::max(hwmNow, rssFirstPeak);
     if (rssBase < 0 || hwm < 0)
       std::printf("rss: unavailable (no /proc/self/clear_refs)\n");
     else
@@ -1350,6 +1360,12 @@ int train(const std::string &name, const Program &p, const Options &o) {
                   static_cast<long long>(rssBase), static_cast<long long>(hwm),
                   static_cast<long long>(hwm - rssBase),
                   static_cast<long long>(rss));
+    if (rssWarmBase >= 0 && hwmNow >= 0)
+      std::printf("rss-warm: after the first step %lld B, later peak %lld B, "
+                  "above it %lld B\n",
+                  static_cast<long long>(rssWarmBase),
+                  static_cast<long long>(hwmNow),
+                  static_cast<long long>(hwmNow - rssWarmBase));
     const int64_t later = core.stepsTaken() - first - 1;
     std::printf("cpu: first step %.6f s, %lld later steps %.6f s\n",
                 cpuFirst - cpuStart, static_cast<long long>(later),

@@ -828,6 +828,12 @@ StepStats TrainerCore::endStep(bool applyUpdate) {
     throw std::logic_error(
         "mtprt: endStep(applyUpdate = false) after optimizerStep");
   finalizeGradients();
+  // Applied: the gradients are spent; free them until the next backward
+  // makes new ones (PyTorch's zero_grad(set_to_none=True)), so nothing of
+  // their size stays resident between steps.
+  if (applyUpdate)
+    for (const at::Tensor &p : model_->parameters())
+      p.mutable_grad() = at::Tensor();
   Model &m = *model_;
   StepStats stats = std::move(st.stats);
 
