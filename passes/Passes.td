@@ -77,7 +77,10 @@ def PlanMemory : Pass<"mtp-plan-memory", "::mtp::ModelOp"> {
   }];
   let options = [
     Option<"maxNodes", "max-nodes", "int64_t", /*default=*/"40000",
-           "branch-and-bound nodes before the search keeps its best plan">
+           "branch-and-bound nodes before the search keeps its best plan">,
+    Option<"costs", "costs", "std::string", /*default=*/"",
+           "segment costs measured on the target (mtpc profile's JSON); "
+           "default: FLOPs at the device's peak rate">
   ];
 }
 

@@ -25,8 +25,11 @@ void mtp::buildPlanPipeline(OpPassManager &pm,
   model.addPass(createExpandTrainingStep());
   model.addPass(createFuseTaskGradients());
   model.addPass(createCompressCollectives());
-  if (options.planMemory)
-    model.addPass(createPlanMemory());
+  if (options.planMemory) {
+    PlanMemoryOptions plan;
+    plan.costs = options.costs;
+    model.addPass(createPlanMemory(plan));
+  }
   // The plan table reads what each unit would keep; a materialized step
   // shows the regions written out (its analysis is then the planned peak).
   if (options.materialize) {

@@ -29,6 +29,11 @@ struct PlanPipelineOptions
       llvm::cl::desc("Write the plan into the step (checkpoint regions, "
                      "offload ops) before the final analysis"),
       llvm::cl::init(false)};
+  Option<std::string> costs{
+      *this, "costs",
+      llvm::cl::desc("Plan with the segment costs measured on the target "
+                     "(mtpc profile's JSON) instead of FLOPs at peak"),
+      llvm::cl::init("")};
 };
 
 /// `mtpc check`'s estimate: the step as written, no plan, analyzed.

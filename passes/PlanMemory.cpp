@@ -19,6 +19,7 @@
 #include "passes/PlanMemory.h"
 #include "passes/Bytes.h"
 #include "passes/CostModel.h"
+#include "passes/MeasuredCosts.h"
 #include "passes/MemoryAnalysis.h"
 #include "passes/Passes.h"
 #include "passes/StepTimeline.h"
@@ -109,7 +110,23 @@ struct MemoryPlanner::Impl {
   double maxLatency = 1.2e-3;
   int64_t usable = INT64_MAX;
 
-  explicit Impl(ModelOp model) : model(model), cost(model) {}
+  Impl(ModelOp model, const MeasuredCosts *measured)
+      : model(model), cost(model), measured(measured) {}
+
+  /// Measured segment costs (mtpc profile), or null: FLOPs at the peak rate.
+  const MeasuredCosts *measured = nullptr;
+  /// Per block / task: backward FLOPs; per task: its head's and loss's
+  /// forward FLOPs (the measured segments' times are shared out by FLOPs).
+  llvm::DenseMap<int64_t, int64_t> blockBwdFlops;
+  llvm::StringMap<std::pair<int64_t, int64_t>> taskFlops;
+  /// An op's seconds: its share of its measured segment, or its FLOPs at the
+  /// peak rate.
+  double opSeconds(Operation *op) const;
+  /// Re-running block b's forward (recompute), and a candidate's projection
+  /// chain (partial).
+  double blockSeconds(int64_t b) const;
+  double partialSeconds(size_t c) const;
+  double transferSeconds(int64_t bytes, bool toHost) const;
 
   void build();
   std::vector<std::pair<int64_t, int64_t>>
@@ -272,6 +289,23 @@ void MemoryPlanner::Impl::build() {
     auto it = blockOwner.find(block);
     return it == blockOwner.end() ? -1 : it->second;
   };
+  // FLOPs per segment first: a measured segment's time is shared out over
+  // its ops by them.
+  for (Operation &op : body) {
+    if (auto fwd = dyn_cast<FwdOp>(&op)) {
+      if (FlatSymbolRefAttr task = fwd.getTaskAttr())
+        taskFlops[task.getValue()].first += fwd.getFlops();
+      else
+        blockFlops[getBlockNumber(fwd.getUnit(), fwd.getLayer())] +=
+            fwd.getFlops();
+    } else if (auto bwd = dyn_cast<BwdOp>(&op)) {
+      if (FlatSymbolRefAttr task = bwd.getTaskAttr())
+        taskFlops[task.getValue()].second += bwd.getFlops();
+      else
+        blockBwdFlops[getBlockNumber(bwd.getUnit(), bwd.getLayer())] +=
+            bwd.getFlops();
+    }
+  }
   // Order of backward unit groups, for prefetch positions.
   SmallVector<std::pair<int, int>> bwdGroups; // (start position, candidate)
   for (Operation &op : body) {
@@ -279,14 +313,11 @@ void MemoryPlanner::Impl::build() {
     // The units' and the gradient pipeline's compute time (the optimizer
     // step runs after every transfer and is not counted).
     double fwdS = 0, bwdS = 0;
-    if (auto costly = dyn_cast<CostOpInterface>(&op);
-        costly && !isa<OptimizerStepOp>(op))
-      (isa<FwdOp>(op) ? fwdS : bwdS) =
-          cost.computeSeconds(costly.getFlopCount());
+    if (isa<CostOpInterface>(&op) && !isa<OptimizerStepOp>(op))
+      (isa<FwdOp>(op) ? fwdS : bwdS) = opSeconds(&op);
     if (auto fwd = dyn_cast<FwdOp>(&op)) {
       int64_t b = getBlockNumber(fwd.getUnit(), fwd.getLayer());
       if (b > 0) {
-        blockFlops[b] += fwd.getFlops();
         int owner = ownerOf(b, {});
         if (owner >= 0 && candidates[owner].canPartial &&
             llvm::is_contained(cost.projectionChain(b % 2 == 1), fwd.getUnit()))
@@ -397,6 +428,50 @@ void MemoryPlanner::Impl::build() {
     if (it != blockOwner.end() && !llvm::is_contained(segmentOwners.back(), it->second))
       segmentOwners.back().push_back(it->second);
   }
+}
+
+double MemoryPlanner::Impl::opSeconds(Operation *op) const {
+  auto costly = cast<CostOpInterface>(op);
+  std::optional<UnitRef> unit = getUnitRef(op);
+  if (!measured || !unit)
+    return cost.computeSeconds(costly.getFlopCount());
+  const bool forward = isa<FwdOp>(op);
+  const double flops = double(costly.getFlopCount());
+  auto share = [&](double segment, int64_t total) {
+    return total > 0 ? segment * flops / double(total) : 0.0;
+  };
+  if (unit->task) {
+    auto seconds = measured->heads.lookup(unit->task.getValue());
+    auto total = taskFlops.lookup(unit->task.getValue());
+    return forward ? share(seconds.first, total.first)
+                   : share(seconds.second, total.second);
+  }
+  const int64_t b = getBlockNumber(unit->kind, unit->layer);
+  if (b == 0)
+    return forward ? share(measured->embedFwd, blockFlops.lookup(0))
+                   : share(measured->embedBwd, blockBwdFlops.lookup(0));
+  return forward ? share(measured->blockFwd[b % 2], blockFlops.lookup(b))
+                 : share(measured->blockBwd[b % 2], blockBwdFlops.lookup(b));
+}
+
+double MemoryPlanner::Impl::blockSeconds(int64_t b) const {
+  return measured ? measured->blockFwd[b % 2]
+                  : cost.computeSeconds(blockFlops.lookup(b));
+}
+
+double MemoryPlanner::Impl::partialSeconds(size_t c) const {
+  if (!measured)
+    return cost.computeSeconds(candPartialFlops[c]);
+  double s = 0;
+  for (int64_t b : candidates[c].blocks)
+    s += measured->chain[b % 2];
+  return s;
+}
+
+double MemoryPlanner::Impl::transferSeconds(int64_t bytes, bool toHost) const {
+  if (!measured)
+    return cost.transferSeconds(bytes);
+  return double(bytes) / (toHost ? measured->toHost : measured->toDevice);
 }
 
 std::vector<std::pair<int64_t, int64_t>>
@@ -526,7 +601,8 @@ MemoryPlanner::Impl::transfers(ArrayRef<Decision> decisions) const {
   double end = 0;
   for (int c : offloaded) {
     double ready = fwdSecondsBefore[candLastFwd[c] + 1];
-    end = std::max(end, ready) + cost.transferSeconds(candOffloadBytes[c]);
+    end = std::max(end, ready) +
+          transferSeconds(candOffloadBytes[c], /*toHost=*/true);
   }
   stall += std::max(0.0, end - fwdSecondsBefore[numOps]);
   // In: in backward order.
@@ -536,7 +612,8 @@ MemoryPlanner::Impl::transfers(ArrayRef<Decision> decisions) const {
   for (int c : offloaded) {
     double issue = bwdSecondsBefore[std::min(candPrefetch[c], candBwdStart[c])] + backStall;
     double use = bwdSecondsBefore[candBwdStart[c]] + backStall;
-    end = std::max(end, issue) + cost.transferSeconds(candOffloadBytes[c]);
+    end = std::max(end, issue) +
+          transferSeconds(candOffloadBytes[c], /*toHost=*/false);
     if (end > use) {
       exposed[c] = end - use;
       backStall += end - use;
@@ -550,9 +627,9 @@ double MemoryPlanner::Impl::added(ArrayRef<Decision> decisions) const {
   for (size_t c = 0; c < candidates.size(); ++c)
     if (decisions[c] == Decision::Recompute)
       for (int64_t b : candidates[c].blocks)
-        seconds += cost.computeSeconds(blockFlops.lookup(b));
+        seconds += blockSeconds(b);
     else if (decisions[c] == Decision::Partial)
-      seconds += cost.computeSeconds(candPartialFlops[c]);
+      seconds += partialSeconds(c);
   return seconds;
 }
 
@@ -563,7 +640,8 @@ bool MemoryPlanner::Impl::latencyOk(ArrayRef<Decision> decisions) const {
   return true;
 }
 
-MemoryPlanner::MemoryPlanner(ModelOp model) : impl(new Impl(model)) {
+MemoryPlanner::MemoryPlanner(ModelOp model, const MeasuredCosts *measured)
+    : impl(new Impl(model, measured)) {
   impl->build();
 }
 MemoryPlanner::~MemoryPlanner() = default;
@@ -671,12 +749,12 @@ void MemoryPlanner::Impl::rankedPrefix(std::vector<Decision> &current) const {
     if (candidates[c].canRecompute) {
       double t = 0;
       for (int64_t b : candidates[c].blocks)
-        t += cost.computeSeconds(blockFlops.lookup(b));
+        t += blockSeconds(b);
       best = freed / std::max(t, 1e-12), bestD = Decision::Recompute;
     }
     if (candidates[c].canPartial && candPartialBytes[c] > 0) {
       double score = double(candPartialBytes[c]) /
-                     std::max(cost.computeSeconds(candPartialFlops[c]), 1e-12);
+                     std::max(partialSeconds(c), 1e-12);
       if (score > best)
         best = score, bestD = Decision::Partial;
     }
@@ -1113,7 +1191,16 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
           << "' has no training step; run --mtp-expand-training-step first";
       return signalPassFailure();
     }
-    MemoryPlanner planner(model);
+    std::optional<MeasuredCosts> measured;
+    if (!costs.empty()) {
+      llvm::Expected<MeasuredCosts> loaded = MeasuredCosts::load(costs, model);
+      if (!loaded) {
+        model.emitError() << llvm::toString(loaded.takeError());
+        return signalPassFailure();
+      }
+      measured = std::move(*loaded);
+    }
+    MemoryPlanner planner(model, measured ? &*measured : nullptr);
     SolveOptions options;
     options.maxNodes = std::max<int64_t>(0, maxNodes);
     PlanResult result = planner.solve(options);

@@ -21,6 +21,8 @@
 
 namespace mtp {
 
+struct MeasuredCosts;
+
 // Decision (keep / recompute / offload) is the dialect's enum: MTPAttrs.td.
 
 /// Something the planner decides about.
@@ -91,8 +93,11 @@ struct SolveOptions {
 
 class MemoryPlanner {
 public:
-  /// `model` must be expanded into a step.
-  explicit MemoryPlanner(ModelOp model);
+  /// `model` must be expanded into a step. With `measured` (mtpc profile;
+  /// kept alive by the caller), times are those segments' instead of FLOPs
+  /// at the device's peak rate.
+  explicit MemoryPlanner(ModelOp model,
+                         const MeasuredCosts *measured = nullptr);
   ~MemoryPlanner();
 
   /// The joint decision under the model's strategy and budget: the

@@ -12,6 +12,7 @@
 #include "mtprt/torch/Data.h"
 #include "mtprt/torch/Distributed.h"
 #include "mtprt/torch/Trainer.h"
+#include "mtprt/torch/UnitProfile.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -82,6 +83,7 @@ struct Options {
   int threads = 0; ///< 0: auto
   std::string writeShard;
   std::string dumpInit;
+  std::string profileUnits;
   std::string profile;
   bool profileMemory = false;
   bool resources = false;
@@ -156,6 +158,12 @@ const Flag kFlags[] = {
      "profile every step after the first with LibTorch's profiler (CPU ops and their input shapes; rank 0) and write it to FILE as a Chrome trace (Perfetto, chrome://tracing; bench/compare_profiles.py sums two by op)"},
     {"--profile-memory", "",
      "with --profile: also every allocation and free ([memory] events: bytes, running total), to find where a step peaks"},
+    {"--profile-units", "FILE",
+     "time the step's segments on this device at the micro batch (layer 1's "
+     "attention and MLP blocks forward, backward and their tensor-grain "
+     "re-run, the embeddings, each head with its loss, the host link) and "
+     "write them to FILE as JSON for `mtpc plan --costs FILE`; with --steps 0 "
+     "nothing trains"},
     {"--dump-init", "DIR",
      "write the initial parameters, the first batch and the "
      "settings to DIR (torch.load / JSON; bench/peer.py reads them); "
@@ -388,6 +396,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.profile = value;
     else if (arg == "--dump-init")
       o.dumpInit = value;
+    else if (arg == "--profile-units")
+      o.profileUnits = value;
     else if (arg == "--resources")
       o.resources = true;
     else if (arg == "--profile-memory")
@@ -991,6 +1001,14 @@ int train(const std::string &name, const Program &p, const Options &o) {
     dumpInit(o.dumpInit, core, mc, tc, o, *data);
     std::fprintf(stderr, "wrote the initial state to %s\n",
                  o.dumpInit.c_str());
+  }
+  if (!o.profileUnits.empty() && rank0) {
+    const int64_t micro =
+        std::max<int64_t>(1, o.batchSize / d.worldSize / tc.microBatches);
+    writeUnitProfile(core.model(), data->batch(0, o.batchSize).slice(0, micro),
+                     o.profileUnits);
+    std::fprintf(stderr, "wrote the segments' costs to %s\n",
+                 o.profileUnits.c_str());
   }
 
   // Resume: each rank picks its newest good checkpoint; the ranks agree on

@@ -421,21 +421,28 @@ at::Tensor Model::unitPartial(int64_t u, const at::Tensor &x) const {
         "for dropout on the CPU, keeps its own copies of q, k and v)");
   const Model *self = this;
   const at::Tensor input = x.detach();
-  Recomputed recomputed(
-      [self, attention, l, input] {
-        std::vector<at::Tensor> outs;
-        const Sink collect = [&outs](const at::Tensor &t) { outs.push_back(t); };
-        if (attention)
-          self->attentionProjections(self->attn_[l - 1], input, &collect);
-        else
-          self->mlpProjections(self->mlp_[l - 1], input, &collect);
-        return outs;
-      },
-      device_);
+  Recomputed recomputed([self, u, input] { return self->projections(u, input); },
+                        device_);
   const Sink add = [&recomputed](const at::Tensor &t) { recomputed.add(t); };
   Recomputed::Scope scope(recomputed);
   return attention ? attentionBlock(attn_[l - 1], x, /*causal=*/false, {}, &add)
                    : mlpBlock(mlp_[l - 1], x, &add);
+}
+
+std::vector<at::Tensor> Model::projections(int64_t u,
+                                           const at::Tensor &x) const {
+  if (u < 1 || u >= numUnits())
+    throw std::out_of_range("mtprt: projections of unit " + std::to_string(u) +
+                            ": not a layer's block");
+  at::NoGradGuard noGrad;
+  std::vector<at::Tensor> outs;
+  const Sink collect = [&outs](const at::Tensor &t) { outs.push_back(t); };
+  const int64_t l = (u + 1) / 2;
+  if (u % 2 == 1)
+    attentionProjections(attn_[l - 1], x, &collect);
+  else
+    mlpProjections(mlp_[l - 1], x, &collect);
+  return outs;
 }
 
 at::Tensor Model::runUnits(int64_t first, int64_t last, at::Tensor x) const {

@@ -8,6 +8,8 @@
 //                                 a run's metrics as one HTML page (Report.h)
 //   mtpc build FILE -o BINARY     the training binary (--emit-project DIR
 //                                 stops at the generated CMake project)
+//   mtpc profile FILE -o COSTS    builds it, times its segments on this
+//                                 machine (JSON for `mtpc plan --costs`)
 //   mtpc FILE --emit=ast|mlir|step|cpp|cuda|plan
 //                                 print the AST, the spec-level IR, the
 //                                 planned step, the C++ step program, the
@@ -63,7 +65,7 @@ using namespace mlir;
 namespace cl = llvm::cl;
 
 namespace {
-enum class Command { Compile, Check, Plan, Inspect, Build };
+enum class Command { Compile, Check, Plan, Inspect, Build, Profile };
 enum class Emit { AST, MLIR, Step, Cpp, Cuda, Plan };
 enum class Format { Text, Json, Fb };
 enum ExitCode { kOk = 0, kSpecError = 1, kUsageError = 2 };
@@ -111,6 +113,17 @@ cl::opt<Format> format(
                clEnumValN(Format::Fb, "fb",
                           "a flatbuffer (runtime/schema/plan.fbs) for the "
                           "runtime and `mtpc inspect`")));
+cl::opt<std::string> costsFile(
+    "costs",
+    cl::desc("plan, build: plan with the segment costs `mtpc profile` "
+             "measured on the target (JSON) instead of FLOPs at the device's "
+             "peak rate"),
+    cl::value_desc("FILE"), cl::init(""));
+cl::opt<std::string> profileThreads(
+    "profile-threads",
+    cl::desc("profile: intra-op threads the program times its segments with "
+             "(default: the runtime's)"),
+    cl::value_desc("N"), cl::init(""));
 cl::opt<bool> verbose("v", cl::desc("check: print every task, correlation "
                                     "and the budget, not only the summary"));
 
@@ -276,10 +289,11 @@ static bool runLogged(ArrayRef<StringRef> args, StringRef log) {
 }
 
 /// `mtpc build`: the project, then (unless --emit-project) the binary.
-static int build(ModuleOp module, StringRef planBytes, raw_ostream &os) {
+static int build(ModuleOp module, StringRef planBytes, StringRef binary,
+                 raw_ostream &os) {
   mtp::ModelOp model = *module.getOps<mtp::ModelOp>().begin();
   const bool project = !emitProjectDir.empty();
-  if (!project && outputFilename == "-") {
+  if (!project && binary == "-") {
     usageError() << "build: name the binary with -o BINARY (or write the "
                     "project with --emit-project DIR)\n";
     return kUsageError;
@@ -302,7 +316,7 @@ static int build(ModuleOp module, StringRef planBytes, raw_ostream &os) {
   llvm::sys::path::append(configFile, "mtprtConfig.cmake");
   const bool haveRuntime = llvm::sys::fs::exists(configFile);
   llvm::SmallString<256> dir(project ? StringRef(emitProjectDir)
-                                     : StringRef(outputFilename + ".project"));
+                                     : StringRef((binary + ".project").str()));
   llvm::sys::fs::make_absolute(dir);
   if (llvm::Error err = mtp::writeProject(dir, files, runtime)) {
     usageError() << llvm::toString(std::move(err)) << "\n";
@@ -363,19 +377,62 @@ static int build(ModuleOp module, StringRef planBytes, raw_ostream &os) {
   }
   llvm::SmallString<256> built(buildDir);
   llvm::sys::path::append(built, files.modelName);
-  if (std::error_code ec = llvm::sys::fs::copy_file(built, outputFilename)) {
-    usageError() << "build: cannot write " << outputFilename << ": "
-                 << ec.message() << "\n";
+  if (std::error_code ec = llvm::sys::fs::copy_file(built, binary)) {
+    usageError() << "build: cannot write " << binary << ": " << ec.message()
+                 << "\n";
     return kUsageError;
   }
-  llvm::sys::fs::setPermissions(outputFilename,
+  llvm::sys::fs::setPermissions(binary,
                                 llvm::sys::fs::all_read |
                                     llvm::sys::fs::all_exe |
                                     llvm::sys::fs::owner_write);
   mtp::StepPlanAttr plan = model.getStep().getPlanAttr();
-  os << "mtpc: built " << outputFilename << " (model '" << files.modelName
+  os << "mtpc: built " << binary << " (model '" << files.modelName
      << "', " << (files.cuda ? "cuda" : "cpu") << ", predicted peak "
      << (plan ? plan.getPlannedPeakBytes() : -1) << " B; project in " << dir << ")\n";
+  return kOk;
+}
+
+/// `mtpc profile`: the binary, built in a scratch directory, times the
+/// spec's segments on this machine and writes them to -o (UnitProfile.h).
+static int profile(ModuleOp module, StringRef planBytes, raw_ostream &os) {
+  if (outputFilename == "-" || !emitProjectDir.empty()) {
+    usageError() << "profile: name the costs file with -o COSTS.json\n";
+    return kUsageError;
+  }
+  llvm::SmallString<256> scratch;
+  if (std::error_code ec =
+          llvm::sys::fs::createUniqueDirectory("mtpc-profile", scratch)) {
+    usageError() << "profile: cannot make a scratch directory: "
+                 << ec.message() << "\n";
+    return kUsageError;
+  }
+  llvm::SmallString<256> binary(scratch);
+  llvm::sys::path::append(binary, "program");
+  std::string ignored;
+  llvm::raw_string_ostream quiet(ignored);
+  if (int rc = build(module, planBytes, binary, quiet); rc != kOk)
+    return rc;
+  llvm::SmallString<256> costs(outputFilename.getValue());
+  llvm::sys::fs::make_absolute(costs);
+  llvm::SmallString<256> log(scratch);
+  llvm::sys::path::append(log, "profile.log");
+  SmallVector<StringRef> args = {binary, "--steps", "0", "--profile-units",
+                                 costs};
+  if (!profileThreads.empty())
+    args.append({"--threads", profileThreads});
+  if (buildDevice == "cuda")
+    args.append({"--device", "cuda"});
+  if (!runLogged(args, log)) {
+    usageError() << "profile: the program failed to time its segments (log: "
+                 << log << ")\n";
+    return kSpecError;
+  }
+  llvm::sys::fs::remove_directories(scratch);
+  os << "mtpc: wrote the segments' costs of model '"
+     << (*module.getOps<mtp::ModelOp>().begin()).getSymName() << "' to "
+     << outputFilename << "; plan with them: mtpc plan " << inputFilename
+     << " --costs " << outputFilename << "\n";
   return kOk;
 }
 
@@ -396,6 +453,7 @@ int main(int argc, char **argv) {
             .Case("plan", Command::Plan)
             .Case("inspect", Command::Inspect)
             .Case("build", Command::Build)
+            .Case("profile", Command::Profile)
             .Default(std::nullopt);
     if (sub) {
       command = *sub;
@@ -418,6 +476,9 @@ int main(int argc, char **argv) {
           "                                  a run's metrics as one HTML page\n"
           "  mtpc build FILE -o BINARY [--device cpu|cuda] [--emit-project DIR]\n"
           "                                  the training binary\n"
+          "  mtpc profile FILE -o COSTS [--profile-threads N]\n"
+          "                                  its segments timed on this machine,\n"
+          "                                  for mtpc plan FILE --costs COSTS\n"
           "  mtpc FILE --emit=ast|mlir|step|cpp|cuda|plan\n"
           "                                  the syntax tree, the IR, the step\n"
           "                                  program, the kernels, the plan\n\n"
@@ -476,9 +537,12 @@ int main(int argc, char **argv) {
   applyDefaultTimingManagerCLOptions(tm);
   TimingScope timing = tm.getRootScope();
 
-  // build's -o names the binary, which it writes itself.
+  // build's -o names the binary, which it writes itself (profile's the costs
+  // file, which the binary writes).
+  const bool isBuild =
+      command == Command::Build || command == Command::Profile;
   std::unique_ptr<llvm::ToolOutputFile> output = openOutputFile(
-      command == Command::Build ? std::string("-") : outputFilename.getValue(),
+      isBuild ? std::string("-") : outputFilename.getValue(),
       &errorMessage);
   if (!output) {
     usageError() << errorMessage << "\n";
@@ -521,7 +585,7 @@ int main(int argc, char **argv) {
     return kSpecError;
   }
 
-  if (command == Command::Build) {
+  if (isBuild) {
     if (failed(retarget(*module)))
       return kUsageError;
   } else if (!buildDevice.empty() || !buildPrecision.empty() ||
@@ -530,7 +594,7 @@ int main(int argc, char **argv) {
                     "`mtpc build`\n";
     return kUsageError;
   }
-  const bool emitsCode = command == Command::Build ||
+  const bool emitsCode = isBuild ||
                          (command == Command::Compile &&
                           (emitAction == Emit::Cpp || emitAction == Emit::Plan));
   if (emitsCode && llvm::range_size(module->getOps<mtp::ModelOp>()) != 1) {
@@ -545,7 +609,7 @@ int main(int argc, char **argv) {
   if (failed(applyPassManagerCLOptions(pm)))
     return kUsageError;
   pm.enableTiming(timing);
-  const bool wantPlanFile = command == Command::Build ||
+  const bool wantPlanFile = isBuild ||
                             (command == Command::Compile &&
                              emitAction == Emit::Plan);
   const bool wantStep =
@@ -562,6 +626,7 @@ int main(int argc, char **argv) {
                                       });
     options.materialize =
         command == Command::Compile && emitAction != Emit::Plan;
+    options.costs = costsFile.getValue();
     mtp::buildPlanPipeline(pm, options, reports.sink());
   } else {
     pm.addNestedPass<mtp::ModelOp>(mtp::createNormalizeSpec());
@@ -576,7 +641,7 @@ int main(int argc, char **argv) {
     mtp::ModelOp model = *module->getOps<mtp::ModelOp>().begin();
     planBytes =
         mtp::serializePlan(model, reports.of(model), inputFilename);
-    if (command == Command::Build) {
+    if (isBuild) {
       PassManager materializePm(&context);
       if (failed(applyPassManagerCLOptions(materializePm)))
         return kUsageError;
@@ -607,7 +672,14 @@ int main(int argc, char **argv) {
     break;
   case Command::Build: {
     TimingScope buildTiming = timing.nest("Build");
-    int rc = build(*module, planBytes, output->os());
+    int rc = build(*module, planBytes, outputFilename, output->os());
+    if (rc != kOk)
+      return rc;
+    break;
+  }
+  case Command::Profile: {
+    TimingScope profileTiming = timing.nest("Profile");
+    int rc = profile(*module, planBytes, output->os());
     if (rc != kOk)
       return rc;
     break;

@@ -105,6 +105,9 @@ public:
   /// re-creates them from the block's input (mtprt::Recomputed). An
   /// attention block needs the fused attention kernel; not under autocast.
   at::Tensor unitPartial(int64_t u, const at::Tensor &x) const;
+  /// What unitPartial's backward re-creates, computed from the block's input
+  /// (without grad): the registered tensors, in order.
+  std::vector<at::Tensor> projections(int64_t u, const at::Tensor &x) const;
   int64_t numUnits() const { return 2 * config_.layers + 1; }
   /// Units [first, last] in order.
   at::Tensor runUnits(int64_t first, int64_t last, at::Tensor x) const;

@@ -1,0 +1,111 @@
+//===- MeasuredCosts.cpp - segment costs measured on the target -----------===//
+
+#include "passes/MeasuredCosts.h"
+
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+#include <cmath>
+
+using namespace mlir;
+using namespace mtp;
+
+namespace {
+llvm::Error fail(llvm::StringRef path, const llvm::Twine &what) {
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(),
+      path + ": " + what + "; measure it again with `mtpc profile SPEC -o " +
+          path + "`");
+}
+} // namespace
+
+llvm::Expected<MeasuredCosts> MeasuredCosts::load(llvm::StringRef path,
+                                                  ModelOp model) {
+  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
+  if (!buffer)
+    return llvm::createStringError(
+        buffer.getError(), "cannot read the costs file " + path + ": " +
+                               buffer.getError().message() +
+                               "; write one with `mtpc profile SPEC -o " +
+                               path + "`");
+  llvm::Expected<llvm::json::Value> parsed =
+      llvm::json::parse((*buffer)->getBuffer());
+  if (!parsed)
+    return fail(path, "not JSON (" + llvm::toString(parsed.takeError()) + ")");
+  const llvm::json::Object *root = parsed->getAsObject();
+  if (!root)
+    return fail(path, "not a JSON object");
+  if (root->getString("schema") != "mtpc.costs/1")
+    return fail(path, "field 'schema' is not \"mtpc.costs/1\"");
+
+  MeasuredCosts costs;
+  costs.path = path.str();
+  // A time in seconds: finite, positive, under an hour.
+  auto seconds = [&](const llvm::json::Object *o, llvm::StringRef where,
+                     llvm::StringRef key, double &out) -> llvm::Error {
+    std::optional<double> v = o ? o->getNumber(key) : std::nullopt;
+    if (!v || !std::isfinite(*v) || *v <= 0 || *v > 3600)
+      return fail(path, "field '" + where + "." + key +
+                            "' must be seconds in (0, 3600]");
+    out = *v;
+    return llvm::Error::success();
+  };
+  // The shapes it was measured at.
+  const llvm::json::Object *m = root->getObject("model");
+  BackboneOp backbone = model.getBackbone();
+  BudgetOp budget = model.getBudget();
+  const std::pair<const char *, int64_t> shapes[] = {
+      {"hidden", backbone.getHidden()}, {"heads", backbone.getHeads()},
+      {"ffn", backbone.getFfn()},       {"seq", backbone.getSeq()},
+      {"vocab", backbone.getVocab()},
+      {"micro_batch", budget ? int64_t(budget.getMicroBatch()) : -1}};
+  for (auto [key, want] : shapes) {
+    std::optional<int64_t> have = m ? m->getInteger(key) : std::nullopt;
+    if (!have)
+      return fail(path, llvm::Twine("field 'model.") + key + "' is missing");
+    if (want >= 0 && *have != want)
+      return fail(path, llvm::Twine("was measured with ") + key + " " +
+                            llvm::Twine(*have) + ", the spec has " +
+                            llvm::Twine(want));
+  }
+  const char *blocks[2] = {"mlp", "attention"};
+  for (int k = 0; k < 2; ++k) {
+    const llvm::json::Object *b = root->getObject(blocks[k]);
+    if (llvm::Error e = seconds(b, blocks[k], "fwd_s", costs.blockFwd[k]))
+      return std::move(e);
+    if (llvm::Error e = seconds(b, blocks[k], "bwd_s", costs.blockBwd[k]))
+      return std::move(e);
+    if (llvm::Error e = seconds(b, blocks[k], "chain_s", costs.chain[k]))
+      return std::move(e);
+  }
+  const llvm::json::Object *embed = root->getObject("embed");
+  if (llvm::Error e = seconds(embed, "embed", "fwd_s", costs.embedFwd))
+    return std::move(e);
+  if (llvm::Error e = seconds(embed, "embed", "bwd_s", costs.embedBwd))
+    return std::move(e);
+  const llvm::json::Object *heads = root->getObject("heads");
+  for (TaskOp task : model.getTasks()) {
+    StringRef name = task.getSymName();
+    const llvm::json::Object *h = heads ? heads->getObject(name) : nullptr;
+    if (!h)
+      return fail(path, "has no head '" + name + "' (field 'heads." + name +
+                            "'): it was measured for another spec");
+    std::pair<double, double> &fb = costs.heads[name];
+    std::string where = ("heads." + name).str();
+    if (llvm::Error e = seconds(h, where, "fwd_s", fb.first))
+      return std::move(e);
+    if (llvm::Error e = seconds(h, where, "bwd_s", fb.second))
+      return std::move(e);
+  }
+  const llvm::json::Object *link = root->getObject("link");
+  for (auto [key, out] : {std::pair<const char *, double *>{
+                              "to_host_bytes_per_s", &costs.toHost},
+                          {"to_device_bytes_per_s", &costs.toDevice}}) {
+    std::optional<double> v = link ? link->getNumber(key) : std::nullopt;
+    if (!v || !std::isfinite(*v) || *v <= 0)
+      return fail(path, llvm::Twine("field 'link.") + key +
+                            "' must be a positive bandwidth");
+    *out = *v;
+  }
+  return costs;
+}

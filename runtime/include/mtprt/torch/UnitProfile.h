@@ -1,0 +1,29 @@
+//===- UnitProfile.h - the step's segments timed on the device -*- C++ -*-===//
+//
+// `--profile-units FILE` (mtprt-run and every binary `mtpc build` makes; `mtpc
+// profile` runs it): the costs `mtpc plan --costs FILE` plans with instead of
+// FLOPs at a device's nominal peak. Every layer has the same shapes, so layer
+// 1's attention and MLP blocks stand for all: their forward, backward and
+// tensor-grain re-run (Model::projections); the embeddings and each head with
+// its loss, forward and backward; host copies of a block's output both ways.
+// Each figure is the median of several timed runs after a warm-up.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPRT_TORCH_UNITPROFILE_H
+#define MTPRT_TORCH_UNITPROFILE_H
+
+#include "mtprt/torch/Model.h"
+
+#include <string>
+
+namespace mtprt {
+
+/// Times `model`'s segments on a micro-batch `batch` and writes them as JSON
+/// (schema mtpc.costs/1, docs/planning.md) to `path`.
+void writeUnitProfile(const Model &model, const Batch &batch,
+                      const std::string &path, int reps = 7);
+
+} // namespace mtprt
+
+#endif // MTPRT_TORCH_UNITPROFILE_H
