@@ -125,12 +125,13 @@ class Builder:
     def path(self, text):
         return os.path.join(self.dir, hashlib.sha1(text.encode()).hexdigest()[:12])
 
-    def plan(self, text):
+    def plan(self, text, extra=()):
         """mtpc plan --format=json, or (None, error) when the budget cannot be met."""
         with tempfile.NamedTemporaryFile("w", suffix=".mtp", delete=False) as f:
             f.write(text)
         try:
-            p = run([self.mtpc, "plan", f.name, "--format=json"] + self.device_flags(), check=False)
+            p = run([self.mtpc, "plan", f.name, "--format=json"] + self.device_flags() +
+                    list(extra), check=False)
         finally:
             os.unlink(f.name)
         if p.returncode != 0:
@@ -141,15 +142,17 @@ class Builder:
     def device_flags(self):
         return ["--device", "cuda"] if self.device == "cuda" else []
 
-    def build(self, text):
-        out = self.path(text)
+    def build(self, text, extra=()):
+        out = self.path(text + "\n".join(extra) +
+                        "".join(open(x).read() for x in extra if os.path.isfile(x)))
         if os.path.exists(out) and os.path.getmtime(out) >= self.newest:
             return out
         src = out + ".mtp"
         with open(src, "w") as f:
             f.write(text)
         start = time.perf_counter()
-        run([self.mtpc, "build", src, "-o", out] + self.device_flags(), timeout=900)
+        run([self.mtpc, "build", src, "-o", out] + self.device_flags() + list(extra),
+            timeout=900)
         self.build_seconds.append(time.perf_counter() - start)
         shutil.rmtree(out + ".project", ignore_errors=True)
         return out
@@ -877,7 +880,8 @@ def section_pareto(args, b, r, out):
                "later steps; mtpc's is measured the same way. Targets "
                "(issue #17): at each compile peer's peak, ≤ 0.9× its step time; at uniform's "
                "peak, at most half of uniform's added time; at ⅓ of the activations, ≤ 1.15× "
-               "the no-strategy step.\n"
+               "the no-strategy step. `(measured costs)`: planned with `--costs` from the "
+               "binary's `--profile-units` on this machine (`mtpc profile`), not FLOPs.\n"
                % ("CPU" if key == "cpu_step" else "wall", args.threads or "LibTorch's"))
     for label, make in models:
         keep_text = make({})
@@ -889,6 +893,10 @@ def section_pareto(args, b, r, out):
         shutil.rmtree(init, ignore_errors=True)
         r.mtpc(binary, 0, extra=["--dump-init", init])
         runs, steps, mem_steps = (2, 4, 3) if quick else (3, 6, 4)
+        # The segments timed on this machine (mtpc profile's figures), for
+        # the plans made with measured costs.
+        costs = os.path.join(args.work, "costs-%s.json" % label)
+        run([binary, "--steps", "0", "--profile-units", costs] + r.threads())
         peers = [{"name": n, "kind": "peer", "variant": v} for n, v in PARETO_PEERS]
         for e in peers:
             m = r.peer(init, e["variant"], mem_steps, memory=True)
@@ -906,13 +914,16 @@ def section_pareto(args, b, r, out):
             if e["rss"]:
                 mtpc.append({"name": "mtpc @ " + e["name"][5:] + "'s peak", "peer": e["name"],
                              "text": make({"checkpoint": "auto"}, resident + e["rss"])})
+        # Each planned configuration again, planned with the measured costs.
+        mtpc += [dict(e, name=e["name"] + " (measured costs)", extra=["--costs", costs])
+                 for e in mtpc if e["name"].startswith("mtpc @")]
         entries = []
         for e in mtpc:
-            plan, err = b.plan(e["text"])
+            plan, err = b.plan(e["text"], e.get("extra", ()))
             if plan is None:
                 entries.append(dict(e, error=err))
                 continue
-            entries.append(dict(e, kind="mtpc", binary=b.build(e["text"]),
+            entries.append(dict(e, kind="mtpc", binary=b.build(e["text"], e.get("extra", ())),
                                 budget=plan["budget"]["memory_bytes"],
                                 predicted=plan["plan"]["planned_peak_bytes"],
                                 optimal=plan["plan"].get("search", {}).get("optimal"),

@@ -6,7 +6,9 @@
 // 1's attention and MLP blocks stand for all: their forward, backward and
 // tensor-grain re-run (Model::projections); the embeddings and each head with
 // its loss, forward and backward; host copies of a block's output both ways.
-// Each figure is the median of several timed runs after a warm-up.
+// Each figure is wall time, the fastest of several runs after a warm-up (other
+// work on the machine only adds time); profile on the machine, threads and
+// micro batch the training will use.
 //
 //===----------------------------------------------------------------------===//
 
