@@ -50,6 +50,15 @@ llvm::Expected<MeasuredCosts> MeasuredCosts::load(llvm::StringRef path,
     out = *v;
     return llvm::Error::success();
   };
+  // The device it was measured on: a CPU's times do not plan a GPU.
+  if (BudgetOp budget = model.getBudget()) {
+    StringRef device = root->getString("device").value_or("");
+    const bool specCpu = budget.getDevice() == "cpu";
+    if (device.empty() || specCpu != (device == "cpu"))
+      return fail(path, "was measured on device '" + device +
+                            "', the spec's budget is for " +
+                            budget.getDevice());
+  }
   // The shapes it was measured at.
   const llvm::json::Object *m = root->getObject("model");
   BackboneOp backbone = model.getBackbone();
@@ -89,7 +98,8 @@ llvm::Expected<MeasuredCosts> MeasuredCosts::load(llvm::StringRef path,
     const llvm::json::Object *h = heads ? heads->getObject(name) : nullptr;
     if (!h)
       return fail(path, "has no head '" + name + "' (field 'heads." + name +
-                            "'): it was measured for another spec");
+                            "'): it was measured for another spec, or the "
+                            "profiled batch had no labels for it");
     std::pair<double, double> &fb = costs.heads[name];
     std::string where = ("heads." + name).str();
     if (llvm::Error e = seconds(h, where, "fwd_s", fb.first))

@@ -429,6 +429,12 @@ at::Tensor Model::unitPartial(int64_t u, const at::Tensor &x) const {
                    : mlpBlock(mlp_[l - 1], x, &add);
 }
 
+bool Model::partialServes(int64_t u) const {
+  return u >= 1 && u < numUnits() &&
+         !at::autocast::is_autocast_enabled(device_.type()) &&
+         (u % 2 == 0 || fusedAttention());
+}
+
 std::vector<at::Tensor> Model::projections(int64_t u,
                                            const at::Tensor &x) const {
   if (u < 1 || u >= numUnits())

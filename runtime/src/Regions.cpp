@@ -737,6 +737,9 @@ struct Recomputed::Impl {
         c10::intrusive_ptr<c10::StorageImpl>()};
     int64_t users = 0, left = 0;
     at::Tensor recomputed;
+    /// Its version at registration: a saved use of a tensor written in place
+    /// since would re-create what it was, not what it is.
+    int64_t version = 0;
   };
   std::vector<Slot> slots;
 
@@ -746,6 +749,11 @@ struct Recomputed::Impl {
     std::lock_guard<std::mutex> lock(mutex);
     for (size_t i = 0; i < slots.size(); ++i)
       if (slots[i].storage.lock().get() == t.storage().unsafeGetStorageImpl()) {
+        if (t._version() != slots[i].version)
+          throw std::logic_error(
+              "mtprt: a tensor-grain block saves a projection output that "
+              "was written in place after it was made; it cannot be "
+              "re-created (run the block kept)");
         slots[i].users += 1;
         slots[i].left += 1;
         return static_cast<int>(i);
@@ -838,6 +846,7 @@ void Recomputed::add(const at::Tensor &t) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   Impl::Slot slot;
   slot.storage = t.storage().getWeakStorageImpl();
+  slot.version = t._version();
   impl_->slots.push_back(std::move(slot));
 }
 

@@ -14,6 +14,7 @@
 #endif
 
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -446,7 +447,20 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
     }
   } else if (mode == RegionMode::Keep || mode == RegionMode::Partial) {
     for (int64_t u = first; u <= last; ++u) {
-      x = mode == RegionMode::Partial ? m.unitPartial(u, x) : m.unit(u, x);
+      // A plan made for fp32 and the fused attention, run at another
+      // precision or on a device whose attention keeps its own q, k, v
+      // (--precision, --device): the unit is kept whole, and said once.
+      const bool partial = mode == RegionMode::Partial && m.partialServes(u);
+      if (mode == RegionMode::Partial && !partial && !warnedPartial_) {
+        warnedPartial_ = true;
+        std::fprintf(stderr,
+                     "mtprt: the plan's tensor-grain blocks run kept whole "
+                     "(unit %lld: autocast is on, or the attention is not the "
+                     "fused kernel); the measured peak will be above the "
+                     "plan's — plan for this precision and device\n",
+                     static_cast<long long>(u));
+      }
+      x = partial ? m.unitPartial(u, x) : m.unit(u, x);
       account(u);
       if (isTap[u])
         st.taps[u / 2] = x;

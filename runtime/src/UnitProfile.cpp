@@ -49,9 +49,11 @@ double fastestSeconds(const at::Device &device, int reps,
   return *std::min_element(times.begin(), times.end());
 }
 
-void dropGrads(const Model &m) {
+void dropGrads(const Model &m, const at::Tensor &input = {}) {
   for (const at::Tensor &p : m.parameters())
     const_cast<at::Tensor &>(p).mutable_grad() = at::Tensor();
+  if (input.defined())
+    const_cast<at::Tensor &>(input).mutable_grad() = at::Tensor();
 }
 
 } // namespace
@@ -90,6 +92,7 @@ void writeUnitProfile(const Model &m, const Batch &batch,
     j["bwd_s"] = fastestSeconds(
         device, reps,
         [&] {
+          dropGrads(m, x); // accumulating into x's gradient would add time
           y = m.unit(u, x);
           gy = at::ones_like(y);
         },
@@ -110,7 +113,11 @@ void writeUnitProfile(const Model &m, const Batch &batch,
       loss = m.loss(h, m.head(h, x, labels), labels);
     });
     j["bwd_s"] = fastestSeconds(
-        device, reps, [&] { loss = m.loss(h, m.head(h, x, labels), labels); },
+        device, reps,
+        [&] {
+          dropGrads(m, x);
+          loss = m.loss(h, m.head(h, x, labels), labels);
+        },
         [&] { torch::autograd::backward({loss}); });
     dropGrads(m);
   }

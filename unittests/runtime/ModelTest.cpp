@@ -736,6 +736,32 @@ TEST(TensorGrain, RefusesWhatItCannotReCreate) {
   EXPECT_THROW(m.unitPartial(1, x), std::invalid_argument);
   EXPECT_NO_THROW(m.unitPartial(2, x)); // the MLP has no such copies
   EXPECT_THROW(m.unitPartial(0, b.tokens), std::out_of_range);
+  // What the trainer asks before it runs a plan's block at tensor grain
+  // (else it keeps the block whole and says so).
+  EXPECT_FALSE(m.partialServes(1));
+  EXPECT_TRUE(m.partialServes(2));
+  EXPECT_FALSE(m.partialServes(0));
+  {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    const bool underAutocast = m.partialServes(2);
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    EXPECT_FALSE(underAutocast);
+  }
+}
+
+/// A registered tensor written in place before an op saves it cannot be
+/// re-created as it is: an error, not a wrong gradient.
+TEST(TensorGrain, RefusesATensorWrittenInPlace) {
+  const at::Tensor x = at::randn({4, 8});
+  at::Tensor w = at::randn({8, 8}).requires_grad_(true);
+  Recomputed recomputed(
+      [&] { return std::vector<at::Tensor>{at::matmul(x, w)}; },
+      at::Device(at::kCPU));
+  Recomputed::Scope scope(recomputed);
+  at::Tensor h = at::matmul(x, w);
+  recomputed.add(h);
+  h.add_(1.0);
+  EXPECT_ANY_THROW((h * h).sum());
 }
 
 } // namespace

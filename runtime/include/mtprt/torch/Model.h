@@ -105,6 +105,9 @@ public:
   /// re-creates them from the block's input (mtprt::Recomputed). An
   /// attention block needs the fused attention kernel; not under autocast.
   at::Tensor unitPartial(int64_t u, const at::Tensor &x) const;
+  /// Whether unitPartial can run unit u now: not under autocast, and an
+  /// attention block only where the fused attention kernel runs.
+  bool partialServes(int64_t u) const;
   /// What unitPartial's backward re-creates, computed from the block's input
   /// (without grad): the registered tensors, in order.
   std::vector<at::Tensor> projections(int64_t u, const at::Tensor &x) const;

@@ -156,6 +156,8 @@ private:
   std::vector<std::vector<double>> lastCosines_;
   std::unique_ptr<StepState> state_;
   int64_t prefetchAhead_ = 2;
+  /// The plan's tensor-grain blocks could not run so (said once).
+  bool warnedPartial_ = false;
   /// True while a head's backward or the cosine probe's partial backwards
   /// run: the prefetch hooks armed for the backbone backward stay quiet, so
   /// an offloaded block at a tap is not brought back at the backward's
