@@ -125,13 +125,13 @@ class Builder:
     def path(self, text):
         return os.path.join(self.dir, hashlib.sha1(text.encode()).hexdigest()[:12])
 
-    def plan(self, text, extra=()):
+    def plan(self, text, plan_args=()):
         """mtpc plan --format=json, or (None, error) when the budget cannot be met."""
         with tempfile.NamedTemporaryFile("w", suffix=".mtp", delete=False) as f:
             f.write(text)
         try:
             p = run([self.mtpc, "plan", f.name, "--format=json"] + self.device_flags() +
-                    list(extra), check=False)
+                    list(plan_args), check=False)
         finally:
             os.unlink(f.name)
         if p.returncode != 0:
@@ -142,16 +142,17 @@ class Builder:
     def device_flags(self):
         return ["--device", "cuda"] if self.device == "cuda" else []
 
-    def build(self, text, extra=()):
-        out = self.path(text + "\n".join(extra) +
-                        "".join(open(x).read() for x in extra if os.path.isfile(x)))
+    def build(self, text, plan_args=()):
+        # Cached by the spec, the flags and the files they name (a costs file).
+        out = self.path(text + "\n".join(plan_args) +
+                        "".join(open(x).read() for x in plan_args if os.path.isfile(x)))
         if os.path.exists(out) and os.path.getmtime(out) >= self.newest:
             return out
         src = out + ".mtp"
         with open(src, "w") as f:
             f.write(text)
         start = time.perf_counter()
-        run([self.mtpc, "build", src, "-o", out] + self.device_flags() + list(extra),
+        run([self.mtpc, "build", src, "-o", out] + self.device_flags() + list(plan_args),
             timeout=900)
         self.build_seconds.append(time.perf_counter() - start)
         shutil.rmtree(out + ".project", ignore_errors=True)
@@ -491,6 +492,35 @@ def planned_peak(plan):
     return plan["plan"]["planned_peak_bytes"] if "plan" in plan else plan["peak"]["bytes"]
 
 
+def measure(r, entries, init, runs, steps, mem_steps, rss_key):
+    """Interleaved timed runs of every entry (a burst of load on the machine
+    hits each), then one memory run of each entry not measured yet: its
+    per-run wall and CPU step times and their medians, its tracked peak and
+    `rss_key`'s figure as "rss". mtpc entries run their "binary" with their
+    runtime flags "extra"; peers their "variant" from `init`."""
+    for e in entries:
+        e["wall"], e["cpu"] = [], []
+    for _ in range(runs):
+        for e in entries:
+            if e["kind"] == "mtpc":
+                m = r.mtpc(e["binary"], steps, extra=e.get("extra", ()))
+                e["wall"].append(median(step_times(m["records"])))
+            else:
+                m = r.peer(init, e["variant"], steps)
+                e["wall"].append(median(m["step_time_s"][1:]))
+            e["cpu"].append(m.get("cpu_step_s", float("nan")))
+    for e in entries:
+        if "rss" not in e:
+            if e["kind"] == "mtpc":
+                m = r.mtpc(e["binary"], mem_steps, memory=True, extra=e.get("extra", ()))
+                e["tracked"] = max(x["measured_peak_bytes"] for x in m["records"])
+            else:
+                m = r.peer(init, e["variant"], mem_steps, memory=True)
+                e["tracked"] = m.get("device_peak_bytes")
+            e["rss"] = m.get(rss_key)
+        e["step"], e["cpu_step"] = median(e["wall"]), median(e["cpu"])
+
+
 def section_step(args, b, r, out):
     """mtpc without a strategy against the model as a PyTorch user writes it
     today: eager with SDPA, torch.compile, torch.compile with the activation
@@ -531,26 +561,7 @@ def section_step(args, b, r, out):
         entries += [{"name": n, "kind": "peer", "variant": v} for n, v in STEP_PEERS]
         runs, steps, mem_steps = (2, 4, 2) if quick else (3, 6, 3)
         log("step %s: %d configurations, %d runs of %d steps" % (label, len(entries), runs, steps))
-        for e in entries:
-            e["wall"], e["cpu"] = [], []
-        for _ in range(runs):
-            for e in entries:
-                if e["kind"] == "mtpc":
-                    m = r.mtpc(e["binary"], steps, extra=e["extra"])
-                    e["wall"].append(median(step_times(m["records"])))
-                else:
-                    m = r.peer(init, e["variant"], steps)
-                    e["wall"].append(median(m["step_time_s"][1:]))
-                e["cpu"].append(m.get("cpu_step_s", float("nan")))
-        for e in entries:
-            if e["kind"] == "mtpc":
-                m = r.mtpc(e["binary"], mem_steps, memory=True, extra=e["extra"])
-                e["tracked"] = max(x["measured_peak_bytes"] for x in m["records"])
-            else:
-                m = r.peer(init, e["variant"], mem_steps, memory=True)
-                e["tracked"] = m.get("device_peak_bytes")
-            e["rss"] = m.get("rss_above_base")
-            e["step"], e["cpu_step"] = median(e["wall"]), median(e["cpu"])
+        measure(r, entries, init, runs, steps, mem_steps, "rss_above_base")
         by = {e["name"]: e for e in entries}
         sd, co = by["peer sdpa (eager)"], by["peer torch.compile"]
         rows = []
@@ -915,15 +926,15 @@ def section_pareto(args, b, r, out):
                 mtpc.append({"name": "mtpc @ " + e["name"][5:] + "'s peak", "peer": e["name"],
                              "text": make({"checkpoint": "auto"}, resident + e["rss"])})
         # Each planned configuration again, planned with the measured costs.
-        mtpc += [dict(e, name=e["name"] + " (measured costs)", extra=["--costs", costs])
+        mtpc += [dict(e, name=e["name"] + " (measured costs)", plan_args=["--costs", costs])
                  for e in mtpc if e["name"].startswith("mtpc @")]
         entries = []
         for e in mtpc:
-            plan, err = b.plan(e["text"], e.get("extra", ()))
+            plan, err = b.plan(e["text"], e.get("plan_args", ()))
             if plan is None:
                 entries.append(dict(e, error=err))
                 continue
-            entries.append(dict(e, kind="mtpc", binary=b.build(e["text"], e.get("extra", ())),
+            entries.append(dict(e, kind="mtpc", binary=b.build(e["text"], e.get("plan_args", ())),
                                 budget=plan["budget"]["memory_bytes"],
                                 predicted=plan["plan"]["planned_peak_bytes"],
                                 optimal=plan["plan"].get("search", {}).get("optimal"),
@@ -931,23 +942,7 @@ def section_pareto(args, b, r, out):
                                 regions=len(plan["plan"]["regions"])))
         live = [e for e in entries if "error" not in e] + peers
         log("pareto %s: %d configurations, %d runs of %d steps" % (label, len(live), runs, steps))
-        for e in live:
-            e["wall"], e["cpu"] = [], []
-        for _ in range(runs):
-            for e in live:
-                if e["kind"] == "mtpc":
-                    m = r.mtpc(e["binary"], steps)
-                    e["wall"].append(median(step_times(m["records"])))
-                else:
-                    m = r.peer(init, e["variant"], steps)
-                    e["wall"].append(median(m["step_time_s"][1:]))
-                e["cpu"].append(m.get("cpu_step_s", float("nan")))
-        for e in live:
-            if e["kind"] == "mtpc":
-                m = r.mtpc(e["binary"], mem_steps, memory=True)
-                e["tracked"] = max(x["measured_peak_bytes"] for x in m["records"])
-                e["rss"] = m.get("rss_warm_above")
-            e["step"], e["cpu_step"] = median(e["wall"]), median(e["cpu"])
+        measure(r, live, init, runs, steps, mem_steps, "rss_warm_above")
         by = {e["name"]: e for e in live}
         none, uni = by["mtpc none"], by.get("mtpc uniform (every layer)")
         rows = []

@@ -228,10 +228,6 @@ void StepLowering::lowerBody() {
     }
   });
 
-  step.getBody().walk([&](RecomputeOp rec) {
-    if (rec.getPartial())
-      partialBlocks.insert(rec.getRegion());
-  });
   for (Operation &op : step.getBody().front())
     llvm::TypeSwitch<Operation *>(&op)
         .Case<InputOp>([&](InputOp in) { lower(in); })
@@ -377,17 +373,19 @@ LogicalResult StepLowering::run() {
   // The plan must be written into the step: a recompute decision as a
   // checkpoint region, an offload decision as mtp.offload ops.
   bool hasOffloadOps = !step.getBody().getOps<OffloadOp>().empty();
+  // Blocks at tensor grain: their units are planned recompute outside any
+  // checkpoint, re-created by a partial mtp.recompute.
+  step.getBody().walk([&](RecomputeOp rec) {
+    if (rec.getPartial())
+      partialBlocks.insert(rec.getRegion());
+  });
   WalkResult unplanned = step.walk([&](FwdOp fwd) {
     std::optional<Decision> decision = fwd.getDecision();
     if (!decision)
       return WalkResult::advance();
-    bool partial = false;
-    if (!fwd.getRegion() && !fwd.getTaskAttr()) {
-      const int64_t block = getBlockNumber(fwd.getUnit(), fwd.getLayer());
-      step.walk([&](RecomputeOp rec) {
-        partial |= rec.getPartial() && int64_t(rec.getRegion()) == block;
-      });
-    }
+    const bool partial =
+        !fwd.getRegion() && !fwd.getTaskAttr() &&
+        partialBlocks.count(getBlockNumber(fwd.getUnit(), fwd.getLayer()));
     if ((*decision == Decision::Recompute &&
          !fwd->getParentOfType<CheckpointOp>() && !partial) ||
         (*decision == Decision::Offload && !hasOffloadOps)) {

@@ -93,6 +93,11 @@ public:
   /// the runtime has no such path (autocast; the math attention's own copies
   /// of q, k, v). The runtime's Model::projections re-runs the same units.
   llvm::SmallVector<UnitKind, 3> projectionChain(bool attention) const;
+  /// Whether `unit` of backbone block `block` is in its projection chain.
+  bool inProjectionChain(int64_t block, UnitKind unit) const {
+    return block > 0 &&
+           llvm::is_contained(projectionChain(block % 2 == 1), unit);
+  }
 
   //===--- Shapes and bytes ------------------------------------------------===//
 

@@ -320,7 +320,7 @@ void MemoryPlanner::Impl::build() {
       if (b > 0) {
         int owner = ownerOf(b, {});
         if (owner >= 0 && candidates[owner].canPartial &&
-            llvm::is_contained(cost.projectionChain(b % 2 == 1), fwd.getUnit()))
+            cost.inProjectionChain(b, fwd.getUnit()))
           candPartialFlops[owner] += fwd.getFlops();
         if (fwd.getUnit() == UnitKind::attn_residual ||
             fwd.getUnit() == UnitKind::mlp_residual)
@@ -372,16 +372,14 @@ void MemoryPlanner::Impl::build() {
         info.block = getBlockNumber(fwd.getUnit(), fwd.getLayer());
         info.owner = ownerOf(info.block, fwd.getTaskAttr());
         if (info.owner >= 0 && candidates[info.owner].canPartial &&
-            llvm::is_contained(cost.projectionChain(info.block % 2 == 1),
-                               fwd.getUnit())) {
-          if (v == fwd.getOutputs().front() && !info.bwdBlocks.empty()) {
-            info.chain = true;
-            candPartialBytes[info.owner] += info.bytes;
-            for (Operation *user : v.getUsers())
-              if (isa<BwdOp>(user))
-                candPartialAt[info.owner] =
-                    std::min(candPartialAt[info.owner], position[user]);
-          }
+            cost.inProjectionChain(info.block, fwd.getUnit()) &&
+            v == fwd.getOutput() && !info.bwdBlocks.empty()) {
+          info.chain = true;
+          candPartialBytes[info.owner] += info.bytes;
+          for (Operation *user : v.getUsers())
+            if (isa<BwdOp>(user))
+              candPartialAt[info.owner] =
+                  std::min(candPartialAt[info.owner], position[user]);
         }
         if (info.owner >= 0 && !info.bwdBlocks.empty()) {
           candLastFwd[info.owner] =
@@ -1154,10 +1152,7 @@ void mtp::attachPlan(ModelOp model, const PlanResult &result) {
       // Tensor grain: the projection chain's units are recomputed (no
       // region), the rest of the block kept.
       if (d == Decision::Partial)
-        d = llvm::is_contained(
-                cost.projectionChain(
-                    getBlockNumber(fwd.getUnit(), fwd.getLayer()) % 2 == 1),
-                fwd.getUnit())
+        d = cost.inProjectionChain(it->first, fwd.getUnit())
                 ? Decision::Recompute
                 : Decision::Keep;
     }

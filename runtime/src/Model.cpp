@@ -321,16 +321,18 @@ at::Tensor Model::geluLinear(const at::Tensor &u, const LinearParams &l) const {
 at::Tensor Model::attentionProjections(const AttentionParams &p,
                                        const at::Tensor &x,
                                        const Sink *sink) const {
-  if (config_.pointwise == PointwiseKind::Fused || !sink) {
+  if (config_.pointwise == PointwiseKind::Fused) {
     at::Tensor qkv = normLinear(p.norm, p.qkv, x);
     if (sink)
       (*sink)(qkv);
     return qkv;
   }
   at::Tensor normed = layerNorm(p.norm, x);
-  (*sink)(normed);
+  if (sink)
+    (*sink)(normed);
   at::Tensor qkv = linear(p.qkv, normed);
-  (*sink)(qkv);
+  if (sink)
+    (*sink)(qkv);
   return qkv;
 }
 
@@ -402,37 +404,38 @@ at::Tensor Model::unit(int64_t u, const at::Tensor &x) const {
   return u % 2 ? attention((u + 1) / 2, x) : mlp(u / 2, x);
 }
 
+/// Why unit u >= 1 cannot run at tensor grain now ("" when it can).
+std::string Model::partialRefusal(int64_t u) const {
+  if (at::autocast::is_autocast_enabled(device_.type()))
+    return "not under autocast (the plan recomputes projections at fp32 only)";
+  if (u % 2 == 1 && !fusedAttention())
+    return "needs the fused attention kernel (the math path, for dropout on "
+           "the CPU, keeps its own copies of q, k and v)";
+  return "";
+}
+
 at::Tensor Model::unitPartial(int64_t u, const at::Tensor &x) const {
   if (u < 1 || u >= numUnits())
     throw std::out_of_range("mtprt: unit " + std::to_string(u) +
                             " at tensor grain is not a layer's block in [1, " +
                             std::to_string(numUnits() - 1) + "]");
-  if (at::autocast::is_autocast_enabled(device_.type()))
-    throw std::invalid_argument(
-        "mtprt: unit " + std::to_string(u) +
-        " at tensor grain: not under autocast (the plan recomputes "
-        "projections at fp32 only)");
-  const bool attention = u % 2 == 1;
-  const int64_t l = (u + 1) / 2;
-  if (attention && !fusedAttention())
-    throw std::invalid_argument(
-        "mtprt: unit " + std::to_string(u) +
-        " at tensor grain needs the fused attention kernel (the math path, "
-        "for dropout on the CPU, keeps its own copies of q, k and v)");
+  if (std::string why = partialRefusal(u); !why.empty())
+    throw std::invalid_argument("mtprt: unit " + std::to_string(u) +
+                                " at tensor grain: " + why);
   const Model *self = this;
   const at::Tensor input = x.detach();
   Recomputed recomputed([self, u, input] { return self->projections(u, input); },
                         device_);
   const Sink add = [&recomputed](const at::Tensor &t) { recomputed.add(t); };
   Recomputed::Scope scope(recomputed);
-  return attention ? attentionBlock(attn_[l - 1], x, /*causal=*/false, {}, &add)
-                   : mlpBlock(mlp_[l - 1], x, &add);
+  const int64_t l = (u + 1) / 2;
+  return u % 2 == 1
+             ? attentionBlock(attn_[l - 1], x, /*causal=*/false, {}, &add)
+             : mlpBlock(mlp_[l - 1], x, &add);
 }
 
 bool Model::partialServes(int64_t u) const {
-  return u >= 1 && u < numUnits() &&
-         !at::autocast::is_autocast_enabled(device_.type()) &&
-         (u % 2 == 0 || fusedAttention());
+  return u >= 1 && u < numUnits() && partialRefusal(u).empty();
 }
 
 std::vector<at::Tensor> Model::projections(int64_t u,

@@ -44,26 +44,28 @@ void validateSchedule(const Schedule &s, int64_t layers,
     if (s.offloadHeadList[i] < 0 || s.offloadHeadList[i] >= numHeads)
       bad("Schedule.offloadHeadList[" + std::to_string(i) + "]",
           "head " + std::to_string(s.offloadHeadList[i]) + " out of range");
-  for (size_t i = 0; i < s.offloadUnits.size(); ++i) {
-    const int64_t u = s.offloadUnits[i];
-    const std::string f = "Schedule.offloadUnits[" + std::to_string(i) + "]";
+  // Offloaded and tensor-grain units: backbone units outside regions, and
+  // each unit one or the other.
+  auto blockUnit = [&](const char *list, size_t i, int64_t u,
+                       const char *inRegion) {
+    const std::string f =
+        std::string("Schedule.") + list + "[" + std::to_string(i) + "]";
     if (u < 1 || u >= units)
       bad(f, "must be a backbone unit within [1, " + std::to_string(units - 1) +
                  "], got " + std::to_string(u));
     if (used[u])
-      bad(f, "unit " + std::to_string(u) +
-                 " is inside a checkpoint region; offload its boundary instead");
-  }
+      bad(f, "unit " + std::to_string(u) + " is inside a checkpoint region" +
+                 inRegion);
+    return f;
+  };
+  for (size_t i = 0; i < s.offloadUnits.size(); ++i)
+    blockUnit("offloadUnits", i, s.offloadUnits[i],
+              "; offload its boundary instead");
   std::set<int64_t> offloaded(s.offloadUnits.begin(), s.offloadUnits.end());
   for (size_t i = 0; i < s.partialUnits.size(); ++i) {
     const int64_t u = s.partialUnits[i];
-    const std::string f = "Schedule.partialUnits[" + std::to_string(i) + "]";
-    if (u < 1 || u >= units)
-      bad(f, "must be a backbone unit within [1, " + std::to_string(units - 1) +
-                 "], got " + std::to_string(u));
-    if (used[u])
-      bad(f, "unit " + std::to_string(u) +
-                 " is inside a checkpoint region, which recomputes it whole");
+    const std::string f = blockUnit("partialUnits", i, u,
+                                    ", which recomputes it whole");
     if (offloaded.count(u))
       bad(f, "unit " + std::to_string(u) +
                  " is offloaded too; a block is kept, recomputed (whole or its "

@@ -162,6 +162,8 @@ private:
   at::Tensor normLinear(const NormParams &n, const LinearParams &l,
                         const at::Tensor &x) const;
   at::Tensor geluLinear(const at::Tensor &u, const LinearParams &l) const;
+  /// Why unit u >= 1 cannot run at tensor grain now ("" when it can).
+  std::string partialRefusal(int64_t u) const;
   /// Receives a block's projection outputs as they are made (tensor grain).
   using Sink = std::function<void(const at::Tensor &)>;
   /// The projections a block's tensor-grain recompute re-runs from its input
