@@ -13,19 +13,22 @@ using namespace mtp;
 static constexpr int64_t GiB = int64_t(1) << 30;
 
 static const DevicePreset kPresets[] = {
-    // name         memory      headroom  HBM B/s   link B/s  fp32    bf16     fp16   gpu
+    // name         memory      headroom  HBM B/s   link B/s  fp32    bf16     fp16   gpu  kernel
     {"A100_32GB", 32 * GiB, 2 * GiB, 1.555e12, 32000000000, 19.5e12, 312e12,
-     312e12, true},
+     312e12, true, 4e-6},
     {"A100_40GB", 40 * GiB, 2 * GiB, 1.555e12, 32000000000, 19.5e12, 312e12,
-     312e12, true},
+     312e12, true, 4e-6},
     {"A100_80GB", 80 * GiB, 2 * GiB, 2.039e12, 32000000000, 19.5e12, 312e12,
-     312e12, true},
+     312e12, true, 4e-6},
     {"H100_80GB", 80 * GiB, 2 * GiB, 3.35e12, 64000000000, 67e12, 989e12,
-     989e12, true},
+     989e12, true, 4e-6},
     {"H200_141GB", 141 * GiB, 2 * GiB, 4.8e12, 64000000000, 67e12, 989e12,
-     989e12, true},
+     989e12, true, 4e-6},
     // A CPU "device": offload copies stay in the same RAM (memcpy speed).
-    {"cpu", 16 * GiB, 0, 20e9, 10000000000, 1e12, 0.5e12, 0.5e12, false},
+    // Compute and bandwidth of one modern core (AVX-512 FMA GEMMs at
+    // ~150 GFLOP/s, a ~15 GB/s stream): a step on one thread; set
+    // peak_tflops and hbm_bandwidth for more, or measure (mtpc profile).
+    {"cpu", 16 * GiB, 0, 15e9, 10000000000, 150e9, 75e9, 75e9, false, 2e-6},
 };
 
 llvm::ArrayRef<DevicePreset> mtp::devicePresets() { return kPresets; }

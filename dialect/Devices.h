@@ -30,6 +30,9 @@ struct DevicePreset {
   /// Peak dense FLOP/s for fp32 (no TF32), bf16 and fp16 matrix math.
   double fp32Flops, bf16Flops, fp16Flops;
   bool isGpu;
+  /// Seconds one kernel costs however small: a GPU's launch, a CPU op's
+  /// dispatch through ATen. What an update of many small tensors is made of.
+  double kernelLatency;
 };
 
 /// All presets, in the order the docs list them.

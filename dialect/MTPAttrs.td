@@ -231,12 +231,18 @@ def MTP_StepPlanAttr : AttrDef<MTP_Dialect, "StepPlan"> {
   let description = [{
     The step's peaks under the plan and its two baselines (keep everything;
     uniform checkpointing, a region per layer), the smallest peak any plan
-    reaches, the added seconds, the checkpoint regions and the offload
-    schedule. Each unit's own decision is the `decision` of its `mtp.fwd`.
+    reaches, the added seconds, the predicted step with everything kept,
+    the checkpoint regions and the offload schedule. Each unit's own
+    decision is the `decision` of its `mtp.fwd`.
 
     `#mtp.plan<peak 5884428, keep 9163532, uniform 5556748, minimal 5000000,
-    added 1.2e-04, uniform_added 3.4e-04, search 812 optimal,
-    regions [1 to 1, 3 to 3], offloads ["head pos" 4096 stream 1 wait 0.0e+00]>`
+    added 1.2e-04, uniform_added 3.4e-04, step 2.1e-03 measured,
+    search 812 optimal, regions [1 to 1, 3 to 3],
+    offloads ["head pos" 4096 stream 1 wait 0.0e+00]>`
+
+    `step S`: the step with everything kept, predicted (the plan's step is
+    S + added); `measured` when the times are measured ones (mtpc profile),
+    else the cost model's roofline. Optional: absent reads as 0, unknown.
 
     `search N optimal`: the branch and bound searched its whole tree in N
     nodes, so no plan of the cost model is cheaper; `search N stopped`: it
@@ -249,6 +255,8 @@ def MTP_StepPlanAttr : AttrDef<MTP_Dialect, "StepPlan"> {
                         "int64_t":$minimal_peak_bytes,
                         APFloatParameter<"added seconds">:$added_seconds,
                         APFloatParameter<"uniform's added seconds">:$uniform_added_seconds,
+                        APFloatParameter<"the step with everything kept">:$keep_step_seconds,
+                        "bool":$measured_costs,
                         "int64_t":$search_nodes,
                         "bool":$optimal,
                         ArrayRefParameter<"::mtp::PlanRegion">:$regions,

@@ -274,11 +274,12 @@ static void printSchedule(OpAsmPrinter &printer, Operation *,
 //===----------------------------------------------------------------------===//
 
 // <peak N, keep N, uniform N, minimal N, added F, uniform_added F,
-//  [search N optimal|stopped,] regions [A to B, ...], offloads ["unit" BYTES stream S wait F, ...]>
+//  [step F [measured],] [search N optimal|stopped,] regions [A to B, ...], offloads ["unit" BYTES stream S wait F, ...]>
 Attribute StepPlanAttr::parse(AsmParser &parser, Type) {
   SMLoc loc = parser.getCurrentLocation();
   int64_t peaks[4], nodes;
-  double added, uniformAdded;
+  double added, uniformAdded, step = 0;
+  bool measured = false;
   StringRef searched;
   SmallVector<PlanRegion> regions;
   SmallVector<PlanOffload> offloads;
@@ -293,6 +294,14 @@ Attribute StepPlanAttr::parse(AsmParser &parser, Type) {
       parser.parseKeyword("uniform_added") || parser.parseFloat(uniformAdded) ||
       parser.parseComma())
     return {};
+  // The predicted step is optional (unknown: 0).
+  if (succeeded(parser.parseOptionalKeyword("step"))) {
+    if (parser.parseFloat(step))
+      return {};
+    measured = succeeded(parser.parseOptionalKeyword("measured"));
+    if (parser.parseComma())
+      return {};
+  }
   // The search's figures are optional (a step planned before they were
   // recorded reads as a heuristic's plan).
   nodes = 0;
@@ -341,7 +350,8 @@ Attribute StepPlanAttr::parse(AsmParser &parser, Type) {
     return {};
   return getChecked([&] { return parser.emitError(loc); }, parser.getContext(),
                     peaks[0], peaks[1], peaks[2], peaks[3], APFloat(added),
-                    APFloat(uniformAdded), nodes, searched == "optimal",
+                    APFloat(uniformAdded), APFloat(step), measured, nodes,
+                    searched == "optimal",
                     ArrayRef<PlanRegion>(regions),
                     ArrayRef<PlanOffload>(offloads));
 }
@@ -353,6 +363,12 @@ void StepPlanAttr::print(AsmPrinter &printer) const {
   printer.printFloat(getAddedSeconds());
   printer << ", uniform_added ";
   printer.printFloat(getUniformAddedSeconds());
+  if (!getKeepStepSeconds().isZero()) {
+    printer << ", step ";
+    printer.printFloat(getKeepStepSeconds());
+    if (getMeasuredCosts())
+      printer << " measured";
+  }
   printer << ", search " << getSearchNodes()
           << (getOptimal() ? " optimal" : " stopped");
   printer << ", regions [";
@@ -372,7 +388,8 @@ LogicalResult
 StepPlanAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                      int64_t planned, int64_t keep, int64_t uniform,
                      int64_t minimal, APFloat added, APFloat uniformAdded,
-                     int64_t searchNodes, bool optimal,
+                     APFloat keepStep, bool measuredCosts, int64_t searchNodes,
+                     bool optimal,
                      ArrayRef<PlanRegion> regions,
                      ArrayRef<PlanOffload> offloads) {
   for (int64_t bytes : {planned, keep, uniform, minimal})
@@ -382,9 +399,10 @@ StepPlanAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (searchNodes < 0)
     return emitError() << "plan's search node count must be >= 0, got "
                        << searchNodes;
-  for (const APFloat &s : {added, uniformAdded})
+  for (const APFloat &s : {added, uniformAdded, keepStep})
     if (!s.isFinite() || s.isNegative())
-      return emitError() << "plan's added seconds must be finite and >= 0";
+      return emitError() << "plan's added and step seconds must be finite "
+                            "and >= 0";
   int64_t previous = 0;
   for (const PlanRegion &r : regions) {
     if (r.first <= previous || r.last < r.first)

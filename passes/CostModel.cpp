@@ -593,22 +593,33 @@ int64_t CostModel::blockRecomputeBytes(int64_t block) const {
   return total;
 }
 
-int64_t CostModel::cosineProbeWorkspace(
-    ArrayRef<std::pair<int64_t, int64_t>> regions) const {
+SmallVector<std::pair<int64_t, int64_t>> CostModel::cosineProbePaths() const {
   // The runtime measures the cosine matrix for the DGFG gate and its
   // recalibration only: without the gate there is no probe.
+  SmallVector<std::pair<int64_t, int64_t>> paths;
   StrategyOp strategy = model.getStrategy();
   if (!strategy || !strategy.getDgfgHidden())
-    return 0;
-  SmallVector<int64_t> taps;
+    return paths;
   int64_t common = backbone.getLayers();
-  for (TaskOp task : model.getTasks()) {
-    taps.push_back(task.getTapLayer());
+  for (TaskOp task : model.getTasks())
     common = std::min<int64_t>(common, task.getTapLayer());
-  }
-  const int64_t n = taps.size();
+  // Each task's tap gradient goes down to layer `common`'s parameters (the
+  // embeddings' when a task taps them).
+  for (TaskOp task : model.getTasks())
+    paths.push_back({common == 0 ? 0 : 2 * common - 1,
+                     2 * int64_t(task.getTapLayer())});
+  if (paths.size() < 2)
+    paths.clear();
+  return paths;
+}
+
+int64_t CostModel::cosineProbeWorkspace(
+    ArrayRef<std::pair<int64_t, int64_t>> regions) const {
+  SmallVector<std::pair<int64_t, int64_t>> paths = cosineProbePaths();
+  const int64_t n = paths.size();
   if (n < 2)
     return 0;
+  const int64_t common = (paths.front().first + 1) / 2;
   const int64_t b = batch, s = backbone.getSeq(), h = backbone.getHidden(),
                 f = backbone.getFfn();
   // Gradients are fp32 (the runtime's grads of fp32 master weights).
@@ -629,8 +640,8 @@ int64_t CostModel::cosineProbeWorkspace(
   int64_t probe = 0;
   for (int64_t k = 0; k < n; ++k) {
     int64_t path = chain;
-    const int64_t low = std::max<int64_t>(1, 2 * common - 1),
-                  high = 2 * taps[k];
+    const int64_t low = std::max<int64_t>(1, paths[k].first),
+                  high = paths[k].second;
     for (auto [first, last] : regions)
       if (last >= low && first <= high) {
         int64_t rerun = innerChain;
@@ -677,6 +688,60 @@ int64_t CostModel::headParameters(TaskOp task) const {
   }
   }
   llvm_unreachable("unknown head kind");
+}
+
+int64_t CostModel::unitParameters(UnitKind kind, TaskOp task) const {
+  const int64_t h = backbone.getHidden(), f = backbone.getFfn();
+  switch (kind) {
+  case UnitKind::embed:
+    return embeddingParameters();
+  case UnitKind::attn_norm:
+  case UnitKind::mlp_norm:
+    return 2 * h;
+  case UnitKind::qkv:
+    return 3 * h * h + 3 * h;
+  case UnitKind::attn_out:
+    return h * h + h;
+  case UnitKind::mlp_up:
+    return h * f + f;
+  case UnitKind::mlp_down:
+    return f * h + h;
+  case UnitKind::head:
+    return task ? headParameters(task) : 0;
+  case UnitKind::attn_core:
+  case UnitKind::attn_residual:
+  case UnitKind::mlp_act:
+  case UnitKind::loss:
+    return 0;
+  }
+  llvm_unreachable("unknown unit kind");
+}
+
+int64_t CostModel::parameterTensors() const {
+  // A layer: two norms, QKV, output, up and down projections, each a weight
+  // and a bias.
+  constexpr int64_t kLayer = 12;
+  int64_t n = 2 + kLayer * backbone.getLayers(), tasks = 0;
+  for (TaskOp task : model.getTasks()) {
+    ++tasks;
+    switch (task.getHead()) {
+    case HeadKind::classify: // norm, pooler, classifier
+      n += 6;
+      break;
+    case HeadKind::tag:
+    case HeadKind::span: // norm, projection
+      n += 4;
+      break;
+    case HeadKind::decoder: // embeddings, layers with cross-attention, norm,
+                            // projection
+      n += 2 + *task.getLayers() * (kLayer + 10) + 4;
+      break;
+    }
+  }
+  if (StrategyOp strategy = model.getStrategy())
+    if (strategy.getDgfgHidden() && tasks > 1)
+      n += 4; // the gate's two linears
+  return n;
 }
 
 ParameterCount CostModel::parameters() const {
@@ -800,6 +865,62 @@ double CostModel::computeSeconds(int64_t flops) const {
                 : precision == Precision::bf16 ? preset->bf16Flops
                                                : preset->fp16Flops;
   return double(flops) / peak;
+}
+
+double CostModel::memoryBandwidth() const {
+  if (budget)
+    if (std::optional<uint64_t> override = budget.getMemoryBandwidth())
+      return double(*override);
+  return preset->memoryBandwidth;
+}
+
+double CostModel::rooflineSeconds(int64_t flops, int64_t bytes,
+                                  int64_t kernels) const {
+  return std::max(computeSeconds(flops), double(bytes) / memoryBandwidth()) +
+         double(kernels) * preset->kernelLatency;
+}
+
+int64_t CostModel::trafficBytes(Operation *op) const {
+  int64_t bytes = 0;
+  for (Value v : op->getOperands())
+    bytes += CostModel::bytes(v.getType());
+  for (Value v : op->getResults())
+    bytes += CostModel::bytes(v.getType());
+  auto taskOf = [&](FlatSymbolRefAttr name) -> TaskOp {
+    if (name)
+      for (TaskOp task : model.getTasks())
+        if (task.getSymName() == name.getValue())
+          return task;
+    return {};
+  };
+  // The embeddings' forward gathers rows (as many as it writes); their
+  // backward writes a dense gradient of the whole table.
+  if (auto fwd = dyn_cast<FwdOp>(op))
+    return bytes + (fwd.getUnit() == UnitKind::embed
+                        ? CostModel::bytes(fwd->getResult(0).getType())
+                        : kWeightBytes * unitParameters(fwd.getUnit(),
+                                                        taskOf(fwd.getTaskAttr())));
+  if (auto bwd = dyn_cast<BwdOp>(op))
+    return bytes + (kWeightBytes + kGradientBytes) *
+                       unitParameters(bwd.getUnit(), taskOf(bwd.getTaskAttr()));
+  // GFM's transforms, the mask, the clip's norm and scale, the weighted
+  // accumulate: a few passes over each tap gradient.
+  if (auto fuse = dyn_cast<FuseTaskGradsOp>(op))
+    return (fuse.getGfmKeep() ? 3 : 1) * bytes;
+  if (isa<OptimizerStepOp>(op))
+    return (2 * kWeightBytes + kGradientBytes + 2 * kOptimizerBytes) *
+           parameters().total();
+  return bytes;
+}
+
+double CostModel::opSeconds(Operation *op) const {
+  auto costly = dyn_cast<CostOpInterface>(op);
+  if (!costly)
+    return 0.0;
+  int64_t kernels = isa<BwdOp>(op) ? 2 : 1;
+  if (isa<OptimizerStepOp>(op))
+    kernels = 9 * parameterTensors();
+  return rooflineSeconds(costly.getFlopCount(), trafficBytes(op), kernels);
 }
 
 double CostModel::transferSeconds(int64_t bytes) const {

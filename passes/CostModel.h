@@ -178,6 +178,11 @@ public:
   int64_t layerParameters() const;
   int64_t headParameters(TaskOp task) const;
   ParameterCount parameters() const;
+  /// Parameters unit `kind` (of `task`, for a head) owns.
+  int64_t unitParameters(UnitKind kind, TaskOp task = {}) const;
+  /// Parameter tensors (weights and biases) the optimizer updates one by
+  /// one.
+  int64_t parameterTensors() const;
   /// Persistent bytes per fp32 parameter: the weight, its gradient and
   /// AdamW's two moments.
   static constexpr int64_t kWeightBytes = 4, kGradientBytes = 4,
@@ -237,6 +242,31 @@ public:
   const DevicePreset &device() const { return *preset; }
   /// Seconds for `flops` at the device's peak for the training precision.
   double computeSeconds(int64_t flops) const;
+  /// Device memory bandwidth, bytes/s (the budget's hbm_bandwidth, else the
+  /// preset's).
+  double memoryBandwidth() const;
+  /// The roofline: the larger of `flops` at the peak and `bytes` of memory
+  /// traffic at the bandwidth, plus `kernels` launches (docs/planning.md,
+  /// "Added time"). Matmuls land on the compute side, norms, GELU, residual
+  /// adds and the optimizer's update on the bandwidth side.
+  double rooflineSeconds(int64_t flops, int64_t bytes,
+                         int64_t kernels = 1) const;
+  /// Bytes a step op moves through device memory: its operands and results;
+  /// a unit also reads its weights (its backward: reads them and writes
+  /// their gradients); the gradient pipeline passes over each tap gradient a
+  /// few times; the optimizer reads and writes each weight and both moments
+  /// and reads the gradient (28 B per parameter).
+  int64_t trafficBytes(mlir::Operation *op) const;
+  /// A step op's seconds on the roofline (its FLOPs, traffic and kernels:
+  /// one per forward unit, two per backward, nine per parameter tensor for
+  /// AdamW's update, which LibTorch runs tensor by tensor). Zero for an op
+  /// that computes nothing.
+  double opSeconds(mlir::Operation *op) const;
+  /// The blocks the cosine probe's partial backwards run through, per task
+  /// (runtime numbering, inclusive; block 0 is the embeddings): empty
+  /// without the DGFG gate or with fewer than two tasks. cosineProbeWorkspace
+  /// and the planner's step time both walk these.
+  llvm::SmallVector<std::pair<int64_t, int64_t>> cosineProbePaths() const;
   /// Seconds to move `bytes` one way over the host link.
   double transferSeconds(int64_t bytes) const;
   /// The budget a plan may use (memory minus headroom); INT64_MAX without a

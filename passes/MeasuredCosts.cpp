@@ -45,8 +45,8 @@ llvm::Expected<MeasuredCosts> MeasuredCosts::load(llvm::StringRef path,
                      llvm::StringRef key, double &out) -> llvm::Error {
     std::optional<double> v = o ? o->getNumber(key) : std::nullopt;
     if (!v || !std::isfinite(*v) || *v <= 0 || *v > 3600)
-      return fail(path, "field '" + where + "." + key +
-                            "' must be seconds in (0, 3600]");
+      return fail(path, "field '" + (where.empty() ? std::string() : (where + ".").str()) +
+                            key + "' must be seconds in (0, 3600]");
     out = *v;
     return llvm::Error::success();
   };
@@ -116,6 +116,43 @@ llvm::Expected<MeasuredCosts> MeasuredCosts::load(llvm::StringRef path,
       return fail(path, llvm::Twine("field 'link.") + key +
                             "' must be a positive bandwidth");
     *out = *v;
+  }
+  // Optional: the optimizer, and the whole model's forward and backward
+  // (every layer, every head at its tap), which calibrate the segments.
+  if (root->get("optimizer_s"))
+    if (llvm::Error e = seconds(root, "", "optimizer_s", costs.optimizer))
+      return std::move(e);
+  if (const llvm::json::Object *whole = root->getObject("model_step")) {
+    double fwd = 0, bwd = 0;
+    if (llvm::Error e = seconds(whole, "model_step", "fwd_s", fwd))
+      return std::move(e);
+    if (llvm::Error e = seconds(whole, "model_step", "bwd_s", bwd))
+      return std::move(e);
+    // Summed as the profile ran them: its own layer count, each head once.
+    std::optional<int64_t> layers = m->getInteger("layers");
+    if (!layers || *layers < 1 || *layers > (int64_t(1) << 20))
+      return fail(path, "field 'model.layers' must be a layer count in [1, "
+                        "2^20] with 'model_step'");
+    double segFwd = costs.embedFwd, segBwd = costs.embedBwd;
+    segFwd += double(*layers) * (costs.blockFwd[0] + costs.blockFwd[1]);
+    segBwd += double(*layers) * (costs.blockBwd[0] + costs.blockBwd[1]);
+    for (const auto &h : costs.heads) {
+      segFwd += h.second.first;
+      segBwd += h.second.second;
+    }
+    costs.fwdScale = fwd / segFwd;
+    costs.bwdScale = bwd / segBwd;
+    for (int k = 0; k < 2; ++k) {
+      costs.blockFwd[k] *= costs.fwdScale;
+      costs.chain[k] *= costs.fwdScale;
+      costs.blockBwd[k] *= costs.bwdScale;
+    }
+    costs.embedFwd *= costs.fwdScale;
+    costs.embedBwd *= costs.bwdScale;
+    for (auto &h : costs.heads) {
+      h.second.first *= costs.fwdScale;
+      h.second.second *= costs.bwdScale;
+    }
   }
   return costs;
 }

@@ -100,7 +100,15 @@ struct MemoryPlanner::Impl {
   /// reading a chain output (where the chain re-runs), its forward FLOPs and
   /// the bytes it frees.
   std::vector<int> candPartialAt;
-  std::vector<int64_t> candPartialFlops, candPartialBytes;
+  std::vector<int64_t> candPartialBytes;
+  /// Per block: its forward's seconds (what a recompute re-runs); per
+  /// candidate under Decision::Partial: its chain's.
+  llvm::DenseMap<int64_t, double> blockFwdSeconds, blockBwdSeconds;
+  std::vector<double> candPartialSeconds;
+  /// The step with everything kept: every op's seconds, the cosine probe's
+  /// partial backwards and the optimizer step (offload and recompute come
+  /// on top, added()).
+  double keepStepSeconds = 0;
   /// Prefix sums of forward / backward compute seconds by position.
   std::vector<double> fwdSecondsBefore, bwdSecondsBefore;
   int64_t numBlocks = 0;
@@ -119,8 +127,8 @@ struct MemoryPlanner::Impl {
   /// forward FLOPs (the measured segments' times are shared out by FLOPs).
   llvm::DenseMap<int64_t, int64_t> blockBwdFlops;
   llvm::StringMap<std::pair<int64_t, int64_t>> taskFlops;
-  /// An op's seconds: its share of its measured segment, or its FLOPs at the
-  /// peak rate.
+  /// An op's seconds: its share of its measured segment, or the cost
+  /// model's roofline.
   double opSeconds(Operation *op) const;
   /// Re-running block b's forward (recompute), and a candidate's projection
   /// chain (partial).
@@ -281,8 +289,8 @@ void MemoryPlanner::Impl::build() {
   candLastFwd.assign(candidates.size(), 0);
   candOffloadBytes.assign(candidates.size(), 0);
   candPartialAt.assign(candidates.size(), numOps);
-  candPartialFlops.assign(candidates.size(), 0);
   candPartialBytes.assign(candidates.size(), 0);
+  candPartialSeconds.assign(candidates.size(), 0.0);
   auto ownerOf = [&](int64_t block, FlatSymbolRefAttr task) -> int {
     if (task)
       return headOwner.lookup(task.getValue());
@@ -310,24 +318,31 @@ void MemoryPlanner::Impl::build() {
   SmallVector<std::pair<int, int>> bwdGroups; // (start position, candidate)
   for (Operation &op : body) {
     int pos = position[&op];
-    // The units' and the gradient pipeline's compute time (the optimizer
-    // step runs after every transfer and is not counted).
+    // The units' and the gradient pipeline's compute time on the timeline
+    // (the optimizer step runs after every transfer: only the step's total
+    // counts it).
     double fwdS = 0, bwdS = 0;
+    const double seconds = isa<CostOpInterface>(&op) ? opSeconds(&op) : 0.0;
+    keepStepSeconds += seconds;
     if (isa<CostOpInterface>(&op) && !isa<OptimizerStepOp>(op))
-      (isa<FwdOp>(op) ? fwdS : bwdS) = opSeconds(&op);
+      (isa<FwdOp>(op) ? fwdS : bwdS) = seconds;
     if (auto fwd = dyn_cast<FwdOp>(&op)) {
       int64_t b = getBlockNumber(fwd.getUnit(), fwd.getLayer());
       if (b > 0) {
+        blockFwdSeconds[b] += seconds;
         int owner = ownerOf(b, {});
         if (owner >= 0 && candidates[owner].canPartial &&
-            cost.inProjectionChain(b, fwd.getUnit()))
-          candPartialFlops[owner] += fwd.getFlops();
+            cost.inProjectionChain(b, fwd.getUnit())) {
+          candPartialSeconds[owner] += seconds;
+        }
         if (fwd.getUnit() == UnitKind::attn_residual ||
             fwd.getUnit() == UnitKind::mlp_residual)
           blockOutputBytes[b] = CostModel::bytes(fwd.getOutput().getType());
       }
     } else if (auto bwd = dyn_cast<BwdOp>(&op)) {
       int64_t b = getBlockNumber(bwd.getUnit(), bwd.getLayer());
+      if (!bwd.getTaskAttr())
+        blockBwdSeconds[b] += seconds;
       if (b > 0) {
         if (!blockBwdStart.count(b))
           blockBwdStart[b] = pos;
@@ -343,6 +358,11 @@ void MemoryPlanner::Impl::build() {
     fwdSecondsBefore[pos + 1] = fwdSecondsBefore[pos] + fwdS;
     bwdSecondsBefore[pos + 1] = bwdSecondsBefore[pos] + bwdS;
   }
+  // The cosine probe's partial backwards, one per task (when the runtime
+  // measures cosines, every step by default): its path's blocks once more.
+  for (auto [low, high] : cost.cosineProbePaths())
+    for (int64_t b = low; b <= high; ++b)
+      keepStepSeconds += blockBwdSeconds.lookup(b);
   // Prefetch one unit group ahead of the first use.
   candPrefetch.assign(candidates.size(), numOps);
   for (size_t i = 0; i < bwdGroups.size(); ++i) {
@@ -430,9 +450,11 @@ void MemoryPlanner::Impl::build() {
 
 double MemoryPlanner::Impl::opSeconds(Operation *op) const {
   auto costly = cast<CostOpInterface>(op);
+  if (measured && measured->optimizer > 0 && isa<OptimizerStepOp>(op))
+    return measured->optimizer;
   std::optional<UnitRef> unit = getUnitRef(op);
   if (!measured || !unit)
-    return cost.computeSeconds(costly.getFlopCount());
+    return cost.opSeconds(op);
   const bool forward = isa<FwdOp>(op);
   const double flops = double(costly.getFlopCount());
   auto share = [&](double segment, int64_t total) {
@@ -453,13 +475,12 @@ double MemoryPlanner::Impl::opSeconds(Operation *op) const {
 }
 
 double MemoryPlanner::Impl::blockSeconds(int64_t b) const {
-  return measured ? measured->blockFwd[b % 2]
-                  : cost.computeSeconds(blockFlops.lookup(b));
+  return blockFwdSeconds.lookup(b);
 }
 
 double MemoryPlanner::Impl::partialSeconds(size_t c) const {
   if (!measured)
-    return cost.computeSeconds(candPartialFlops[c]);
+    return candPartialSeconds[c];
   double s = 0;
   for (int64_t b : candidates[c].blocks)
     s += measured->chain[b % 2];
@@ -667,6 +688,7 @@ const std::vector<Candidate> &MemoryPlanner::getCandidates() const {
   return impl->candidates;
 }
 int64_t MemoryPlanner::budget() const { return impl->usable; }
+double MemoryPlanner::keepStepSeconds() const { return impl->keepStepSeconds; }
 
 namespace {
 /// Fills in the figures of a result from its decisions.
@@ -1029,6 +1051,8 @@ PlanResult MemoryPlanner::solve(const SolveOptions &options) {
       uniform[c] = Decision::Recompute;
   result.uniformPeak = impl->simulate(uniform);
   result.uniformSeconds = impl->added(uniform);
+  result.keepStepSeconds = impl->keepStepSeconds;
+  result.measuredCosts = impl->measured != nullptr;
 
   // The smallest reachable peak: every candidate at its most frugal choice
   // (tried one at a time on small instances).
@@ -1170,7 +1194,8 @@ void mtp::attachPlan(ModelOp model, const PlanResult &result) {
   step.setPlanAttr(StepPlanAttr::get(
       model.getContext(), result.peakBytes, result.keepPeak, result.uniformPeak,
       result.minimalPeak, APFloat(result.addedSeconds),
-      APFloat(result.uniformSeconds), result.nodes, result.optimal,
+      APFloat(result.uniformSeconds), APFloat(result.keepStepSeconds),
+      result.measuredCosts, result.nodes, result.optimal,
       ArrayRef<PlanRegion>(regions),
       ArrayRef<PlanOffload>(offloads)));
 }

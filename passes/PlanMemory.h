@@ -48,8 +48,13 @@ struct PlanResult {
   std::vector<Candidate> candidates;
   std::vector<Decision> decisions;
   int64_t peakBytes = 0;
-  /// Added step time: recompute FLOPs plus exposed transfer time.
+  /// Added step time: recompute plus exposed transfer time.
   double addedSeconds = 0.0;
+  /// The predicted step with everything kept (the plan's step is this plus
+  /// addedSeconds), and whether it comes from measured costs (else the cost
+  /// model's roofline).
+  double keepStepSeconds = 0.0;
+  bool measuredCosts = false;
   bool fits = false;
   /// The no-strategy and uniform-checkpointing (every layer) baselines.
   int64_t keepPeak = 0, uniformPeak = 0;
@@ -123,6 +128,8 @@ public:
   offloads(llvm::ArrayRef<Decision> decisions) const;
   const std::vector<Candidate> &getCandidates() const;
   int64_t budget() const;
+  /// The predicted step with everything kept (PlanResult::keepStepSeconds).
+  double keepStepSeconds() const;
 
 private:
   struct Impl;

@@ -33,6 +33,10 @@ std::string microseconds(double seconds) {
   return llvm::formatv("{0:f1} us", seconds * 1e6).str();
 }
 
+std::string milliseconds(double seconds) {
+  return llvm::formatv("{0:f2} ms", seconds * 1e3).str();
+}
+
 std::string taskList(ArrayRef<StringRef> tasks, size_t all) {
   if (tasks.empty())
     return "-";
@@ -281,18 +285,34 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
                             o.unit.getValue(), formatBytes(o.bytes),
                             microseconds(o.exposedWait));
     }
-    os << llvm::formatv("\n  {0,-26} {1,12} {2,14}\n", "plan", "peak",
+    // The step column only where the plan carries its prediction.
+    const double keepStep = plan.getKeepStepSeconds().convertToDouble();
+    auto row = [&](StringRef name, int64_t peak, double added) {
+      os << llvm::formatv("  {0,-26} {1,12} {2,14}", name, formatBytes(peak),
+                          microseconds(added));
+      if (keepStep > 0)
+        os << llvm::formatv(" {0,12}", milliseconds(keepStep + added));
+      os << "\n";
+    };
+    os << llvm::formatv("\n  {0,-26} {1,12} {2,14}", "plan", "peak",
                         "added time");
-    os << llvm::formatv("  {0,-26} {1,12} {2,14}\n", "keep everything",
-                        formatBytes(plan.getKeepPeakBytes()),
-                        microseconds(0));
-    os << llvm::formatv("  {0,-26} {1,12} {2,14}\n",
-                        "uniform (every block)",
-                        formatBytes(plan.getUniformPeakBytes()),
-                        microseconds(plan.getUniformAddedSeconds().convertToDouble()));
-    os << llvm::formatv("  {0,-26} {1,12} {2,14}\n", "this plan",
-                        formatBytes(plan.getPlannedPeakBytes()),
-                        microseconds(plan.getAddedSeconds().convertToDouble()));
+    os << (keepStep > 0 ? llvm::formatv(" {0,12}\n", "step").str() : "\n");
+    row("keep everything", plan.getKeepPeakBytes(), 0);
+    row("uniform (every block)", plan.getUniformPeakBytes(),
+        plan.getUniformAddedSeconds().convertToDouble());
+    row("this plan", plan.getPlannedPeakBytes(),
+        plan.getAddedSeconds().convertToDouble());
+    if (keepStep > 0) {
+      CostModel cost(model);
+      if (plan.getMeasuredCosts())
+        os << "  step time: from measured costs (mtpc profile)\n";
+      else
+        os << llvm::formatv("  step time: the roofline at {0} ({1:f0} GFLOP/s, "
+                            "{2:f0} GB/s; `mtpc profile` measures them)\n",
+                            cost.device().name,
+                            1e-9 / std::max(cost.computeSeconds(1), 1e-30),
+                            cost.memoryBandwidth() * 1e-9);
+    }
     if (plan.getOptimal())
       os << "  search: optimal for the cost model (branch and bound, "
          << plan.getSearchNodes() << " nodes)\n";
@@ -380,6 +400,10 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
         {"uniform_added_seconds",
          plan.getUniformAddedSeconds().convertToDouble()},
         {"minimal_peak_bytes", plan.getMinimalPeakBytes()},
+        {"keep_step_seconds", plan.getKeepStepSeconds().convertToDouble()},
+        {"step_seconds", plan.getKeepStepSeconds().convertToDouble() +
+                             plan.getAddedSeconds().convertToDouble()},
+        {"step_costs", plan.getMeasuredCosts() ? "measured" : "roofline"},
         {"search", Object{{"nodes", plan.getSearchNodes()},
                           {"optimal", plan.getOptimal()}}},
         {"regions", std::move(regions)}};

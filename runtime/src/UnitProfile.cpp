@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/optim/adamw.h>
 
 #ifdef MTPRT_TORCH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -24,9 +25,10 @@ namespace {
 /// The fastest of `reps` runs of `timed` (each after `setup`, not timed;
 /// one untimed warm-up first; the device synchronized around each): other
 /// work on the machine only ever adds time, so the minimum is the segment's.
+/// With `median`, the median: what a step of a training run takes.
 double fastestSeconds(const at::Device &device, int reps,
                      const std::function<void()> &setup,
-                     const std::function<void()> &timed) {
+                     const std::function<void()> &timed, bool median = false) {
   auto sync = [&] {
 #ifdef MTPRT_TORCH_CUDA
     if (device.is_cuda())
@@ -46,7 +48,8 @@ double fastestSeconds(const at::Device &device, int reps,
     if (i > 0)
       times.push_back(s);
   }
-  return *std::min_element(times.begin(), times.end());
+  std::sort(times.begin(), times.end());
+  return median ? times[times.size() / 2] : times.front();
 }
 
 void dropGrads(const Model &m, const at::Tensor &input = {}) {
@@ -120,6 +123,58 @@ void writeUnitProfile(const Model &m, const Batch &batch,
         },
         [&] { torch::autograd::backward({loss}); });
     dropGrads(m);
+  }
+
+  // The whole model, everything kept, every head at its tap: what the
+  // segments add up to in a step, where each layer's activations pass
+  // through the caches (fewer runs: it is the largest).
+  {
+    const int wholeReps = std::min(reps, 5);
+    std::vector<at::Tensor> losses;
+    auto forward = [&] {
+      losses.clear();
+      std::vector<at::Tensor> taps(c.layers + 1);
+      at::Tensor h = m.unit(0, b.tokens);
+      taps[0] = h;
+      for (int64_t u = 1; u <= 2 * c.layers; ++u) {
+        h = m.unit(u, h);
+        if (u % 2 == 0)
+          taps[u / 2] = h;
+      }
+      for (int64_t i = 0; i < m.numHeads(); ++i) {
+        const at::Tensor &labels = b.labels.at(i);
+        const int64_t tap = m.heads()[i].tap;
+        if (labels.defined() && tap >= 0 && tap <= c.layers)
+          losses.push_back(m.loss(i, m.head(i, taps[tap], labels), labels));
+      }
+    };
+    out["model_step"]["fwd_s"] = fastestSeconds(
+        device, wholeReps, [&] { dropGrads(m); }, forward, /*median=*/true);
+    out["model_step"]["bwd_s"] = fastestSeconds(
+        device, wholeReps,
+        [&] {
+          dropGrads(m);
+          forward();
+        },
+        [&] { torch::autograd::backward(losses); }, /*median=*/true);
+    losses.clear();
+    dropGrads(m);
+  }
+
+  // AdamW's update (LibTorch's runs tensor by tensor), on copies of the
+  // parameters with gradients: the model's own are left as they are.
+  {
+    std::vector<at::Tensor> copies;
+    for (const at::Tensor &p : m.parameters()) {
+      at::Tensor q = p.detach().clone().requires_grad_(true);
+      q.mutable_grad() = at::ones_like(q);
+      copies.push_back(q);
+    }
+    torch::optim::AdamW adamw(
+        copies, torch::optim::AdamWOptions(1e-3).weight_decay(1e-2));
+    out["optimizer_s"] =
+        fastestSeconds(device, reps, [] {}, [&] { adamw.step(); },
+                       /*median=*/true);
   }
 
   // The host link, with a block's output: to a host buffer (pinned where the

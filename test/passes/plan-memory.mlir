@@ -28,7 +28,7 @@ mtp.model @auto {
   mtp.task @topic : classify(classes = 4) from pooled layer 4 loss cross_entropy weight 1.0
   mtp.correlate @pos, @chunk = 0.8
   mtp.correlate @pos, @topic = 0.1
-  mtp.budget device "cpu" memory 7 MiB headroom 0 B link 10 GBps gpus 1 batch 8 micro 8 precision fp32
+  mtp.budget device "cpu" memory 7 MiB headroom 0 B link 1 GBps gpus 1 batch 8 micro 8 precision fp32
   mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.5 scope features layers 1 dgfg 16 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
 }
 
@@ -53,7 +53,7 @@ mtp.model @impossible {
 
 // With recompute off, offload carries the plan alone.
 // CHECK-LABEL: mtp.model @offload_only
-// CHECK: mtp.step plan <{{.*}} regions [], offloads ["layer 1 attention" 641024 stream 1 wait {{.*}}, "layer 3 attention" 641024 stream 1 wait {{.*}}]>
+// CHECK: mtp.step plan <{{.*}} regions [], offloads ["layer 1 attention" 641024 stream 1 wait {{.*}}, "layer 2 attention" 641024 stream 1 wait {{.*}}]>
 // CHECK-NOT: plan recompute
 // CHECK: mtp.fwd attn_core[1]{{.*}} plan offload :
 mtp.model @offload_only {

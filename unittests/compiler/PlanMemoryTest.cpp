@@ -44,11 +44,13 @@ OwningOpRef<ModuleOp> expand(MLIRContext &context, const Instance &inst,
       "  mtp.task @top : classify(classes = 3) from pooled layer " +
       std::to_string(inst.layers) + " loss cross_entropy weight 1.0\n"
       // Activations dominate (long sequences, narrow layers) and the host
-      // link is fast next to the compute (40 GB/s beside 1 TFLOP/s), so recompute and
-      // offload cost the same order and the optima mix them.
+      // link is fast next to the compute (40 GB/s beside 1 TFLOP/s and
+      // 1 TB/s), so recompute and offload cost the same order and the
+      // optima mix them.
       "  mtp.budget device \"cpu\" memory " + std::to_string(memory) +
       " B headroom 0 B link " + link +
-      " gpus 1 batch 16 micro 16 precision fp32\n"
+      " gpus 1 batch 16 micro 16 precision fp32 hbm 1000000000000 Bps "
+      "flops 1.0e12\n"
       "  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto "
       "max_latency 1.0 gfm none scope features layers 1 dgfg none recalibrate "
       "reuse 0.15 std 0.4 clip none max_norm 1.0 collective none topk 0.15 "

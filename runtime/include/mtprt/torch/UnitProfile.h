@@ -5,7 +5,10 @@
 // FLOPs at a device's nominal peak. Every layer has the same shapes, so layer
 // 1's attention and MLP blocks stand for all: their forward, backward and
 // tensor-grain re-run (Model::projections); the embeddings and each head with
-// its loss, forward and backward; host copies of a block's output both ways.
+// its loss, forward and backward; host copies of a block's output both ways;
+// then the whole model's forward and backward (every layer, every head at its
+// tap: a step's working set, which the segments alone do not have — the
+// planner scales them to it) and AdamW's update of copies of the parameters.
 // Each figure is wall time, the fastest of several runs after a warm-up (other
 // work on the machine only adds time); profile on the machine, threads and
 // micro batch the training will use.
