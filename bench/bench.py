@@ -934,9 +934,18 @@ def section_pareto(args, b, r, out):
             if plan is None:
                 entries.append(dict(e, error=err))
                 continue
+            # The step each cost source predicts for this plan: its own, and
+            # where the decisions do not depend on the costs (none, uniform)
+            # the other source's too.
+            preds = {plan["plan"].get("step_costs"): plan["plan"].get("step_seconds")}
+            if not e["name"].startswith("mtpc @"):
+                other, _ = b.plan(e["text"], ["--costs", costs])
+                if other:
+                    preds[other["plan"].get("step_costs")] = other["plan"].get("step_seconds")
             entries.append(dict(e, kind="mtpc", binary=b.build(e["text"], e.get("plan_args", ())),
                                 budget=plan["budget"]["memory_bytes"],
                                 predicted=plan["plan"]["planned_peak_bytes"],
+                                step_pred=preds,
                                 optimal=plan["plan"].get("search", {}).get("optimal"),
                                 partial=partial_blocks(plan),
                                 regions=len(plan["plan"]["regions"])))
@@ -946,10 +955,21 @@ def section_pareto(args, b, r, out):
         by = {e["name"]: e for e in live}
         none, uni = by["mtpc none"], by.get("mtpc uniform (every layer)")
         rows = []
+        errors = {"roofline": [], "measured": []}
         for e in entries + peers:
             if "error" in e:
-                rows.append([e["name"], "does not fit"] + [""] * 7)
+                rows.append([e["name"], "does not fit"] + [""] * 8)
                 continue
+            step_cell = ""
+            if e["kind"] == "mtpc":
+                cells = []
+                for src in ("roofline", "measured"):
+                    p = e["step_pred"].get(src)
+                    if p:
+                        err = p / e[key] - 1
+                        errors[src].append(err)
+                        cells.append("%s %.0f (%+.0f%%)" % (src, 1e3 * p, 100 * err))
+                step_cell = "; ".join(cells)
             vs = by.get(e.get("peer", ""))
             gap = (e["tracked"] / e["predicted"] - 1) if e.get("predicted") else None
             rows.append([e["name"],
@@ -960,13 +980,22 @@ def section_pareto(args, b, r, out):
                          fmt_ratio(e[key] / none[key]),
                          ("%s RSS, %s time" % (fmt_ratio(e["rss"] / vs["rss"]),
                                                fmt_ratio(e[key] / vs[key]))) if vs else "—",
+                         step_cell,
                          "%d partial, %d regions%s" % (e["partial"], e["regions"],
                                                        "" if e["optimal"] else " (not proven)")
                          if e["kind"] == "mtpc" else ""])
         out.append("\n#### Model %s\n" % label)
         out.append(table(["configuration", "predicted peak", "tracked vs predicted",
                           "RSS above the first step", "ms/step", "time / mtpc none",
-                          "against the peer it is planned to", "plan"], rows))
+                          "against the peer it is planned to",
+                          "predicted step, ms (vs measured)", "plan"], rows))
+        for src, errs in errors.items():
+            if errs:
+                out.append("\nStep predicted by the %s: %+.0f%% to %+.0f%% of the measured step "
+                           "over %d configurations (target: within 10%%).\n"
+                           % ({"roofline": "roofline (no profile)",
+                               "measured": "measured costs"}[src],
+                              100 * min(errs), 100 * max(errs), len(errs)))
         if uni and "mtpc @ uniform's peak" in by:
             at = by["mtpc @ uniform's peak"]
             added_uni, added_at = uni[key] - none[key], at[key] - none[key]

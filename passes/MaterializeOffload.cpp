@@ -1,6 +1,7 @@
 //===- MaterializeOffload.cpp - planned offloads into the step ------------===//
 
 #include "passes/CostModel.h"
+#include "passes/MemoryAnalysis.h"
 #include "passes/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -20,17 +21,6 @@ struct MaterializeOffloadPass
   void runOnOperation() override;
 };
 
-/// The unit group an op belongs to: a task's head, or one backbone block.
-/// Empty for anything but a forward or backward unit.
-std::string groupOf(Operation *op) {
-  std::optional<UnitRef> unit = getUnitRef(op);
-  if (!unit)
-    return "";
-  if (unit->task)
-    return ("task " + unit->task.getValue()).str();
-  return "block " + std::to_string(getBlockNumber(unit->kind, unit->layer));
-}
-
 constexpr int64_t kCopyStream = 1;
 } // namespace
 
@@ -49,45 +39,14 @@ void MaterializeOffloadPass::runOnOperation() {
 
   int64_t tensors = 0, bytes = 0;
   for (FwdOp fwd : offloaded) {
-    std::string owner = groupOf(fwd);
     for (Value value : fwd.getOutputs()) {
-      // Only what the unit's own backward reads leaves the device.
-      Operation *lastForward = fwd, *firstBackward = nullptr;
-      bool own = true, any = false;
-      for (Operation *user : value.getUsers()) {
-        if (isa<BwdOp>(user)) {
-          any = true;
-          own &= groupOf(user) == owner;
-          if (!firstBackward || user->isBeforeInBlock(firstBackward))
-            firstBackward = user;
-        } else if (lastForward->isBeforeInBlock(user)) {
-          lastForward = user;
-        }
-      }
-      if (!any || !own || !firstBackward ||
-          firstBackward->isBeforeInBlock(lastForward))
+      std::optional<OffloadPlacement> at = placeOffload(fwd, value);
+      if (!at)
         continue;
-
-      b.setInsertionPointAfter(lastForward);
+      b.setInsertionPointAfter(at->lastForward);
       auto off = b.create<OffloadOp>(fwd.getLoc(), value.getType(), value,
                                      b.getI64IntegerAttr(kCopyStream));
-      // One unit group ahead: where the group before this one starts its
-      // backward.
-      Operation *issue = firstBackward;
-      std::string before;
-      for (Operation *op = firstBackward->getPrevNode(); op;
-           op = op->getPrevNode()) {
-        std::string g = groupOf(op);
-        if (!isa<BwdOp>(op) || g == owner)
-          continue;
-        if (before.empty())
-          before = g;
-        if (g != before)
-          break;
-        issue = op;
-      }
-      if (issue->isBeforeInBlock(off))
-        issue = firstBackward;
+      Operation *issue = at->issue, *firstBackward = at->firstBackward;
       b.setInsertionPoint(issue);
       auto pre = b.create<PrefetchOp>(fwd.getLoc(), value.getType(), off,
                                       b.getI64IntegerAttr(kCopyStream));

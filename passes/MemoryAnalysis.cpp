@@ -114,7 +114,6 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   StepOp step = model.getStep();
   CostModel cost(model);
   MemoryReport report;
-  Block &body = step.getBody().front();
   const std::vector<std::pair<int64_t, int64_t>> regions =
       checkpointRegions(step);
 
@@ -334,4 +333,52 @@ struct MemoryAnalysisPass
 
 std::unique_ptr<mlir::Pass> mtp::createMemoryAnalysis(MemoryReportSink sink) {
   return std::make_unique<MemoryAnalysisPass>(std::move(sink));
+}
+
+namespace {
+/// The unit group an op belongs to: a task's head, or one backbone block.
+/// Empty for anything but a forward or backward unit.
+std::string groupOf(Operation *op) {
+  std::optional<UnitRef> unit = getUnitRef(op);
+  if (!unit)
+    return "";
+  if (unit->task)
+    return ("task " + unit->task.getValue()).str();
+  return "block " + std::to_string(getBlockNumber(unit->kind, unit->layer));
+}
+} // namespace
+
+std::optional<OffloadPlacement> mtp::placeOffload(FwdOp fwd, Value value) {
+  const std::string owner = groupOf(fwd);
+  Operation *lastForward = fwd, *firstBackward = nullptr;
+  for (Operation *user : value.getUsers()) {
+    if (isa<BwdOp>(user)) {
+      if (groupOf(user) != owner)
+        return std::nullopt;
+      if (!firstBackward || user->isBeforeInBlock(firstBackward))
+        firstBackward = user;
+    } else if (lastForward->isBeforeInBlock(user)) {
+      lastForward = user;
+    }
+  }
+  if (!firstBackward || firstBackward->isBeforeInBlock(lastForward))
+    return std::nullopt;
+  Operation *issue = firstBackward;
+  std::string before;
+  for (Operation *op = firstBackward->getPrevNode(); op;
+       op = op->getPrevNode()) {
+    if (!isa<BwdOp>(op))
+      continue;
+    std::string g = groupOf(op);
+    if (g == owner)
+      continue;
+    if (before.empty())
+      before = g;
+    if (g != before)
+      break;
+    issue = op;
+  }
+  if (!lastForward->isBeforeInBlock(issue))
+    issue = firstBackward;
+  return OffloadPlacement{lastForward, issue, firstBackward};
 }

@@ -120,6 +120,19 @@ std::vector<std::pair<int64_t, int64_t>> checkpointRegions(StepOp step);
 /// The report as attributes on the step (mtp.peak_bytes, ...).
 void attachMemoryReport(StepOp step, const MemoryReport &report);
 
+/// Where an offloaded forward output leaves the device and comes back, as
+/// --mtp-materialize-offload places its copies and the planner's simulator
+/// assumes them: out after its last use that is not a backward unit; the
+/// prefetch issued where the unit group (a backbone block, or a task's head)
+/// whose backward runs just before its own starts — one group ahead, or at
+/// its first backward use when that group started before the copy out —
+/// and waited for at that first use. None when it has no backward reader or
+/// a backward of another unit group reads it (it stays on the device).
+struct OffloadPlacement {
+  mlir::Operation *lastForward, *issue, *firstBackward;
+};
+std::optional<OffloadPlacement> placeOffload(FwdOp owner, mlir::Value value);
+
 } // namespace mtp
 
 #endif // MTPC_PASSES_MEMORYANALYSIS_H

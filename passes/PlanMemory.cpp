@@ -5,6 +5,10 @@
 // of its region's backward (where the region is re-run) to its last use; an
 // offloaded tensor leaves the device after its last forward use and comes
 // back when its prefetch is issued, one unit group ahead of its backward.
+// A unit group is a block or a task's head (MaterializeOffload's, and the
+// runtime's per-unit offload scopes), never a many-block candidate: a tensor
+// leaves the device only if its own block's backward alone reads it, and its
+// prefetch goes one block ahead of its first backward use.
 // Added time: the recomputed units' forward FLOPs, and the transfer time not
 // hidden behind compute, with the host link shared by every copy (copies out
 // behind the rest of the forward, prefetches behind the backward between
@@ -77,6 +81,11 @@ struct MemoryPlanner::Impl {
     /// The output of a unit of its block's projection chain that a backward
     /// reads: re-created there under Decision::Partial.
     bool chain = false;
+    /// Under Decision::Offload: only its own unit group's backward reads it
+    /// (it leaves the device after its last non-backward use, offloadAfter),
+    /// and where its prefetch is issued.
+    bool offloadable = false;
+    int offloadAfter = 0, prefetch = 0;
   };
 
   ModelOp model;
@@ -404,13 +413,15 @@ void MemoryPlanner::Impl::build() {
         if (info.owner >= 0 && !info.bwdBlocks.empty()) {
           candLastFwd[info.owner] =
               std::max(candLastFwd[info.owner], info.lastFwd);
-          // The block's output is kept by the next block's norm; only what
-          // the owner's own backward reads is offloaded with it.
-          bool own = llvm::all_of(info.bwdBlocks, [&](int64_t b) {
-            return fwd.getTaskAttr() ? b == -1 : ownerOf(b, {}) == info.owner;
-          });
-          if (own)
+          // The block's output is kept by the next block's norm, in the
+          // same candidate or not: only what the value's own unit group's
+          // backward reads is offloaded (MaterializeOffload's `own`).
+          if (std::optional<OffloadPlacement> at = placeOffload(fwd, v)) {
+            info.offloadable = true;
             candOffloadBytes[info.owner] += info.bytes;
+            info.offloadAfter = position[at->lastForward];
+            info.prefetch = position[at->issue];
+          }
         }
       }
       values.push_back(std::move(info));
@@ -585,19 +596,15 @@ int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions,
       live(blockBwdStart.lookup(it->second.second), v.last, v.bytes);
       continue;
     }
-    // Offload: what only the owner's backward reads leaves the device.
-    bool own = llvm::all_of(v.bwdBlocks, [&](int64_t b) {
-      if (v.block == -1)
-        return b == -1;
-      auto it = blockOwner.find(b);
-      return it != blockOwner.end() && it->second == v.owner;
-    });
-    if (!own) {
+    // Offload: what only its own unit group's backward reads leaves the
+    // device, and is back from its prefetch, one block ahead (a fixed
+    // position: the other decisions do not move it).
+    if (!v.offloadable) {
       live(v.def, v.last, v.bytes);
       continue;
     }
-    live(v.def, v.lastFwd, v.bytes);
-    live(std::min(candPrefetch[v.owner], v.last), v.last, v.bytes);
+    live(v.def, v.offloadAfter, v.bytes);
+    live(v.prefetch, v.last, v.bytes);
   }
   return timeline->peak(alive, planned).bytes;
 }
