@@ -4,6 +4,7 @@
 
 #include "mtprt/Memory.h"
 #include "mtprt/Runtime.h"
+#include "mtprt/torch/Optimizer.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -830,7 +831,7 @@ void TrainerCore::optimizerStep() {
   }
   st.stats.skipped = !finite;
   if (finite)
-    optimizer_->step();
+    adamwStep(*optimizer_);
   ++step_;
 }
 

@@ -2,6 +2,8 @@
 
 #include "mtprt/torch/UnitProfile.h"
 
+#include "mtprt/torch/Optimizer.h"
+
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/autograd.h>
@@ -161,7 +163,7 @@ void writeUnitProfile(const Model &m, const Batch &batch,
     dropGrads(m);
   }
 
-  // AdamW's update (LibTorch's runs tensor by tensor), on copies of the
+  // AdamW's update as the trainer runs it (adamwStep), on copies of the
   // parameters with gradients: the model's own are left as they are.
   {
     std::vector<at::Tensor> copies;
@@ -173,7 +175,7 @@ void writeUnitProfile(const Model &m, const Batch &batch,
     torch::optim::AdamW adamw(
         copies, torch::optim::AdamWOptions(1e-3).weight_decay(1e-2));
     out["optimizer_s"] =
-        fastestSeconds(device, reps, [] {}, [&] { adamw.step(); },
+        fastestSeconds(device, reps, [] {}, [&] { adamwStep(adamw); },
                        /*median=*/true);
   }
 
