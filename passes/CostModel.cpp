@@ -717,33 +717,6 @@ int64_t CostModel::unitParameters(UnitKind kind, TaskOp task) const {
   llvm_unreachable("unknown unit kind");
 }
 
-int64_t CostModel::parameterTensors() const {
-  // A layer: two norms, QKV, output, up and down projections, each a weight
-  // and a bias.
-  constexpr int64_t kLayer = 12;
-  int64_t n = 2 + kLayer * backbone.getLayers(), tasks = 0;
-  for (TaskOp task : model.getTasks()) {
-    ++tasks;
-    switch (task.getHead()) {
-    case HeadKind::classify: // norm, pooler, classifier
-      n += 6;
-      break;
-    case HeadKind::tag:
-    case HeadKind::span: // norm, projection
-      n += 4;
-      break;
-    case HeadKind::decoder: // embeddings, layers with cross-attention, norm,
-                            // projection
-      n += 2 + *task.getLayers() * (kLayer + 10) + 4;
-      break;
-    }
-  }
-  if (StrategyOp strategy = model.getStrategy())
-    if (strategy.getDgfgHidden() && tasks > 1)
-      n += 4; // the gate's two linears
-  return n;
-}
-
 ParameterCount CostModel::parameters() const {
   ParameterCount count;
   count.embeddings = embeddingParameters();
@@ -918,8 +891,10 @@ double CostModel::opSeconds(Operation *op) const {
   if (!costly)
     return 0.0;
   int64_t kernels = isa<BwdOp>(op) ? 2 : 1;
+  // The runtime's fused AdamW: one call per parameter group (the backbone,
+  // each task's head).
   if (isa<OptimizerStepOp>(op))
-    kernels = 9 * parameterTensors();
+    kernels = 1 + int64_t(llvm::range_size(model.getTasks()));
   return rooflineSeconds(costly.getFlopCount(), trafficBytes(op), kernels);
 }
 

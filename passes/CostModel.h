@@ -180,9 +180,6 @@ public:
   ParameterCount parameters() const;
   /// Parameters unit `kind` (of `task`, for a head) owns.
   int64_t unitParameters(UnitKind kind, TaskOp task = {}) const;
-  /// Parameter tensors (weights and biases) the optimizer updates one by
-  /// one.
-  int64_t parameterTensors() const;
   /// Persistent bytes per fp32 parameter: the weight, its gradient and
   /// AdamW's two moments.
   static constexpr int64_t kWeightBytes = 4, kGradientBytes = 4,
@@ -258,9 +255,9 @@ public:
   /// and reads the gradient (28 B per parameter).
   int64_t trafficBytes(mlir::Operation *op) const;
   /// A step op's seconds on the roofline (its FLOPs, traffic and kernels:
-  /// one per forward unit, two per backward, nine per parameter tensor for
-  /// AdamW's update, which LibTorch runs tensor by tensor). Zero for an op
-  /// that computes nothing.
+  /// one per forward unit, two per backward, one per parameter group for
+  /// the runtime's fused AdamW update). Zero for an op that computes
+  /// nothing.
   double opSeconds(mlir::Operation *op) const;
   /// The blocks the cosine probe's partial backwards run through, per task
   /// (runtime numbering, inclusive; block 0 is the embeddings): empty
