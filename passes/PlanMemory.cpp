@@ -1156,6 +1156,20 @@ PlanResult MemoryPlanner::solveExactly() {
   return best;
 }
 
+PlanResult MemoryPlanner::evaluate(std::vector<Decision> decisions) const {
+  PlanResult r;
+  r.candidates = impl->candidates;
+  r.decisions = std::move(decisions);
+  r.keepStepSeconds = impl->keepStepSeconds;
+  r.measuredCosts = impl->measured != nullptr;
+  finish(*this, r, [&](ArrayRef<Decision> x) { return impl->regions(x); });
+  return r;
+}
+
+bool MemoryPlanner::allowed(size_t c, Decision d) const {
+  return impl->allowed(c, d);
+}
+
 void mtp::attachPlan(ModelOp model, const PlanResult &result) {
   StepOp step = model.getStep();
   CostModel cost(model);

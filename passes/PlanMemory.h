@@ -116,6 +116,11 @@ public:
                              bool minimizePeak = false) const;
   /// Exhaustive search over every combination (tests only; 3^n).
   PlanResult solveExactly();
+  /// A given assignment's plan (peak, added time, regions, offloads), as
+  /// solve() reports its own; attachPlan writes it into the step.
+  PlanResult evaluate(std::vector<Decision> decisions) const;
+  /// Whether candidate `c` may take decision `d` under the strategy.
+  bool allowed(size_t c, Decision d) const;
 
   /// The simulated peak and added time of a given assignment.
   int64_t simulatePeak(llvm::ArrayRef<Decision> decisions) const;

@@ -9,6 +9,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/PlanMemory.h"
+#include "dialect/MTPDialect.h"
+#include "passes/MemoryAnalysis.h"
 #include "passes/Passes.h"
 
 #include "mlir/IR/BuiltinOps.h"
@@ -20,6 +22,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -325,3 +328,99 @@ TEST(PlanMemory, TaskGroupsFollowTheThreshold) {
 }
 
 } // namespace
+
+namespace {
+/// Spec-level models whose candidates take every decision: task-granular
+/// intervals with offload and the DGFG probe; fused attention at dropout 0
+/// (tensor grain) with offload; ATen pointwise ops with dropout.
+const char *const kSimulatorModels[] = {
+    R"(mtp.model @granular {
+  mtp.backbone transformer(layers = 8, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1) attention math pointwise fused
+  mtp.task @pos : tag(labels = 17) from layer 2 loss cross_entropy weight 1.0
+  mtp.task @chunk : tag(labels = 23) from layer 2 loss cross_entropy weight 1.0
+  mtp.task @sst2 : classify(classes = 2) from pooled layer 6 loss cross_entropy weight 1.0
+  mtp.task @mnli : classify(classes = 3) from pooled layer 8 loss cross_entropy weight 1.0
+  mtp.correlate @pos, @chunk = 0.8
+  mtp.budget device "cpu" memory 64 MiB headroom 0 B link 10 GBps gpus 1 batch 8 micro 8 precision fp32
+  mtp.strategy checkpoint task_granular every 1 threshold 0.5 offload cpu_pinned max_latency 1.0 gfm 0.3 scope features layers 1 dgfg 16 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
+})",
+    R"(mtp.model @fused {
+  mtp.backbone transformer(layers = 6, hidden = 48, heads = 4, ffn = 192, vocab = 256, seq = 24, dropout = 0.0) attention fused pointwise fused
+  mtp.task @pos : tag(labels = 6) from layer 1 loss cross_entropy weight 1.0
+  mtp.task @chunk : tag(labels = 5) from layer 4 loss cross_entropy weight 1.0
+  mtp.task @mood : classify(classes = 3) from pooled layer 6 loss cross_entropy weight 2.0
+  mtp.correlate @pos, @chunk = 0.6
+  mtp.budget device "cpu" memory 64 MiB headroom 0 B link 10 GBps gpus 1 batch 16 micro 8 precision fp32
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.0 gfm none scope features layers 1 dgfg 16 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 2.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
+})",
+    R"(mtp.model @aten {
+  mtp.backbone transformer(layers = 4, hidden = 64, heads = 4, ffn = 256, vocab = 512, seq = 32, dropout = 0.1) pointwise aten
+  mtp.task @pos : tag(labels = 12) from layer 2 loss cross_entropy weight 1.0
+  mtp.task @chunk : tag(labels = 8) from layer 2 loss cross_entropy weight 0.5
+  mtp.task @topic : classify(classes = 4) from pooled layer 4 loss cross_entropy weight 1.0
+  mtp.correlate @pos, @chunk = 0.8
+  mtp.budget device "cpu" memory 64 MiB headroom 0 B link 10 GBps gpus 1 batch 8 micro 8 precision fp32
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.0 gfm 0.5 scope features layers 1 dgfg 16 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
+})"};
+} // namespace
+
+// The planner's simulator and the memory analysis of the step it
+// materializes must agree byte for byte on every assignment, not only on the
+// plans the search picks: random assignments of every allowed decision,
+// each attached, materialized (offload, checkpoints) and analysed. Known
+// gap: a tensor-grain re-run's intermediates that no backward reads (the
+// fused norm's output before the up-projection) are alive while it runs in
+// the materialized step, a transient the simulator does not place (it has
+// no position for the re-run); those assignments are held to 1%.
+TEST(PlanMemory, SimulatorMatchesTheMaterializedStep) {
+  MLIRContext context;
+  context.loadDialect<MTPDialect>();
+  int runs = 0;
+  for (const char *text : kSimulatorModels) {
+    OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(text, &context);
+    ASSERT_TRUE(module);
+    PassManager pm(&context);
+    OpPassManager &nested = pm.nest<ModelOp>();
+    nested.addPass(createNormalizeSpec());
+    nested.addPass(createExpandTrainingStep());
+    nested.addPass(createFuseTaskGradients());
+    nested.addPass(createCompressCollectives());
+    ASSERT_TRUE(succeeded(pm.run(*module)));
+    ModelOp model = *module->getOps<ModelOp>().begin();
+    MemoryPlanner planner(model);
+    const size_t n = planner.getCandidates().size();
+    std::vector<std::vector<Decision>> choices(n);
+    for (size_t c = 0; c < n; ++c)
+      for (Decision d : {Decision::Keep, Decision::Recompute, Decision::Offload,
+                         Decision::Partial})
+        if (planner.allowed(c, d))
+          choices[c].push_back(d);
+    std::mt19937 rng(11);
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<Decision> d(n);
+      for (size_t c = 0; c < n; ++c)
+        d[c] = choices[c][rng() % choices[c].size()];
+      PlanResult r = planner.evaluate(d);
+      OwningOpRef<ModuleOp> clone = module->clone();
+      ModelOp planned = *clone->getOps<ModelOp>().begin();
+      attachPlan(planned, r);
+      PassManager materialize(&context);
+      OpPassManager &m = materialize.nest<ModelOp>();
+      m.addPass(createMaterializeOffload());
+      m.addPass(createMaterializeCheckpoints());
+      ASSERT_TRUE(succeeded(materialize.run(*clone)));
+      std::string what;
+      for (Decision x : d)
+        what += stringifyDecision(x).substr(0, 1);
+      const int64_t analysed = analyzeMemory(planned).peakBytes;
+      if (llvm::is_contained(d, Decision::Partial))
+        EXPECT_NEAR(double(analysed), double(r.peakBytes), 0.01 * analysed)
+            << model.getSymName().str() << " " << what;
+      else
+        EXPECT_EQ(analysed, r.peakBytes)
+            << model.getSymName().str() << " " << what;
+      ++runs;
+    }
+  }
+  RecordProperty("assignments", runs);
+}
