@@ -892,7 +892,9 @@ def section_pareto(args, b, r, out):
                "(issue #17): at each compile peer's peak, ≤ 0.9× its step time; at uniform's "
                "peak, at most half of uniform's added time; at ⅓ of the activations, ≤ 1.15× "
                "the no-strategy step. `(measured costs)`: planned with `--costs` from the "
-               "binary's `--profile-units` on this machine (`mtpc profile`), not FLOPs.\n"
+               "binary's `--profile-units` on this machine (`mtpc profile`), not the roofline. "
+               "`predicted step`: the plan's predicted step (roofline or measured costs) against "
+               "the measured one.\n"
                % ("CPU" if key == "cpu_step" else "wall", args.threads or "LibTorch's"))
     for label, make in models:
         keep_text = make({})
