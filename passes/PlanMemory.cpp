@@ -86,6 +86,8 @@ struct MemoryPlanner::Impl {
     /// and where its prefetch is issued.
     bool offloadable = false;
     int offloadAfter = 0, prefetch = 0;
+    /// Under Decision::Partial, a chain value's position when re-created.
+    int rerun = 0;
   };
 
   ModelOp model;
@@ -108,7 +110,13 @@ struct MemoryPlanner::Impl {
   /// Per candidate under Decision::Partial: the first backward position
   /// reading a chain output (where the chain re-runs), its forward FLOPs and
   /// the bytes it frees.
-  std::vector<int> candPartialAt;
+  /// Per candidate: the units of its projection chain in forward order,
+  /// the positions they re-run at under Decision::Partial, and what the
+  /// re-run holds there besides the values it re-creates for the backward
+  /// (outputs no backward reads, each unit's workspace): (from, to, bytes).
+  std::vector<SmallVector<FwdOp, 3>> rerunOps;
+  std::vector<SmallVector<int, 3>> rerunAt;
+  std::vector<SmallVector<std::tuple<int, int, int64_t>>> rerunTransients;
   std::vector<int64_t> candPartialBytes;
   /// Per block: its forward's seconds (what a recompute re-runs); per
   /// candidate under Decision::Partial: its chain's.
@@ -284,10 +292,48 @@ void MemoryPlanner::Impl::build() {
     candidates.push_back(std::move(c));
   }
 
-  // Positions: the timeline of the step as it stands (nothing materialized).
+  // A tensor-grain block's chain re-runs, when the plan says Partial, just
+  // before the first backward unit that reads one of its outputs (where
+  // --mtp-materialize-checkpoints puts its mtp.recompute): its units get
+  // positions of their own there, empty unless the block is Partial.
+  llvm::DenseMap<Operation *, int> bodyIndex;
+  for (Operation &op : body)
+    bodyIndex[&op] = bodyIndex.size();
+  llvm::DenseMap<Operation *, int> rerunBefore; // first reader -> candidate
+  rerunOps.assign(candidates.size(), {});
+  {
+    std::vector<Operation *> firstReader(candidates.size(), nullptr);
+    for (FwdOp fwd : body.getOps<FwdOp>()) {
+      const int64_t b = getBlockNumber(fwd.getUnit(), fwd.getLayer());
+      auto owner = blockOwner.find(b);
+      if (fwd.getTaskAttr() || owner == blockOwner.end() ||
+          !candidates[owner->second].canPartial ||
+          !cost.inProjectionChain(b, fwd.getUnit()))
+        continue;
+      rerunOps[owner->second].push_back(fwd);
+      for (Operation *user : fwd.getOutput().getUsers())
+        if (isa<BwdOp>(user) &&
+            (!firstReader[owner->second] ||
+             bodyIndex[user] < bodyIndex[firstReader[owner->second]]))
+          firstReader[owner->second] = user;
+    }
+    for (size_t c = 0; c < candidates.size(); ++c)
+      if (firstReader[c])
+        rerunBefore[firstReader[c]] = c;
+      else
+        rerunOps[c].clear();
+  }
+  // Positions: the timeline of the step as it stands (nothing materialized),
+  // with those re-run positions (null ops: no workspace of their own).
   llvm::DenseMap<Operation *, int> position;
   SmallVector<Operation *> order;
+  rerunAt.assign(candidates.size(), {});
   for (Operation &op : body) {
+    if (auto it = rerunBefore.find(&op); it != rerunBefore.end())
+      for (size_t k = 0; k < rerunOps[it->second].size(); ++k) {
+        rerunAt[it->second].push_back(numOps++);
+        order.push_back(nullptr);
+      }
     position[&op] = numOps++;
     order.push_back(&op);
   }
@@ -297,7 +343,6 @@ void MemoryPlanner::Impl::build() {
   candBwdStart.assign(candidates.size(), numOps);
   candLastFwd.assign(candidates.size(), 0);
   candOffloadBytes.assign(candidates.size(), 0);
-  candPartialAt.assign(candidates.size(), numOps);
   candPartialBytes.assign(candidates.size(), 0);
   candPartialSeconds.assign(candidates.size(), 0.0);
   auto ownerOf = [&](int64_t block, FlatSymbolRefAttr task) -> int {
@@ -364,8 +409,14 @@ void MemoryPlanner::Impl::build() {
           bwdGroups.push_back({pos, owner});
       }
     }
-    fwdSecondsBefore[pos + 1] = fwdSecondsBefore[pos] + fwdS;
-    bwdSecondsBefore[pos + 1] = bwdSecondsBefore[pos] + bwdS;
+    fwdSecondsBefore[pos + 1] = fwdS;
+    bwdSecondsBefore[pos + 1] = bwdS;
+  }
+  // Prefix sums (a re-run position computes nothing unless planned, and
+  // its time is the plan's added time).
+  for (int pos = 0; pos < numOps; ++pos) {
+    fwdSecondsBefore[pos + 1] += fwdSecondsBefore[pos];
+    bwdSecondsBefore[pos + 1] += bwdSecondsBefore[pos];
   }
   // The cosine probe's partial backwards, one per task (when the runtime
   // measures cosines, every step by default): its path's blocks once more.
@@ -405,10 +456,8 @@ void MemoryPlanner::Impl::build() {
             v == fwd.getOutput() && !info.bwdBlocks.empty()) {
           info.chain = true;
           candPartialBytes[info.owner] += info.bytes;
-          for (Operation *user : v.getUsers())
-            if (isa<BwdOp>(user))
-              candPartialAt[info.owner] =
-                  std::min(candPartialAt[info.owner], position[user]);
+          const auto &ops = rerunOps[info.owner];
+          info.rerun = rerunAt[info.owner][llvm::find(ops, fwd) - ops.begin()];
         }
         if (info.owner >= 0 && !info.bwdBlocks.empty()) {
           candLastFwd[info.owner] =
@@ -427,6 +476,28 @@ void MemoryPlanner::Impl::build() {
       values.push_back(std::move(info));
     }
   }
+  // What a chain's re-run holds besides the values it re-creates: as the
+  // materialized mtp.recompute runs its units, each output no backward reads
+  // lives until the last unit of the re-run that takes it; each unit's
+  // workspace while it runs.
+  rerunTransients.assign(candidates.size(), {});
+  for (size_t c = 0; c < candidates.size(); ++c)
+    for (auto [k, fwd] : llvm::enumerate(rerunOps[c])) {
+      const int at = rerunAt[c][k];
+      rerunTransients[c].push_back({at, at, int64_t(fwd.getWorkspace())});
+      for (Value r : fwd->getResults()) {
+        const bool recreated =
+            r == fwd.getOutput() &&
+            llvm::any_of(r.getUsers(), [](Operation *u) { return isa<BwdOp>(u); });
+        if (recreated)
+          continue;
+        int to = at;
+        for (size_t j = k + 1; j < rerunOps[c].size(); ++j)
+          if (llvm::is_contained(rerunOps[c][j]->getOperands(), r))
+            to = rerunAt[c][j];
+        rerunTransients[c].push_back({at, to, CostModel::bytes(r.getType())});
+      }
+    }
   // A backward's aliased gradients are its incoming one: no bytes of their
   // own, and the incoming one lives as long (walked backwards, so an
   // alias's lifetime is final when its op is reached).
@@ -579,7 +650,7 @@ int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions,
       // Re-created from the block's kept input at the first backward unit
       // that reads a chain output.
       live(v.def, v.lastFwd, v.bytes);
-      live(candPartialAt[v.owner], v.last, v.bytes);
+      live(v.rerun, v.last, v.bytes);
       continue;
     }
     if (d == Decision::Recompute) {
@@ -606,6 +677,10 @@ int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions,
     live(v.def, v.offloadAfter, v.bytes);
     live(v.prefetch, v.last, v.bytes);
   }
+  for (size_t c = 0; c < candidates.size(); ++c)
+    if (decisions[c] == Decision::Partial)
+      for (auto [from, to, bytes] : rerunTransients[c])
+        live(from, to, bytes);
   return timeline->peak(alive, planned).bytes;
 }
 

@@ -28,7 +28,7 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
   // op says the scope).
   int64_t perTask = 0, topLayersFrom = INT64_MAX, deferred = 0;
   for (Operation *op : order)
-    if (auto f = dyn_cast<FuseTaskGradsOp>(op);
+    if (auto f = dyn_cast_if_present<FuseTaskGradsOp>(op);
         f && f.getScope() == GradientScope::params && model.getStrategy()) {
       const int64_t k = model.getStrategy().getScopeLayers();
       perTask = cost.perTaskParameterGradientBytes(1, k);
@@ -38,6 +38,8 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
   relief.assign(order.size(), {0, 0});
   llvm::StringSet<> arrived;
   for (auto [pos, op] : llvm::enumerate(order)) {
+    if (!op) // a position of its own with nothing on it (the planner's)
+      continue;
     if (auto f = dyn_cast<FuseTaskGradsOp>(op)) {
       fuse = f;
       fusePosition = pos;

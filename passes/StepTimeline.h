@@ -28,7 +28,8 @@ namespace mtp {
 class StepTimeline {
 public:
   /// `order`: the step's ops as they run (a checkpoint or recompute region's
-  /// ops inline, where they run).
+  /// ops inline, where they run); a null op is a position with nothing of
+  /// its own (the planner's place for a re-run it may plan).
   StepTimeline(ModelOp model, const CostModel &cost,
                llvm::ArrayRef<mlir::Operation *> order);
 
