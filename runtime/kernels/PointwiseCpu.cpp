@@ -1,7 +1,8 @@
 //===- PointwiseCpu.cpp - the generic-width pointwise kernels -------------===//
 //
-// Compiled twice (runtime/kernels/CMakeLists.txt): CPU_CAPABILITY=DEFAULT
-// and AVX2 (with -mavx2 -mfma); each defines its table in its own namespace.
+// Compiled once per instruction set (runtime/kernels/CMakeLists.txt):
+// CPU_CAPABILITY=DEFAULT, AVX2 (-mavx2 -mfma) and AVX512 (-mavx512f/bw/vl/dq);
+// each defines its table in its own namespace.
 //
 //===----------------------------------------------------------------------===//
 

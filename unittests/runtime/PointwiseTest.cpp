@@ -41,7 +41,7 @@ NormCase normCase(int64_t rows, int64_t width, uint64_t seed) {
 }
 
 const int64_t kWidths[] = {64, 67, 256};
-const char *kIsas[] = {"default", "avx2"};
+const char *kIsas[] = {"default", "avx2", "avx512"};
 
 } // namespace
 

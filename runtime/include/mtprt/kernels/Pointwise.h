@@ -41,15 +41,19 @@ struct PointwiseCpu {
                        int64_t n) = nullptr;
 };
 
-/// The generic-width kernels for this CPU: AVX2+FMA where it has them, else
-/// the portable build.
+/// The generic-width kernels for this CPU: AVX-512 (F, BW, VL, DQ) or
+/// AVX2+FMA where it has them, else the portable build.
 const PointwiseCpu &pointwiseCpu();
-/// The name of the instruction set pointwiseCpu() uses ("avx2", "default").
+/// The name of the instruction set pointwiseCpu() uses ("avx512", "avx2",
+/// "default").
 const char *pointwiseCpuIsa();
 /// Whether the AVX2+FMA kernels may run on this CPU.
 bool cpuHasAvx2Fma();
-/// The kernels of instruction set `isa` ("avx2", "default"), or null where
-/// this build or this CPU has none (tests check each against ATen).
+/// Whether the AVX-512 kernels may run on this CPU.
+bool cpuHasAvx512();
+/// The kernels of instruction set `isa` ("avx512", "avx2", "default"), or
+/// null where this build or this CPU has none (tests check each against
+/// ATen).
 const PointwiseCpu *pointwiseCpuFor(const char *isa);
 
 /// The CUDA twins (on `stream`); each returns a cudaError_t (0 = success).
