@@ -711,6 +711,7 @@ int64_t CostModel::unitParameters(UnitKind kind, TaskOp task) const {
   case UnitKind::attn_core:
   case UnitKind::attn_residual:
   case UnitKind::mlp_act:
+  case UnitKind::mlp_residual:
   case UnitKind::loss:
     return 0;
   }
