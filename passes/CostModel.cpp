@@ -831,14 +831,13 @@ CostModel::gradientExchange(ArrayRef<AllReduceOp> buckets) const {
 // Time and budget
 //===----------------------------------------------------------------------===//
 
-double CostModel::computeSeconds(int64_t flops) const {
+double CostModel::peakFlops() const {
   if (budget)
     if (std::optional<APFloat> override = budget.getPeakFlops())
-      return double(flops) / override->convertToDouble();
-  double peak = precision == Precision::fp32   ? preset->fp32Flops
-                : precision == Precision::bf16 ? preset->bf16Flops
-                                               : preset->fp16Flops;
-  return double(flops) / peak;
+      return override->convertToDouble();
+  return precision == Precision::fp32   ? preset->fp32Flops
+         : precision == Precision::bf16 ? preset->bf16Flops
+                                        : preset->fp16Flops;
 }
 
 double CostModel::memoryBandwidth() const {

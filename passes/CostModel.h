@@ -237,8 +237,13 @@ public:
   //===--- Time ------------------------------------------------------------===//
 
   const DevicePreset &device() const { return *preset; }
-  /// Seconds for `flops` at the device's peak for the training precision.
-  double computeSeconds(int64_t flops) const;
+  /// The device's peak FLOP/s for the training precision (the budget's
+  /// peak_tflops, else the preset's).
+  double peakFlops() const;
+  /// Seconds for `flops` at that peak.
+  double computeSeconds(int64_t flops) const {
+    return double(flops) / peakFlops();
+  }
   /// Device memory bandwidth, bytes/s (the budget's hbm_bandwidth, else the
   /// preset's).
   double memoryBandwidth() const;

@@ -80,7 +80,7 @@ def PlanMemory : Pass<"mtp-plan-memory", "::mtp::ModelOp"> {
            "branch-and-bound nodes before the search keeps its best plan">,
     Option<"costs", "costs", "std::string", /*default=*/"",
            "segment costs measured on the target (mtpc profile's JSON); "
-           "default: FLOPs at the device's peak rate">
+           "default: the cost model's roofline">
   ];
 }
 

@@ -32,7 +32,7 @@ struct PlanPipelineOptions
   Option<std::string> costs{
       *this, "costs",
       llvm::cl::desc("Plan with the segment costs measured on the target "
-                     "(mtpc profile's JSON) instead of FLOPs at peak"),
+                     "(mtpc profile's JSON) instead of the roofline"),
       llvm::cl::init("")};
 };
 

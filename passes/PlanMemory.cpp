@@ -9,7 +9,8 @@
 // runtime's per-unit offload scopes), never a many-block candidate: a tensor
 // leaves the device only if its own block's backward alone reads it, and its
 // prefetch goes one block ahead of its first backward use.
-// Added time: the recomputed units' forward FLOPs, and the transfer time not
+// Added time: the recomputed units' forward time (measured, or the cost
+// model's roofline), and the transfer time not
 // hidden behind compute, with the host link shared by every copy (copies out
 // behind the rest of the forward, prefetches behind the backward between
 // their issue and their use).
@@ -138,7 +139,7 @@ struct MemoryPlanner::Impl {
   Impl(ModelOp model, const MeasuredCosts *measured)
       : model(model), cost(model), measured(measured) {}
 
-  /// Measured segment costs (mtpc profile), or null: FLOPs at the peak rate.
+  /// Measured segment costs (mtpc profile), or null: the roofline.
   const MeasuredCosts *measured = nullptr;
   /// Per block / task: backward FLOPs; per task: its head's and loss's
   /// forward FLOPs (the measured segments' times are shared out by FLOPs).
@@ -296,9 +297,6 @@ void MemoryPlanner::Impl::build() {
   // before the first backward unit that reads one of its outputs (where
   // --mtp-materialize-checkpoints puts its mtp.recompute): its units get
   // positions of their own there, empty unless the block is Partial.
-  llvm::DenseMap<Operation *, int> bodyIndex;
-  for (Operation &op : body)
-    bodyIndex[&op] = bodyIndex.size();
   llvm::DenseMap<Operation *, int> rerunBefore; // first reader -> candidate
   rerunOps.assign(candidates.size(), {});
   {
@@ -314,7 +312,7 @@ void MemoryPlanner::Impl::build() {
       for (Operation *user : fwd.getOutput().getUsers())
         if (isa<BwdOp>(user) &&
             (!firstReader[owner->second] ||
-             bodyIndex[user] < bodyIndex[firstReader[owner->second]]))
+             user->isBeforeInBlock(firstReader[owner->second])))
           firstReader[owner->second] = user;
     }
     for (size_t c = 0; c < candidates.size(); ++c)

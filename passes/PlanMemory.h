@@ -99,8 +99,8 @@ struct SolveOptions {
 class MemoryPlanner {
 public:
   /// `model` must be expanded into a step. With `measured` (mtpc profile;
-  /// kept alive by the caller), times are those segments' instead of FLOPs
-  /// at the device's peak rate.
+  /// kept alive by the caller), times are those segments' instead of the
+  /// cost model's roofline.
   explicit MemoryPlanner(ModelOp model,
                          const MeasuredCosts *measured = nullptr);
   ~MemoryPlanner();

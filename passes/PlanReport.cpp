@@ -310,7 +310,7 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
         os << llvm::formatv("  step time: the roofline at {0} ({1:f0} GFLOP/s, "
                             "{2:f0} GB/s; `mtpc profile` measures them)\n",
                             cost.device().name,
-                            1e-9 / std::max(cost.computeSeconds(1), 1e-30),
+                            cost.peakFlops() * 1e-9,
                             cost.memoryBandwidth() * 1e-9);
     }
     if (plan.getOptimal())

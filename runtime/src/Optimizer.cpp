@@ -11,18 +11,41 @@
 
 namespace mtprt {
 
-void adamwStep(torch::optim::AdamW &optimizer) {
-  using torch::optim::AdamWOptions;
-  using torch::optim::AdamWParamState;
-  // What the fused kernel does not take goes through LibTorch's loop.
+torch::optim::AdamWParamState &adamwState(torch::optim::AdamW &optimizer,
+                                          const at::Tensor &p) {
+  auto &slot = optimizer.state()[p.unsafeGetTensorImpl()];
+  if (!slot) {
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(0);
+    s->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+    s->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+    slot = std::move(s);
+  }
+  return static_cast<torch::optim::AdamWParamState &>(*slot);
+}
+
+namespace {
+/// Whether every group and gradient is one the fused kernel takes.
+bool fusable(torch::optim::AdamW &optimizer) {
   for (auto &group : optimizer.param_groups()) {
-    if (static_cast<AdamWOptions &>(group.options()).amsgrad())
-      return optimizer.step(), void();
+    if (static_cast<torch::optim::AdamWOptions &>(group.options()).amsgrad())
+      return false;
     for (const at::Tensor &p : group.params())
       if (p.grad().defined() &&
           (p.grad().is_sparse() || p.grad().scalar_type() != p.scalar_type() ||
            p.grad().device() != p.device()))
-        return optimizer.step(), void();
+        return false;
+  }
+  return true;
+}
+} // namespace
+
+void adamwStep(torch::optim::AdamW &optimizer) {
+  using torch::optim::AdamWOptions;
+  using torch::optim::AdamWParamState;
+  if (!fusable(optimizer)) {
+    optimizer.step();
+    return;
   }
   torch::NoGradGuard noGrad;
   for (auto &group : optimizer.param_groups()) {
@@ -36,15 +59,7 @@ void adamwStep(torch::optim::AdamW &optimizer) {
     for (at::Tensor &p : group.params()) {
       if (!p.grad().defined())
         continue;
-      auto &slot = optimizer.state()[p.unsafeGetTensorImpl()];
-      if (!slot) { // as LibTorch's first step creates it
-        auto s = std::make_unique<AdamWParamState>();
-        s->step(0);
-        s->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        s->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        slot = std::move(s);
-      }
-      auto &s = static_cast<AdamWParamState &>(*slot);
+      AdamWParamState &s = adamwState(optimizer, p);
       s.step(s.step() + 1);
       Lists &l = by[{p.device().str(), int(p.scalar_type())}];
       l.params.push_back(p);

@@ -166,13 +166,8 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
   // step — the plan's peak includes them — and a plan too large for the
   // device fails in its first step, not its second.
   for (const auto &group : optimizer_->param_groups())
-    for (const at::Tensor &p : group.params()) {
-      auto state = std::make_unique<torch::optim::AdamWParamState>();
-      state->step(0);
-      state->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-      state->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-      optimizer_->state()[p.unsafeGetTensorImpl()] = std::move(state);
-    }
+    for (const at::Tensor &p : group.params())
+      adamwState(*optimizer_, p);
 }
 
 TrainerCore::~TrainerCore() = default;

@@ -116,8 +116,8 @@ cl::opt<Format> format(
 cl::opt<std::string> costsFile(
     "costs",
     cl::desc("plan, build: plan with the segment costs `mtpc profile` "
-             "measured on the target (JSON) instead of FLOPs at the device's "
-             "peak rate"),
+             "measured on the target (JSON) instead of the cost model's "
+             "roofline"),
     cl::value_desc("FILE"), cl::init(""));
 cl::opt<std::string> profileThreads(
     "profile-threads",

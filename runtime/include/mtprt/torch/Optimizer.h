@@ -22,6 +22,11 @@ namespace mtprt {
 /// uses amsgrad or a gradient is sparse or of another dtype).
 void adamwStep(torch::optim::AdamW &optimizer);
 
+/// `p`'s AdamW state, made as LibTorch's first step makes it (step 0, zero
+/// moments) where it has none yet.
+torch::optim::AdamWParamState &adamwState(torch::optim::AdamW &optimizer,
+                                          const at::Tensor &p);
+
 } // namespace mtprt
 
 #endif // MTPRT_TORCH_OPTIMIZER_H

@@ -2,7 +2,7 @@
 //
 // `--profile-units FILE` (mtprt-run and every binary `mtpc build` makes; `mtpc
 // profile` runs it): the costs `mtpc plan --costs FILE` plans with instead of
-// FLOPs at a device's nominal peak. Every layer has the same shapes, so layer
+// the cost model's roofline. Every layer has the same shapes, so layer
 // 1's attention and MLP blocks stand for all: their forward, backward and
 // tensor-grain re-run (Model::projections); the embeddings and each head with
 // its loss, forward and backward; host copies of a block's output both ways;
