@@ -7,7 +7,11 @@ include "dialect/MTPDialect.td"
 include "mlir/IR/EnumAttr.td"
 
 def MTP_BackboneKind : I32EnumAttr<"BackboneKind", "kind of shared backbone", [
-    I32EnumAttrCase<"transformer", 0>
+    // mtpc's own pre-norm transformer (no Hugging Face names).
+    I32EnumAttrCase<"transformer", 0>,
+    // GPT-2: pre-norm, causal attention, GELU's tanh form, a final LayerNorm
+    // on the last layer's output; loads and exports Hugging Face weights.
+    I32EnumAttrCase<"gpt2", 1>
   ]> {
   let cppNamespace = "::mtp";
   let genSpecializedAttr = 0;
@@ -192,7 +196,8 @@ def MTP_UnitKind : I32EnumAttr<"UnitKind", "a unit of the training step", [
     I32EnumAttrCase<"mlp_down", 9>,       // down-projection
     I32EnumAttrCase<"mlp_residual", 10>,  // dropout + residual add
     I32EnumAttrCase<"head", 11>,          // a task head on its tap
-    I32EnumAttrCase<"loss", 12>           // the task's loss
+    I32EnumAttrCase<"loss", 12>,          // the task's loss
+    I32EnumAttrCase<"final_norm", 13>     // a LayerNorm on the last layer's output
   ]> {
   let cppNamespace = "::mtp";
   let genSpecializedAttr = 0;

@@ -574,6 +574,23 @@ LogicalResult BackboneOp::verify() {
     return emitOpError("hidden size ")
            << getHidden() << " does not split into " << getHeads()
            << " attention heads";
+  if (std::optional<uint64_t> p = getPositions()) {
+    if (failed(checkRange(*this, "positions", *p, limits::kPositions)))
+      return failure();
+    if (*p < getSeq())
+      return emitOpError("has ")
+             << *p << " position rows, fewer than seq = " << getSeq();
+  }
+  if (getNormEps() &&
+      failed(checkReal(*this, "norm_eps", getNormEpsilon(), limits::kNormEps)))
+    return failure();
+  if (getWeights() && getKind() == BackboneKind::transformer)
+    return emitOpError("a transformer backbone has no Hugging Face weights "
+                       "to load; declare the checkpoint's family");
+  if (hasGeluTanh() && getPointwise() == PointwiseKind::fused)
+    return emitOpError("pointwise fused computes GELU's erf form; a ")
+           << stringifyBackboneKind(getKind())
+           << " backbone's GELU is the tanh form: pointwise aten";
   return checkReal(*this, "dropout", getDropout().convertToDouble(),
                    limits::kDropout);
 }
@@ -884,6 +901,7 @@ int64_t mtp::getBlockNumber(UnitKind kind, uint64_t layer) {
   case UnitKind::mlp_act:
   case UnitKind::mlp_down:
   case UnitKind::mlp_residual:
+  case UnitKind::final_norm:
     return 2 * int64_t(layer);
   }
   llvm_unreachable("unknown unit kind");

@@ -72,7 +72,11 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
   let description = [{
     A pre-norm transformer of `layers` layers; `hidden` must split evenly
     into `heads` attention heads. Layer 0 is the embedding output, layers
-    1..`layers` are the transformer layers' outputs.
+    1..`layers` are the transformer layers' outputs. `gpt2` is GPT-2's
+    architecture (causal, GELU's tanh form, a final LayerNorm that layer
+    `layers`' output passes through); `positions` rows of learned
+    positions (default `seq`), `norm_eps` the norms' epsilon (1e-5), and
+    `weights` a Hugging Face directory whose weights the binary loads.
 
     ```mlir
     mtp.backbone transformer(layers = 24, hidden = 1024, heads = 16,
@@ -89,16 +93,31 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
                        MTP_PositiveI64Attr:$seq,
                        F64Attr:$dropout,
                        OptionalAttr<MTP_AttentionKindAttr>:$attention,
-                       OptionalAttr<MTP_PointwiseKindAttr>:$pointwise);
+                       OptionalAttr<MTP_PointwiseKindAttr>:$pointwise,
+                       OptionalAttr<I64Attr>:$positions,
+                       OptionalAttr<F64Attr>:$norm_eps,
+                       OptionalAttr<StrAttr>:$weights);
   let assemblyFormat = [{
     $kind `(` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
               `heads` `=` $heads `,` `ffn` `=` $ffn `,`
               `vocab` `=` $vocab `,` `seq` `=` $seq `,` `dropout` `=` $dropout `)`
-              (`attention` $attention^)? (`pointwise` $pointwise^)? attr-dict
+              (`attention` $attention^)? (`pointwise` $pointwise^)?
+              (`positions` $positions^)? (`norm_eps` $norm_eps^)?
+              (`weights` $weights^)? attr-dict
   }];
   let hasVerifier = 1;
   let extraClassDeclaration = [{
     int64_t getHeadDim() { return getHidden() / getHeads(); }
+    /// Rows of the position table: `positions`, else `seq`.
+    int64_t getPositionRows() { return getPositions().value_or(getSeq()); }
+    double getNormEpsilon() {
+      return getNormEps() ? getNormEps()->convertToDouble() : 1e-5;
+    }
+    bool isCausal() { return getKind() == BackboneKind::gpt2; }
+    /// GELU's tanh form (GPT-2's gelu_new).
+    bool hasGeluTanh() { return getKind() == BackboneKind::gpt2; }
+    /// A LayerNorm on the last layer's output (unit final_norm).
+    bool hasFinalNorm() { return getKind() == BackboneKind::gpt2; }
   }];
 }
 

@@ -79,7 +79,12 @@ void mtp::ast::dump(const Model &model, llvm::raw_ostream &os) {
   d.line(model.loc) << "model " << model.name << '\n';
   d.indent = 1;
   for (const Backbone &bb : model.backbones) {
-    d.line(bb.loc) << "backbone " << bb.kind << '\n';
+    d.line(bb.loc) << "backbone ";
+    if (bb.source)
+      d.value(*bb.source);
+    else
+      d.os << bb.kind;
+    d.os << '\n';
     ++d.indent;
     d.entries(bb.entries);
     --d.indent;

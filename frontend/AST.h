@@ -91,9 +91,12 @@ struct Correlation {
 };
 
 struct Backbone {
+  /// The kind (`transformer`, `gpt2`), or the call's name (`pretrained`).
   std::string kind;
   Location loc, kindLoc;
   std::vector<Entry> entries;
+  /// `backbone pretrained("DIR")`: the call, with its arguments.
+  std::optional<Value> source;
 };
 
 /// `budget { ... }`, `strategy { ... }`, `train { ... }` or an unknown name.

@@ -22,13 +22,17 @@ public:
 
     const auto &bb = spec.backbone;
     builder.create<BackboneOp>(
-        loc(bb.loc), BackboneKindAttr::get(ctx(), BackboneKind::transformer),
+        loc(bb.loc), BackboneKindAttr::get(ctx(), bb.kind),
         i64(bb.layers), i64(bb.hidden), i64(bb.heads), i64(bb.ffn),
         i64(bb.vocab), i64(bb.seq), f64(bb.dropout),
         bb.attention ? AttentionKindAttr::get(ctx(), *bb.attention)
                      : AttentionKindAttr(),
         bb.pointwise ? PointwiseKindAttr::get(ctx(), *bb.pointwise)
-                     : PointwiseKindAttr());
+                     : PointwiseKindAttr(),
+        bb.positions ? builder.getI64IntegerAttr(*bb.positions)
+                     : IntegerAttr(),
+        bb.normEps ? builder.getF64FloatAttr(*bb.normEps) : FloatAttr(),
+        bb.weights ? builder.getStringAttr(*bb.weights) : StringAttr());
 
     for (const CheckedSpec::Task &t : spec.tasks) {
       auto task = builder.create<TaskOp>(

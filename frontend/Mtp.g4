@@ -18,7 +18,8 @@ item        : backbone
             ;
 
 // backbone transformer { layers = 24  hidden = 1024 ... }
-backbone    : BACKBONE kind=ident block ;
+// backbone pretrained("models/gpt2") { seq = 256 }
+backbone    : BACKBONE (source=call | kind=ident) block? ;
 
 // task mnli : classify(classes = 3) from pooled loss cross_entropy weight 1.0
 task        : TASK name=ident COLON head=call taskClause* ;

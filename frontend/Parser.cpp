@@ -260,8 +260,13 @@ public:
 
 private:
   ast::Backbone backbone(MtpParser::BackboneContext *ctx) {
+    if (ctx->source) {
+      ast::Value source = call(ctx->source);
+      return {source.name, loc(ctx), loc(ctx->source->name),
+              entries(ctx->block()), std::move(source)};
+    }
     return {ctx->kind->getText(), loc(ctx), loc(ctx->kind),
-            entries(ctx->block())};
+            entries(ctx->block()), std::nullopt};
   }
 
   ast::Task task(MtpParser::TaskContext *ctx) {

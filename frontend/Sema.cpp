@@ -11,6 +11,7 @@
 #include "frontend/Sema.h"
 
 #include "dialect/Devices.h"
+#include "frontend/Pretrained.h"
 #include "mtprt/Limits.h"
 
 #include "mlir/IR/Diagnostics.h"
@@ -21,6 +22,7 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
+#include "llvm/Support/Path.h"
 
 #include <cmath>
 #include <cstdio>
@@ -95,9 +97,14 @@ constexpr Deferred kDeferredBudget[] = {
 };
 
 // Keys per section, so a key written in the wrong section gets pointed home.
-constexpr StringRef kBackboneKeys[] = {"layers", "hidden",  "heads",
-                                       "ffn",    "vocab",   "seq",
-                                       "dropout", "attention", "pointwise"};
+constexpr StringRef kBackboneKeys[] = {
+    "layers",    "hidden",    "heads",     "ffn",     "vocab", "seq",
+    "dropout",   "attention", "pointwise", "positions", "norm_eps"};
+/// What a pretrained backbone's config.json fixes (and its name there).
+constexpr std::pair<StringRef, StringRef> kFixedByCheckpoint[] = {
+    {"layers", "n_layer"}, {"hidden", "n_embd"},    {"heads", "n_head"},
+    {"ffn", "n_inner"},    {"vocab", "vocab_size"}, {"positions", "n_positions"},
+    {"norm_eps", "layer_norm_epsilon"}};
 constexpr StringRef kBudgetKeys[] = {
     "device",       "memory",      "headroom",     "host_link",
     "gpus",         "global_batch", "micro_batch", "accumulation",
@@ -333,6 +340,7 @@ public:
 
 private:
   void checkBackbone(const ast::Model &model, CheckedSpec &spec);
+  void checkPretrained(const ast::Backbone &bb, CheckedSpec::Backbone &out);
   void checkTasks(const ast::Model &model, CheckedSpec &spec);
   void checkCorrelations(const ast::Model &model, CheckedSpec &spec);
   void checkBudget(const ast::Section *section, CheckedSpec &spec,
@@ -495,16 +503,24 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
   const ast::Backbone &bb = model.backbones.front();
   auto &out = spec.backbone;
   out.loc = bb.loc;
-  static const StringRef kinds[] = {"transformer"};
-  if (bb.kind != "transformer") {
+  if (bb.source) {
+    checkPretrained(bb, out);
+    return;
+  }
+  static const StringRef kinds[] = {"transformer", "gpt2"};
+  if (std::optional<BackboneKind> k = symbolizeBackboneKind(bb.kind)) {
+    out.kind = *k;
+  } else {
     auto diag = error(bb.kindLoc);
     diag << "unknown backbone '" << bb.kind << "'";
     if (auto guess = closest(bb.kind, kinds))
       diag << "; did you mean '" << *guess << "'?";
     else
-      diag << "; the backbone kinds: transformer";
+      diag << "; the backbone kinds: transformer, gpt2, or "
+              "pretrained(\"DIR\")";
   }
-  Fields f(*this, "backbone transformer { }", bb.entries, kBackboneKeys);
+  const std::string where = "backbone " + bb.kind + " { }";
+  Fields f(*this, where, bb.entries, kBackboneKeys);
   auto required = [&](StringRef key, mtprt::limits::Range range) -> int64_t {
     const ast::Value *v = f.get(key);
     if (!v) {
@@ -537,6 +553,18 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
       out.pointwise = *symbolizePointwiseKind(*k);
     out.pointwiseLoc = v->loc;
   }
+  if (const ast::Value *v = f.get("positions")) {
+    out.positions = integer(*v, "positions", limits::kPositions).value_or(0);
+    if (*out.positions && *out.positions < out.seq)
+      error(v->loc) << "'positions' = " << *out.positions
+                    << " is fewer than 'seq' = " << out.seq;
+  }
+  if (const ast::Value *v = f.get("norm_eps"))
+    out.normEps = real(*v, "norm_eps", limits::kNormEps).value_or(1e-5);
+  if (out.kind == BackboneKind::gpt2 && out.pointwise == PointwiseKind::fused)
+    error(out.pointwiseLoc)
+        << "pointwise fused computes GELU's erf form; gpt2's GELU is the "
+           "tanh form (gelu_new): use pointwise = aten, or leave it out";
   if (out.hidden > 0 && out.heads > 0 && out.hidden % out.heads != 0) {
     auto diag = error(f.locOf("heads"));
     diag << "'heads' = " << out.heads << " does not divide 'hidden' = "
@@ -551,6 +579,84 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
            "head counts that divide " + std::to_string(out.hidden) +
                " nearby: " + llvm::join(divisors, ", "));
   }
+}
+
+/// `backbone pretrained("DIR") { overrides }`: the family and dimensions
+/// from DIR/config.json, the weights' names and shapes checked against them.
+void Sema::checkPretrained(const ast::Backbone &bb, CheckedSpec::Backbone &out) {
+  const ast::Value &call = *bb.source;
+  if (call.name != "pretrained") {
+    auto diag = error(bb.kindLoc);
+    diag << "unknown backbone '" << call.name << "(...)'";
+    note(diag, bb.kindLoc,
+         "a pretrained backbone is written backbone pretrained(\"DIR\")");
+    return;
+  }
+  if (call.args.size() != 1 || !call.args[0].key.empty() ||
+      call.args[0].value.kind != ast::Value::Kind::String) {
+    error(call.loc) << "pretrained takes one argument, the model directory "
+                       "as a string: pretrained(\"models/gpt2\")";
+    return;
+  }
+  const ast::Value &dirValue = call.args[0].value;
+  // Relative to the spec's folder, as the data path is.
+  llvm::SmallString<256> dir(dirValue.name);
+  if (!llvm::sys::path::is_absolute(dir)) {
+    llvm::SmallString<256> joined(
+      llvm::sys::path::parent_path(file.getValue()));
+    llvm::sys::path::append(joined, dir);
+    dir = joined;
+  }
+  llvm::Expected<PretrainedConfig> config = readPretrainedConfig(dir);
+  if (!config) {
+    error(dirValue.loc) << llvm::toString(config.takeError());
+    return;
+  }
+  const mtprt::ModelConfig &m = config->model;
+  out.kind = BackboneKind::gpt2;
+  out.layers = m.layers;
+  out.hidden = m.hidden;
+  out.heads = m.heads;
+  out.ffn = m.ffn;
+  out.vocab = m.vocab;
+  out.positions = m.positions;
+  out.normEps = m.normEps;
+  out.weights = dirValue.name;
+  out.dropout = config->dropout;
+  out.seq = std::min<int64_t>(m.positions, 512);
+
+  const std::string where = "backbone pretrained(...) { }";
+  Fields f(*this, where, bb.entries, kBackboneKeys);
+  for (auto [key, field] : kFixedByCheckpoint)
+    if (const ast::Value *v = f.get(key)) {
+      auto diag = error(v->loc);
+      diag << "'" << key << "' is fixed by the checkpoint (" << field
+           << " in " << dirValue.name << "/config.json)";
+      note(diag, v->loc, "a pretrained backbone overrides seq, dropout, "
+                         "attention and pointwise only");
+    }
+  if (const ast::Value *v = f.get("seq")) {
+    out.seq = integer(*v, "seq", limits::kSeq).value_or(out.seq);
+    if (out.seq > m.positions)
+      error(v->loc) << "'seq' = " << out.seq << " exceeds the checkpoint's "
+                    << m.positions << " positions (n_positions)";
+  }
+  if (const ast::Value *v = f.get("dropout"))
+    out.dropout = real(*v, "dropout", limits::kDropout).value_or(out.dropout);
+  if (const ast::Value *v = f.get("attention")) {
+    static const StringRef kinds[] = {"fused", "math"};
+    if (std::optional<StringRef> k = choice(*v, "attention", kinds))
+      out.attention = *symbolizeAttentionKind(*k);
+    out.attentionLoc = v->loc;
+  }
+  if (const ast::Value *v = f.get("pointwise")) {
+    static const StringRef kinds[] = {"aten"};
+    if (std::optional<StringRef> k = choice(*v, "pointwise", kinds))
+      out.pointwise = *symbolizePointwiseKind(*k);
+    out.pointwiseLoc = v->loc;
+  }
+  if (llvm::Error e = checkPretrainedWeights(dir, m))
+    error(dirValue.loc) << llvm::toString(std::move(e));
 }
 
 //===----------------------------------------------------------------------===//

@@ -32,8 +32,13 @@ struct CheckedSpec {
   ast::Location loc;
 
   struct Backbone {
+    BackboneKind kind = BackboneKind::transformer;
     int64_t layers, hidden, heads, ffn, vocab, seq;
     double dropout;
+    std::optional<int64_t> positions;
+    std::optional<double> normEps;
+    /// A pretrained backbone's directory, as the spec wrote it.
+    std::optional<std::string> weights;
     /// Absent: --mtp-normalize-spec picks for the device and dropout.
     std::optional<AttentionKind> attention;
     std::optional<PointwiseKind> pointwise;

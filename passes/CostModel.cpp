@@ -45,6 +45,9 @@ CostModel::CostModel(ModelOp model)
 }
 
 PointwiseKind CostModel::fittingPointwise(ModelOp model) {
+  // The fused kernels compute GELU's erf form only.
+  if (model.getBackbone().hasGeluTanh())
+    return PointwiseKind::aten;
   BudgetOp budget = model.getBudget();
   const bool autocast = budget && budget.getPrecision() != Precision::fp32;
   return fusedPointwiseServes(autocast) ? PointwiseKind::fused
@@ -178,6 +181,16 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
     // The gathered embeddings live beside their sum until the add returns.
     cost.fwdWorkspace = 4 * bsh;
     return cost;
+  case UnitKind::final_norm:
+    // fp32 like the stream it normalizes: the heads read it as they read a
+    // layer's output (their own linears cast under autocast).
+    cost.output = stream();
+    cost.saved.push_back({"mean", tensor({b, s, 1}, f32)});
+    cost.saved.push_back({"rstd", tensor({b, s, 1}, f32)});
+    cost.backwardNeedsInput = true;
+    cost.fwdFlops = 8 * bsh;
+    cost.bwdFlops = 12 * bsh;
+    return cost;
   case UnitKind::attn_norm:
   case UnitKind::mlp_norm:
     cost.output = tensor({b, s, h}, act);
@@ -218,6 +231,9 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
     }
     // q·scale, k^T and v as contiguous [B*a, ., .] bmm operands.
     cost.saved.push_back({"q", tensor({b, a, s, d}, act)});
+    // A causal backbone's mask, made per layer, kept by masked_fill.
+    if (backbone.isCausal())
+      cost.saved.push_back({"causal", tensor({s, s}, mask)});
     cost.saved.push_back({"k_t", tensor({b, a, d, s}, act)});
     cost.saved.push_back({"probs", tensor({b, a, s, s}, act)});
     if (dropout) {
@@ -659,7 +675,12 @@ int64_t CostModel::cosineProbeWorkspace(
 //===----------------------------------------------------------------------===//
 
 int64_t CostModel::embeddingParameters() const {
-  return (backbone.getVocab() + backbone.getSeq()) * backbone.getHidden();
+  return (backbone.getVocab() + backbone.getPositionRows()) *
+         backbone.getHidden();
+}
+
+int64_t CostModel::finalNormParameters() const {
+  return backbone.hasFinalNorm() ? 2 * backbone.getHidden() : 0;
 }
 
 int64_t CostModel::layerParameters() const {
@@ -697,6 +718,7 @@ int64_t CostModel::unitParameters(UnitKind kind, TaskOp task) const {
     return embeddingParameters();
   case UnitKind::attn_norm:
   case UnitKind::mlp_norm:
+  case UnitKind::final_norm:
     return 2 * h;
   case UnitKind::qkv:
     return 3 * h * h + 3 * h;
@@ -722,7 +744,8 @@ ParameterCount CostModel::parameters() const {
   ParameterCount count;
   count.embeddings = embeddingParameters();
   count.perLayer = layerParameters();
-  count.backbone = count.embeddings + backbone.getLayers() * count.perLayer;
+  count.backbone = count.embeddings + backbone.getLayers() * count.perLayer +
+                   finalNormParameters();
   int64_t tasks = 0;
   for (TaskOp task : model.getTasks()) {
     count.heads += headParameters(task);

@@ -176,6 +176,8 @@ public:
   /// One transformer layer (pre-norm: two LayerNorms, QKV, output
   /// projection, MLP).
   int64_t layerParameters() const;
+  /// The final LayerNorm's (weight + bias), where the backbone has one.
+  int64_t finalNormParameters() const;
   int64_t headParameters(TaskOp task) const;
   ParameterCount parameters() const;
   /// Parameters unit `kind` (of `task`, for a head) owns.

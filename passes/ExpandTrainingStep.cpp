@@ -175,6 +175,10 @@ void StepBuilder::build() {
     Value act = unit(UnitKind::mlp_act, {up});
     Value down = unit(UnitKind::mlp_down, {act});
     x = unit(UnitKind::mlp_residual, {y, down});
+    // GPT-2's ln_f: layer L's output as the heads (and Hugging Face's last
+    // hidden state) see it.
+    if (l == layers && backbone.hasFinalNorm())
+      x = unit(UnitKind::final_norm, {x});
     runHeads(l, x);
   }
 
@@ -193,6 +197,8 @@ void StepBuilder::build() {
   // gradient joins the stream.
   SmallVector<Value> pending = tapGrads.lookup(layers);
   Value grad = pending.empty() ? Value() : sum(pending, bbLoc);
+  if (grad && backbone.hasFinalNorm())
+    grad = backward(chain.back(), {grad}).front();
   // Units of layer l, in chain order: 1 + 10 * (l - 1) .. 10 * l.
   for (int64_t l = layers; l >= 1; --l) {
     const Emitted *u = &chain[1 + 10 * (l - 1)];
@@ -233,7 +239,9 @@ void StepBuilder::build() {
       groups.push_back({("head." + task.getSymName()).str(),
                         cost.headParameters(task)});
     for (int64_t l = layers; l >= 1; --l)
-      groups.push_back({"layer" + std::to_string(l), cost.layerParameters()});
+      groups.push_back({"layer" + std::to_string(l),
+                        cost.layerParameters() +
+                            (l == layers ? cost.finalNormParameters() : 0)});
     groups.push_back({"embed", cost.embeddingParameters()});
     SmallVector<Attribute> names;
     int64_t elements = 0;

@@ -40,14 +40,14 @@ fb::Decision decisionOf(FwdOp op) {
                 int(fb::FB::MAX) == int(ODS::LAST) &&                          \
                 int(fb::FB::LAST) == int(ODS::LAST) &&                         \
                 int(fb::FB::MAX) == int(getMaxEnumValFor##ODS()))
-MTP_SAME_ENUM(BackboneKind, BackboneKind, transformer, transformer);
+MTP_SAME_ENUM(BackboneKind, BackboneKind, transformer, gpt2);
 MTP_SAME_ENUM(AttentionKind, AttentionKind, math, fused);
 MTP_SAME_ENUM(PointwiseKind, PointwiseKind, aten, fused);
 MTP_SAME_ENUM(HeadKind, HeadKind, classify, decoder);
 MTP_SAME_ENUM(LossKind, LossKind, cross_entropy, mse);
 MTP_SAME_ENUM(ScheduleKind, ScheduleKind, constant, cosine);
 MTP_SAME_ENUM(Precision, Precision, fp32, fp16);
-MTP_SAME_ENUM(UnitKind, UnitKind, embed, loss);
+MTP_SAME_ENUM(UnitKind, UnitKind, embed, final_norm);
 MTP_SAME_ENUM(CollectivePolicy, CollectivePolicy, automatic, compressed);
 #undef MTP_SAME_ENUM
 // GradientScope has one value more: sum (one task, no per-task pipeline).
@@ -64,6 +64,20 @@ template <typename FbT, typename OdsT> FbT toFb(OdsT v) {
 llvm::StringRef str(const flatbuffers::String *s) {
   return s ? llvm::StringRef(s->c_str(), s->size()) : llvm::StringRef();
 }
+
+/// A path the spec wrote, relative to its folder: the plan (and a binary
+/// built from it, which may run from anywhere) records it absolute.
+std::string specRelative(StringRef source, StringRef written) {
+  llvm::SmallString<256> path(written);
+  if (!llvm::sys::path::is_absolute(path)) {
+    llvm::SmallString<256> joined(llvm::sys::path::parent_path(source));
+    llvm::sys::path::append(joined, path);
+    llvm::sys::fs::make_absolute(joined);
+    llvm::sys::path::remove_dots(joined, /*remove_dot_dot=*/true);
+    path = joined;
+  }
+  return path.str().str();
+}
 } // namespace
 
 std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
@@ -72,12 +86,16 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
   StepOp step = model.getStep();
 
   BackboneOp bb = model.getBackbone();
+  auto weights = bb.getWeights()
+                     ? b.CreateString(specRelative(source, *bb.getWeights()))
+                     : flatbuffers::Offset<flatbuffers::String>();
   auto backbone = fb::CreateBackbone(
       b, toFb<fb::BackboneKind>(bb.getKind()),
       bb.getLayers(), bb.getHidden(), bb.getHeads(), bb.getFfn(),
       bb.getVocab(), bb.getSeq(), bb.getDropout().convertToDouble(),
       toFb<fb::AttentionKind>(CostModel(model).attention()),
-      toFb<fb::PointwiseKind>(CostModel(model).pointwise()));
+      toFb<fb::PointwiseKind>(CostModel(model).pointwise()),
+      bb.getPositions().value_or(0), bb.getNormEpsilon(), weights);
 
   auto lrOf = [&](LRScheduleAttr lr) -> flatbuffers::Offset<fb::LrSchedule> {
     if (!lr)
@@ -154,20 +172,9 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         st.getTopk().convertToDouble(), st.getQuantBlock(),
         st.getQuantBits(), st.getResidualDecay().convertToDouble());
   flatbuffers::Offset<fb::Train> train;
-  // A relative data path is the spec's: the plan (and a binary built from
-  // it, which may run from anywhere) records it absolute.
   std::string data = "synthetic";
-  if (TrainOp tr = model.getTrain(); tr && tr.getDataPath()) {
-    llvm::SmallString<256> path(*tr.getDataPath());
-    if (!llvm::sys::path::is_absolute(path)) {
-      llvm::SmallString<256> joined(llvm::sys::path::parent_path(source));
-      llvm::sys::path::append(joined, path);
-      llvm::sys::fs::make_absolute(joined);
-      llvm::sys::path::remove_dots(joined, /*remove_dot_dot=*/true);
-      path = joined;
-    }
-    data = path.str().str();
-  }
+  if (TrainOp tr = model.getTrain(); tr && tr.getDataPath())
+    data = specRelative(source, *tr.getDataPath());
   if (TrainOp tr = model.getTrain())
     train = fb::CreateTrain(
         b, tr.getSteps(), tr.getSeed(), b.CreateString(data),
@@ -216,13 +223,21 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
        << ", " << t->gpus() << " GPU(s), micro-batch " << t->micro_batch()
        << ", " << formatBytes(t->usable_bytes()) << " usable of "
        << formatBytes(t->memory_bytes()) << "\n";
-  if (const fb::Backbone *bb = plan->backbone())
+  if (const fb::Backbone *bb = plan->backbone()) {
     os << "  backbone " << planName(bb->kind()) << ": " << bb->layers()
        << " layers, hidden " << bb->hidden() << ", " << bb->heads()
        << " heads, ffn " << bb->ffn() << ", vocab " << bb->vocab() << ", seq "
        << bb->seq() << ", dropout " << llvm::format("%g", bb->dropout())
        << ", attention " << planName(bb->attention()) << ", pointwise "
-       << planName(bb->pointwise()) << "\n";
+       << planName(bb->pointwise());
+    if (bb->positions())
+      os << ", positions " << bb->positions();
+    if (bb->norm_eps() != 1e-5)
+      os << ", norm eps " << llvm::format("%g", bb->norm_eps());
+    if (bb->weights() && bb->weights()->size())
+      os << ", weights " << str(bb->weights());
+    os << "\n";
+  }
   if (plan->tasks())
     for (const fb::Task *t : *plan->tasks())
       os << "  task     " << str(t->name()) << ": " << planName(t->head())

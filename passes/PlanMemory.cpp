@@ -388,7 +388,8 @@ void MemoryPlanner::Impl::build() {
           candPartialSeconds[owner] += seconds;
         }
         if (fwd.getUnit() == UnitKind::attn_residual ||
-            fwd.getUnit() == UnitKind::mlp_residual)
+            fwd.getUnit() == UnitKind::mlp_residual ||
+            fwd.getUnit() == UnitKind::final_norm)
           blockOutputBytes[b] = CostModel::bytes(fwd.getOutput().getType());
       }
     } else if (auto bwd = dyn_cast<BwdOp>(&op)) {

@@ -4,7 +4,8 @@
 #  * Debian packages: MLIR/LLVM 19 and their tools (lit, FileCheck), the ANTLR4
 #    tool and C++ runtime, flatbuffers, GoogleTest, ccache, Ninja, Java,
 #    Chromium (headless, for the `mtpc report` page tests).
-#  * LibTorch from the pinned PyPI `torch` wheel, in a virtual environment kept
+#  * LibTorch from the pinned PyPI `torch` wheel (and `transformers`, for the
+#    pretrained-model tests), in a virtual environment kept
 #    OUTSIDE the checkout ($MTPC_CACHE, default ~/.cache/mtpc) so that every
 #    fresh clone (CI's included) reuses it.
 #
@@ -62,6 +63,20 @@ else
   if ! "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" numpy; then
     say "PyPI torch==$TORCH_VERSION unavailable: falling back to Debian's libtorch-dev (1.13, CPU only)"
     TORCH_SOURCE=debian
+  fi
+fi
+
+# transformers (and safetensors with it) for the pretrained-model tests:
+# they build small random models from configs and compare against them;
+# nothing is downloaded from a model hub.
+TRANSFORMERS_VERSION=${MTPC_TRANSFORMERS_VERSION:-5.24.0}
+if [ "$TORCH_SOURCE" = pypi ]; then
+  if [ "$("$VENV/bin/python" -c 'import transformers; print(transformers.__version__)' 2>/dev/null)" = "$TRANSFORMERS_VERSION" ]; then
+    say "transformers $TRANSFORMERS_VERSION present"
+  else
+    say "installing transformers==$TRANSFORMERS_VERSION into $VENV"
+    "$VENV/bin/python" -m pip install -q "transformers==$TRANSFORMERS_VERSION" ||
+      say "transformers unavailable: the pretrained-model tests will be skipped"
   fi
 fi
 

@@ -70,6 +70,11 @@ if os.path.exists(torch_python) and glob.glob(
                      "__init__.py")):
     config.available_features.add("torch-python")
     config.substitutions.append(("%torch-python", torch_python))
+    # transformers beside it (scripts/setup.sh installs it): the pretrained
+    # backbones' tests build small random models and compare against them.
+    if glob.glob(os.path.join(cache, "venv", "lib", "python*", "site-packages",
+                              "transformers", "__init__.py")):
+        config.available_features.add("transformers")
 
 plan_runner = os.path.join(config.mtpc_obj_root, "runtime", "tools", "mtprt-run")
 if os.path.exists(plan_runner):
@@ -84,7 +89,8 @@ if os.path.exists(plan_runner):
 # them (clang-19 present).
 reader_fuzzers = {name: os.path.join(config.mtpc_obj_root, "fuzz-runtime",
                                      "mtprt-fuzz-" + name)
-                  for name in ["jsonl", "shard", "checkpoint", "plan"]}
+                  for name in ["jsonl", "shard", "checkpoint", "plan",
+                               "safetensors"]}
 if all(os.path.exists(p) for p in reader_fuzzers.values()):
     config.available_features.add("reader-fuzzers")
     for name, path in reader_fuzzers.items():

@@ -11,6 +11,7 @@
 #include "mtprt/torch/Checkpoint.h"
 #include "mtprt/torch/Data.h"
 #include "mtprt/torch/Distributed.h"
+#include "mtprt/torch/Pretrained.h"
 #include "mtprt/torch/Trainer.h"
 #include "mtprt/torch/UnitProfile.h"
 
@@ -83,6 +84,8 @@ struct Options {
   int threads = 0; ///< 0: auto
   std::string writeShard;
   std::string dumpInit;
+  std::string exportDir;
+  std::string dumpHidden;
   std::string profileUnits;
   std::string profile;
   bool profileMemory = false;
@@ -164,6 +167,17 @@ const Flag kFlags[] = {
      "re-run, the embeddings, each head with its loss, the host link) and "
      "write them to FILE as JSON for `mtpc plan --costs FILE`; with --steps 0 "
      "nothing trains"},
+    {"--export", "DIR",
+     "when training ends (with --steps 0: the loaded, initial or resumed "
+     "state), write the backbone to DIR as a Hugging Face model directory "
+     "(config.json and model.safetensors under the original names: "
+     "transformers' from_pretrained reads it) and the task heads to "
+     "DIR/heads.safetensors (docs/pretrained.md); gpt2 and pretrained "
+     "backbones"},
+    {"--dump-hidden", "FILE",
+     "write the backbone's output at every layer (eval mode) on the first "
+     "batch, and the parameters' gradients of a fixed random probe of them, "
+     "to FILE (safetensors; the tests compare them with transformers')"},
     {"--dump-init", "DIR",
      "write the initial parameters, the first batch and the "
      "settings to DIR (torch.load / JSON; bench/peer.py reads them); "
@@ -396,6 +410,10 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.profile = value;
     else if (arg == "--dump-init")
       o.dumpInit = value;
+    else if (arg == "--export")
+      o.exportDir = value;
+    else if (arg == "--dump-hidden")
+      o.dumpHidden = value;
     else if (arg == "--profile-units")
       o.profileUnits = value;
     else if (arg == "--resources")
@@ -997,6 +1015,23 @@ int train(const std::string &name, const Program &p, const Options &o) {
   std::unique_ptr<DataSource> data =
       o.data == "synthetic" ? syntheticData(mc, p.heads, o.seed, o.relatedness)
                             : loadData(o.data, mc, p.heads);
+  // An --export that cannot happen is refused now, not after training.
+  if (!o.exportDir.empty() && mc.kind == BackboneKind::Transformer)
+    throw std::runtime_error(
+        "--export: this model's backbone is mtpc's own transformer, which has "
+        "no Hugging Face architecture to export to; declare a gpt2 or "
+        "pretrained backbone");
+  if (!o.exportDir.empty() && rank0 &&
+      std::system(("mkdir -p '" + o.exportDir + "'").c_str()) != 0)
+    throw std::runtime_error("--export: cannot create " + o.exportDir);
+  if (rank0 && !core.model().pretrainedSummary().empty())
+    std::fprintf(stderr, "%s\n", core.model().pretrainedSummary().c_str());
+  if (!o.dumpHidden.empty() && rank0) {
+    writeHiddenStates(core.model(), data->batch(0, o.batchSize).tokens,
+                      o.dumpHidden);
+    std::fprintf(stderr, "wrote the hidden states to %s\n",
+                 o.dumpHidden.c_str());
+  }
   if (!o.dumpInit.empty() && rank0) {
     dumpInit(o.dumpInit, core, mc, tc, o, *data);
     std::fprintf(stderr, "wrote the initial state to %s\n",
@@ -1090,11 +1125,22 @@ int train(const std::string &name, const Program &p, const Options &o) {
                    o.checkpointDir.c_str());
     }
   }
+  // --export: the backbone as Hugging Face weights, when training ends.
+  auto exportBackbone = [&] {
+    if (o.exportDir.empty() || !rank0)
+      return;
+    exportPretrained(core.model(), o.exportDir, mc.weights);
+    std::fprintf(stderr,
+                 "exported the backbone to %s (config.json, "
+                 "model.safetensors) and the heads to %s/heads.safetensors\n",
+                 o.exportDir.c_str(), o.exportDir.c_str());
+  };
   if (core.stepsTaken() >= o.steps) {
     if (rank0)
       std::printf("already at step %lld of %lld: nothing to do\n",
                   static_cast<long long>(core.stepsTaken()),
                   static_cast<long long>(o.steps));
+    exportBackbone();
     return 0;
   }
 
@@ -1354,6 +1400,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
     if (rank0)
       std::fprintf(stderr, "saved %s\n", path.c_str());
   }
+  exportBackbone();
   if (rank0) {
     std::printf("done: step %lld of %lld\n",
                 static_cast<long long>(core.stepsTaken()),

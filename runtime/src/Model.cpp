@@ -18,6 +18,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "mtprt/torch/Model.h"
+#include "mtprt/torch/Pretrained.h"
 
 #include "mtprt/torch/Fused.h"
 #include "mtprt/torch/Regions.h"
@@ -118,8 +119,8 @@ struct Init {
   }
 };
 
-at::Tensor layerNorm(const NormParams &p, const at::Tensor &x) {
-  return at::layer_norm(x, {x.size(-1)}, p.weight, p.bias, 1e-5);
+at::Tensor layerNorm(const NormParams &p, const at::Tensor &x, double eps) {
+  return at::layer_norm(x, {x.size(-1)}, p.weight, p.bias, eps);
 }
 
 at::Tensor linear(const LinearParams &p, const at::Tensor &x) {
@@ -174,6 +175,17 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
   if (c.hidden % c.heads)
     bad("ModelConfig.heads", "must divide hidden (" + std::to_string(c.hidden) +
                                  "), got " + std::to_string(c.heads));
+  if (c.positions != 0 && c.positions < c.seq)
+    bad("ModelConfig.positions",
+        "the position table's " + std::to_string(c.positions) +
+            " rows are fewer than seq = " + std::to_string(c.seq));
+  if (!(c.normEps > 0.0 && c.normEps < 1.0))
+    bad("ModelConfig.normEps",
+        "must be in (0, 1), got " + std::to_string(c.normEps));
+  if (c.geluTanh() && c.pointwise == PointwiseKind::Fused)
+    bad("ModelConfig.pointwise",
+        "this backbone's GELU is the tanh form, which only ATen's pointwise "
+        "ops compute (the fused kernels compute erf's); use Aten");
   if (!(c.dropout >= 0.0 && c.dropout < 1.0))
     bad("ModelConfig.dropout",
         "must be in [0, 1), got " + std::to_string(c.dropout));
@@ -210,12 +222,14 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
   groups_.resize(1 + headConfigs_.size());
   init.group = &groups_[0];
   tokEmb_ = init.normal("embed.tok", {c.vocab, hdim});
-  posEmb_ = init.normal("embed.pos", {c.seq, hdim});
+  posEmb_ = init.normal("embed.pos", {c.positionRows(), hdim});
   for (int64_t l = 1; l <= c.layers; ++l) {
     const std::string n = "layer" + std::to_string(l);
     attn_.push_back(init.attention(n + ".attn", hdim));
     mlp_.push_back(init.mlp(n + ".mlp", hdim, c.ffn));
   }
+  if (c.finalNorm())
+    finalNorm_ = init.norm("final.norm", hdim);
   for (size_t i = 0; i < headConfigs_.size(); ++i) {
     const HeadConfig &hc = headConfigs_[i];
     const std::string n = "head." + hc.name;
@@ -255,6 +269,19 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
       break;
     }
     heads_.push_back(std::move(h));
+  }
+  if (!c.weights.empty()) {
+    PretrainedLoad load = loadPretrained(*this, c.weights);
+    pretrained_ = "loaded " + std::to_string(load.tensors) +
+                  " backbone tensors from " + c.weights;
+    if (!load.unexpected.empty()) {
+      pretrained_ += "; skipped " + std::to_string(load.unexpected.size()) +
+                     " it has no parameter for:";
+      for (size_t i = 0; i < load.unexpected.size() && i < 8; ++i)
+        pretrained_ += (i ? ", " : " ") + load.unexpected[i];
+      if (load.unexpected.size() > 8)
+        pretrained_ += ", ...";
+    }
   }
 }
 
@@ -308,14 +335,15 @@ at::Tensor Model::attentionCore(const at::Tensor &q, const at::Tensor &k,
 at::Tensor Model::normLinear(const NormParams &n, const LinearParams &l,
                              const at::Tensor &x) const {
   if (config_.pointwise == PointwiseKind::Fused)
-    return fused::normLinear(x, n.weight, n.bias, l.weight, l.bias, 1e-5);
-  return linear(l, layerNorm(n, x));
+    return fused::normLinear(x, n.weight, n.bias, l.weight, l.bias,
+                             config_.normEps);
+  return linear(l, layerNorm(n, x, config_.normEps));
 }
 
 at::Tensor Model::geluLinear(const at::Tensor &u, const LinearParams &l) const {
   if (config_.pointwise == PointwiseKind::Fused)
     return fused::geluLinear(u, l.weight, l.bias);
-  return linear(l, at::gelu(u));
+  return linear(l, gelu(u));
 }
 
 at::Tensor Model::attentionProjections(const AttentionParams &p,
@@ -327,7 +355,7 @@ at::Tensor Model::attentionProjections(const AttentionParams &p,
       (*sink)(qkv);
     return qkv;
   }
-  at::Tensor normed = layerNorm(p.norm, x);
+  at::Tensor normed = layerNorm(p.norm, x, config_.normEps);
   if (sink)
     (*sink)(normed);
   at::Tensor qkv = linear(p.qkv, normed);
@@ -344,13 +372,13 @@ at::Tensor Model::mlpProjections(const MlpParams &p, const at::Tensor &x,
       (*sink)(up);
     return up; // the fused GELU-linear reads it
   }
-  at::Tensor normed = layerNorm(p.norm, x);
+  at::Tensor normed = layerNorm(p.norm, x, config_.normEps);
   if (sink)
     (*sink)(normed);
   at::Tensor up = linear(p.up, normed);
   if (sink)
     (*sink)(up);
-  at::Tensor act = at::gelu(up);
+  at::Tensor act = gelu(up);
   if (sink)
     (*sink)(act);
   return act;
@@ -383,7 +411,7 @@ at::Tensor Model::attention(int64_t layer, const at::Tensor &x) const {
     throw std::out_of_range("mtprt: attention: layer " + std::to_string(layer) +
                             " is not in [1, " + std::to_string(config_.layers) +
                             "]");
-  return attentionBlock(attn_[layer - 1], x, /*causal=*/false);
+  return attentionBlock(attn_[layer - 1], x, config_.causal());
 }
 
 at::Tensor Model::mlp(int64_t layer, const at::Tensor &x) const {
@@ -401,7 +429,17 @@ at::Tensor Model::unit(int64_t u, const at::Tensor &x) const {
                             "]");
   if (u == 0)
     return embed(x);
-  return u % 2 ? attention((u + 1) / 2, x) : mlp(u / 2, x);
+  return u % 2 ? attention((u + 1) / 2, x) : finish(u, mlp(u / 2, x));
+}
+
+at::Tensor Model::finish(int64_t u, const at::Tensor &y) const {
+  if (!config_.finalNorm() || u != numUnits() - 1)
+    return y;
+  return layerNorm(finalNorm_, y, config_.normEps);
+}
+
+at::Tensor Model::gelu(const at::Tensor &u) const {
+  return at::gelu(u, config_.geluTanh() ? "tanh" : "none");
 }
 
 /// Why unit u >= 1 cannot run at tensor grain now ("" when it can).
@@ -430,8 +468,8 @@ at::Tensor Model::unitPartial(int64_t u, const at::Tensor &x) const {
   Recomputed::Scope scope(recomputed);
   const int64_t l = (u + 1) / 2;
   return u % 2 == 1
-             ? attentionBlock(attn_[l - 1], x, /*causal=*/false, {}, &add)
-             : mlpBlock(mlp_[l - 1], x, &add);
+             ? attentionBlock(attn_[l - 1], x, config_.causal(), {}, &add)
+             : finish(u, mlpBlock(mlp_[l - 1], x, &add));
 }
 
 bool Model::partialServes(int64_t u) const {
@@ -547,9 +585,15 @@ std::vector<at::Tensor> Model::layerParameters(int64_t layer) const {
     return {tokEmb_, posEmb_};
   const AttentionParams &a = attn_.at(layer - 1);
   const MlpParams &m = mlp_.at(layer - 1);
-  return {a.norm.weight, a.norm.bias, a.qkv.weight,  a.qkv.bias,
-          a.out.weight,  a.out.bias,  m.norm.weight, m.norm.bias,
-          m.up.weight,   m.up.bias,   m.down.weight, m.down.bias};
+  std::vector<at::Tensor> out = {
+      a.norm.weight, a.norm.bias, a.qkv.weight,  a.qkv.bias,
+      a.out.weight,  a.out.bias,  m.norm.weight, m.norm.bias,
+      m.up.weight,   m.up.bias,   m.down.weight, m.down.bias};
+  if (config_.finalNorm() && layer == config_.layers) {
+    out.push_back(finalNorm_.weight);
+    out.push_back(finalNorm_.bias);
+  }
+  return out;
 }
 
 std::vector<at::Tensor> Model::backboneParameters() const {

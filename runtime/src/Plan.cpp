@@ -241,6 +241,20 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
   m.pointwise = static_cast<PointwiseKind>(
       c.oneOf("backbone.pointwise", bb->pointwise(),
               mtp::fb::EnumNamesPointwiseKind()));
+  m.kind = static_cast<BackboneKind>(c.oneOf(
+      "backbone.kind", bb->kind(), mtp::fb::EnumNamesBackboneKind()));
+  m.positions = c.range("backbone.positions", bb->positions(),
+                        limits::kPositions);
+  if (m.positions != 0 && m.positions < m.seq)
+    c.field("backbone.positions",
+            std::to_string(m.positions) + " position rows for seq " +
+                std::to_string(m.seq));
+  m.normEps = c.real("backbone.norm_eps", bb->norm_eps(), limits::kNormEps);
+  m.weights = c.text("backbone.weights", bb->weights(), false,
+                     limits::kMaxPathBytes);
+  if (m.kind == BackboneKind::Gpt2 && m.pointwise == PointwiseKind::Fused)
+    c.field("backbone.pointwise",
+            "fused, but gpt2's GELU (tanh) runs on ATen's pointwise ops");
   if (m.hidden % m.heads)
     c.field("backbone.heads", std::to_string(m.heads) +
                                   " attention heads do not divide hidden " +
@@ -435,11 +449,11 @@ std::string checkPlan(const void *data, size_t size, const std::string &name) {
 }
 
 Program programFromPlan(const Plan &plan) {
-  if (plan.backboneKind != "transformer")
+  if (plan.backboneKind != "transformer" && plan.backboneKind != "gpt2")
     throw std::runtime_error(
         "mtprt: the plan of model '" + plan.modelName + "' (from " +
         plan.source + ") has backbone kind '" + plan.backboneKind +
-        "': this runtime builds 'transformer' backbones only; re-plan the "
+        "': this runtime builds 'transformer' and 'gpt2' backbones; re-plan the "
         "spec with the mtpc that matches this runtime");
   Program p;
   p.name = plan.modelName;

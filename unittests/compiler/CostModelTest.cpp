@@ -22,9 +22,10 @@ class CostModelTest : public ::testing::Test {
 protected:
   /// `attention` follows the backbone's parenthesis (" attention math").
   ModelOp load(const std::string &backbone, const std::string &tasks,
-               const std::string &budget, const std::string &attention = "") {
+               const std::string &budget, const std::string &attention = "",
+               const std::string &kind = "transformer") {
     context.loadDialect<MTPDialect>();
-    std::string text = "mtp.model @m {\n  mtp.backbone transformer(" +
+    std::string text = "mtp.model @m {\n  mtp.backbone " + kind + "(" +
                        backbone + ")" + attention + "\n" + tasks + "\n" +
                        budget + "\n}\n";
     module = parseSourceString<ModuleOp>(text, &context);
@@ -45,8 +46,15 @@ protected:
     return bytes;
   }
 
+  static int64_t savedBytes(const UnitCost &cost) {
+    int64_t bytes = 0;
+    for (const SavedTensor &t : cost.saved)
+      bytes += CostModel::bytes(t.type);
+    return bytes;
+  }
+
   MLIRContext context;
-  OwningOpRef<ModuleOp> module;
+  OwningOpRef<ModuleOp> module, gpt2Module;
 };
 
 const char *kTinyBackbone = "layers = 2, hidden = 8, heads = 2, ffn = 16, "
@@ -326,3 +334,41 @@ TEST(Measured, RegionsPeakMatchesTheRuntime) {
 }
 
 } // namespace
+
+// GPT-2: the final LayerNorm is a unit of the last layer (its statistics
+// saved, its fp32 output what the heads read), the position table has
+// `positions` rows, the math path keeps each layer's causal mask, and the
+// pointwise ops are ATen's (the fused kernels compute erf's GELU).
+TEST_F(CostModelTest, Gpt2AddsTheFinalNormAndTheCausalMask) {
+  ModelOp model = load(kTinyBackbone, kTinyTasks, kCpuBudget,
+                       " attention math positions 6", "gpt2");
+  ModelOp plain = [&] {
+    OwningOpRef<ModuleOp> keep = std::move(module);
+    ModelOp m = load(kTinyBackbone, kTinyTasks, kCpuBudget, " attention math");
+    gpt2Module = std::move(keep);
+    return m;
+  }();
+  CostModel cost(model), base(plain);
+  EXPECT_EQ(cost.pointwise(), PointwiseKind::aten);
+  UnitCost norm = cost.unit(UnitKind::final_norm);
+  EXPECT_EQ(CostModel::bytes(norm.output), 2 * 4 * 8 * 4); // [2, 4, 8] fp32
+  EXPECT_TRUE(norm.backwardNeedsInput);
+  ASSERT_EQ(norm.saved.size(), 2u); // mean, rstd: [2, 4, 1] fp32 each
+  // The causal mask: [seq, seq] bools per attention core.
+  EXPECT_EQ(savedBytes(cost.unit(UnitKind::attn_core)) -
+                savedBytes(base.unit(UnitKind::attn_core)),
+            4 * 4);
+  ParameterCount p = cost.parameters(), q = base.parameters();
+  EXPECT_EQ(p.embeddings - q.embeddings, 2 * 8); // 6 position rows, not 4
+  EXPECT_EQ(p.backbone - q.backbone, 2 * 8 + 2 * 8);
+  // The step has one final_norm, in the last layer's MLP block.
+  int finals = 0;
+  model.getStep().walk([&](FwdOp fwd) {
+    if (fwd.getUnit() == UnitKind::final_norm) {
+      ++finals;
+      EXPECT_EQ(fwd.getLayer(), 2u);
+      EXPECT_EQ(getBlockNumber(fwd.getUnit(), fwd.getLayer()), 4);
+    }
+  });
+  EXPECT_EQ(finals, 1);
+}

@@ -14,6 +14,7 @@
 #include "mtprt/CheckpointFormat.h"
 #include "mtprt/Crc32.h"
 #include "mtprt/DataFormat.h"
+#include "mtprt/Safetensors.h"
 
 #include "Fixtures.h"
 #include "Sanitizers.h"
@@ -543,3 +544,168 @@ TEST(Readers, CheckpointFilesAreReadInPieces) {
 }
 
 } // namespace
+
+//===----------------------------------------------------------------------===//
+// Safetensors headers
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// 8 bytes of little-endian length, then `json`, then `data`.
+std::string safetensorsFile(const std::string &json, const std::string &data,
+                            uint64_t length) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    out[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+  return out + json + data;
+}
+std::string safetensorsFile(const std::string &json, const std::string &data) {
+  return safetensorsFile(json, data, json.size());
+}
+
+std::string safetensorsError(const std::string &bytes) {
+  return limited([&] {
+    std::istringstream in(bytes);
+    safetensors::readHeader(in, bytes.size(), "m.safetensors");
+  });
+}
+
+const std::string kTwoTensors =
+    R"({"__metadata__": {"format": "pt"}, )"
+    R"("b": {"dtype": "BF16", "shape": [2], "data_offsets": [8, 12]}, )"
+    R"("a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+
+} // namespace
+
+TEST(Readers, SafetensorsHeaderRoundTrips) {
+  std::vector<safetensors::Entry> entries(2);
+  entries[0].name = "w";
+  entries[0].dtype = safetensors::Dtype::F16;
+  entries[0].shape = {3, 2};
+  entries[1].name = "b";
+  entries[1].dtype = safetensors::Dtype::F32;
+  entries[1].shape = {5};
+  const std::string header =
+      safetensors::writeHeader(entries, {{"format", "pt"}});
+  EXPECT_EQ(header.size() % 8, 0u); // the data stays aligned
+  EXPECT_EQ(entries[1].begin, 12u);
+  const std::string bytes = header + std::string(12 + 20, 'x');
+  std::istringstream in(bytes);
+  const safetensors::Header h =
+      safetensors::readHeader(in, bytes.size(), "m.safetensors");
+  ASSERT_EQ(h.tensors.size(), 2u);
+  EXPECT_EQ(h.dataStart, header.size());
+  EXPECT_EQ(h.tensors[0].name, "w");
+  EXPECT_EQ(h.tensors[0].shape, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(h.tensors[1].dtype, safetensors::Dtype::F32);
+  EXPECT_EQ(h.tensors[1].end, 32u);
+  ASSERT_EQ(h.metadata.size(), 1u);
+  EXPECT_EQ(h.metadata[0].second, "pt");
+  EXPECT_NE(h.find("b"), nullptr);
+  EXPECT_EQ(h.find("c"), nullptr);
+  // Sorted by offset, whatever the JSON's order.
+  const std::string two = safetensorsFile(kTwoTensors, std::string(12, 'x'));
+  std::istringstream in2(two);
+  const safetensors::Header h2 =
+      safetensors::readHeader(in2, two.size(), "m.safetensors");
+  EXPECT_EQ(h2.tensors[0].name, "a");
+  EXPECT_EQ(h2.tensors[1].name, "b");
+}
+
+TEST(Readers, SafetensorsHeaderFieldsAreCheckedBeforeAllocating) {
+  const std::string p = "FileError: mtprt: pretrained m.safetensors: ";
+  auto t = [](const std::string &entry) {
+    return "{\"t\": " + entry + "}";
+  };
+  EXPECT_EQ(safetensorsError("1234"),
+            p + "file of 4 bytes is shorter than the 8-byte header length; "
+                "not a safetensors file (truncated?)");
+  // A length that would allocate terabytes is refused before reading.
+  EXPECT_EQ(safetensorsError(safetensorsFile("{}", "", uint64_t(1) << 40)),
+            p + "header length 1099511627776 exceeds 104857600 bytes; not a "
+                "safetensors file");
+  EXPECT_EQ(safetensorsError(safetensorsFile("{}", "", 100)),
+            p + "header length 100 runs past the end of the file (10 bytes); "
+                "the file is truncated");
+  EXPECT_NE(safetensorsError(safetensorsFile("{\"t\": [", ""))
+                .find("header is not valid JSON"),
+            std::string::npos);
+  EXPECT_EQ(safetensorsError(safetensorsFile(std::string(50, '[') +
+                                                 std::string(50, ']'),
+                                             "")),
+            p + "header nests deeper than 3 levels at byte 3; not a "
+                "safetensors header");
+  EXPECT_EQ(safetensorsError(safetensorsFile("[]", "")),
+            p + "header is a JSON array, not an object of tensors");
+  EXPECT_EQ(safetensorsError(safetensorsFile(
+                t(R"({"dtype": "F8_E4M3", "shape": [1], "data_offsets": [0, 1]})"),
+                "x")),
+            p + "tensor \"t\": unsupported dtype \"F8_E4M3\" (F64, F32, F16, "
+                "BF16, I64, I32, I16, I8, U8, BOOL)");
+  EXPECT_EQ(safetensorsError(safetensorsFile(
+                t(R"({"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]})"),
+                "xxxx")),
+            p + "tensor \"t\": shape holds a negative dimension");
+  EXPECT_EQ(
+      safetensorsError(safetensorsFile(
+          t(R"({"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 4]})"),
+          "xxxx")),
+      p + "tensor \"t\": shape needs more bytes than the file's 4 bytes of "
+          "data");
+  EXPECT_EQ(safetensorsError(safetensorsFile(
+                t(R"({"dtype": "F32", "shape": [2], "data_offsets": [0, 8]})"),
+                "xxxx")),
+            p + "tensor \"t\": data_offsets [0, 8] are not within the 4 bytes "
+                "of data after the header (truncated file?)");
+  EXPECT_EQ(safetensorsError(safetensorsFile(
+                t(R"({"dtype": "F32", "shape": [2], "data_offsets": [0, 4]})"),
+                "xxxx")),
+            p + "tensor \"t\": data_offsets [0, 4] hold 4 bytes, but its F32 "
+                "shape needs 8");
+  EXPECT_EQ(safetensorsError(safetensorsFile(
+                t(R"({"dtype": "F32", "shape": [1], "data_offsets": "0"})"),
+                "xxxx")),
+            p + "tensor \"t\": 'data_offsets' must be [begin, end], two "
+                "non-negative integers");
+  EXPECT_EQ(
+      safetensorsError(safetensorsFile(
+          R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, )"
+          R"("b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})",
+          "xxxxxx")),
+      p + "tensor \"b\" starts at data byte 2, expected 4 (it overlaps the "
+          "tensor before)");
+  EXPECT_EQ(safetensorsError(safetensorsFile(
+                t(R"({"dtype": "F32", "shape": [1], "data_offsets": [4, 8]})"),
+                "xxxxxxxx")),
+            p + "tensor \"t\" starts at data byte 4, expected 0 (a hole "
+                "before it)");
+  EXPECT_EQ(safetensorsError(safetensorsFile(
+                t(R"({"dtype": "F32", "shape": [1], "data_offsets": [0, 4]})"),
+                "xxxxxx")),
+            p + "the tensors end at data byte 4 but the file holds 6 bytes of "
+                "data");
+  EXPECT_EQ(safetensorsError(safetensorsFile(
+                R"({"__metadata__": {"format": 1}})", "")),
+            p + "__metadata__ \"format\" must be a string, got a number");
+}
+
+TEST(Readers, SafetensorsIndexNamesFilesInItsDirectory) {
+  auto index = [](const std::string &text) {
+    return limited([&] {
+      std::istringstream in(text);
+      const auto map = safetensors::readIndex(in, "i.json");
+      if (map.size() != 2 || map[0].second != "a.safetensors")
+        throw std::runtime_error("wrong map");
+    });
+  };
+  EXPECT_EQ(index(R"({"metadata": {}, "weight_map": {"x": "a.safetensors", )"
+                  R"("y": "b.safetensors"}})"),
+            "ok");
+  EXPECT_EQ(index(R"({"weight_map": {"x": "../a.safetensors"}})"),
+            "FileError: mtprt: pretrained i.json: weight_map \"x\" names "
+            "\"../a.safetensors\": a shard must be a file name in the index's "
+            "directory");
+  EXPECT_EQ(index(R"({"metadata": {}})"),
+            "FileError: mtprt: pretrained i.json: index has no object "
+            "'weight_map' (tensor name -> shard file)");
+}

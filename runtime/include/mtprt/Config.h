@@ -23,9 +23,16 @@ enum class AttentionKind { Math, Fused };
 /// plan.fbs's PointwiseKind, value for value.
 enum class PointwiseKind { Aten, Fused };
 
+/// plan.fbs's BackboneKind, value for value: mtpc's own pre-norm transformer,
+/// or a Hugging Face family whose weights load by their names
+/// (mtprt/HfNames.h; docs/pretrained.md).
+enum class BackboneKind { Transformer, Gpt2 };
+
 /// The shared transformer backbone: token + position embeddings and `layers`
-/// pre-norm layers (attention block, then MLP block).
+/// pre-norm layers (attention block, then MLP block). GPT-2 adds causal
+/// attention, GELU's tanh form and a final LayerNorm on layer L's output.
 struct ModelConfig {
+  BackboneKind kind = BackboneKind::Transformer;
   int64_t vocab = 128;
   int64_t seq = 16; ///< maximum (and batch) sequence length
   int64_t layers = 2;
@@ -44,6 +51,20 @@ struct ModelConfig {
   /// or recomputes it in backward in the fused pointwise kernels (Fused;
   /// fp32 without autocast, else Aten). docs/runtime.md §2.
   PointwiseKind pointwise = PointwiseKind::Fused;
+  /// Rows of the position table (a pretrained model's maximum positions);
+  /// 0 = seq.
+  int64_t positions = 0;
+  double normEps = 1e-5; ///< every LayerNorm's epsilon
+  /// A Hugging Face model directory (config.json + model.safetensors or a
+  /// sharded set) whose weights replace the initialization; "" = none.
+  std::string weights;
+
+  bool causal() const { return kind == BackboneKind::Gpt2; }
+  /// GELU's tanh approximation (GPT-2's gelu_new) instead of erf.
+  bool geluTanh() const { return kind == BackboneKind::Gpt2; }
+  /// A LayerNorm on the last layer's output (GPT-2's ln_f).
+  bool finalNorm() const { return kind == BackboneKind::Gpt2; }
+  int64_t positionRows() const { return positions > 0 ? positions : seq; }
 };
 
 enum class HeadKind { Classify, Tag, Span, Decoder };

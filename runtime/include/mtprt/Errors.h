@@ -32,6 +32,13 @@ struct CheckpointError : FileError {
   using FileError::FileError;
 };
 
+/// A pretrained model directory: its config.json, a safetensors file or
+/// its sharded index (`mtprt: pretrained <file>: ...`), or tensors missing
+/// from it or of the wrong shape.
+struct PretrainedError : FileError {
+  using FileError::FileError;
+};
+
 /// A plan file or a binary's embedded plan: `mtprt: plan <name>: <reason>`.
 struct PlanError : FileError {
   PlanError(const std::string &name, const std::string &reason)

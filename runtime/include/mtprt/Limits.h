@@ -40,6 +40,10 @@ inline constexpr Range kHeads{1, 1024};
 inline constexpr Range kFfn{1, int64_t(1) << 22};
 inline constexpr Range kVocab{2, int64_t(1) << 24};
 inline constexpr Range kSeq{1, int64_t(1) << 20};
+/// Rows of a pretrained position table (0: as many as seq).
+inline constexpr Range kPositions{0, int64_t(1) << 20};
+/// A norm's epsilon.
+inline constexpr RealRange kNormEps{0.0, 0.5, true, false};
 inline constexpr RealRange kDropout{0.0, 1.0, false, true};
 
 // Heads. A classifier has at least one class (1 = regression, MSE).

@@ -69,6 +69,10 @@ public:
   int64_t numHeads() const { return static_cast<int64_t>(headConfigs_.size()); }
   at::Device device() const { return device_; }
 
+  /// What loading config().weights did ("" when the config has none): the
+  /// tensors loaded and those skipped, for the driver to print.
+  const std::string &pretrainedSummary() const { return pretrained_; }
+
   /// Dropout on (training) or off.
   void setTraining(bool training) { training_ = training; }
   bool training() const { return training_; }
@@ -158,6 +162,11 @@ private:
   };
 
   at::Tensor dropout(const at::Tensor &x) const;
+  /// GELU in the config's form (erf, or tanh for GPT-2's gelu_new).
+  at::Tensor gelu(const at::Tensor &u) const;
+  /// Unit u's output as the next unit (or a head) reads it: the last
+  /// layer's through the final norm where the backbone has one.
+  at::Tensor finish(int64_t u, const at::Tensor &y) const;
   /// linear(norm(x)) and linear(gelu(u)), fused where the config says.
   at::Tensor normLinear(const NormParams &n, const LinearParams &l,
                         const at::Tensor &x) const;
@@ -190,6 +199,8 @@ private:
   at::Tensor tokEmb_, posEmb_;
   std::vector<AttentionParams> attn_;
   std::vector<MlpParams> mlp_;
+  NormParams finalNorm_; ///< finalNorm() only
+  std::string pretrained_;
   std::vector<Head> heads_;
   std::vector<std::vector<std::pair<std::string, at::Tensor>>>
       groups_; ///< [0]=backbone, 1+h = head h

@@ -1,0 +1,96 @@
+//===- HfNames.h - Hugging Face tensor names of a backbone ------*- C++ -*-===//
+//
+// Which tensors a Hugging Face checkpoint of a backbone family holds, their
+// stored shapes, and which runtime parameter (or rows of one) each fills —
+// the one map the compiler's `mtpc check` (shapes against the file's header)
+// and the runtime's loader and exporter share. Names are the base model's
+// (GPT2Model's `h.0.attn.c_attn.weight`); a task model's prefix
+// (GPT2LMHeadModel's `transformer.`) is stripped on reading. Header-only,
+// torch-free and LLVM-free.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPRT_HFNAMES_H
+#define MTPRT_HFNAMES_H
+
+#include "mtprt/Config.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mtprt::hf {
+
+/// One stored tensor.
+struct Tensor {
+  std::string name;           ///< the base model's name
+  std::vector<int64_t> shape; ///< as stored
+  std::string param;          ///< the runtime's parameter (Model::namedParameters)
+  /// Stored [in, out] (GPT-2's Conv1D), the parameter [out, in].
+  bool transposed = false;
+};
+
+/// The `model_type` of config.json for a family ("" for mtpc's own).
+inline const char *modelType(BackboneKind kind) {
+  switch (kind) {
+  case BackboneKind::Gpt2:
+    return "gpt2";
+  case BackboneKind::Transformer:
+    break;
+  }
+  return "";
+}
+
+/// The base model's tensors for `c`, in the order the exporter writes them.
+inline std::vector<Tensor> tensors(const ModelConfig &c) {
+  std::vector<Tensor> out;
+  const int64_t h = c.hidden, f = c.ffn;
+  if (c.kind != BackboneKind::Gpt2)
+    return out;
+  out.push_back({"wte.weight", {c.vocab, h}, "embed.tok"});
+  out.push_back({"wpe.weight", {c.positionRows(), h}, "embed.pos"});
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const std::string n = "h." + std::to_string(l) + ".";
+    const std::string p = "layer" + std::to_string(l + 1) + ".";
+    out.push_back({n + "ln_1.weight", {h}, p + "attn.norm.weight"});
+    out.push_back({n + "ln_1.bias", {h}, p + "attn.norm.bias"});
+    out.push_back({n + "attn.c_attn.weight", {h, 3 * h}, p + "attn.qkv.weight", true});
+    out.push_back({n + "attn.c_attn.bias", {3 * h}, p + "attn.qkv.bias"});
+    out.push_back({n + "attn.c_proj.weight", {h, h}, p + "attn.out.weight", true});
+    out.push_back({n + "attn.c_proj.bias", {h}, p + "attn.out.bias"});
+    out.push_back({n + "ln_2.weight", {h}, p + "mlp.norm.weight"});
+    out.push_back({n + "ln_2.bias", {h}, p + "mlp.norm.bias"});
+    out.push_back({n + "mlp.c_fc.weight", {h, f}, p + "mlp.up.weight", true});
+    out.push_back({n + "mlp.c_fc.bias", {f}, p + "mlp.up.bias"});
+    out.push_back({n + "mlp.c_proj.weight", {f, h}, p + "mlp.down.weight", true});
+    out.push_back({n + "mlp.c_proj.bias", {h}, p + "mlp.down.bias"});
+  }
+  out.push_back({"ln_f.weight", {h}, "final.norm.weight"});
+  out.push_back({"ln_f.bias", {h}, "final.norm.bias"});
+  return out;
+}
+
+/// The prefixes task models put before the base model's names.
+inline std::vector<std::string> prefixes(BackboneKind kind) {
+  if (kind == BackboneKind::Gpt2)
+    return {"transformer."};
+  return {};
+}
+
+/// Stored names that are not parameters the backbone trains and are
+/// skipped without a warning: GPT-2's attention-mask buffers and a language
+/// model's output layer (tied to wte).
+inline bool ignored(BackboneKind kind, const std::string &name) {
+  auto endsWith = [&](const std::string &s) {
+    return name.size() >= s.size() &&
+           name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  if (kind == BackboneKind::Gpt2)
+    return endsWith(".attn.bias") || endsWith(".attn.masked_bias") ||
+           name == "lm_head.weight";
+  return false;
+}
+
+} // namespace mtprt::hf
+
+#endif // MTPRT_HFNAMES_H

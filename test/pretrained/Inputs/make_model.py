@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Writes a small random Hugging Face model directory (config.json +
+safetensors) for the pretrained-backbone tests: every parameter random
+(norm weights and biases included, so a name mapped to the wrong tensor
+shows), nothing downloaded.
+
+    make_model.py OUT --family gpt2 [--layers 2 --hidden 64 --heads 4
+        --ffn 256 --vocab 256 --positions 64] [--dtype f32|bf16|f16]
+        [--shard-bytes N] [--task-model]
+"""
+import argparse
+
+import torch
+import transformers
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--family", default="gpt2", choices=["gpt2"])
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--ffn", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--positions", type=int, default=64)
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"])
+    ap.add_argument("--shard-bytes", type=int, default=0,
+                    help="save as shards of at most this many bytes")
+    ap.add_argument("--task-model", action="store_true",
+                    help="save the LM-head model (prefixed names)")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(a.seed)
+    config = transformers.GPT2Config(
+        vocab_size=a.vocab, n_positions=a.positions, n_embd=a.hidden,
+        n_layer=a.layers, n_head=a.heads, n_inner=a.ffn,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=0, eos_token_id=0)
+    cls = transformers.GPT2LMHeadModel if a.task_model else transformers.GPT2Model
+    model = cls(config)
+    with torch.no_grad():
+        # The family's own initializer range for the matrices (activations
+        # of the size trained models have), and every vector random too.
+        for name, p in model.named_parameters():
+            noise = torch.randn_like(p) * (0.1 if p.dim() == 1 else 0.02)
+            norm_weight = ".ln_" in "." + name and name.endswith("weight")
+            p.copy_(noise + 1.0 if norm_weight else noise)
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
+    model = model.to(dtype)
+    kwargs = {}
+    if a.shard_bytes:
+        kwargs["max_shard_size"] = a.shard_bytes
+    model.save_pretrained(a.out, **kwargs)
+
+
+if __name__ == "__main__":
+    main()
