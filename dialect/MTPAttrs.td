@@ -11,7 +11,11 @@ def MTP_BackboneKind : I32EnumAttr<"BackboneKind", "kind of shared backbone", [
     I32EnumAttrCase<"transformer", 0>,
     // GPT-2: pre-norm, causal attention, GELU's tanh form, a final LayerNorm
     // on the last layer's output; loads and exports Hugging Face weights.
-    I32EnumAttrCase<"gpt2", 1>
+    I32EnumAttrCase<"gpt2", 1>,
+    // Llama: RMSNorm, rotary positions (optionally llama3-scaled), grouped-
+    // query attention, a SwiGLU MLP, causal, a final norm; loads and exports
+    // Hugging Face weights.
+    I32EnumAttrCase<"llama", 2>
   ]> {
   let cppNamespace = "::mtp";
   let genSpecializedAttr = 0;

@@ -584,6 +584,33 @@ LogicalResult BackboneOp::verify() {
   if (getNormEps() &&
       failed(checkReal(*this, "norm_eps", getNormEpsilon(), limits::kNormEps)))
     return failure();
+  if (isLlama()) {
+    if (getPointwise() == PointwiseKind::fused)
+      return emitOpError("pointwise fused: llama's RMSNorm and SwiGLU run on "
+                         "ATen's pointwise ops (pointwise aten)");
+    if (getAttention() == AttentionKind::math)
+      return emitOpError("attention math: llama runs the fused attention "
+                         "kernel only (grouped queries, rotary positions)");
+    if (getKvHeadCount() < 1 || getHeads() % getKvHeadCount() != 0)
+      return emitOpError("kv_heads ")
+             << getKvHeadCount() << " does not divide heads " << getHeads();
+    if (getHeadDim() % 2)
+      return emitOpError("rotary positions need an even head size, got ")
+             << getHeadDim();
+    if (getRopeTheta() && !(getRopeTheta()->convertToDouble() > 0))
+      return emitOpError("rope_theta must be positive");
+    if (std::optional<ArrayRef<double>> r = getRopeScaling()) {
+      if (r->size() != 4)
+        return emitOpError("rope_scaling holds [factor, low_freq_factor, "
+                           "high_freq_factor, original positions]");
+      if (!((*r)[0] > 0 && (*r)[1] > 0 && (*r)[2] > (*r)[1] && (*r)[3] >= 1))
+        return emitOpError("rope_scaling needs factor > 0, 0 < "
+                           "low_freq_factor < high_freq_factor, original "
+                           "positions >= 1");
+    }
+  } else if (getKvHeads() || getRopeTheta() || getRopeScaling()) {
+    return emitOpError("kv_heads, rope_theta and rope_scaling are llama's");
+  }
   if (getWeights() && getKind() == BackboneKind::transformer)
     return emitOpError("a transformer backbone has no Hugging Face weights "
                        "to load; declare the checkpoint's family");

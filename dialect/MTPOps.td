@@ -96,14 +96,22 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
                        OptionalAttr<MTP_PointwiseKindAttr>:$pointwise,
                        OptionalAttr<I64Attr>:$positions,
                        OptionalAttr<F64Attr>:$norm_eps,
-                       OptionalAttr<StrAttr>:$weights);
+                       OptionalAttr<StrAttr>:$weights,
+                       OptionalAttr<I64Attr>:$kv_heads,
+                       OptionalAttr<F64Attr>:$rope_theta,
+                       OptionalAttr<DenseF64ArrayAttr>:$rope_scaling,
+                       OptionalAttr<BoolAttr>:$attention_bias,
+                       OptionalAttr<BoolAttr>:$mlp_bias);
   let assemblyFormat = [{
     $kind `(` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
               `heads` `=` $heads `,` `ffn` `=` $ffn `,`
               `vocab` `=` $vocab `,` `seq` `=` $seq `,` `dropout` `=` $dropout `)`
               (`attention` $attention^)? (`pointwise` $pointwise^)?
               (`positions` $positions^)? (`norm_eps` $norm_eps^)?
-              (`weights` $weights^)? attr-dict
+              (`weights` $weights^)? (`kv_heads` $kv_heads^)?
+              (`rope_theta` $rope_theta^)? (`rope_scaling` $rope_scaling^)?
+              (`attention_bias` $attention_bias^)? (`mlp_bias` $mlp_bias^)?
+              attr-dict
   }];
   let hasVerifier = 1;
   let extraClassDeclaration = [{
@@ -113,11 +121,20 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
     double getNormEpsilon() {
       return getNormEps() ? getNormEps()->convertToDouble() : 1e-5;
     }
-    bool isCausal() { return getKind() == BackboneKind::gpt2; }
+    bool isCausal() { return getKind() != BackboneKind::transformer; }
     /// GELU's tanh form (GPT-2's gelu_new).
     bool hasGeluTanh() { return getKind() == BackboneKind::gpt2; }
-    /// A LayerNorm on the last layer's output (unit final_norm).
-    bool hasFinalNorm() { return getKind() == BackboneKind::gpt2; }
+    /// A norm on the last layer's output (unit final_norm).
+    bool hasFinalNorm() { return getKind() != BackboneKind::transformer; }
+    bool isLlama() { return getKind() == BackboneKind::llama; }
+    /// Llama's: RMSNorm, rotary positions (no position table), a SwiGLU
+    /// MLP whose up-projection holds the gate's and the up's rows.
+    bool hasRmsNorm() { return isLlama(); }
+    bool hasPositionTable() { return !isLlama(); }
+    bool hasGatedMlp() { return isLlama(); }
+    int64_t getKvHeadCount() { return getKvHeads().value_or(getHeads()); }
+    bool hasAttentionBias() { return getAttentionBias().value_or(!isLlama()); }
+    bool hasMlpBias() { return getMlpBias().value_or(!isLlama()); }
   }];
 }
 

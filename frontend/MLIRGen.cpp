@@ -32,7 +32,13 @@ public:
         bb.positions ? builder.getI64IntegerAttr(*bb.positions)
                      : IntegerAttr(),
         bb.normEps ? builder.getF64FloatAttr(*bb.normEps) : FloatAttr(),
-        bb.weights ? builder.getStringAttr(*bb.weights) : StringAttr());
+        bb.weights ? builder.getStringAttr(*bb.weights) : StringAttr(),
+        bb.kvHeads ? builder.getI64IntegerAttr(*bb.kvHeads) : IntegerAttr(),
+        bb.ropeTheta ? builder.getF64FloatAttr(*bb.ropeTheta) : FloatAttr(),
+        bb.ropeScaling ? builder.getDenseF64ArrayAttr(*bb.ropeScaling)
+                       : DenseF64ArrayAttr(),
+        bb.attentionBias ? builder.getBoolAttr(*bb.attentionBias) : BoolAttr(),
+        bb.mlpBias ? builder.getBoolAttr(*bb.mlpBias) : BoolAttr());
 
     for (const CheckedSpec::Task &t : spec.tasks) {
       auto task = builder.create<TaskOp>(

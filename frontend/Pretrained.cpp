@@ -62,6 +62,100 @@ llvm::Expected<int64_t> integer(const llvm::json::Object &obj, StringRef key,
   return *i;
 }
 
+/// Llama's config.json (transformers 5's rope_parameters, or 4.x's
+/// rope_theta and rope_scaling).
+llvm::Expected<PretrainedConfig> readLlama(const llvm::json::Object &obj,
+                                           const std::string &path,
+                                           PretrainedConfig &out) {
+  namespace limits = mtprt::limits;
+  mtprt::ModelConfig &m = out.model;
+  m.kind = mtprt::BackboneKind::Llama;
+  m.pointwise = mtprt::PointwiseKind::Aten;
+  m.attention = mtprt::AttentionKind::Fused;
+  for (auto [key, range, into] :
+       {std::tuple<StringRef, limits::Range, int64_t *>{
+            "num_hidden_layers", limits::kLayers, &m.layers},
+        {"hidden_size", limits::kHidden, &m.hidden},
+        {"num_attention_heads", limits::kHeads, &m.heads},
+        {"intermediate_size", limits::kFfn, &m.ffn},
+        {"vocab_size", limits::kVocab, &m.vocab},
+        {"max_position_embeddings", limits::kSeq, &m.positions}}) {
+    auto v = integer(obj, key, range, path);
+    if (!v)
+      return v.takeError();
+    *into = *v;
+  }
+  m.kvHeads = m.heads;
+  if (const llvm::json::Value *v = obj.get("num_key_value_heads");
+      v && !v->getAsNull()) {
+    auto kv = integer(obj, "num_key_value_heads", limits::kHeads, path);
+    if (!kv)
+      return kv.takeError();
+    m.kvHeads = *kv;
+  }
+  if (m.hidden % m.heads || m.heads % m.kvHeads)
+    return fail(llvm::formatv("{0}: num_attention_heads = {1} must divide "
+                              "hidden_size = {2} and be a multiple of "
+                              "num_key_value_heads = {3}",
+                              path, m.heads, m.hidden, m.kvHeads));
+  if (const llvm::json::Value *v = obj.get("head_dim"); v && !v->getAsNull())
+    if (v->getAsInteger() != m.hidden / m.heads)
+      return fail(path + ": head_dim other than hidden_size / "
+                         "num_attention_heads is not supported");
+  if ((m.hidden / m.heads) % 2)
+    return fail(path + ": rotary positions need an even head size");
+  m.normEps = obj.getNumber("rms_norm_eps").value_or(1e-6);
+  if (!limits::kNormEps.contains(m.normEps))
+    return fail(path + ": 'rms_norm_eps' must be in (0, 0.5]");
+  out.dropout = obj.getNumber("attention_dropout").value_or(0.0);
+  if (!limits::kDropout.contains(out.dropout))
+    return fail(path + ": 'attention_dropout' must be in [0, 1)");
+  if (std::optional<StringRef> act = obj.getString("hidden_act"))
+    if (*act != "silu")
+      return fail(path + ": hidden_act '" + *act +
+                  "' is not supported (llama runs silu)");
+  m.attentionBias = obj.getBoolean("attention_bias").value_or(false);
+  m.mlpBias = obj.getBoolean("mlp_bias").value_or(false);
+  if (obj.getInteger("pretraining_tp").value_or(1) != 1)
+    return fail(path + ": pretraining_tp other than 1 is not supported");
+
+  // Rotary positions: the base and an optional llama3 scaling.
+  const llvm::json::Object *rope = obj.getObject("rope_parameters");
+  if (!rope)
+    rope = obj.getObject("rope_scaling");
+  m.ropeTheta = obj.getNumber("rope_theta").value_or(10000.0);
+  if (rope)
+    m.ropeTheta = rope->getNumber("rope_theta").value_or(m.ropeTheta);
+  if (!(m.ropeTheta > 0))
+    return fail(path + ": 'rope_theta' must be positive");
+  if (rope) {
+    std::optional<StringRef> kind = rope->getString("rope_type");
+    if (!kind)
+      kind = rope->getString("type");
+    if (kind && *kind == "llama3") {
+      mtprt::RopeScaling &r = m.ropeScaling;
+      std::optional<double> factor = rope->getNumber("factor"),
+                            low = rope->getNumber("low_freq_factor"),
+                            high = rope->getNumber("high_freq_factor");
+      std::optional<int64_t> original =
+          rope->getInteger("original_max_position_embeddings");
+      if (!factor || !low || !high || !original || !(*factor > 0) ||
+          !(*low > 0) || !(*high > *low) || *original < 1)
+        return fail(path + ": the llama3 rope scaling needs factor > 0, 0 < "
+                           "low_freq_factor < high_freq_factor and "
+                           "original_max_position_embeddings >= 1");
+      r.factor = *factor;
+      r.lowFreqFactor = *low;
+      r.highFreqFactor = *high;
+      r.originalPositions = *original;
+    } else if (kind && *kind != "default") {
+      return fail(path + ": rope_type '" + *kind +
+                  "' is not supported (default, llama3)");
+    }
+  }
+  return std::move(out);
+}
+
 } // namespace
 
 llvm::Expected<PretrainedConfig> mtp::readPretrainedConfig(StringRef dir) {
@@ -86,9 +180,11 @@ llvm::Expected<PretrainedConfig> mtp::readPretrainedConfig(StringRef dir) {
   PretrainedConfig out;
   out.modelType = type->str();
   mtprt::ModelConfig &m = out.model;
+  if (*type == "llama")
+    return readLlama(*obj, path, out);
   if (*type != "gpt2")
     return fail(path + ": model_type '" + *type +
-                "' is not supported yet (supported: gpt2)");
+                "' is not supported yet (supported: gpt2, llama)");
   m.kind = mtprt::BackboneKind::Gpt2;
   m.pointwise = mtprt::PointwiseKind::Aten;
   auto take = [&](StringRef key, limits::Range range,

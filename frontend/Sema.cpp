@@ -98,13 +98,21 @@ constexpr Deferred kDeferredBudget[] = {
 
 // Keys per section, so a key written in the wrong section gets pointed home.
 constexpr StringRef kBackboneKeys[] = {
-    "layers",    "hidden",    "heads",     "ffn",     "vocab", "seq",
-    "dropout",   "attention", "pointwise", "positions", "norm_eps"};
-/// What a pretrained backbone's config.json fixes (and its name there).
-constexpr std::pair<StringRef, StringRef> kFixedByCheckpoint[] = {
-    {"layers", "n_layer"}, {"hidden", "n_embd"},    {"heads", "n_head"},
-    {"ffn", "n_inner"},    {"vocab", "vocab_size"}, {"positions", "n_positions"},
-    {"norm_eps", "layer_norm_epsilon"}};
+    "layers",    "hidden",    "heads",     "ffn",       "vocab",
+    "seq",       "dropout",   "attention", "pointwise", "positions",
+    "norm_eps",  "kv_heads",  "rope_theta"};
+/// What a pretrained backbone's config.json fixes (and its name there:
+/// GPT-2's, Llama's).
+constexpr std::tuple<StringRef, StringRef, StringRef> kFixedByCheckpoint[] = {
+    {"layers", "n_layer", "num_hidden_layers"},
+    {"hidden", "n_embd", "hidden_size"},
+    {"heads", "n_head", "num_attention_heads"},
+    {"ffn", "n_inner", "intermediate_size"},
+    {"vocab", "vocab_size", "vocab_size"},
+    {"positions", "n_positions", "max_position_embeddings"},
+    {"norm_eps", "layer_norm_epsilon", "rms_norm_eps"},
+    {"kv_heads", "", "num_key_value_heads"},
+    {"rope_theta", "", "rope_theta"}};
 constexpr StringRef kBudgetKeys[] = {
     "device",       "memory",      "headroom",     "host_link",
     "gpus",         "global_batch", "micro_batch", "accumulation",
@@ -507,7 +515,7 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
     checkPretrained(bb, out);
     return;
   }
-  static const StringRef kinds[] = {"transformer", "gpt2"};
+  static const StringRef kinds[] = {"transformer", "gpt2", "llama"};
   if (std::optional<BackboneKind> k = symbolizeBackboneKind(bb.kind)) {
     out.kind = *k;
   } else {
@@ -516,7 +524,7 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
     if (auto guess = closest(bb.kind, kinds))
       diag << "; did you mean '" << *guess << "'?";
     else
-      diag << "; the backbone kinds: transformer, gpt2, or "
+      diag << "; the backbone kinds: transformer, gpt2, llama, or "
               "pretrained(\"DIR\")";
   }
   const std::string where = "backbone " + bb.kind + " { }";
@@ -561,6 +569,30 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
   }
   if (const ast::Value *v = f.get("norm_eps"))
     out.normEps = real(*v, "norm_eps", limits::kNormEps).value_or(1e-5);
+  for (StringRef key : {"kv_heads", "rope_theta"})
+    if (const ast::Value *v = f.get(key); v && out.kind != BackboneKind::llama)
+      error(v->loc) << "'" << key << "' is a llama backbone's";
+  if (const ast::Value *v = f.get("kv_heads")) {
+    out.kvHeads = integer(*v, "kv_heads", limits::kHeads).value_or(1);
+    if (out.heads > 0 && *out.kvHeads > 0 && out.heads % *out.kvHeads)
+      error(v->loc) << "'kv_heads' = " << *out.kvHeads
+                    << " does not divide 'heads' = " << out.heads;
+  }
+  if (const ast::Value *v = f.get("rope_theta"))
+    out.ropeTheta =
+        real(*v, "rope_theta", {0.0, 1e12, true, false}).value_or(1e4);
+  if (out.kind == BackboneKind::llama) {
+    if (out.pointwise == PointwiseKind::fused)
+      error(out.pointwiseLoc)
+          << "pointwise fused: llama's RMSNorm and SwiGLU run on ATen's "
+             "pointwise ops; use pointwise = aten, or leave it out";
+    if (out.attention == AttentionKind::math)
+      error(out.attentionLoc)
+          << "attention math: llama runs the fused attention only";
+    if (out.hidden > 0 && out.heads > 0 && (out.hidden / out.heads) % 2)
+      error(f.locOf("heads")) << "rotary positions need an even head size; "
+                              << out.hidden << " / " << out.heads << " is odd";
+  }
   if (out.kind == BackboneKind::gpt2 && out.pointwise == PointwiseKind::fused)
     error(out.pointwiseLoc)
         << "pointwise fused computes GELU's erf form; gpt2's GELU is the "
@@ -613,7 +645,19 @@ void Sema::checkPretrained(const ast::Backbone &bb, CheckedSpec::Backbone &out) 
     return;
   }
   const mtprt::ModelConfig &m = config->model;
-  out.kind = BackboneKind::gpt2;
+  const bool llama = m.kind == mtprt::BackboneKind::Llama;
+  out.kind = llama ? BackboneKind::llama : BackboneKind::gpt2;
+  if (llama) {
+    out.kvHeads = m.kvHeadCount();
+    out.ropeTheta = m.ropeTheta;
+    if (m.ropeScaling.factor > 0)
+      out.ropeScaling = std::vector<double>{
+          m.ropeScaling.factor, m.ropeScaling.lowFreqFactor,
+          m.ropeScaling.highFreqFactor,
+          double(m.ropeScaling.originalPositions)};
+    out.attentionBias = m.attentionBias;
+    out.mlpBias = m.mlpBias;
+  }
   out.layers = m.layers;
   out.hidden = m.hidden;
   out.heads = m.heads;
@@ -627,11 +671,12 @@ void Sema::checkPretrained(const ast::Backbone &bb, CheckedSpec::Backbone &out) 
 
   const std::string where = "backbone pretrained(...) { }";
   Fields f(*this, where, bb.entries, kBackboneKeys);
-  for (auto [key, field] : kFixedByCheckpoint)
+  for (auto [key, gpt2, llamaField] : kFixedByCheckpoint)
     if (const ast::Value *v = f.get(key)) {
       auto diag = error(v->loc);
-      diag << "'" << key << "' is fixed by the checkpoint (" << field
-           << " in " << dirValue.name << "/config.json)";
+      diag << "'" << key << "' is fixed by the checkpoint ("
+           << (llama ? llamaField : gpt2) << " in " << dirValue.name
+           << "/config.json)";
       note(diag, v->loc, "a pretrained backbone overrides seq, dropout, "
                          "attention and pointwise only");
     }

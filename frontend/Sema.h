@@ -39,6 +39,11 @@ struct CheckedSpec {
     std::optional<double> normEps;
     /// A pretrained backbone's directory, as the spec wrote it.
     std::optional<std::string> weights;
+    /// Llama's (absent: the family's defaults).
+    std::optional<int64_t> kvHeads;
+    std::optional<double> ropeTheta;
+    std::optional<std::vector<double>> ropeScaling;
+    std::optional<bool> attentionBias, mlpBias;
     /// Absent: --mtp-normalize-spec picks for the device and dropout.
     std::optional<AttentionKind> attention;
     std::optional<PointwiseKind> pointwise;

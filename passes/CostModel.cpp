@@ -45,8 +45,8 @@ CostModel::CostModel(ModelOp model)
 }
 
 PointwiseKind CostModel::fittingPointwise(ModelOp model) {
-  // The fused kernels compute GELU's erf form only.
-  if (model.getBackbone().hasGeluTanh())
+  // The fused kernels compute LayerNorm and GELU's erf form only.
+  if (model.getBackbone().hasGeluTanh() || model.getBackbone().hasRmsNorm())
     return PointwiseKind::aten;
   BudgetOp budget = model.getBudget();
   const bool autocast = budget && budget.getPrecision() != Precision::fp32;
@@ -55,6 +55,9 @@ PointwiseKind CostModel::fittingPointwise(ModelOp model) {
 }
 
 AttentionKind CostModel::fittingAttention(ModelOp model) {
+  // Llama's grouped, rotary attention runs the fused kernel only.
+  if (model.getBackbone().isLlama())
+    return AttentionKind::fused;
   BudgetOp budget = model.getBudget();
   const DevicePreset *preset =
       budget ? lookupDevicePreset(budget.getDevice()) : nullptr;
@@ -178,21 +181,39 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
     cost.backwardNeedsInput = true; // the token indices
     cost.fwdFlops = 2 * bsh;
     cost.bwdFlops = 2 * bsh;
-    // The gathered embeddings live beside their sum until the add returns.
-    cost.fwdWorkspace = 4 * bsh;
+    // The gathered embeddings live beside their sum until the add returns
+    // (Llama adds no position table: the gather is the output).
+    cost.fwdWorkspace = backbone.hasPositionTable() ? 4 * bsh : 0;
     return cost;
   case UnitKind::final_norm:
-    // fp32 like the stream it normalizes: the heads read it as they read a
-    // layer's output (their own linears cast under autocast).
-    cost.output = stream();
-    cost.saved.push_back({"mean", tensor({b, s, 1}, f32)});
-    cost.saved.push_back({"rstd", tensor({b, s, 1}, f32)});
-    cost.backwardNeedsInput = true;
-    cost.fwdFlops = 8 * bsh;
-    cost.bwdFlops = 12 * bsh;
-    return cost;
   case UnitKind::attn_norm:
   case UnitKind::mlp_norm:
+    if (kind == UnitKind::final_norm || backbone.hasRmsNorm()) {
+      // fp32 like the stream it normalizes (a final norm: the heads read it
+      // as they read a layer's output; their own linears cast under
+      // autocast).
+      cost.output = kind == UnitKind::final_norm ? stream()
+                                                 : tensor({b, s, h}, act);
+      cost.backwardNeedsInput = true;
+      if (backbone.hasRmsNorm()) {
+        // ATen's composite rms_norm: x·rsqrt(mean(x²) + eps), then ·weight;
+        // the multiplications keep the rsqrt and the normalized x.
+        cost.saved.push_back({"rstd", tensor({b, s, 1}, f32)});
+        cost.saved.push_back({"normed", tensor({b, s, h}, f32)});
+        cost.fwdFlops = 4 * bsh;
+        cost.bwdFlops = 10 * bsh;
+        // x² before its mean; in backward the normalized x's and x's
+        // gradient terms.
+        cost.fwdWorkspace = 4 * bsh;
+        cost.bwdWorkspace = 8 * bsh;
+        return cost;
+      }
+      cost.saved.push_back({"mean", tensor({b, s, 1}, f32)});
+      cost.saved.push_back({"rstd", tensor({b, s, 1}, f32)});
+      cost.fwdFlops = 8 * bsh;
+      cost.bwdFlops = 12 * bsh;
+      return cost;
+    }
     cost.output = tensor({b, s, h}, act);
     cost.saved.push_back({"mean", tensor({b, s, 1}, f32)});
     cost.saved.push_back({"rstd", tensor({b, s, 1}, f32)});
@@ -204,6 +225,17 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
       cost.fwdWorkspace = 4 * bsh;
     return cost;
   case UnitKind::qkv:
+    if (backbone.isLlama()) {
+      // The queries' and keys' rows, then the values': qk dies after the
+      // rotation, v is kept by the attention core (counted there).
+      const int64_t rows = (a + 2 * backbone.getKvHeadCount()) * d;
+      cost.output = tensor({b, s, rows}, act);
+      weights(cost, rows, h);
+      cost.backwardNeedsInput = true;
+      cost.fwdFlops = 2 * bsh * rows;
+      cost.bwdFlops = 2 * cost.fwdFlops;
+      return cost;
+    }
     cost.output = tensor({b, s, 3 * h}, act);
     weights(cost, 3 * h, h);
     cost.backwardNeedsInput = !fusedPointwise;
@@ -212,6 +244,27 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
     return cost;
   case UnitKind::attn_core:
     cost.output = tensor({b, s, h}, act);
+    if (backbone.isLlama()) {
+      // Rotary q and k are new tensors (the rotation keeps only the shared
+      // tables); the flash kernel keeps them, v (kv heads: grouped), its
+      // output and the log-sum-exp.
+      const int64_t kvd = backbone.getKvHeadCount() * d;
+      cost.backwardNeedsOutput = true;
+      cost.saved.push_back({"q_rotary", tensor({b, a, s, d}, act)});
+      cost.saved.push_back({"k_rotary", tensor({b, s, kvd}, act)});
+      cost.saved.push_back({"v", tensor({b, s, kvd}, act)});
+      cost.saved.push_back({"logsumexp", tensor({b, a, s}, f32)});
+      cost.fwdFlops = 4 * b * s * s * h + 5 * bass + 6 * b * s * (h + kvd);
+      cost.bwdFlops = 10 * b * s * s * h + 5 * bass + 6 * b * s * (h + kvd);
+      // The rotation's x·cos, rotate_half(x) and its ·sin beside the
+      // kernel's buffers; in backward the q, k, v gradients in the kernel's
+      // layout, then the rotation's terms.
+      cost.fwdWorkspace =
+          3 * e * bsh + flashAttentionBuffers(s, s, /*backward=*/false);
+      cost.bwdWorkspace = e * (bsh + 2 * b * s * kvd) + 2 * e * bsh +
+                          flashAttentionBuffers(s, s, /*backward=*/true);
+      return cost;
+    }
     if (attentionKind == AttentionKind::fused) {
       // scaled_dot_product_attention keeps q, k and v — strided views of
       // the fused QKV output, which they keep whole — its output (whose
@@ -269,6 +322,15 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
     cost.bwdFlops = 2 * bsh;
     return cost;
   case UnitKind::mlp_up:
+    if (backbone.hasGatedMlp()) {
+      // The gate's rows, then the up's: one output [B, S, 2F].
+      cost.output = tensor({b, s, 2 * f}, act);
+      weights(cost, 2 * f, h);
+      cost.backwardNeedsInput = true;
+      cost.fwdFlops = 4 * bsh * f;
+      cost.bwdFlops = 8 * bsh * f;
+      return cost;
+    }
     cost.output = tensor({b, s, f}, act);
     weights(cost, f, h);
     cost.backwardNeedsInput = !fusedPointwise;
@@ -276,6 +338,21 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
     cost.bwdFlops = 4 * bsh * f + (fusedPointwise ? 4 * bsh : 0);
     return cost;
   case UnitKind::mlp_act:
+    if (backbone.hasGatedMlp()) {
+      // silu(gate) · up: silu keeps the gate and the product keeps silu's
+      // output and up (the gate and up are views of the up-projection's
+      // output, which they keep whole).
+      cost.output = tensor({b, s, f}, act);
+      cost.backwardNeedsInput = true;
+      cost.saved.push_back({"silu", tensor({b, s, f}, act)});
+      cost.fwdFlops = 6 * b * s * f;
+      cost.bwdFlops = 12 * b * s * f;
+      cost.fwdWorkspace = 0;
+      // Each half's gradient is a zero-filled [B, S, 2F] (the narrow's
+      // backward) beside the product's and silu's terms.
+      cost.bwdWorkspace = e * b * s * (2 * f + 2 * f);
+      return cost;
+    }
     cost.output = tensor({b, s, f}, act);
     cost.backwardNeedsInput = true;
     // The fused GELU backward scales the incoming gradient in place.
@@ -299,7 +376,8 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
 }
 
 SmallVector<UnitKind, 3> CostModel::projectionChain(bool attention) const {
-  if (!activationElementType().isF32())
+  // Llama's blocks have no tensor-grain path in the runtime yet.
+  if (!activationElementType().isF32() || backbone.isLlama())
     return {};
   if (attention)
     return attentionKind == AttentionKind::fused
@@ -675,15 +753,23 @@ int64_t CostModel::cosineProbeWorkspace(
 //===----------------------------------------------------------------------===//
 
 int64_t CostModel::embeddingParameters() const {
-  return (backbone.getVocab() + backbone.getPositionRows()) *
+  return (backbone.getVocab() +
+          (backbone.hasPositionTable() ? backbone.getPositionRows() : 0)) *
          backbone.getHidden();
 }
 
 int64_t CostModel::finalNormParameters() const {
-  return backbone.hasFinalNorm() ? 2 * backbone.getHidden() : 0;
+  if (!backbone.hasFinalNorm())
+    return 0;
+  return (backbone.hasRmsNorm() ? 1 : 2) * backbone.getHidden();
 }
 
 int64_t CostModel::layerParameters() const {
+  if (backbone.isLlama())
+    return 2 * unitParameters(UnitKind::attn_norm) +
+           unitParameters(UnitKind::qkv) + unitParameters(UnitKind::attn_out) +
+           unitParameters(UnitKind::mlp_up) +
+           unitParameters(UnitKind::mlp_down);
   int64_t h = backbone.getHidden(), f = backbone.getFfn();
   int64_t norms = 2 * (2 * h);          // two LayerNorms, weight + bias
   int64_t attention = 3 * h * h + 3 * h // fused QKV projection
@@ -719,15 +805,23 @@ int64_t CostModel::unitParameters(UnitKind kind, TaskOp task) const {
   case UnitKind::attn_norm:
   case UnitKind::mlp_norm:
   case UnitKind::final_norm:
-    return 2 * h;
+    return (backbone.hasRmsNorm() ? 1 : 2) * h;
   case UnitKind::qkv:
+    if (backbone.isLlama()) {
+      const int64_t rows =
+          (backbone.getHeads() + 2 * backbone.getKvHeadCount()) *
+          backbone.getHeadDim();
+      return rows * h + (backbone.hasAttentionBias() ? rows : 0);
+    }
     return 3 * h * h + 3 * h;
   case UnitKind::attn_out:
-    return h * h + h;
-  case UnitKind::mlp_up:
-    return h * f + f;
+    return h * h + (backbone.hasAttentionBias() ? h : 0);
+  case UnitKind::mlp_up: {
+    const int64_t rows = backbone.hasGatedMlp() ? 2 * f : f;
+    return h * rows + (backbone.hasMlpBias() ? rows : 0);
+  }
   case UnitKind::mlp_down:
-    return f * h + h;
+    return f * h + (backbone.hasMlpBias() ? h : 0);
   case UnitKind::head:
     return task ? headParameters(task) : 0;
   case UnitKind::attn_core:

@@ -40,7 +40,7 @@ fb::Decision decisionOf(FwdOp op) {
                 int(fb::FB::MAX) == int(ODS::LAST) &&                          \
                 int(fb::FB::LAST) == int(ODS::LAST) &&                         \
                 int(fb::FB::MAX) == int(getMaxEnumValFor##ODS()))
-MTP_SAME_ENUM(BackboneKind, BackboneKind, transformer, gpt2);
+MTP_SAME_ENUM(BackboneKind, BackboneKind, transformer, llama);
 MTP_SAME_ENUM(AttentionKind, AttentionKind, math, fused);
 MTP_SAME_ENUM(PointwiseKind, PointwiseKind, aten, fused);
 MTP_SAME_ENUM(HeadKind, HeadKind, classify, decoder);
@@ -95,7 +95,12 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
       bb.getVocab(), bb.getSeq(), bb.getDropout().convertToDouble(),
       toFb<fb::AttentionKind>(CostModel(model).attention()),
       toFb<fb::PointwiseKind>(CostModel(model).pointwise()),
-      bb.getPositions().value_or(0), bb.getNormEpsilon(), weights);
+      bb.getPositions().value_or(0), bb.getNormEpsilon(), weights,
+      bb.getKvHeads().value_or(0),
+      bb.getRopeTheta() ? bb.getRopeTheta()->convertToDouble() : 10000.0,
+      bb.getRopeScaling() ? b.CreateVector(bb.getRopeScaling()->vec())
+                          : flatbuffers::Offset<flatbuffers::Vector<double>>(),
+      !bb.hasAttentionBias(), !bb.hasMlpBias());
 
   auto lrOf = [&](LRScheduleAttr lr) -> flatbuffers::Offset<fb::LrSchedule> {
     if (!lr)

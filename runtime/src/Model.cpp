@@ -101,13 +101,18 @@ struct Init {
     t.normal_(0.0, 0.02, gen);
     return leaf(name, t);
   }
-  LinearParams linear(const std::string &name, int64_t in, int64_t out) {
-    return {normal(name + ".weight", {out, in}),
-            leaf(name + ".bias", at::zeros({out}, at::kFloat))};
+  LinearParams linear(const std::string &name, int64_t in, int64_t out,
+                      bool bias = true) {
+    LinearParams p{normal(name + ".weight", {out, in}), {}};
+    if (bias)
+      p.bias = leaf(name + ".bias", at::zeros({out}, at::kFloat));
+    return p;
   }
-  NormParams norm(const std::string &name, int64_t n) {
-    return {leaf(name + ".weight", at::ones({n}, at::kFloat)),
-            leaf(name + ".bias", at::zeros({n}, at::kFloat))};
+  NormParams norm(const std::string &name, int64_t n, bool rms = false) {
+    NormParams p{leaf(name + ".weight", at::ones({n}, at::kFloat)), {}, rms};
+    if (!rms)
+      p.bias = leaf(name + ".bias", at::zeros({n}, at::kFloat));
+    return p;
   }
   AttentionParams attention(const std::string &name, int64_t h) {
     return {norm(name + ".norm", h), linear(name + ".qkv", h, 3 * h),
@@ -182,6 +187,31 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
   if (!(c.normEps > 0.0 && c.normEps < 1.0))
     bad("ModelConfig.normEps",
         "must be in (0, 1), got " + std::to_string(c.normEps));
+  if (c.llama()) {
+    if (c.pointwise == PointwiseKind::Fused)
+      bad("ModelConfig.pointwise",
+          "llama's RMSNorm and SwiGLU run on ATen's pointwise ops; use Aten");
+    if (c.attention != AttentionKind::Fused ||
+        (c.dropout > 0.0 && parseDevice(c.device).is_cpu()))
+      bad("ModelConfig.attention",
+          "llama runs the fused attention kernel only (grouped queries, "
+          "rotary positions): Fused, and dropout 0 on the CPU");
+    if (c.kvHeads < 0 || c.heads % c.kvHeadCount() != 0)
+      bad("ModelConfig.kvHeads",
+          std::to_string(c.kvHeads) + " key/value heads do not divide " +
+              std::to_string(c.heads) + " attention heads");
+    if ((c.hidden / c.heads) % 2)
+      bad("ModelConfig.heads", "rotary positions need an even head size");
+    if (!(c.ropeTheta > 0.0))
+      bad("ModelConfig.ropeTheta", "must be positive");
+    const RopeScaling &r = c.ropeScaling;
+    if (r.factor != 0.0 &&
+        !(r.factor > 0.0 && r.lowFreqFactor > 0.0 &&
+          r.highFreqFactor > r.lowFreqFactor && r.originalPositions > 0))
+      bad("ModelConfig.ropeScaling",
+          "needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+          "original positions > 0");
+  }
   if (c.geluTanh() && c.pointwise == PointwiseKind::Fused)
     bad("ModelConfig.pointwise",
         "this backbone's GELU is the tanh form, which only ATen's pointwise "
@@ -222,14 +252,64 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
   groups_.resize(1 + headConfigs_.size());
   init.group = &groups_[0];
   tokEmb_ = init.normal("embed.tok", {c.vocab, hdim});
-  posEmb_ = init.normal("embed.pos", {c.positionRows(), hdim});
+  if (!c.llama())
+    posEmb_ = init.normal("embed.pos", {c.positionRows(), hdim});
   for (int64_t l = 1; l <= c.layers; ++l) {
     const std::string n = "layer" + std::to_string(l);
-    attn_.push_back(init.attention(n + ".attn", hdim));
-    mlp_.push_back(init.mlp(n + ".mlp", hdim, c.ffn));
+    if (!c.llama()) {
+      attn_.push_back(init.attention(n + ".attn", hdim));
+      mlp_.push_back(init.mlp(n + ".mlp", hdim, c.ffn));
+      continue;
+    }
+    // Llama: RMSNorms, the grouped QKV rows, the gate's and up's rows.
+    const int64_t d = hdim / c.heads, kv = c.kvHeadCount();
+    AttentionParams a;
+    a.norm = init.norm(n + ".attn.norm", hdim, /*rms=*/true);
+    a.qkv = init.linear(n + ".attn.qkv", hdim, (c.heads + 2 * kv) * d,
+                        c.attentionBias);
+    a.out = init.linear(n + ".attn.out", hdim, hdim, c.attentionBias);
+    a.kvHeads = kv;
+    a.rotary = true;
+    attn_.push_back(std::move(a));
+    MlpParams m;
+    m.norm = init.norm(n + ".mlp.norm", hdim, /*rms=*/true);
+    m.up = init.linear(n + ".mlp.up", hdim, 2 * c.ffn, c.mlpBias);
+    m.down = init.linear(n + ".mlp.down", c.ffn, hdim, c.mlpBias);
+    m.gated = true;
+    mlp_.push_back(std::move(m));
   }
   if (c.finalNorm())
-    finalNorm_ = init.norm("final.norm", hdim);
+    finalNorm_ = init.norm("final.norm", hdim, /*rms=*/c.llama());
+  if (c.llama()) {
+    // Hugging Face's rotary tables, op for op in fp32 (its
+    // _compute_default_rope_parameters / _compute_llama3_parameters).
+    const int64_t d = hdim / c.heads;
+    at::Tensor invFreq =
+        1.0 / at::pow(c.ropeTheta,
+                      at::arange(0, d, 2, at::kLong).to(at::kFloat) /
+                          static_cast<double>(d));
+    if (c.ropeScaling.factor > 0) {
+      const RopeScaling &r = c.ropeScaling;
+      const double lowWavelen = double(r.originalPositions) / r.lowFreqFactor;
+      const double highWavelen = double(r.originalPositions) / r.highFreqFactor;
+      at::Tensor wavelen = 2 * M_PI / invFreq;
+      at::Tensor scaled =
+          at::where(wavelen > lowWavelen, invFreq / r.factor, invFreq);
+      at::Tensor smooth =
+          (double(r.originalPositions) / wavelen - r.lowFreqFactor) /
+          (r.highFreqFactor - r.lowFreqFactor);
+      at::Tensor smoothed =
+          (1 - smooth) * scaled / r.factor + smooth * scaled;
+      at::Tensor medium = (wavelen >= highWavelen).logical_and(
+          wavelen <= lowWavelen);
+      invFreq = at::where(medium, smoothed, scaled);
+    }
+    at::Tensor positions = at::arange(c.seq, at::kLong).to(at::kFloat);
+    at::Tensor freqs = at::outer(positions, invFreq);
+    at::Tensor emb = at::cat({freqs, freqs}, -1);
+    cos_ = emb.cos().to(device_);
+    sin_ = emb.sin().to(device_);
+  }
   for (size_t i = 0; i < headConfigs_.size(); ++i) {
     const HeadConfig &hc = headConfigs_[i];
     const std::string n = "head." + hc.name;
@@ -295,6 +375,8 @@ at::Tensor Model::embed(const at::Tensor &tokens) const {
   if (tokens.dim() != 2 || tokens.size(1) > config_.seq)
     throw std::invalid_argument(
         "mtprt: embed: tokens must be [B, S] with S <= ModelConfig.seq");
+  if (config_.llama())
+    return dropout(at::embedding(tokEmb_, tokens));
   at::Tensor x =
       at::embedding(tokEmb_, tokens) + posEmb_.narrow(0, 0, tokens.size(1));
   return dropout(x);
@@ -322,7 +404,7 @@ at::Tensor Model::attentionCore(const at::Tensor &q, const at::Tensor &k,
     // is [B, S, a, d], so merging the heads afterwards is a view.
     return at::scaled_dot_product_attention(
         q, k, v, /*attn_mask=*/{}, training_ ? config_.dropout : 0.0, causal,
-        scale);
+        scale, /*enable_gqa=*/k.size(1) != q.size(1));
   }
   at::Tensor scores = at::matmul(q * scale, k.transpose(-2, -1));
   if (causal)
@@ -337,7 +419,22 @@ at::Tensor Model::normLinear(const NormParams &n, const LinearParams &l,
   if (config_.pointwise == PointwiseKind::Fused)
     return fused::normLinear(x, n.weight, n.bias, l.weight, l.bias,
                              config_.normEps);
-  return linear(l, layerNorm(n, x, config_.normEps));
+  return linear(l, norm(n, x));
+}
+
+at::Tensor Model::norm(const NormParams &n, const at::Tensor &x) const {
+  if (n.rms)
+    return at::rms_norm(x, {x.size(-1)}, n.weight, config_.normEps);
+  return layerNorm(n, x, config_.normEps);
+}
+
+at::Tensor Model::rotate(const at::Tensor &x) const {
+  // Hugging Face's apply_rotary_pos_emb: x·cos + rotate_half(x)·sin, with
+  // rotate_half(x) = cat(-x2, x1) of x's two halves.
+  const int64_t s = x.size(-2), half = x.size(-1) / 2;
+  at::Tensor rotated =
+      at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos_.narrow(0, 0, s) + rotated * sin_.narrow(0, 0, s);
 }
 
 at::Tensor Model::geluLinear(const at::Tensor &u, const LinearParams &l) const {
@@ -388,6 +485,30 @@ at::Tensor Model::attentionBlock(const AttentionParams &p, const at::Tensor &x,
                                  bool causal, const at::Tensor &mask,
                                  const Sink *sink) const {
   const bool fused = fusedAttention();
+  if (p.rotary) {
+    // The queries' and keys' rows in one linear, the values' in another:
+    // q and k die after the rotation (which keeps only the tables), so
+    // nothing holds the projection's whole output for the values' sake.
+    const int64_t a = config_.heads, kv = p.kvHeads,
+                  d = config_.hidden / config_.heads;
+    const int64_t b = x.size(0), s = x.size(1);
+    at::Tensor h = norm(p.norm, x);
+    auto rows = [](const at::Tensor &t, int64_t from, int64_t n) {
+      return t.defined() ? t.narrow(0, from, n) : at::Tensor();
+    };
+    at::Tensor qk = at::linear(h, p.qkv.weight.narrow(0, 0, (a + kv) * d),
+                               rows(p.qkv.bias, 0, (a + kv) * d));
+    at::Tensor v = at::linear(h, p.qkv.weight.narrow(0, (a + kv) * d, kv * d),
+                              rows(p.qkv.bias, (a + kv) * d, kv * d));
+    at::Tensor q =
+        rotate(qk.narrow(-1, 0, a * d).view({b, s, a, d}).transpose(1, 2));
+    at::Tensor k = rotate(
+        qk.narrow(-1, a * d, kv * d).view({b, s, kv, d}).transpose(1, 2));
+    qk.reset();
+    at::Tensor ctx = mergeHeads(attentionCore(
+        q, k, v.view({b, s, kv, d}).transpose(1, 2), causal, mask));
+    return x + dropout(linear(p.out, ctx));
+  }
   at::Tensor qkv = attentionProjections(p, x, sink);
   const int64_t a = config_.heads;
   std::vector<at::Tensor> qkvHeads = splitProjection(qkv, 3, a, fused);
@@ -400,6 +521,13 @@ at::Tensor Model::attentionBlock(const AttentionParams &p, const at::Tensor &x,
 
 at::Tensor Model::mlpBlock(const MlpParams &p, const at::Tensor &x,
                            const Sink *sink) const {
+  if (p.gated) {
+    at::Tensor gu = linear(p.up, norm(p.norm, x));
+    const int64_t f = gu.size(-1) / 2;
+    at::Tensor act = at::silu(gu.narrow(-1, 0, f)) * gu.narrow(-1, f, f);
+    gu.reset();
+    return x + dropout(linear(p.down, act));
+  }
   at::Tensor h = mlpProjections(p, x, sink);
   return x + dropout(config_.pointwise == PointwiseKind::Fused
                          ? geluLinear(h, p.down)
@@ -435,7 +563,7 @@ at::Tensor Model::unit(int64_t u, const at::Tensor &x) const {
 at::Tensor Model::finish(int64_t u, const at::Tensor &y) const {
   if (!config_.finalNorm() || u != numUnits() - 1)
     return y;
-  return layerNorm(finalNorm_, y, config_.normEps);
+  return norm(finalNorm_, y);
 }
 
 at::Tensor Model::gelu(const at::Tensor &u) const {
@@ -444,6 +572,8 @@ at::Tensor Model::gelu(const at::Tensor &u) const {
 
 /// Why unit u >= 1 cannot run at tensor grain now ("" when it can).
 std::string Model::partialRefusal(int64_t u) const {
+  if (config_.llama())
+    return "not for llama's blocks (rotary positions, grouped queries)";
   if (at::autocast::is_autocast_enabled(device_.type()))
     return "not under autocast (the plan recomputes projections at fp32 only)";
   if (u % 2 == 1 && !fusedAttention())
@@ -582,16 +712,21 @@ at::Tensor Model::loss(int64_t h, const std::vector<at::Tensor> &out,
 
 std::vector<at::Tensor> Model::layerParameters(int64_t layer) const {
   if (layer == 0)
-    return {tokEmb_, posEmb_};
+    return posEmb_.defined() ? std::vector<at::Tensor>{tokEmb_, posEmb_}
+                             : std::vector<at::Tensor>{tokEmb_};
   const AttentionParams &a = attn_.at(layer - 1);
   const MlpParams &m = mlp_.at(layer - 1);
-  std::vector<at::Tensor> out = {
-      a.norm.weight, a.norm.bias, a.qkv.weight,  a.qkv.bias,
-      a.out.weight,  a.out.bias,  m.norm.weight, m.norm.bias,
-      m.up.weight,   m.up.bias,   m.down.weight, m.down.bias};
+  std::vector<at::Tensor> out;
+  for (const at::Tensor &t :
+       {a.norm.weight, a.norm.bias, a.qkv.weight, a.qkv.bias, a.out.weight,
+        a.out.bias, m.norm.weight, m.norm.bias, m.up.weight, m.up.bias,
+        m.down.weight, m.down.bias})
+    if (t.defined())
+      out.push_back(t);
   if (config_.finalNorm() && layer == config_.layers) {
     out.push_back(finalNorm_.weight);
-    out.push_back(finalNorm_.bias);
+    if (finalNorm_.bias.defined())
+      out.push_back(finalNorm_.bias);
   }
   return out;
 }

@@ -252,9 +252,32 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
   m.normEps = c.real("backbone.norm_eps", bb->norm_eps(), limits::kNormEps);
   m.weights = c.text("backbone.weights", bb->weights(), false,
                      limits::kMaxPathBytes);
-  if (m.kind == BackboneKind::Gpt2 && m.pointwise == PointwiseKind::Fused)
+  m.kvHeads = c.range("backbone.kv_heads", bb->kv_heads(), {0, m.heads});
+  if (m.kvHeads && m.heads % m.kvHeads)
+    c.field("backbone.kv_heads", std::to_string(m.kvHeads) +
+                                     " key/value heads do not divide " +
+                                     std::to_string(m.heads) + " heads");
+  m.ropeTheta =
+      c.real("backbone.rope_theta", bb->rope_theta(), {0.0, 1e12, true});
+  if (const auto *r = bb->rope_scaling()) {
+    if (r->size() != 4)
+      c.field("backbone.rope_scaling",
+              std::to_string(r->size()) + " values, not 4");
+    m.ropeScaling.factor =
+        c.real("backbone.rope_scaling[0]", r->Get(0), {0.0, 1e6, true});
+    m.ropeScaling.lowFreqFactor =
+        c.real("backbone.rope_scaling[1]", r->Get(1), {0.0, 1e6, true});
+    m.ropeScaling.highFreqFactor =
+        c.real("backbone.rope_scaling[2]", r->Get(2), {0.0, 1e6, true});
+    m.ropeScaling.originalPositions = static_cast<int64_t>(
+        c.real("backbone.rope_scaling[3]", r->Get(3), {1.0, 1e9}));
+  }
+  m.attentionBias = !bb->no_attention_bias();
+  m.mlpBias = !bb->no_mlp_bias();
+  if (m.kind != BackboneKind::Transformer && m.pointwise == PointwiseKind::Fused)
     c.field("backbone.pointwise",
-            "fused, but gpt2's GELU (tanh) runs on ATen's pointwise ops");
+            "fused, but a " + plan.backboneKind +
+                " backbone runs on ATen's pointwise ops");
   if (m.hidden % m.heads)
     c.field("backbone.heads", std::to_string(m.heads) +
                                   " attention heads do not divide hidden " +
@@ -449,11 +472,12 @@ std::string checkPlan(const void *data, size_t size, const std::string &name) {
 }
 
 Program programFromPlan(const Plan &plan) {
-  if (plan.backboneKind != "transformer" && plan.backboneKind != "gpt2")
+  if (plan.backboneKind != "transformer" && plan.backboneKind != "gpt2" &&
+      plan.backboneKind != "llama")
     throw std::runtime_error(
         "mtprt: the plan of model '" + plan.modelName + "' (from " +
         plan.source + ") has backbone kind '" + plan.backboneKind +
-        "': this runtime builds 'transformer' and 'gpt2' backbones; re-plan the "
+        "': this runtime builds 'transformer', 'gpt2' and 'llama' backbones; re-plan the "
         "spec with the mtpc that matches this runtime");
   Program p;
   p.name = plan.modelName;

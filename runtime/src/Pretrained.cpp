@@ -238,7 +238,10 @@ PretrainedLoad loadPretrained(Model &model, const std::string &dir) {
       at::Tensor src = m.view(e).to(at::kFloat);
       if (want.transposed)
         src = src.t();
-      params.at(want.param).copy_(src);
+      at::Tensor dst = params.at(want.param);
+      if (want.rowOffset >= 0)
+        dst = dst.narrow(0, want.rowOffset, want.shape[0]);
+      dst.copy_(src);
       ++out.tensors;
     }
   }
@@ -337,6 +340,8 @@ void writeHiddenStates(Model &model, const at::Tensor &tokens,
       out.emplace_back("grad." + name, g);
   for (const hf::Tensor &t : names) {
     at::Tensor g = byParam.at(t.param);
+    if (t.rowOffset >= 0)
+      g = g.narrow(0, t.rowOffset, t.shape[0]).contiguous();
     out.emplace_back("grad." + t.name, t.transposed ? g.t().contiguous() : g);
   }
   writeSafetensors(path, out);
@@ -348,7 +353,7 @@ void exportPretrained(const Model &model, const std::string &dir,
   if (c.kind == BackboneKind::Transformer)
     throw std::invalid_argument(
         "mtprt: --export: mtpc's own transformer has no Hugging Face "
-        "architecture to export to; declare a gpt2 backbone (or a "
+        "architecture to export to; declare a gpt2 or llama backbone (or a "
         "pretrained one) to export");
   if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
     throw std::runtime_error("mtprt: --export: cannot create " + dir + " (" +
@@ -360,6 +365,8 @@ void exportPretrained(const Model &model, const std::string &dir,
   std::vector<std::pair<std::string, at::Tensor>> backbone;
   for (const hf::Tensor &t : hf::tensors(c)) {
     at::Tensor p = params.at(t.param).detach().to(at::kCPU, at::kFloat);
+    if (t.rowOffset >= 0)
+      p = p.narrow(0, t.rowOffset, t.shape[0]).contiguous();
     backbone.emplace_back(t.name, t.transposed ? p.t().contiguous() : p);
   }
   writeSafetensors(dir + "/model.safetensors", backbone, {{"format", "pt"}});
@@ -404,6 +411,38 @@ void exportPretrained(const Model &model, const std::string &dir,
       config["embd_pdrop"] = c.dropout;
       config["attn_pdrop"] = c.dropout;
     }
+  }
+  if (c.kind == BackboneKind::Llama) {
+    config["architectures"] = {"LlamaModel"};
+    config["vocab_size"] = c.vocab;
+    config["hidden_size"] = c.hidden;
+    config["intermediate_size"] = c.ffn;
+    config["num_hidden_layers"] = c.layers;
+    config["num_attention_heads"] = c.heads;
+    config["num_key_value_heads"] = c.kvHeadCount();
+    config["head_dim"] = c.hidden / c.heads;
+    config["max_position_embeddings"] = c.positionRows();
+    config["rms_norm_eps"] = c.normEps;
+    config["hidden_act"] = "silu";
+    config["attention_bias"] = c.attentionBias;
+    config["mlp_bias"] = c.mlpBias;
+    nlohmann::ordered_json rope = {{"rope_theta", c.ropeTheta},
+                                   {"rope_type", "default"}};
+    if (c.ropeScaling.factor > 0)
+      rope = {{"rope_theta", c.ropeTheta},
+              {"rope_type", "llama3"},
+              {"factor", c.ropeScaling.factor},
+              {"low_freq_factor", c.ropeScaling.lowFreqFactor},
+              {"high_freq_factor", c.ropeScaling.highFreqFactor},
+              {"original_max_position_embeddings",
+               c.ropeScaling.originalPositions}};
+    // transformers 5 reads rope_parameters; 4.x read rope_theta and
+    // rope_scaling.
+    config["rope_parameters"] = rope;
+    config["rope_theta"] = c.ropeTheta;
+    config.erase("rope_scaling");
+    if (c.ropeScaling.factor > 0)
+      config["rope_scaling"] = rope;
   }
   const std::string path = dir + "/config.json";
   {

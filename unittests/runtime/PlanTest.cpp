@@ -465,6 +465,13 @@ struct PlanFields {
   double dropout = 0.1;
   std::string attention = "math";
   std::string pointwise = "aten";
+  int64_t positions = 0;
+  double normEps = 1e-5;
+  std::string weights;
+  int64_t kvHeads = 0;
+  double ropeTheta = 10000;
+  std::vector<double> ropeScaling;
+  bool noAttentionBias = false, noMlpBias = false;
   std::vector<TaskFields> tasks = {{"cls", "classify", 1, true, 4},
                                    {"tag", "tag", 1, false, 6, 0, 0, 0, 0.5},
                                    {"gen", "decoder", 2, false, 0, 1, 0, 4}};
@@ -510,7 +517,14 @@ std::string build(const PlanFields &f) {
       fb::CreateBackbone(b, KIND(BackboneKind, f.kind), f.layers, f.hidden,
                          f.heads, f.ffn, f.vocab, f.seq, f.dropout,
                          KIND(AttentionKind, f.attention),
-                         KIND(PointwiseKind, f.pointwise));
+                         KIND(PointwiseKind, f.pointwise), f.positions,
+                         f.normEps,
+                         f.weights.empty() ? 0 : b.CreateString(f.weights),
+                         f.kvHeads, f.ropeTheta,
+                         f.ropeScaling.empty()
+                             ? 0
+                             : b.CreateVector(f.ropeScaling),
+                         f.noAttentionBias, f.noMlpBias);
   std::vector<flatbuffers::Offset<fb::Task>> tasks;
   for (const TaskFields &t : f.tasks)
     tasks.push_back(fb::CreateTask(
@@ -743,6 +757,11 @@ std::vector<Change> allChanges(const std::string &jsonl) {
   auto task = [](int t, std::function<void(TaskFields &)> fn) {
     return [t, fn](F &f) { fn(f.tasks[t]); };
   };
+  const std::function<void(F &)> llama = [](F &f) {
+    f.kind = "llama";
+    f.attention = "fused";
+    f.dropout = 0.0;
+  };
   return {
       {"Plan.version", [](F &) {}, Shows::Nothing}, // checked: PlanTest above
       {"Plan.model", [](F &f) { f.model = "renamed"; }, Shows::Output,
@@ -796,6 +815,22 @@ std::vector<Change> allChanges(const std::string &jsonl) {
        "", [](F &f) { f.dropout = 0.0; }},
       // The fused norm and GELU kernels keep neither's output.
       {"Backbone.pointwise", [](F &f) { f.pointwise = "fused"; }, Shows::Peak},
+      // More position rows draw more of the initialization's numbers.
+      {"Backbone.positions", [](F &f) { f.positions = 20; }, Shows::Losses},
+      {"Backbone.norm_eps", [](F &f) { f.normEps = 0.1; }, Shows::Losses},
+      {"Backbone.weights", [](F &f) { f.weights = "/nonexistent"; },
+       Shows::Refused, "has no Hugging Face names"},
+      // Llama's fields, on a llama backbone (fused attention, dropout 0).
+      {"Backbone.kv_heads", [](F &f) { f.kvHeads = 1; }, Shows::Losses, "",
+       llama},
+      {"Backbone.rope_theta", [](F &f) { f.ropeTheta = 100; }, Shows::Losses,
+       "", llama},
+      {"Backbone.rope_scaling",
+       [](F &f) { f.ropeScaling = {8, 1, 4, 4}; }, Shows::Losses, "", llama},
+      {"Backbone.no_attention_bias", [](F &f) { f.noAttentionBias = true; },
+       Shows::Losses, "", llama},
+      {"Backbone.no_mlp_bias", [](F &f) { f.noMlpBias = true; },
+       Shows::Losses, "", llama},
 
       {"Task.name", task(0, [](TaskFields &t) { t.name = "klass"; }),
        Shows::Losses},

@@ -155,7 +155,7 @@ TEST(Pretrained, BadDirectoriesAreRefusedByName) {
   EXPECT_EQ(loadError(d + "/missing"),
             "mtprt: pretrained " + d +
                 "/missing: 1 of the backbone's 28 tensors are missing: "
-                "h.0.attn.c_proj.weight (is it a gpt2 checkpoint with 2 "
+                "h.0.attn.c_attn.bias (is it a gpt2 checkpoint with 2 "
                 "layers?)");
 
   auto shape = stored;

@@ -26,11 +26,20 @@ enum class PointwiseKind { Aten, Fused };
 /// plan.fbs's BackboneKind, value for value: mtpc's own pre-norm transformer,
 /// or a Hugging Face family whose weights load by their names
 /// (mtprt/HfNames.h; docs/pretrained.md).
-enum class BackboneKind { Transformer, Gpt2 };
+enum class BackboneKind { Transformer, Gpt2, Llama };
+
+/// Llama 3's rotary frequency scaling (`rope_type = "llama3"`): factor 0 =
+/// none (plain rotary positions).
+struct RopeScaling {
+  double factor = 0.0, lowFreqFactor = 1.0, highFreqFactor = 4.0;
+  int64_t originalPositions = 8192;
+};
 
 /// The shared transformer backbone: token + position embeddings and `layers`
 /// pre-norm layers (attention block, then MLP block). GPT-2 adds causal
-/// attention, GELU's tanh form and a final LayerNorm on layer L's output.
+/// attention, GELU's tanh form and a final LayerNorm on layer L's output;
+/// Llama has RMSNorm (no biases), rotary positions (no position table),
+/// grouped-query attention, a SwiGLU MLP, causal attention and a final norm.
 struct ModelConfig {
   BackboneKind kind = BackboneKind::Transformer;
   int64_t vocab = 128;
@@ -59,11 +68,21 @@ struct ModelConfig {
   /// sharded set) whose weights replace the initialization; "" = none.
   std::string weights;
 
-  bool causal() const { return kind == BackboneKind::Gpt2; }
+  /// Llama: key/value heads (grouped-query attention; 0 = heads), the
+  /// rotary base and scaling, and whether the attention's and the MLP's
+  /// linears have biases (mtpc's transformer and GPT-2: both).
+  int64_t kvHeads = 0;
+  double ropeTheta = 10000.0;
+  RopeScaling ropeScaling;
+  bool attentionBias = true, mlpBias = true;
+
+  bool llama() const { return kind == BackboneKind::Llama; }
+  bool causal() const { return kind != BackboneKind::Transformer; }
   /// GELU's tanh approximation (GPT-2's gelu_new) instead of erf.
   bool geluTanh() const { return kind == BackboneKind::Gpt2; }
-  /// A LayerNorm on the last layer's output (GPT-2's ln_f).
-  bool finalNorm() const { return kind == BackboneKind::Gpt2; }
+  /// A norm on the last layer's output (GPT-2's ln_f, Llama's norm).
+  bool finalNorm() const { return kind != BackboneKind::Transformer; }
+  int64_t kvHeadCount() const { return kvHeads > 0 ? kvHeads : heads; }
   int64_t positionRows() const { return positions > 0 ? positions : seq; }
 };
 

@@ -28,6 +28,9 @@ struct Tensor {
   std::string param;          ///< the runtime's parameter (Model::namedParameters)
   /// Stored [in, out] (GPT-2's Conv1D), the parameter [out, in].
   bool transposed = false;
+  /// Rows [rowOffset, rowOffset + shape[0]) of the parameter (Llama's q, k
+  /// and v in the fused QKV projection, gate and up in the MLP's); -1: all.
+  int64_t rowOffset = -1;
 };
 
 /// The `model_type` of config.json for a family ("" for mtpc's own).
@@ -35,6 +38,8 @@ inline const char *modelType(BackboneKind kind) {
   switch (kind) {
   case BackboneKind::Gpt2:
     return "gpt2";
+  case BackboneKind::Llama:
+    return "llama";
   case BackboneKind::Transformer:
     break;
   }
@@ -45,6 +50,41 @@ inline const char *modelType(BackboneKind kind) {
 inline std::vector<Tensor> tensors(const ModelConfig &c) {
   std::vector<Tensor> out;
   const int64_t h = c.hidden, f = c.ffn;
+  if (c.kind == BackboneKind::Llama) {
+    const int64_t d = h / c.heads, q = c.heads * d, kv = c.kvHeadCount() * d;
+    out.push_back({"embed_tokens.weight", {c.vocab, h}, "embed.tok"});
+    for (int64_t l = 0; l < c.layers; ++l) {
+      const std::string n = "layers." + std::to_string(l) + ".";
+      const std::string p = "layer" + std::to_string(l + 1) + ".";
+      out.push_back({n + "input_layernorm.weight", {h}, p + "attn.norm.weight"});
+      const std::pair<const char *, std::pair<int64_t, int64_t>> qkv[] = {
+          {"q_proj", {0, q}}, {"k_proj", {q, kv}}, {"v_proj", {q + kv, kv}}};
+      for (const auto &[name, rows] : qkv) {
+        out.push_back({n + "self_attn." + name + ".weight", {rows.second, h},
+                       p + "attn.qkv.weight", false, rows.first});
+        if (c.attentionBias)
+          out.push_back({n + "self_attn." + name + ".bias", {rows.second},
+                         p + "attn.qkv.bias", false, rows.first});
+      }
+      out.push_back({n + "self_attn.o_proj.weight", {h, h}, p + "attn.out.weight"});
+      if (c.attentionBias)
+        out.push_back({n + "self_attn.o_proj.bias", {h}, p + "attn.out.bias"});
+      out.push_back({n + "post_attention_layernorm.weight", {h},
+                     p + "mlp.norm.weight"});
+      out.push_back({n + "mlp.gate_proj.weight", {f, h}, p + "mlp.up.weight",
+                     false, 0});
+      out.push_back({n + "mlp.up_proj.weight", {f, h}, p + "mlp.up.weight",
+                     false, f});
+      out.push_back({n + "mlp.down_proj.weight", {h, f}, p + "mlp.down.weight"});
+      if (c.mlpBias) {
+        out.push_back({n + "mlp.gate_proj.bias", {f}, p + "mlp.up.bias", false, 0});
+        out.push_back({n + "mlp.up_proj.bias", {f}, p + "mlp.up.bias", false, f});
+        out.push_back({n + "mlp.down_proj.bias", {h}, p + "mlp.down.bias"});
+      }
+    }
+    out.push_back({"norm.weight", {h}, "final.norm.weight"});
+    return out;
+  }
   if (c.kind != BackboneKind::Gpt2)
     return out;
   out.push_back({"wte.weight", {c.vocab, h}, "embed.tok"});
@@ -74,6 +114,8 @@ inline std::vector<Tensor> tensors(const ModelConfig &c) {
 inline std::vector<std::string> prefixes(BackboneKind kind) {
   if (kind == BackboneKind::Gpt2)
     return {"transformer."};
+  if (kind == BackboneKind::Llama)
+    return {"model."};
   return {};
 }
 
@@ -88,6 +130,8 @@ inline bool ignored(BackboneKind kind, const std::string &name) {
   if (kind == BackboneKind::Gpt2)
     return endsWith(".attn.bias") || endsWith(".attn.masked_bias") ||
            name == "lm_head.weight";
+  if (kind == BackboneKind::Llama)
+    return endsWith(".rotary_emb.inv_freq") || name == "lm_head.weight";
   return false;
 }
 

@@ -41,20 +41,28 @@ struct Batch {
 struct LinearParams {
   at::Tensor weight, bias;
 };
-/// A layer norm's affine parameters.
+/// A layer norm's affine parameters (an RMSNorm: a weight only).
 struct NormParams {
   at::Tensor weight, bias;
+  bool rms = false;
 };
 
 /// Pre-norm attention (norm, fused QKV projection, core, output projection).
+/// Llama's: `kvHeads` key/value heads (the QKV projection's rows: the
+/// queries', then the keys' and the values'), rotary positions.
 struct AttentionParams {
   NormParams norm;
   LinearParams qkv, out;
+  int64_t kvHeads = 0; ///< 0: as many as the query heads
+  bool rotary = false;
 };
-/// Pre-norm MLP (norm, up-projection, GELU, down-projection).
+/// Pre-norm MLP (norm, up-projection, GELU, down-projection); gated
+/// (Llama's SwiGLU): the up-projection's rows are the gate's then the up's,
+/// down(silu(gate) * up).
 struct MlpParams {
   NormParams norm;
   LinearParams up, down;
+  bool gated = false;
 };
 
 class Model {
@@ -164,6 +172,10 @@ private:
   at::Tensor dropout(const at::Tensor &x) const;
   /// GELU in the config's form (erf, or tanh for GPT-2's gelu_new).
   at::Tensor gelu(const at::Tensor &u) const;
+  /// A LayerNorm or an RMSNorm, as `n` is.
+  at::Tensor norm(const NormParams &n, const at::Tensor &x) const;
+  /// Rotary positions on q or k [B, heads, S, d] (cos_/sin_'s first S rows).
+  at::Tensor rotate(const at::Tensor &x) const;
   /// Unit u's output as the next unit (or a head) reads it: the last
   /// layer's through the final norm where the backbone has one.
   at::Tensor finish(int64_t u, const at::Tensor &y) const;
@@ -200,6 +212,8 @@ private:
   std::vector<AttentionParams> attn_;
   std::vector<MlpParams> mlp_;
   NormParams finalNorm_; ///< finalNorm() only
+  /// Rotary tables [seq, headDim] (fp32, on the device): Llama only.
+  at::Tensor cos_, sin_;
   std::string pretrained_;
   std::vector<Head> heads_;
   std::vector<std::vector<std::pair<std::string, at::Tensor>>>
