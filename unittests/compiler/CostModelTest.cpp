@@ -372,3 +372,31 @@ TEST_F(CostModelTest, Gpt2AddsTheFinalNormAndTheCausalMask) {
   });
   EXPECT_EQ(finals, 1);
 }
+
+// Llama: no position table, RMSNorms without biases (their composite keeps
+// the normalized input), grouped QKV rows, the SwiGLU's doubled
+// up-projection, rotary q and k kept by the attention core.
+TEST_F(CostModelTest, LlamaUnitsAndParameters) {
+  ModelOp model = load("layers = 2, hidden = 8, heads = 2, ffn = 16, "
+                       "vocab = 10, seq = 4, dropout = 0.0",
+                       kTinyTasks, kCpuBudget,
+                       " kv_heads 1 attention_bias false mlp_bias false",
+                       "llama");
+  CostModel cost(model);
+  EXPECT_EQ(cost.pointwise(), PointwiseKind::aten);
+  EXPECT_EQ(cost.attention(), AttentionKind::fused);
+  ParameterCount p = cost.parameters();
+  EXPECT_EQ(p.embeddings, 10 * 8);
+  // norms 2·8, qkv (2 + 2·1)·4 rows × 8, out 8×8, up 2·16×8, down 16×8.
+  EXPECT_EQ(p.perLayer, 16 + 16 * 8 + 64 + 256 + 128);
+  EXPECT_EQ(p.backbone, 80 + 2 * p.perLayer + 8);
+  EXPECT_EQ(CostModel::bytes(cost.unit(UnitKind::qkv).output), 2 * 4 * 16 * 4);
+  EXPECT_EQ(CostModel::bytes(cost.unit(UnitKind::mlp_up).output),
+            2 * 4 * 32 * 4);
+  // The RMSNorm keeps rstd [2, 4, 1] and the normalized x [2, 4, 8].
+  EXPECT_EQ(savedBytes(cost.unit(UnitKind::attn_norm)), 32 + 256);
+  // q [2, 2, 4, 4], k and v [2, 4, 4] (one kv head), lse [2, 2, 4].
+  EXPECT_EQ(savedBytes(cost.unit(UnitKind::attn_core)),
+            256 + 128 + 128 + 64);
+  EXPECT_TRUE(cost.projectionChain(/*attention=*/true).empty());
+}

@@ -190,3 +190,45 @@ TEST(Pretrained, BadDirectoriesAreRefusedByName) {
   t.weights = d + "/ok";
   EXPECT_THROW(Model(t, heads()), PretrainedError);
 }
+
+// Llama's names are row ranges of the fused QKV and gate/up weights: the
+// export splits them and the load puts them back exactly; without biases
+// the parameters have none.
+TEST(Pretrained, LlamaRowRangesRoundTrip) {
+  TempDir dir;
+  ModelConfig c = tinyModel();
+  c.kind = BackboneKind::Llama;
+  c.pointwise = PointwiseKind::Aten;
+  c.dropout = 0.0;
+  c.heads = 4;
+  c.kvHeads = 2;
+  c.attentionBias = false;
+  c.mlpBias = false;
+  c.ropeTheta = 500000.0;
+  c.ropeScaling = {8.0, 1.0, 4.0, 4};
+  c.seed = 1;
+  Model source(c, heads());
+  for (const auto &[name, t] : source.namedParameters())
+    if (name.rfind("head.", 0) != 0) // the heads are mtpc's own
+      EXPECT_EQ(name.find(".bias"), std::string::npos) << name;
+  exportPretrained(source, dir.path + "/out");
+  const auto stored = readSafetensors(dir.path + "/out/model.safetensors");
+  std::map<std::string, at::Tensor> byName(stored.begin(), stored.end());
+  // hidden 16, 4 heads of 4, 2 key/value heads: q 16 rows, k and v 8.
+  EXPECT_EQ(byName.at("layers.0.self_attn.q_proj.weight").sizes(),
+            at::IntArrayRef({16, 16}));
+  EXPECT_EQ(byName.at("layers.0.self_attn.v_proj.weight").sizes(),
+            at::IntArrayRef({8, 16}));
+  EXPECT_TRUE(at::equal(byName.at("layers.1.mlp.up_proj.weight"),
+                        params(source).at("layer2.mlp.up.weight")
+                            .narrow(0, 32, 32)));
+  EXPECT_EQ(byName.count("norm.weight"), 1u);
+
+  c.seed = 2;
+  c.weights = dir.path + "/out";
+  Model loaded(c, heads());
+  const auto a = params(source), b = params(loaded);
+  for (const auto &[name, t] : a)
+    if (name.rfind("head.", 0) != 0)
+      EXPECT_TRUE(at::equal(t, b.at(name))) << name;
+}
