@@ -15,7 +15,11 @@ def MTP_BackboneKind : I32EnumAttr<"BackboneKind", "kind of shared backbone", [
     // Llama: RMSNorm, rotary positions (optionally llama3-scaled), grouped-
     // query attention, a SwiGLU MLP, causal, a final norm; loads and exports
     // Hugging Face weights.
-    I32EnumAttrCase<"llama", 2>
+    I32EnumAttrCase<"llama", 2>,
+    // BERT / RoBERTa: post-norm (each block's LayerNorm after its residual
+    // add), learned positions (RoBERTa's from its padding id + 1), token-type
+    // embeddings, a LayerNorm on the embeddings, GELU.
+    I32EnumAttrCase<"bert", 3>
   ]> {
   let cppNamespace = "::mtp";
   let genSpecializedAttr = 0;

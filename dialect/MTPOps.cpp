@@ -611,6 +611,20 @@ LogicalResult BackboneOp::verify() {
   } else if (getKvHeads() || getRopeTheta() || getRopeScaling()) {
     return emitOpError("kv_heads, rope_theta and rope_scaling are llama's");
   }
+  if (isPostNorm() && getPointwise() == PointwiseKind::fused)
+    return emitOpError("pointwise fused: a post-norm (bert) backbone runs "
+                       "ATen's pointwise ops (pointwise aten)");
+  if (!isPostNorm() && (getTypeVocab() || getPositionPad()))
+    return emitOpError("type_vocab and position_pad are bert's");
+  if (std::optional<uint64_t> p = getTokenPad(); p && *p >= getVocab())
+    return emitOpError("token_pad ") << *p << " is not a token id";
+  if (std::optional<uint64_t> p = getPositionPad()) {
+    const int64_t pad = int64_t(*p), end = pad + 1 + int64_t(getSeq());
+    if (pad < 0 || pad >= int64_t(getVocab()) || end > getPositionRows())
+      return emitOpError("position_pad ")
+             << pad << ": a token id whose + 1 + seq = " << end
+             << " fits the " << getPositionRows() << " position rows";
+  }
   if (getWeights() && getKind() == BackboneKind::transformer)
     return emitOpError("a transformer backbone has no Hugging Face weights "
                        "to load; declare the checkpoint's family");

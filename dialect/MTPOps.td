@@ -101,7 +101,10 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
                        OptionalAttr<F64Attr>:$rope_theta,
                        OptionalAttr<DenseF64ArrayAttr>:$rope_scaling,
                        OptionalAttr<BoolAttr>:$attention_bias,
-                       OptionalAttr<BoolAttr>:$mlp_bias);
+                       OptionalAttr<BoolAttr>:$mlp_bias,
+                       OptionalAttr<I64Attr>:$type_vocab,
+                       OptionalAttr<I64Attr>:$position_pad,
+                       OptionalAttr<I64Attr>:$token_pad);
   let assemblyFormat = [{
     $kind `(` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
               `heads` `=` $heads `,` `ffn` `=` $ffn `,`
@@ -111,6 +114,8 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
               (`weights` $weights^)? (`kv_heads` $kv_heads^)?
               (`rope_theta` $rope_theta^)? (`rope_scaling` $rope_scaling^)?
               (`attention_bias` $attention_bias^)? (`mlp_bias` $mlp_bias^)?
+              (`type_vocab` $type_vocab^)? (`position_pad` $position_pad^)?
+              (`token_pad` $token_pad^)?
               attr-dict
   }];
   let hasVerifier = 1;
@@ -121,11 +126,22 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
     double getNormEpsilon() {
       return getNormEps() ? getNormEps()->convertToDouble() : 1e-5;
     }
-    bool isCausal() { return getKind() != BackboneKind::transformer; }
+    bool isCausal() {
+      return getKind() == BackboneKind::gpt2 || isLlama();
+    }
+    /// BERT's: each block's norm after its residual add (units qkv ..
+    /// residual, then the norm), a LayerNorm on the embeddings.
+    bool isPostNorm() { return getKind() == BackboneKind::bert; }
+    int64_t getTypeVocabRows() {
+      return std::max<int64_t>(
+          1, int64_t(getTypeVocab().value_or(isPostNorm() ? 2 : 0)));
+    }
     /// GELU's tanh form (GPT-2's gelu_new).
     bool hasGeluTanh() { return getKind() == BackboneKind::gpt2; }
     /// A norm on the last layer's output (unit final_norm).
-    bool hasFinalNorm() { return getKind() != BackboneKind::transformer; }
+    bool hasFinalNorm() {
+      return getKind() == BackboneKind::gpt2 || isLlama();
+    }
     bool isLlama() { return getKind() == BackboneKind::llama; }
     /// Llama's: RMSNorm, rotary positions (no position table), a SwiGLU
     /// MLP whose up-projection holds the gate's and the up's rows.

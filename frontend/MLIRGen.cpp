@@ -38,7 +38,11 @@ public:
         bb.ropeScaling ? builder.getDenseF64ArrayAttr(*bb.ropeScaling)
                        : DenseF64ArrayAttr(),
         bb.attentionBias ? builder.getBoolAttr(*bb.attentionBias) : BoolAttr(),
-        bb.mlpBias ? builder.getBoolAttr(*bb.mlpBias) : BoolAttr());
+        bb.mlpBias ? builder.getBoolAttr(*bb.mlpBias) : BoolAttr(),
+        bb.typeVocab ? builder.getI64IntegerAttr(*bb.typeVocab) : IntegerAttr(),
+        bb.positionPad ? builder.getI64IntegerAttr(*bb.positionPad)
+                       : IntegerAttr(),
+        bb.tokenPad ? builder.getI64IntegerAttr(*bb.tokenPad) : IntegerAttr());
 
     for (const CheckedSpec::Task &t : spec.tasks) {
       auto task = builder.create<TaskOp>(

@@ -62,6 +62,68 @@ llvm::Expected<int64_t> integer(const llvm::json::Object &obj, StringRef key,
   return *i;
 }
 
+/// BERT's and RoBERTa's config.json.
+llvm::Expected<PretrainedConfig> readBert(const llvm::json::Object &obj,
+                                          const std::string &path, bool roberta,
+                                          PretrainedConfig &out) {
+  namespace limits = mtprt::limits;
+  mtprt::ModelConfig &m = out.model;
+  m.kind = mtprt::BackboneKind::Bert;
+  m.pointwise = mtprt::PointwiseKind::Aten;
+  for (auto [key, range, into] :
+       {std::tuple<StringRef, limits::Range, int64_t *>{
+            "num_hidden_layers", limits::kLayers, &m.layers},
+        {"hidden_size", limits::kHidden, &m.hidden},
+        {"num_attention_heads", limits::kHeads, &m.heads},
+        {"intermediate_size", limits::kFfn, &m.ffn},
+        {"vocab_size", limits::kVocab, &m.vocab},
+        {"max_position_embeddings", limits::kSeq, &m.positions}}) {
+    auto v = integer(obj, key, range, path);
+    if (!v)
+      return v.takeError();
+    *into = *v;
+  }
+  if (m.hidden % m.heads)
+    return fail(llvm::formatv("{0}: num_attention_heads = {1} does not "
+                              "divide hidden_size = {2}",
+                              path, m.heads, m.hidden));
+  m.typeVocab = obj.getInteger("type_vocab_size").value_or(2);
+  if (m.typeVocab < 1 || m.typeVocab > (1 << 20))
+    return fail(path + ": 'type_vocab_size' must be in [1, 1048576]");
+  m.normEps = obj.getNumber("layer_norm_eps").value_or(1e-12);
+  if (!limits::kNormEps.contains(m.normEps))
+    return fail(path + ": 'layer_norm_eps' must be in (0, 0.5]");
+  out.dropout = obj.getNumber("hidden_dropout_prob").value_or(0.1);
+  if (!limits::kDropout.contains(out.dropout))
+    return fail(path + ": 'hidden_dropout_prob' must be in [0, 1)");
+  if (std::optional<StringRef> act = obj.getString("hidden_act"))
+    if (*act != "gelu")
+      return fail(path + ": hidden_act '" + *act +
+                  "' is not supported (bert runs gelu)");
+  if (std::optional<StringRef> p = obj.getString("position_embedding_type"))
+    if (*p != "absolute")
+      return fail(path + ": position_embedding_type '" + *p +
+                  "' is not supported (absolute)");
+  if (obj.getBoolean("is_decoder").value_or(false))
+    return fail(path + ": a decoder BERT (is_decoder) is not supported");
+  // BERT's and RoBERTa's word embeddings have padding_idx = pad_token_id.
+  if (std::optional<int64_t> pad = obj.getInteger("pad_token_id")) {
+    if (*pad < 0 || *pad >= m.vocab)
+      return fail(path + ": 'pad_token_id' is not a token id");
+    m.tokenPad = *pad;
+  } else if (!roberta) {
+    m.tokenPad = 0; // BertConfig's default
+  }
+  if (roberta) {
+    std::optional<int64_t> pad = obj.getInteger("pad_token_id");
+    if (!pad || *pad < 0 || *pad >= m.vocab || *pad + 1 >= m.positions)
+      return fail(path + ": RoBERTa's 'pad_token_id' must be a token id "
+                         "below max_position_embeddings - 1");
+    m.positionPad = *pad;
+  }
+  return std::move(out);
+}
+
 /// Llama's config.json (transformers 5's rope_parameters, or 4.x's
 /// rope_theta and rope_scaling).
 llvm::Expected<PretrainedConfig> readLlama(const llvm::json::Object &obj,
@@ -115,6 +177,12 @@ llvm::Expected<PretrainedConfig> readLlama(const llvm::json::Object &obj,
       return fail(path + ": hidden_act '" + *act +
                   "' is not supported (llama runs silu)");
   m.attentionBias = obj.getBoolean("attention_bias").value_or(false);
+  // LlamaModel's embed_tokens has padding_idx = pad_token_id.
+  if (std::optional<int64_t> pad = obj.getInteger("pad_token_id")) {
+    if (*pad < 0 || *pad >= m.vocab)
+      return fail(path + ": 'pad_token_id' is not a token id");
+    m.tokenPad = *pad;
+  }
   m.mlpBias = obj.getBoolean("mlp_bias").value_or(false);
   if (obj.getInteger("pretraining_tp").value_or(1) != 1)
     return fail(path + ": pretraining_tp other than 1 is not supported");
@@ -182,9 +250,12 @@ llvm::Expected<PretrainedConfig> mtp::readPretrainedConfig(StringRef dir) {
   mtprt::ModelConfig &m = out.model;
   if (*type == "llama")
     return readLlama(*obj, path, out);
+  if (*type == "bert" || *type == "roberta")
+    return readBert(*obj, path, *type == "roberta", out);
   if (*type != "gpt2")
     return fail(path + ": model_type '" + *type +
-                "' is not supported yet (supported: gpt2, llama)");
+                "' is not supported yet (supported: gpt2, llama, bert, "
+                "roberta)");
   m.kind = mtprt::BackboneKind::Gpt2;
   m.pointwise = mtprt::PointwiseKind::Aten;
   auto take = [&](StringRef key, limits::Range range,

@@ -100,7 +100,7 @@ constexpr Deferred kDeferredBudget[] = {
 constexpr StringRef kBackboneKeys[] = {
     "layers",    "hidden",    "heads",     "ffn",       "vocab",
     "seq",       "dropout",   "attention", "pointwise", "positions",
-    "norm_eps",  "kv_heads",  "rope_theta"};
+    "norm_eps",  "kv_heads",  "rope_theta", "type_vocab"};
 /// What a pretrained backbone's config.json fixes (and its name there:
 /// GPT-2's, Llama's).
 constexpr std::tuple<StringRef, StringRef, StringRef> kFixedByCheckpoint[] = {
@@ -112,7 +112,8 @@ constexpr std::tuple<StringRef, StringRef, StringRef> kFixedByCheckpoint[] = {
     {"positions", "n_positions", "max_position_embeddings"},
     {"norm_eps", "layer_norm_epsilon", "rms_norm_eps"},
     {"kv_heads", "", "num_key_value_heads"},
-    {"rope_theta", "", "rope_theta"}};
+    {"rope_theta", "", "rope_theta"},
+    {"type_vocab", "", "type_vocab_size"}};
 constexpr StringRef kBudgetKeys[] = {
     "device",       "memory",      "headroom",     "host_link",
     "gpus",         "global_batch", "micro_batch", "accumulation",
@@ -515,7 +516,7 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
     checkPretrained(bb, out);
     return;
   }
-  static const StringRef kinds[] = {"transformer", "gpt2", "llama"};
+  static const StringRef kinds[] = {"transformer", "gpt2", "llama", "bert"};
   if (std::optional<BackboneKind> k = symbolizeBackboneKind(bb.kind)) {
     out.kind = *k;
   } else {
@@ -524,7 +525,7 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
     if (auto guess = closest(bb.kind, kinds))
       diag << "; did you mean '" << *guess << "'?";
     else
-      diag << "; the backbone kinds: transformer, gpt2, llama, or "
+      diag << "; the backbone kinds: transformer, gpt2, llama, bert, or "
               "pretrained(\"DIR\")";
   }
   const std::string where = "backbone " + bb.kind + " { }";
@@ -581,6 +582,15 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
   if (const ast::Value *v = f.get("rope_theta"))
     out.ropeTheta =
         real(*v, "rope_theta", {0.0, 1e12, true, false}).value_or(1e4);
+  if (const ast::Value *v = f.get("type_vocab")) {
+    if (out.kind != BackboneKind::bert)
+      error(v->loc) << "'type_vocab' is a bert backbone's";
+    out.typeVocab = integer(*v, "type_vocab", {1, 1 << 20}).value_or(2);
+  }
+  if (out.kind == BackboneKind::bert && out.pointwise == PointwiseKind::fused)
+    error(out.pointwiseLoc)
+        << "pointwise fused: a post-norm (bert) backbone runs ATen's "
+           "pointwise ops; use pointwise = aten, or leave it out";
   if (out.kind == BackboneKind::llama) {
     if (out.pointwise == PointwiseKind::fused)
       error(out.pointwiseLoc)
@@ -646,7 +656,17 @@ void Sema::checkPretrained(const ast::Backbone &bb, CheckedSpec::Backbone &out) 
   }
   const mtprt::ModelConfig &m = config->model;
   const bool llama = m.kind == mtprt::BackboneKind::Llama;
-  out.kind = llama ? BackboneKind::llama : BackboneKind::gpt2;
+  const bool bert = m.kind == mtprt::BackboneKind::Bert;
+  out.kind = llama  ? BackboneKind::llama
+             : bert ? BackboneKind::bert
+                    : BackboneKind::gpt2;
+  if (m.tokenPad >= 0)
+    out.tokenPad = m.tokenPad;
+  if (bert) {
+    out.typeVocab = m.typeVocab;
+    if (m.positionPad >= 0)
+      out.positionPad = m.positionPad;
+  }
   if (llama) {
     out.kvHeads = m.kvHeadCount();
     out.ropeTheta = m.ropeTheta;
@@ -667,7 +687,10 @@ void Sema::checkPretrained(const ast::Backbone &bb, CheckedSpec::Backbone &out) 
   out.normEps = m.normEps;
   out.weights = dirValue.name;
   out.dropout = config->dropout;
-  out.seq = std::min<int64_t>(m.positions, 512);
+  // RoBERTa's positions start after its padding id.
+  const int64_t usable =
+      m.positions - (m.positionPad >= 0 ? m.positionPad + 1 : 0);
+  out.seq = std::min<int64_t>(usable, 512);
 
   const std::string where = "backbone pretrained(...) { }";
   Fields f(*this, where, bb.entries, kBackboneKeys);
@@ -675,16 +698,16 @@ void Sema::checkPretrained(const ast::Backbone &bb, CheckedSpec::Backbone &out) 
     if (const ast::Value *v = f.get(key)) {
       auto diag = error(v->loc);
       diag << "'" << key << "' is fixed by the checkpoint ("
-           << (llama ? llamaField : gpt2) << " in " << dirValue.name
+           << (llama || bert ? llamaField : gpt2) << " in " << dirValue.name
            << "/config.json)";
       note(diag, v->loc, "a pretrained backbone overrides seq, dropout, "
                          "attention and pointwise only");
     }
   if (const ast::Value *v = f.get("seq")) {
     out.seq = integer(*v, "seq", limits::kSeq).value_or(out.seq);
-    if (out.seq > m.positions)
+    if (out.seq > usable)
       error(v->loc) << "'seq' = " << out.seq << " exceeds the checkpoint's "
-                    << m.positions << " positions (n_positions)";
+                    << usable << " positions";
   }
   if (const ast::Value *v = f.get("dropout"))
     out.dropout = real(*v, "dropout", limits::kDropout).value_or(out.dropout);

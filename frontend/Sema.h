@@ -44,6 +44,11 @@ struct CheckedSpec {
     std::optional<double> ropeTheta;
     std::optional<std::vector<double>> ropeScaling;
     std::optional<bool> attentionBias, mlpBias;
+    /// BERT's token types; RoBERTa's padding id (its positions' origin).
+    std::optional<int64_t> typeVocab, positionPad;
+    /// The token embedding's padding id (a pretrained config's pad_token_id
+    /// where its embedding has one).
+    std::optional<int64_t> tokenPad;
     /// Absent: --mtp-normalize-spec picks for the device and dropout.
     std::optional<AttentionKind> attention;
     std::optional<PointwiseKind> pointwise;

@@ -45,8 +45,10 @@ CostModel::CostModel(ModelOp model)
 }
 
 PointwiseKind CostModel::fittingPointwise(ModelOp model) {
-  // The fused kernels compute LayerNorm and GELU's erf form only.
-  if (model.getBackbone().hasGeluTanh() || model.getBackbone().hasRmsNorm())
+  // The fused kernels compute a LayerNorm before a linear and GELU's erf
+  // form only.
+  if (model.getBackbone().hasGeluTanh() || model.getBackbone().hasRmsNorm() ||
+      model.getBackbone().isPostNorm())
     return PointwiseKind::aten;
   BudgetOp budget = model.getBudget();
   const bool autocast = budget && budget.getPrecision() != Precision::fp32;
@@ -184,6 +186,19 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
     // The gathered embeddings live beside their sum until the add returns
     // (Llama adds no position table: the gather is the output).
     cost.fwdWorkspace = backbone.hasPositionTable() ? 4 * bsh : 0;
+    if (backbone.isPostNorm()) {
+      // BERT: word + position + type, then a LayerNorm, which keeps the
+      // sum and its statistics; RoBERTa's embedding keeps its position ids.
+      cost.saved.push_back({"sum", tensor({b, s, h}, f32)});
+      cost.saved.push_back({"mean", tensor({b, s, 1}, f32)});
+      cost.saved.push_back({"rstd", tensor({b, s, 1}, f32)});
+      if (backbone.getPositionPad())
+        cost.saved.push_back(
+            {"position_ids", tensor({b, s}, builder.getI64Type())});
+      cost.fwdFlops += 8 * bsh;
+      cost.bwdFlops += 12 * bsh;
+      cost.fwdWorkspace = 8 * bsh;
+    }
     return cost;
   case UnitKind::final_norm:
   case UnitKind::attn_norm:
@@ -214,7 +229,9 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
       cost.bwdFlops = 12 * bsh;
       return cost;
     }
-    cost.output = tensor({b, s, h}, act);
+    // Post-norm (BERT): the norm of the residual sum is the block's output,
+    // fp32 like the stream.
+    cost.output = backbone.isPostNorm() ? stream() : tensor({b, s, h}, act);
     cost.saved.push_back({"mean", tensor({b, s, 1}, f32)});
     cost.saved.push_back({"rstd", tensor({b, s, 1}, f32)});
     cost.backwardNeedsInput = true;
@@ -377,7 +394,8 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
 
 SmallVector<UnitKind, 3> CostModel::projectionChain(bool attention) const {
   // Llama's blocks have no tensor-grain path in the runtime yet.
-  if (!activationElementType().isF32() || backbone.isLlama())
+  if (!activationElementType().isF32() || backbone.isLlama() ||
+      backbone.isPostNorm())
     return {};
   if (attention)
     return attentionKind == AttentionKind::fused
@@ -753,9 +771,13 @@ int64_t CostModel::cosineProbeWorkspace(
 //===----------------------------------------------------------------------===//
 
 int64_t CostModel::embeddingParameters() const {
-  return (backbone.getVocab() +
-          (backbone.hasPositionTable() ? backbone.getPositionRows() : 0)) *
-         backbone.getHidden();
+  const int64_t rows =
+      backbone.getVocab() +
+      (backbone.hasPositionTable() ? backbone.getPositionRows() : 0) +
+      (backbone.isPostNorm() ? backbone.getTypeVocabRows() : 0);
+  // BERT's embeddings LayerNorm: weight and bias.
+  return rows * backbone.getHidden() +
+         (backbone.isPostNorm() ? 2 * backbone.getHidden() : 0);
 }
 
 int64_t CostModel::finalNormParameters() const {

@@ -112,6 +112,7 @@ void StepBuilder::build() {
   Location bbLoc = backbone.getLoc();
   SmallVector<TaskOp> tasks(model.getTasks());
   const int64_t layers = backbone.getLayers();
+  const bool postNorm = backbone.isPostNorm();
 
   auto step = b.create<StepOp>(loc);
   b.setInsertionPointToEnd(&step.getBody().front());
@@ -165,6 +166,21 @@ void StepBuilder::build() {
       chain.push_back(forward(kind, l, {}, in, bbLoc));
       return chain.back().op.getOutput();
     };
+    if (postNorm) {
+      // BERT: each sub-block's norm after its residual add.
+      Value qkv = unit(UnitKind::qkv, {x});
+      Value ctx = unit(UnitKind::attn_core, {qkv});
+      Value o = unit(UnitKind::attn_out, {ctx});
+      Value r = unit(UnitKind::attn_residual, {x, o});
+      Value y = unit(UnitKind::attn_norm, {r});
+      Value up = unit(UnitKind::mlp_up, {y});
+      Value act = unit(UnitKind::mlp_act, {up});
+      Value down = unit(UnitKind::mlp_down, {act});
+      Value r2 = unit(UnitKind::mlp_residual, {y, down});
+      x = unit(UnitKind::mlp_norm, {r2});
+      runHeads(l, x);
+      continue;
+    }
     Value n = unit(UnitKind::attn_norm, {x});
     Value qkv = unit(UnitKind::qkv, {n});
     Value ctx = unit(UnitKind::attn_core, {qkv});
@@ -200,7 +216,30 @@ void StepBuilder::build() {
   if (grad && backbone.hasFinalNorm())
     grad = backward(chain.back(), {grad}).front();
   // Units of layer l, in chain order: 1 + 10 * (l - 1) .. 10 * l.
-  for (int64_t l = layers; l >= 1; --l) {
+  for (int64_t l = layers; l >= 1 && postNorm; --l) {
+    const Emitted *u = &chain[1 + 10 * (l - 1)];
+    const Emitted &qkv = u[0], &core = u[1], &out = u[2], &attnRes = u[3],
+                  &attnNorm = u[4], &up = u[5], &act = u[6], &down = u[7],
+                  &mlpRes = u[8], &mlpNorm = u[9];
+    if (!grad)
+      continue;
+    Value dR2 = backward(mlpNorm, {grad}).front();
+    SmallVector<Value> dRes = backward(mlpRes, {dR2});
+    Value dDown = backward(down, {dRes[1]}).front();
+    Value dAct = backward(act, {dDown}).front();
+    Value dUp = backward(up, {dAct}).front();
+    Value dy = sum({dRes[0], dUp}, bbLoc);
+    Value dR = backward(attnNorm, {dy}).front();
+    SmallVector<Value> dAttnRes = backward(attnRes, {dR});
+    Value dCtx = backward(out, {dAttnRes[1]}).front();
+    Value dQkv = backward(core, {dCtx}).front();
+    Value dx = backward(qkv, {dQkv}).front();
+    grad = sum({dAttnRes[0], dx}, bbLoc);
+    SmallVector<Value> joining{grad};
+    llvm::append_range(joining, tapGrads.lookup(l - 1));
+    grad = sum(joining, bbLoc);
+  }
+  for (int64_t l = layers; l >= 1 && !postNorm; --l) {
     const Emitted *u = &chain[1 + 10 * (l - 1)];
     const Emitted &attnNorm = u[0], &qkv = u[1], &core = u[2], &out = u[3],
                   &attnRes = u[4], &mlpNorm = u[5], &up = u[6], &act = u[7],

@@ -40,7 +40,7 @@ fb::Decision decisionOf(FwdOp op) {
                 int(fb::FB::MAX) == int(ODS::LAST) &&                          \
                 int(fb::FB::LAST) == int(ODS::LAST) &&                         \
                 int(fb::FB::MAX) == int(getMaxEnumValFor##ODS()))
-MTP_SAME_ENUM(BackboneKind, BackboneKind, transformer, llama);
+MTP_SAME_ENUM(BackboneKind, BackboneKind, transformer, bert);
 MTP_SAME_ENUM(AttentionKind, AttentionKind, math, fused);
 MTP_SAME_ENUM(PointwiseKind, PointwiseKind, aten, fused);
 MTP_SAME_ENUM(HeadKind, HeadKind, classify, decoder);
@@ -100,7 +100,10 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
       bb.getRopeTheta() ? bb.getRopeTheta()->convertToDouble() : 10000.0,
       bb.getRopeScaling() ? b.CreateVector(bb.getRopeScaling()->vec())
                           : flatbuffers::Offset<flatbuffers::Vector<double>>(),
-      !bb.hasAttentionBias(), !bb.hasMlpBias());
+      !bb.hasAttentionBias(), !bb.hasMlpBias(),
+      bb.isPostNorm() ? bb.getTypeVocabRows() : 0,
+      bb.getPositionPad() ? int64_t(*bb.getPositionPad()) : -1,
+      bb.getTokenPad() ? int64_t(*bb.getTokenPad()) : -1);
 
   auto lrOf = [&](LRScheduleAttr lr) -> flatbuffers::Offset<fb::LrSchedule> {
     if (!lr)

@@ -212,6 +212,18 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
           "needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
           "original positions > 0");
   }
+  if (c.postNorm() && c.pointwise == PointwiseKind::Fused)
+    bad("ModelConfig.pointwise",
+        "a post-norm (BERT) backbone runs ATen's pointwise ops (the fused "
+        "kernels norm before a linear); use Aten");
+  if (c.tokenPad < -1 || c.tokenPad >= c.vocab)
+    bad("ModelConfig.tokenPad", "must be -1 or a token id, got " +
+                                    std::to_string(c.tokenPad));
+  if (c.positionPad >= 0 && c.positionPad + 1 + c.seq > c.positionRows())
+    bad("ModelConfig.positions",
+        "RoBERTa's positions run to padding id + 1 + seq = " +
+            std::to_string(c.positionPad + 1 + c.seq) + ", past the table's " +
+            std::to_string(c.positionRows()) + " rows");
   if (c.geluTanh() && c.pointwise == PointwiseKind::Fused)
     bad("ModelConfig.pointwise",
         "this backbone's GELU is the tanh form, which only ATen's pointwise "
@@ -254,11 +266,16 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
   tokEmb_ = init.normal("embed.tok", {c.vocab, hdim});
   if (!c.llama())
     posEmb_ = init.normal("embed.pos", {c.positionRows(), hdim});
+  if (c.postNorm()) {
+    typeEmb_ = init.normal("embed.type", {std::max<int64_t>(1, c.typeVocab), hdim});
+    embedNorm_ = init.norm("embed.norm", hdim);
+  }
   for (int64_t l = 1; l <= c.layers; ++l) {
     const std::string n = "layer" + std::to_string(l);
     if (!c.llama()) {
       attn_.push_back(init.attention(n + ".attn", hdim));
       mlp_.push_back(init.mlp(n + ".mlp", hdim, c.ffn));
+      attn_.back().postNorm = mlp_.back().postNorm = c.postNorm();
       continue;
     }
     // Llama: RMSNorms, the grouped QKV rows, the gate's and up's rows.
@@ -376,7 +393,23 @@ at::Tensor Model::embed(const at::Tensor &tokens) const {
     throw std::invalid_argument(
         "mtprt: embed: tokens must be [B, S] with S <= ModelConfig.seq");
   if (config_.llama())
-    return dropout(at::embedding(tokEmb_, tokens));
+    return dropout(at::embedding(tokEmb_, tokens, config_.tokenPad));
+  if (config_.postNorm()) {
+    // BERT: word + position + token type 0, LayerNorm, dropout. RoBERTa's
+    // positions count the non-padding tokens from its padding id + 1
+    // (Hugging Face's create_position_ids_from_input_ids).
+    at::Tensor positions;
+    if (config_.positionPad >= 0) {
+      at::Tensor mask = tokens.ne(config_.positionPad).to(at::kLong);
+      positions = at::cumsum(mask, 1) * mask + config_.positionPad;
+    }
+    at::Tensor pos = positions.defined()
+                         ? at::embedding(posEmb_, positions, config_.positionPad)
+                         : posEmb_.narrow(0, 0, tokens.size(1));
+    at::Tensor x = at::embedding(tokEmb_, tokens, config_.tokenPad) +
+                   typeEmb_.narrow(0, 0, 1) + pos;
+    return dropout(norm(embedNorm_, x));
+  }
   at::Tensor x =
       at::embedding(tokEmb_, tokens) + posEmb_.narrow(0, 0, tokens.size(1));
   return dropout(x);
@@ -509,13 +542,16 @@ at::Tensor Model::attentionBlock(const AttentionParams &p, const at::Tensor &x,
         q, k, v.view({b, s, kv, d}).transpose(1, 2), causal, mask));
     return x + dropout(linear(p.out, ctx));
   }
-  at::Tensor qkv = attentionProjections(p, x, sink);
+  at::Tensor qkv = p.postNorm ? linear(p.qkv, x)
+                             : attentionProjections(p, x, sink);
   const int64_t a = config_.heads;
   std::vector<at::Tensor> qkvHeads = splitProjection(qkv, 3, a, fused);
   at::Tensor q = qkvHeads[0], k = qkvHeads[1], v = qkvHeads[2];
   qkvHeads.clear();
   qkv.reset();
   at::Tensor ctx = mergeHeads(attentionCore(q, k, v, causal, mask));
+  if (p.postNorm)
+    return norm(p.norm, x + dropout(linear(p.out, ctx)));
   return x + dropout(linear(p.out, ctx));
 }
 
@@ -528,6 +564,8 @@ at::Tensor Model::mlpBlock(const MlpParams &p, const at::Tensor &x,
     gu.reset();
     return x + dropout(linear(p.down, act));
   }
+  if (p.postNorm)
+    return norm(p.norm, x + dropout(linear(p.down, gelu(linear(p.up, x)))));
   at::Tensor h = mlpProjections(p, x, sink);
   return x + dropout(config_.pointwise == PointwiseKind::Fused
                          ? geluLinear(h, p.down)
@@ -572,6 +610,8 @@ at::Tensor Model::gelu(const at::Tensor &u) const {
 
 /// Why unit u >= 1 cannot run at tensor grain now ("" when it can).
 std::string Model::partialRefusal(int64_t u) const {
+  if (config_.postNorm())
+    return "not for post-norm (BERT) blocks";
   if (config_.llama())
     return "not for llama's blocks (rotary positions, grouped queries)";
   if (at::autocast::is_autocast_enabled(device_.type()))
@@ -711,9 +751,14 @@ at::Tensor Model::loss(int64_t h, const std::vector<at::Tensor> &out,
 }
 
 std::vector<at::Tensor> Model::layerParameters(int64_t layer) const {
-  if (layer == 0)
-    return posEmb_.defined() ? std::vector<at::Tensor>{tokEmb_, posEmb_}
-                             : std::vector<at::Tensor>{tokEmb_};
+  if (layer == 0) {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor &t :
+         {tokEmb_, posEmb_, typeEmb_, embedNorm_.weight, embedNorm_.bias})
+      if (t.defined())
+        out.push_back(t);
+    return out;
+  }
   const AttentionParams &a = attn_.at(layer - 1);
   const MlpParams &m = mlp_.at(layer - 1);
   std::vector<at::Tensor> out;

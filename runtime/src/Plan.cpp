@@ -272,6 +272,11 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     m.ropeScaling.originalPositions = static_cast<int64_t>(
         c.real("backbone.rope_scaling[3]", r->Get(3), {1.0, 1e9}));
   }
+  m.typeVocab = c.range("backbone.type_vocab", bb->type_vocab(), {0, 1 << 20});
+  m.positionPad = c.range("backbone.position_pad", bb->position_pad(),
+                          {-1, m.vocab - 1});
+  m.tokenPad =
+      c.range("backbone.token_pad", bb->token_pad(), {-1, m.vocab - 1});
   m.attentionBias = !bb->no_attention_bias();
   m.mlpBias = !bb->no_mlp_bias();
   if (m.kind != BackboneKind::Transformer && m.pointwise == PointwiseKind::Fused)
@@ -473,11 +478,11 @@ std::string checkPlan(const void *data, size_t size, const std::string &name) {
 
 Program programFromPlan(const Plan &plan) {
   if (plan.backboneKind != "transformer" && plan.backboneKind != "gpt2" &&
-      plan.backboneKind != "llama")
+      plan.backboneKind != "llama" && plan.backboneKind != "bert")
     throw std::runtime_error(
         "mtprt: the plan of model '" + plan.modelName + "' (from " +
         plan.source + ") has backbone kind '" + plan.backboneKind +
-        "': this runtime builds 'transformer', 'gpt2' and 'llama' backbones; re-plan the "
+        "': this runtime builds 'transformer', 'gpt2', 'llama' and 'bert' backbones; re-plan the "
         "spec with the mtpc that matches this runtime");
   Program p;
   p.name = plan.modelName;

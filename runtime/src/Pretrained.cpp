@@ -25,6 +25,7 @@
 #include <optional>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -211,7 +212,7 @@ PretrainedLoad loadPretrained(Model &model, const std::string &dir) {
   for (const std::string &file : out.files) {
     Mapped m(file);
     for (const st::Entry &e : m.header().tensors) {
-      std::string name = e.name;
+      std::string name = hf::canonical(c.kind, e.name);
       for (const std::string &p : prefixes)
         if (name.rfind(p, 0) == 0) {
           name = name.substr(p.size());
@@ -353,7 +354,8 @@ void exportPretrained(const Model &model, const std::string &dir,
   if (c.kind == BackboneKind::Transformer)
     throw std::invalid_argument(
         "mtprt: --export: mtpc's own transformer has no Hugging Face "
-        "architecture to export to; declare a gpt2 or llama backbone (or a "
+        "architecture to export to; declare a gpt2, llama or bert backbone "
+        "(or a "
         "pretrained one) to export");
   if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
     throw std::runtime_error("mtprt: --export: cannot create " + dir + " (" +
@@ -363,11 +365,39 @@ void exportPretrained(const Model &model, const std::string &dir,
     params.emplace(name, t);
 
   std::vector<std::pair<std::string, at::Tensor>> backbone;
-  for (const hf::Tensor &t : hf::tensors(c)) {
+  const std::vector<hf::Tensor> names = hf::tensors(c);
+  for (const hf::Tensor &t : names) {
     at::Tensor p = params.at(t.param).detach().to(at::kCPU, at::kFloat);
     if (t.rowOffset >= 0)
       p = p.narrow(0, t.rowOffset, t.shape[0]).contiguous();
     backbone.emplace_back(t.name, t.transposed ? p.t().contiguous() : p);
+  }
+  // The source's own tensors of the base model that mtprt has no parameter
+  // for (BERT's pooler) go out as they came in: nothing is lost.
+  if (!source.empty()) {
+    std::set<std::string> ours;
+    for (const hf::Tensor &t : names)
+      ours.insert(t.name);
+    const std::vector<std::string> prefixes = hf::prefixes(c.kind);
+    for (const std::string &file : modelFiles(source)) {
+      Mapped m(file);
+      bool prefixed = false;
+      for (const st::Entry &e : m.header().tensors)
+        for (const std::string &p : prefixes)
+          prefixed |= e.name.rfind(p, 0) == 0;
+      for (const st::Entry &e : m.header().tensors) {
+        std::string name = hf::canonical(c.kind, e.name);
+        bool base = !prefixed;
+        for (const std::string &p : prefixes)
+          if (name.rfind(p, 0) == 0) {
+            name = name.substr(p.size());
+            base = true;
+            break;
+          }
+        if (base && !ours.count(name) && !hf::ignored(c.kind, name))
+          backbone.emplace_back(name, m.view(e).clone());
+      }
+    }
   }
   writeSafetensors(dir + "/model.safetensors", backbone, {{"format", "pt"}});
 
@@ -410,6 +440,26 @@ void exportPretrained(const Model &model, const std::string &dir,
       config["resid_pdrop"] = c.dropout;
       config["embd_pdrop"] = c.dropout;
       config["attn_pdrop"] = c.dropout;
+    }
+  }
+  if (c.kind == BackboneKind::Bert) {
+    const bool roberta = c.positionPad >= 0;
+    config["model_type"] = roberta ? "roberta" : "bert";
+    config["architectures"] = {roberta ? "RobertaModel" : "BertModel"};
+    config["vocab_size"] = c.vocab;
+    config["hidden_size"] = c.hidden;
+    config["num_hidden_layers"] = c.layers;
+    config["num_attention_heads"] = c.heads;
+    config["intermediate_size"] = c.ffn;
+    config["hidden_act"] = "gelu";
+    config["max_position_embeddings"] = c.positionRows();
+    config["type_vocab_size"] = std::max<int64_t>(1, c.typeVocab);
+    config["layer_norm_eps"] = c.normEps;
+    if (roberta)
+      config["pad_token_id"] = c.positionPad;
+    if (!config.contains("hidden_dropout_prob")) {
+      config["hidden_dropout_prob"] = c.dropout;
+      config["attention_probs_dropout_prob"] = c.dropout;
     }
   }
   if (c.kind == BackboneKind::Llama) {

@@ -26,7 +26,7 @@ enum class PointwiseKind { Aten, Fused };
 /// plan.fbs's BackboneKind, value for value: mtpc's own pre-norm transformer,
 /// or a Hugging Face family whose weights load by their names
 /// (mtprt/HfNames.h; docs/pretrained.md).
-enum class BackboneKind { Transformer, Gpt2, Llama };
+enum class BackboneKind { Transformer, Gpt2, Llama, Bert };
 
 /// Llama 3's rotary frequency scaling (`rope_type = "llama3"`): factor 0 =
 /// none (plain rotary positions).
@@ -39,7 +39,9 @@ struct RopeScaling {
 /// pre-norm layers (attention block, then MLP block). GPT-2 adds causal
 /// attention, GELU's tanh form and a final LayerNorm on layer L's output;
 /// Llama has RMSNorm (no biases), rotary positions (no position table),
-/// grouped-query attention, a SwiGLU MLP, causal attention and a final norm.
+/// grouped-query attention, a SwiGLU MLP, causal attention and a final norm;
+/// BERT / RoBERTa are post-norm (each block's LayerNorm after its residual
+/// add) with token-type embeddings and a LayerNorm on the embeddings.
 struct ModelConfig {
   BackboneKind kind = BackboneKind::Transformer;
   int64_t vocab = 128;
@@ -76,12 +78,26 @@ struct ModelConfig {
   RopeScaling ropeScaling;
   bool attentionBias = true, mlpBias = true;
 
+  /// BERT / RoBERTa: token types (every token type 0; 0 = no table), and
+  /// RoBERTa's positions counted from its padding id + 1 (-1: BERT's, from 0).
+  int64_t typeVocab = 0;
+  int64_t positionPad = -1;
+  /// The token embedding's padding id, whose row gets no gradient (as
+  /// nn.Embedding's padding_idx: BERT's, RoBERTa's, a Llama's pad token);
+  /// -1: none.
+  int64_t tokenPad = -1;
+
   bool llama() const { return kind == BackboneKind::Llama; }
-  bool causal() const { return kind != BackboneKind::Transformer; }
+  bool postNorm() const { return kind == BackboneKind::Bert; }
+  bool causal() const {
+    return kind == BackboneKind::Gpt2 || kind == BackboneKind::Llama;
+  }
   /// GELU's tanh approximation (GPT-2's gelu_new) instead of erf.
   bool geluTanh() const { return kind == BackboneKind::Gpt2; }
   /// A norm on the last layer's output (GPT-2's ln_f, Llama's norm).
-  bool finalNorm() const { return kind != BackboneKind::Transformer; }
+  bool finalNorm() const {
+    return kind == BackboneKind::Gpt2 || kind == BackboneKind::Llama;
+  }
   int64_t kvHeadCount() const { return kvHeads > 0 ? kvHeads : heads; }
   int64_t positionRows() const { return positions > 0 ? positions : seq; }
 };

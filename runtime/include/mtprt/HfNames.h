@@ -40,6 +40,8 @@ inline const char *modelType(BackboneKind kind) {
     return "gpt2";
   case BackboneKind::Llama:
     return "llama";
+  case BackboneKind::Bert:
+    return "bert";
   case BackboneKind::Transformer:
     break;
   }
@@ -85,6 +87,44 @@ inline std::vector<Tensor> tensors(const ModelConfig &c) {
     out.push_back({"norm.weight", {h}, "final.norm.weight"});
     return out;
   }
+  if (c.kind == BackboneKind::Bert) {
+    const std::string e = "embeddings.";
+    out.push_back({e + "word_embeddings.weight", {c.vocab, h}, "embed.tok"});
+    out.push_back({e + "position_embeddings.weight", {c.positionRows(), h},
+                   "embed.pos"});
+    out.push_back({e + "token_type_embeddings.weight",
+                   {c.typeVocab > 0 ? c.typeVocab : 1, h}, "embed.type"});
+    out.push_back({e + "LayerNorm.weight", {h}, "embed.norm.weight"});
+    out.push_back({e + "LayerNorm.bias", {h}, "embed.norm.bias"});
+    for (int64_t l = 0; l < c.layers; ++l) {
+      const std::string n = "encoder.layer." + std::to_string(l) + ".";
+      const std::string p = "layer" + std::to_string(l + 1) + ".";
+      const char *qkv[] = {"query", "key", "value"};
+      for (int i = 0; i < 3; ++i) {
+        const std::string a = n + "attention.self." + qkv[i];
+        out.push_back({a + ".weight", {h, h}, p + "attn.qkv.weight", false, i * h});
+        out.push_back({a + ".bias", {h}, p + "attn.qkv.bias", false, i * h});
+      }
+      const std::pair<std::string, std::string> linears[] = {
+          {"attention.output.dense", "attn.out"},
+          {"attention.output.LayerNorm", "attn.norm"},
+          {"intermediate.dense", "mlp.up"},
+          {"output.dense", "mlp.down"},
+          {"output.LayerNorm", "mlp.norm"}};
+      for (const auto &[hf, ours] : linears) {
+        std::vector<int64_t> w = {h, h}, b = {h};
+        if (ours == "mlp.up")
+          w = {f, h}, b = {f};
+        else if (ours == "mlp.down")
+          w = {h, f};
+        else if (ours == "attn.norm" || ours == "mlp.norm")
+          w = {h};
+        out.push_back({n + hf + ".weight", w, p + ours + ".weight"});
+        out.push_back({n + hf + ".bias", b, p + ours + ".bias"});
+      }
+    }
+    return out;
+  }
   if (c.kind != BackboneKind::Gpt2)
     return out;
   out.push_back({"wte.weight", {c.vocab, h}, "embed.tok"});
@@ -116,6 +156,8 @@ inline std::vector<std::string> prefixes(BackboneKind kind) {
     return {"transformer."};
   if (kind == BackboneKind::Llama)
     return {"model."};
+  if (kind == BackboneKind::Bert)
+    return {"bert.", "roberta."};
   return {};
 }
 
@@ -132,7 +174,25 @@ inline bool ignored(BackboneKind kind, const std::string &name) {
            name == "lm_head.weight";
   if (kind == BackboneKind::Llama)
     return endsWith(".rotary_emb.inv_freq") || name == "lm_head.weight";
+  if (kind == BackboneKind::Bert)
+    return name == "embeddings.position_ids" ||
+           name == "embeddings.token_type_ids";
   return false;
+}
+
+/// A stored name as the map spells it: old BERT checkpoints' LayerNorm
+/// `gamma` / `beta` are `weight` / `bias` (as transformers renames them).
+inline std::string canonical(BackboneKind kind, std::string name) {
+  if (kind != BackboneKind::Bert)
+    return name;
+  auto swap = [&](const std::string &from, const std::string &to) {
+    if (name.size() >= from.size() &&
+        name.compare(name.size() - from.size(), from.size(), from) == 0)
+      name = name.substr(0, name.size() - from.size()) + to;
+  };
+  swap("LayerNorm.gamma", "LayerNorm.weight");
+  swap("LayerNorm.beta", "LayerNorm.bias");
+  return name;
 }
 
 } // namespace mtprt::hf

@@ -49,6 +49,11 @@ def main():
     objective.backward()
     worst_g, checked = 0.0, 0
     params = dict(model.named_parameters())
+    # A gradient that is zero analytically (a key bias: softmax ignores a
+    # per-query shift) is rounding noise on both sides: errors are relative
+    # to the larger of its own scale and a thousandth of the largest.
+    scale = max(p.grad.abs().max().item() for p in params.values()
+                if p.grad is not None)
     for k, g in d.items():
         if not k.startswith("grad."):
             continue
@@ -57,13 +62,17 @@ def main():
             print(f"FAIL: {k}: transformers has no parameter {name}")
             ok = False
             continue
-        e = rel_err(g, params[name].grad)
+        ref = params[name].grad
+        e = ((g - ref).abs().max() /
+             max(ref.abs().max().item(), 1e-3 * scale)).item()
         worst_g = max(worst_g, e)
         checked += 1
         if e > a.grad_tol:
             print(f"FAIL: {k}: relative error {e:.2e} > {a.grad_tol:g}")
             ok = False
-    missing = [n for n in params if f"grad.{n}" not in d]
+    # The pooler is not on the way to any hidden state.
+    missing = [n for n in params if f"grad.{n}" not in d
+               and not n.startswith("pooler.")]
     if missing:
         print(f"FAIL: no gradient dumped for {missing[:5]}")
         ok = False

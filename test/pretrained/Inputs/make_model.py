@@ -17,7 +17,8 @@ import transformers
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--family", default="gpt2", choices=["gpt2", "llama"])
+    ap.add_argument("--family", default="gpt2",
+                    choices=["gpt2", "llama", "bert", "roberta"])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
@@ -48,6 +49,23 @@ def main():
             bos_token_id=0, eos_token_id=0)
         cls = (transformers.GPT2LMHeadModel if a.task_model
                else transformers.GPT2Model)
+    elif a.family in ("bert", "roberta"):
+        common = dict(vocab_size=a.vocab, hidden_size=a.hidden,
+                      num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                      intermediate_size=a.ffn, hidden_dropout_prob=0.0,
+                      attention_probs_dropout_prob=0.0)
+        if a.family == "bert":
+            config = transformers.BertConfig(max_position_embeddings=a.positions,
+                                             **common)
+            cls = (transformers.BertForMaskedLM if a.task_model
+                   else transformers.BertModel)
+        else:
+            # RoBERTa's positions start after its padding id (1).
+            config = transformers.RobertaConfig(
+                max_position_embeddings=a.positions + 2, type_vocab_size=1,
+                pad_token_id=1, bos_token_id=0, eos_token_id=2, **common)
+            cls = (transformers.RobertaForMaskedLM if a.task_model
+                   else transformers.RobertaModel)
     else:
         rope = {"rope_type": "default", "rope_theta": 500000.0}
         if a.rope_scaling:
@@ -71,8 +89,8 @@ def main():
         # of the size trained models have), and every vector random too.
         for name, p in model.named_parameters():
             noise = torch.randn_like(p) * (0.1 if p.dim() == 1 else 0.02)
-            norm_weight = (".ln_" in "." + name or "norm" in name) and \
-                name.endswith("weight")
+            norm_weight = (".ln_" in "." + name or "norm" in name.lower()) \
+                and name.endswith("weight")
             p.copy_(noise + 1.0 if norm_weight else noise)
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
     model = model.to(dtype)

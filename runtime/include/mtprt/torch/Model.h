@@ -55,6 +55,7 @@ struct AttentionParams {
   LinearParams qkv, out;
   int64_t kvHeads = 0; ///< 0: as many as the query heads
   bool rotary = false;
+  bool postNorm = false; ///< BERT's: norm(x + attention(x))
 };
 /// Pre-norm MLP (norm, up-projection, GELU, down-projection); gated
 /// (Llama's SwiGLU): the up-projection's rows are the gate's then the up's,
@@ -63,6 +64,7 @@ struct MlpParams {
   NormParams norm;
   LinearParams up, down;
   bool gated = false;
+  bool postNorm = false; ///< BERT's: norm(x + mlp(x))
 };
 
 class Model {
@@ -214,6 +216,9 @@ private:
   NormParams finalNorm_; ///< finalNorm() only
   /// Rotary tables [seq, headDim] (fp32, on the device): Llama only.
   at::Tensor cos_, sin_;
+  /// BERT / RoBERTa: the token-type table and the embeddings' LayerNorm.
+  at::Tensor typeEmb_;
+  NormParams embedNorm_;
   std::string pretrained_;
   std::vector<Head> heads_;
   std::vector<std::vector<std::pair<std::string, at::Tensor>>>
