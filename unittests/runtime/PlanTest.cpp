@@ -472,6 +472,7 @@ struct PlanFields {
   double ropeTheta = 10000;
   std::vector<double> ropeScaling;
   bool noAttentionBias = false, noMlpBias = false;
+  int64_t typeVocab = 0, positionPad = -1, tokenPad = -1;
   std::vector<TaskFields> tasks = {{"cls", "classify", 1, true, 4},
                                    {"tag", "tag", 1, false, 6, 0, 0, 0, 0.5},
                                    {"gen", "decoder", 2, false, 0, 1, 0, 4}};
@@ -524,7 +525,8 @@ std::string build(const PlanFields &f) {
                          f.ropeScaling.empty()
                              ? 0
                              : b.CreateVector(f.ropeScaling),
-                         f.noAttentionBias, f.noMlpBias);
+                         f.noAttentionBias, f.noMlpBias, f.typeVocab,
+                         f.positionPad, f.tokenPad);
   std::vector<flatbuffers::Offset<fb::Task>> tasks;
   for (const TaskFields &t : f.tasks)
     tasks.push_back(fb::CreateTask(
@@ -757,6 +759,10 @@ std::vector<Change> allChanges(const std::string &jsonl) {
   auto task = [](int t, std::function<void(TaskFields &)> fn) {
     return [t, fn](F &f) { fn(f.tasks[t]); };
   };
+  const std::function<void(F &)> bert = [](F &f) {
+    f.kind = "bert";
+    f.typeVocab = 2;
+  };
   const std::function<void(F &)> llama = [](F &f) {
     f.kind = "llama";
     f.attention = "fused";
@@ -831,6 +837,17 @@ std::vector<Change> allChanges(const std::string &jsonl) {
        Shows::Losses, "", llama},
       {"Backbone.no_mlp_bias", [](F &f) { f.noMlpBias = true; },
        Shows::Losses, "", llama},
+      // BERT's, on a bert backbone.
+      {"Backbone.type_vocab", [](F &f) { f.typeVocab = 3; }, Shows::Losses,
+       "", bert},
+      {"Backbone.position_pad", [](F &f) { f.positionPad = 1; },
+       Shows::Losses, "",
+       [bert](F &f) {
+         bert(f);
+         f.positions = 14; // room for positions from the padding id + 1
+       }},
+      {"Backbone.token_pad", [](F &f) { f.tokenPad = 1; }, Shows::Losses, "",
+       bert},
 
       {"Task.name", task(0, [](TaskFields &t) { t.name = "klass"; }),
        Shows::Losses},
