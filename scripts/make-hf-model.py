@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Writes a small random Hugging Face model directory (config.json +
-safetensors) for the pretrained-backbone tests: every parameter random
-(norm weights and biases included, so a name mapped to the wrong tensor
-shows), nothing downloaded.
+"""Writes a random Hugging Face model directory (config.json +
+safetensors, as save_pretrained writes them) for the pretrained-backbone
+tests and examples: every parameter random (norm weights and biases
+included, so a name mapped to the wrong tensor shows), nothing downloaded.
+Runs with the project's venv (scripts/setup.sh installs transformers).
 
-    make_model.py OUT --family gpt2 [--layers 2 --hidden 64 --heads 4
-        --ffn 256 --vocab 256 --positions 64] [--dtype f32|bf16|f16]
-        [--shard-bytes N] [--task-model]
+    scripts/make-hf-model.py OUT --family gpt2|llama|bert|roberta
+        [--layers 2 --hidden 64 --heads 4 --ffn 256 --vocab 256
+         --positions 64] [--kv-heads 2 --rope-scaling --bias]  (llama)
+        [--dtype f32|bf16|f16] [--shard-bytes N] [--task-model] [--seed S]
 """
 import argparse
 
