@@ -94,9 +94,11 @@ def table(headers, rows):
 # Specs and binaries
 #===----------------------------------------------------------------------===#
 
-def spec_text(name, m, tasks, strategy, budget, train, correlate=()):
-    """A .mtp spec: m = backbone dict, tasks = [(name, head, tap clause)]."""
+def spec_text(name, m, tasks, strategy, budget, train, correlate=(), backbone_line=None):
+    """A .mtp spec: m = backbone dict (or `backbone_line` as written), tasks =
+    [(name, head, tap clause)]."""
     lines = ["model %s {" % name,
+             "  " + backbone_line if backbone_line else
              "  backbone transformer { " + "  ".join("%s = %s" % kv for kv in m.items()) + " }"]
     for t, head, tap in tasks:
         lines.append("  task %s : %s %s" % (t, head, tap))
@@ -1016,6 +1018,66 @@ SECTIONS = {"agree": section_agree, "step": section_step, "load": section_load,
             "plan": section_plan,
             "compress": section_compress, "scope": section_scope, "ablation": section_ablation}
 QUICK = ["agree", "memory", "plan", "compress"]
+
+
+def section_pretrained(args, b, r, out):
+    """Pretrained backbones (issue #18): a random GPT-2, Llama and BERT
+    directory (scripts/make-hf-model.py), fine-tuned by mtpc and by
+    transformers + torch (eager, SDPA) with the same heads, in the same run."""
+    key = "cpu_step" if cpu_time(args) else "step"
+    dims = ["--layers", "4", "--hidden", "256", "--heads", "4", "--ffn", "1024",
+            "--vocab", "1024", "--positions", "256"]
+    families = [("gpt2", []), ("llama", ["--kv-heads", "2", "--rope-scaling"]),
+                ("bert", [])]
+    out.append("### Pretrained backbones against transformers\n")
+    out.append("A random 4-layer model of each family (hidden 256, 4 heads — Llama over 2 "
+               "key/value heads with llama3 rotary scaling —, ffn 1024, vocab 1024) from "
+               "`scripts/make-hf-model.py`, seq 128, batch 8, dropout 0, fp32, no strategy; "
+               "tasks: classify (pooled) at layer 4, tag at layer 2. The peer is "
+               "`AutoModel.from_pretrained(DIR, attn_implementation=\"sdpa\")` with the same "
+               "heads and AdamW (bench/peer.py `hf`). RSS: the peak above the level after a "
+               "first step (both sides); %s time, %s thread(s).\n"
+               % ("CPU" if key == "cpu_step" else "wall", args.threads or "LibTorch's"))
+    py = sys.executable
+    rows, results = [], {}
+    for family, extra in families:
+        d = os.path.join(args.work, "hf-" + family)
+        if not os.path.exists(os.path.join(d, "config.json")):
+            run([py, os.path.join(ROOT, "scripts", "make-hf-model.py"), d, "--family",
+                 family, "--seed", "3"] + dims + extra)
+        tasks = [("topic", "classify(classes = 4)", "from pooled"),
+                 ("pos", "tag(labels = 12)", "from layer 2")]
+        strategy = {"checkpoint": "none", "offload": "none", "gfm": "none", "dgfg": "none",
+                    "clip": "none", "lr": "cosine(1e-3, warmup = 5)"}
+        text = spec_text("bench_" + family, None, tasks, strategy,
+                         budget_block(args, 16 << 30),
+                         {"steps": 20, "seed": 1, "log_every": 1},
+                         backbone_line='backbone pretrained("%s") { seq = 128  dropout = 0 }' % d)
+        binary = b.build(text)
+        plan, _ = b.plan(text)
+        init = os.path.join(args.work, "init-hf-" + family)
+        shutil.rmtree(init, ignore_errors=True)
+        r.mtpc(binary, 0, extra=["--dump-init", init])
+        entries = [{"name": "mtpc", "kind": "mtpc", "binary": binary, "extra": []},
+                   {"name": "transformers", "kind": "peer", "variant": "hf"}]
+        runs, steps, mem_steps = (2, 4, 3) if args.quick else (3, 6, 3)
+        log("pretrained %s: %d runs of %d steps" % (family, runs, steps))
+        measure(r, entries, init, runs, steps, mem_steps, "rss_warm_above")
+        m, p = entries
+        rows.append([family, fmt_bytes(planned_peak(plan)), fmt_bytes(m.get("tracked")),
+                     fmt_bytes(m["rss"]), fmt_bytes(p["rss"]),
+                     fmt_ratio(m["rss"] / p["rss"]) if m["rss"] and p["rss"] else "—",
+                     "%.0f" % (1e3 * m[key]), "%.0f" % (1e3 * p[key]),
+                     fmt_ratio(m[key] / p[key])])
+        results[family] = {e["name"]: {k: v for k, v in e.items() if k != "binary"}
+                           for e in entries}
+    out.append(table(["family", "predicted peak", "tracked peak", "mtpc RSS",
+                      "transformers RSS", "RSS ratio", "mtpc ms/step", "transformers ms/step",
+                      "time ratio"], rows))
+    return results
+
+
+SECTIONS["pretrained"] = section_pretrained
 
 
 def machine(args):

@@ -25,6 +25,11 @@ F.scaled_dot_product_attention (q, k, v as views of the fused projection):
   compile_budget50  the same with torch._functorch.config.activation_memory_budget
   compile_budget30  = 0.5 / 0.3 (the partitioner recomputes what it must to
                     keep that share of the saved activations)
+And for a pretrained backbone (gpt2, llama, bert: the spec's `pretrained`
+directory):
+  hf                transformers.AutoModel.from_pretrained(DIR) (eager, SDPA
+                    attention) with the same heads: Hugging Face fine-tuning.
+
 The compiled variants run one forward and backward before the measured steps
 (compilation; the gradients are dropped, so the parameters and losses are the
 same), which the resource figures exclude.
@@ -52,7 +57,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 VARIANTS = ("none", "uniform", "selective", "offload",
-            "sdpa", "compile", "compile_budget50", "compile_budget30")
+            "sdpa", "compile", "compile_budget50", "compile_budget30", "hf")
 COMPILED = {"compile": None, "compile_budget50": 0.5, "compile_budget30": 0.3}
 
 
@@ -226,6 +231,37 @@ class PeerModel:
         return [self.head_loss(t, taps[c["tap"]], labels[t]) for t, c in enumerate(self.heads)]
 
 
+class HfPeerModel(PeerModel):
+    """The same heads on the transformers model the spec's pretrained
+    directory holds (eager, SDPA attention): what a user fine-tuning with
+    Hugging Face writes. BERT without its pooler (the heads pool themselves),
+    every layer run (output_hidden_states), the final norm's output as the
+    last layer's (as mtpc's)."""
+
+    def __init__(self, config, params, device, variant):
+        import transformers
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        super().__init__(config, {k: v for k, v in params.items()
+                                  if k.startswith("head.")}, device, "sdpa")
+        weights = self.c.get("weights")
+        if not weights:
+            raise SystemExit("peer.py: --variant hf needs a pretrained backbone")
+        kwargs = {"attn_implementation": "sdpa", "dtype": torch.float32}
+        if self.c.get("kind") == "bert":
+            kwargs["add_pooling_layer"] = False
+        self.hf = transformers.AutoModel.from_pretrained(weights, **kwargs).to(device)
+        self.hf.train()
+
+    def backbone_parameters(self):
+        return list(self.hf.parameters())
+
+    def losses(self, tokens, labels):
+        hidden = self.hf(input_ids=tokens, output_hidden_states=True).hidden_states
+        return [self.head_loss(t, hidden[c["tap"]], labels[t])
+                for t, c in enumerate(self.heads)]
+
+
 def scheduled_lr(c, step):
     """runtime/src/Trainer.cpp scheduledLr."""
     lr, warmup, total = c["lr"], c["warmup"], c["total"]
@@ -272,7 +308,7 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
         raise SystemExit("peer.py: fp32 only (the run's precision is %s)" % tr["precision"])
     if tr["micro_batches"] != 1:
         raise SystemExit("peer.py: one micro-batch per step only")
-    model = PeerModel(config, params, dev, variant)
+    model = (HfPeerModel if variant == "hf" else PeerModel)(config, params, dev, variant)
     forward = model.losses
     if variant in COMPILED:
         import torch._functorch.config as functorch_config

@@ -12,6 +12,7 @@
 #include "mtprt/torch/Data.h"
 #include "mtprt/torch/Distributed.h"
 #include "mtprt/torch/Pretrained.h"
+#include "mtprt/HfNames.h"
 #include "mtprt/torch/Trainer.h"
 #include "mtprt/torch/UnitProfile.h"
 
@@ -748,7 +749,11 @@ void dumpInit(const std::string &dir, TrainerCore &core,
                      {"heads", mc.heads},     {"ffn", mc.ffn},
                      {"dropout", mc.dropout}, {"seed", mc.seed},
                      {"attention", toString(mc.attention)},
-                     {"pointwise", toString(mc.pointwise)}};
+                     {"pointwise", toString(mc.pointwise)},
+                     // A pretrained family and its directory: the
+                     // benchmarks' transformers peer loads the same.
+                     {"kind", hf::modelType(mc.kind)},
+                     {"weights", mc.weights}};
   Json headList = Json::array();
   for (const HeadConfig &h : heads)
     headList.push_back(
