@@ -365,12 +365,12 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
       cost.fwdFlops = 6 * b * s * f;
       cost.bwdFlops = 12 * b * s * f;
       cost.fwdWorkspace = 0;
-      // Each half's gradient is a zero-filled [B, S, 2F] (the narrow's
-      // backward) accumulated into the result, beside the product's and
-      // silu's gradients. An estimate: it matches the tracked peak at the
-      // tests' size (-0.8%) and over-predicts at hidden 256 / seq 128 (the
-      // bench's: -10%), where the peak lies elsewhere (docs/pretrained.md).
-      cost.bwdWorkspace = e * b * s * 4 * f;
+      // No workspace beyond the incoming and the result gradients: the
+      // halves' zero-filled [B, S, 2F] buffers (the narrows' backward) and
+      // the product's and silu's gradients fit in what those free. Measured,
+      // not derived: with 4F here the peak was over-predicted by 8-17% at
+      // four sizes; with none, by 0.5-3.5% (docs/pretrained.md).
+      cost.bwdWorkspace = 0;
       return cost;
     }
     cost.output = tensor({b, s, f}, act);
@@ -737,6 +737,8 @@ int64_t CostModel::cosineProbeWorkspace(
   const int64_t common = (paths.front().first + 1) / 2;
   const int64_t b = batch, s = backbone.getSeq(), h = backbone.getHidden(),
                 f = backbone.getFfn();
+  // The up-projection's width: Llama's holds the gate's and the up's rows.
+  const int64_t up = backbone.hasGatedMlp() ? 2 * f : f;
   // Gradients are fp32 (the runtime's grads of fp32 master weights).
   int64_t probeParams, chain, widest;
   if (common == 0) {
@@ -745,12 +747,15 @@ int64_t CostModel::cosineProbeWorkspace(
     widest = backbone.getVocab() * h;
   } else {
     probeParams = layerParameters();
-    chain = 4 * (b * s * h + 2 * b * s * f + h * f + h);
-    widest = h * f;
+    // SwiGLU's backward adds a second zero-filled up-width buffer (one per
+    // half) beside the accumulated one.
+    chain = 4 * (b * s * h + b * s * (up + f) + h * up + h) +
+            (backbone.hasGatedMlp() ? 4 * b * s * up : 0);
+    widest = h * up;
   }
   const int64_t held = kGradientBytes * probeParams;
   // A region's re-run: its blocks' tensors, and the inner backward's chain.
-  const int64_t innerChain = 4 * (b * s * h + b * s * f + h * f + h);
+  const int64_t innerChain = 4 * (b * s * h + b * s * up + h * up + h);
   const int64_t perBlock[2] = {blockRecomputeBytes(2), blockRecomputeBytes(1)};
   int64_t probe = 0;
   for (int64_t k = 0; k < n; ++k) {
