@@ -108,8 +108,11 @@ struct Init {
       p.bias = leaf(name + ".bias", at::zeros({out}, at::kFloat));
     return p;
   }
+  /// The epsilon of the norms made next.
+  double eps = 1e-5;
   NormParams norm(const std::string &name, int64_t n, bool rms = false) {
-    NormParams p{leaf(name + ".weight", at::ones({n}, at::kFloat)), {}, rms};
+    NormParams p{leaf(name + ".weight", at::ones({n}, at::kFloat)), {}, rms,
+                 eps};
     if (!rms)
       p.bias = leaf(name + ".bias", at::zeros({n}, at::kFloat));
     return p;
@@ -263,6 +266,7 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
   Init init{at::make_generator<at::CPUGeneratorImpl>(c.seed), device_};
   groups_.resize(1 + headConfigs_.size());
   init.group = &groups_[0];
+  init.eps = c.normEps; // the backbone's norms
   tokEmb_ = init.normal("embed.tok", {c.vocab, hdim});
   if (!c.llama())
     posEmb_ = init.normal("embed.pos", {c.positionRows(), hdim});
@@ -327,6 +331,7 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
     cos_ = emb.cos().to(device_);
     sin_ = emb.sin().to(device_);
   }
+  init.eps = 1e-5; // the heads' norms: mtpc's own, whatever the backbone
   for (size_t i = 0; i < headConfigs_.size(); ++i) {
     const HeadConfig &hc = headConfigs_[i];
     const std::string n = "head." + hc.name;
@@ -451,14 +456,14 @@ at::Tensor Model::normLinear(const NormParams &n, const LinearParams &l,
                              const at::Tensor &x) const {
   if (config_.pointwise == PointwiseKind::Fused)
     return fused::normLinear(x, n.weight, n.bias, l.weight, l.bias,
-                             config_.normEps);
+                             n.eps);
   return linear(l, norm(n, x));
 }
 
 at::Tensor Model::norm(const NormParams &n, const at::Tensor &x) const {
   if (n.rms)
-    return at::rms_norm(x, {x.size(-1)}, n.weight, config_.normEps);
-  return layerNorm(n, x, config_.normEps);
+    return at::rms_norm(x, {x.size(-1)}, n.weight, n.eps);
+  return layerNorm(n, x, n.eps);
 }
 
 at::Tensor Model::rotate(const at::Tensor &x) const {
@@ -485,7 +490,7 @@ at::Tensor Model::attentionProjections(const AttentionParams &p,
       (*sink)(qkv);
     return qkv;
   }
-  at::Tensor normed = layerNorm(p.norm, x, config_.normEps);
+  at::Tensor normed = layerNorm(p.norm, x, p.norm.eps);
   if (sink)
     (*sink)(normed);
   at::Tensor qkv = linear(p.qkv, normed);
@@ -502,7 +507,7 @@ at::Tensor Model::mlpProjections(const MlpParams &p, const at::Tensor &x,
       (*sink)(up);
     return up; // the fused GELU-linear reads it
   }
-  at::Tensor normed = layerNorm(p.norm, x, config_.normEps);
+  at::Tensor normed = layerNorm(p.norm, x, p.norm.eps);
   if (sink)
     (*sink)(normed);
   at::Tensor up = linear(p.up, normed);

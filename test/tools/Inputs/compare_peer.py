@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Runs every bench/peer.py variant from a binary's --dump-init state and
-compares their per-task losses with the binary's metrics, step by step.
+"""Runs every bench/peer.py variant (mtpc's own transformer's; with
+VARIANT..., those) from a binary's --dump-init state and compares their
+per-task losses with the binary's metrics, step by step.
 
-    compare_peer.py BENCH_DIR INIT_DIR METRICS.jsonl STEPS TOL0 TOL
+    compare_peer.py BENCH_DIR INIT_DIR METRICS.jsonl STEPS TOL0 TOL [VARIANT...]
 """
 import json
 import sys
@@ -14,7 +15,9 @@ import peer  # noqa: E402
 steps, tol0, tol = int(steps), float(tol0), float(tol)
 mt = [json.loads(l) for l in open(metrics) if l.strip()]
 bad = 0
-for variant in peer.VARIANTS:
+# `hf` needs a pretrained backbone (test/pretrained/ runs it).
+variants = sys.argv[7:] or [v for v in peer.VARIANTS if v != "hf"]
+for variant in variants:
     out = peer.run(init, variant, steps, threads=1)
     for s in range(steps):
         rel = max(abs(out["loss"][s][i] - mt[s]["loss"][t]) / abs(mt[s]["loss"][t])

@@ -45,6 +45,8 @@ struct LinearParams {
 struct NormParams {
   at::Tensor weight, bias;
   bool rms = false;
+  /// The backbone's: its config's normEps; the heads' (mtpc's own): 1e-5.
+  double eps = 1e-5;
 };
 
 /// Pre-norm attention (norm, fused QKV projection, core, output projection).
