@@ -62,14 +62,10 @@ llvm::Expected<int64_t> integer(const llvm::json::Object &obj, StringRef key,
   return *i;
 }
 
-/// BERT's and RoBERTa's config.json.
-llvm::Expected<PretrainedConfig> readBert(const llvm::json::Object &obj,
-                                          const std::string &path, bool roberta,
-                                          PretrainedConfig &out) {
+/// The dimensions BERT's and Llama's configs name alike.
+llvm::Error readDimensions(const llvm::json::Object &obj,
+                           const std::string &path, mtprt::ModelConfig &m) {
   namespace limits = mtprt::limits;
-  mtprt::ModelConfig &m = out.model;
-  m.kind = mtprt::BackboneKind::Bert;
-  m.pointwise = mtprt::PointwiseKind::Aten;
   for (auto [key, range, into] :
        {std::tuple<StringRef, limits::Range, int64_t *>{
             "num_hidden_layers", limits::kLayers, &m.layers},
@@ -83,6 +79,19 @@ llvm::Expected<PretrainedConfig> readBert(const llvm::json::Object &obj,
       return v.takeError();
     *into = *v;
   }
+  return llvm::Error::success();
+}
+
+/// BERT's and RoBERTa's config.json.
+llvm::Expected<PretrainedConfig> readBert(const llvm::json::Object &obj,
+                                          const std::string &path, bool roberta,
+                                          PretrainedConfig &out) {
+  namespace limits = mtprt::limits;
+  mtprt::ModelConfig &m = out.model;
+  m.kind = mtprt::BackboneKind::Bert;
+  m.pointwise = mtprt::PointwiseKind::Aten;
+  if (llvm::Error e = readDimensions(obj, path, m))
+    return std::move(e);
   if (m.hidden % m.heads)
     return fail(llvm::formatv("{0}: num_attention_heads = {1} does not "
                               "divide hidden_size = {2}",
@@ -134,19 +143,8 @@ llvm::Expected<PretrainedConfig> readLlama(const llvm::json::Object &obj,
   m.kind = mtprt::BackboneKind::Llama;
   m.pointwise = mtprt::PointwiseKind::Aten;
   m.attention = mtprt::AttentionKind::Fused;
-  for (auto [key, range, into] :
-       {std::tuple<StringRef, limits::Range, int64_t *>{
-            "num_hidden_layers", limits::kLayers, &m.layers},
-        {"hidden_size", limits::kHidden, &m.hidden},
-        {"num_attention_heads", limits::kHeads, &m.heads},
-        {"intermediate_size", limits::kFfn, &m.ffn},
-        {"vocab_size", limits::kVocab, &m.vocab},
-        {"max_position_embeddings", limits::kSeq, &m.positions}}) {
-    auto v = integer(obj, key, range, path);
-    if (!v)
-      return v.takeError();
-    *into = *v;
-  }
+  if (llvm::Error e = readDimensions(obj, path, m))
+    return std::move(e);
   m.kvHeads = m.heads;
   if (const llvm::json::Value *v = obj.get("num_key_value_heads");
       v && !v->getAsNull()) {

@@ -125,6 +125,8 @@ constexpr StringRef kTrainKeys[] = {"steps",     "seed",      "data",
                                     "optimizer", "log_every", "save_every"};
 constexpr StringRef kSections[] = {"budget", "strategy", "train"};
 
+class Fields;
+
 class Sema {
 public:
   Sema(StringRef filename, mlir::MLIRContext *context, unsigned maxErrors)
@@ -350,6 +352,8 @@ public:
 private:
   void checkBackbone(const ast::Model &model, CheckedSpec &spec);
   void checkPretrained(const ast::Backbone &bb, CheckedSpec::Backbone &out);
+  /// `attention` and `pointwise` (a pretrained family's: aten only).
+  void checkKernels(Fields &f, CheckedSpec::Backbone &out, bool pretrained);
   void checkTasks(const ast::Model &model, CheckedSpec &spec);
   void checkCorrelations(const ast::Model &model, CheckedSpec &spec);
   void checkBudget(const ast::Section *section, CheckedSpec &spec,
@@ -550,18 +554,7 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
   out.dropout = 0.1;
   if (const ast::Value *v = f.get("dropout"))
     out.dropout = real(*v, "dropout", limits::kDropout).value_or(0.0);
-  if (const ast::Value *v = f.get("attention")) {
-    static const StringRef kinds[] = {"fused", "math"};
-    if (std::optional<StringRef> k = choice(*v, "attention", kinds))
-      out.attention = *symbolizeAttentionKind(*k);
-    out.attentionLoc = v->loc;
-  }
-  if (const ast::Value *v = f.get("pointwise")) {
-    static const StringRef kinds[] = {"fused", "aten"};
-    if (std::optional<StringRef> k = choice(*v, "pointwise", kinds))
-      out.pointwise = *symbolizePointwiseKind(*k);
-    out.pointwiseLoc = v->loc;
-  }
+  checkKernels(f, out, /*pretrained=*/false);
   if (const ast::Value *v = f.get("positions")) {
     out.positions = integer(*v, "positions", limits::kPositions).value_or(0);
     if (*out.positions && *out.positions < out.seq)
@@ -620,6 +613,24 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
       note(diag, f.locOf("heads"),
            "head counts that divide " + std::to_string(out.hidden) +
                " nearby: " + llvm::join(divisors, ", "));
+  }
+}
+
+void Sema::checkKernels(Fields &f, CheckedSpec::Backbone &out,
+                        bool pretrained) {
+  if (const ast::Value *v = f.get("attention")) {
+    static const StringRef kinds[] = {"fused", "math"};
+    if (std::optional<StringRef> k = choice(*v, "attention", kinds))
+      out.attention = *symbolizeAttentionKind(*k);
+    out.attentionLoc = v->loc;
+  }
+  if (const ast::Value *v = f.get("pointwise")) {
+    static const StringRef all[] = {"fused", "aten"}, aten[] = {"aten"};
+    if (std::optional<StringRef> k =
+            choice(*v, "pointwise", pretrained ? ArrayRef<StringRef>(aten)
+                                               : ArrayRef<StringRef>(all)))
+      out.pointwise = *symbolizePointwiseKind(*k);
+    out.pointwiseLoc = v->loc;
   }
 }
 
@@ -711,18 +722,7 @@ void Sema::checkPretrained(const ast::Backbone &bb, CheckedSpec::Backbone &out) 
   }
   if (const ast::Value *v = f.get("dropout"))
     out.dropout = real(*v, "dropout", limits::kDropout).value_or(out.dropout);
-  if (const ast::Value *v = f.get("attention")) {
-    static const StringRef kinds[] = {"fused", "math"};
-    if (std::optional<StringRef> k = choice(*v, "attention", kinds))
-      out.attention = *symbolizeAttentionKind(*k);
-    out.attentionLoc = v->loc;
-  }
-  if (const ast::Value *v = f.get("pointwise")) {
-    static const StringRef kinds[] = {"aten"};
-    if (std::optional<StringRef> k = choice(*v, "pointwise", kinds))
-      out.pointwise = *symbolizePointwiseKind(*k);
-    out.pointwiseLoc = v->loc;
-  }
+  checkKernels(f, out, /*pretrained=*/true);
   if (llvm::Error e = checkPretrainedWeights(dir, m))
     error(dirValue.loc) << llvm::toString(std::move(e));
 }
