@@ -30,8 +30,33 @@ std::string join(StringRef dir, StringRef file) {
   return std::string(p);
 }
 
+/// Whether `text` nests JSON arrays and objects at most `limit` deep:
+/// llvm::json::parse recurses once per level, so hostile nesting is refused
+/// before it.
+bool nestsAtMost(StringRef text, int limit) {
+  int depth = 0;
+  bool inString = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (inString) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        inString = false;
+    } else if (c == '"') {
+      inString = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > limit)
+        return false;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return true;
+}
+
 llvm::Expected<llvm::json::Value> readJson(const std::string &path,
-                                           uint64_t limit) {
+                                           uint64_t limit, int depth) {
   uint64_t size = 0;
   if (std::error_code ec = llvm::sys::fs::file_size(path, size))
     return fail(path + ": " + ec.message());
@@ -42,6 +67,10 @@ llvm::Expected<llvm::json::Value> readJson(const std::string &path,
   auto buf = llvm::MemoryBuffer::getFile(path);
   if (!buf)
     return fail(path + ": " + buf.getError().message());
+  if (!nestsAtMost((*buf)->getBuffer(), depth))
+    return fail(llvm::formatv("{0}: nests deeper than {1} levels; not what a "
+                              "model directory holds",
+                              path, depth));
   auto json = llvm::json::parse((*buf)->getBuffer());
   if (!json)
     return fail(path + ": not valid JSON: " + llvm::toString(json.takeError()));
@@ -233,7 +262,7 @@ llvm::Expected<PretrainedConfig> mtp::readPretrainedConfig(StringRef dir) {
   if (!llvm::sys::fs::exists(path))
     return fail(dir + ": has no config.json; is it a Hugging Face model "
                       "directory (save_pretrained)?");
-  auto json = readJson(path, uint64_t(16) << 20);
+  auto json = readJson(path, uint64_t(16) << 20, /*depth=*/32);
   if (!json)
     return json.takeError();
   const llvm::json::Object *obj = json->getAsObject();
@@ -313,7 +342,7 @@ llvm::Error mtp::checkPretrainedWeights(StringRef dir,
   if (llvm::sys::fs::exists(single)) {
     files.push_back(single);
   } else if (llvm::sys::fs::exists(index)) {
-    auto json = readJson(index, uint64_t(100) << 20);
+    auto json = readJson(index, uint64_t(100) << 20, /*depth=*/2);
     if (!json)
       return json.takeError();
     const llvm::json::Object *obj = json->getAsObject();
@@ -363,6 +392,9 @@ llvm::Error mtp::checkPretrainedWeights(StringRef dir,
       return fail(llvm::formatv("{0}: header length {1} runs past the file's "
                                 "{2} bytes; truncated or not safetensors",
                                 file, n, size));
+    if (!nestsAtMost(bytes.substr(8, n), 3))
+      return fail(file + ": the header nests deeper than 3 levels; not a "
+                         "safetensors header");
     auto json = llvm::json::parse(bytes.substr(8, n));
     if (!json)
       return fail(file + ": the header is not valid JSON: " +
@@ -379,6 +411,10 @@ llvm::Error mtp::checkPretrainedWeights(StringRef dir,
       if (!shape || !dtype)
         return fail(file + ": tensor \"" + key.str() +
                     "\" has no 'shape' or 'dtype'");
+      if (shape->size() > 8)
+        return fail(file + ": tensor \"" + key.str() + "\" has " +
+                    std::to_string(shape->size()) +
+                    " dimensions (at most 8)");
       Stored s{{}, dtype->str(), file};
       for (const llvm::json::Value &d : *shape) {
         std::optional<int64_t> v = d.getAsInteger();
@@ -387,7 +423,9 @@ llvm::Error mtp::checkPretrainedWeights(StringRef dir,
                       "\" has a shape that is not non-negative integers");
         s.shape.push_back(*v);
       }
-      std::string name = key.str();
+      // Old BERT checkpoints' LayerNorm gamma / beta, as the runtime reads
+      // them.
+      std::string name = mtprt::hf::canonical(model.kind, key.str());
       for (const std::string &p : prefixes)
         if (StringRef(name).starts_with(p)) {
           name = name.substr(p.size());

@@ -221,8 +221,11 @@ void StepBuilder::build() {
     const Emitted &qkv = u[0], &core = u[1], &out = u[2], &attnRes = u[3],
                   &attnNorm = u[4], &up = u[5], &act = u[6], &down = u[7],
                   &mlpRes = u[8], &mlpNorm = u[9];
-    if (!grad)
+    if (!grad) { // no task reads this high: only lower taps' gradients join
+      SmallVector<Value> joining = tapGrads.lookup(l - 1);
+      grad = joining.empty() ? Value() : sum(joining, bbLoc);
       continue;
+    }
     Value dR2 = backward(mlpNorm, {grad}).front();
     SmallVector<Value> dRes = backward(mlpRes, {dR2});
     Value dDown = backward(down, {dRes[1]}).front();
@@ -244,8 +247,11 @@ void StepBuilder::build() {
     const Emitted &attnNorm = u[0], &qkv = u[1], &core = u[2], &out = u[3],
                   &attnRes = u[4], &mlpNorm = u[5], &up = u[6], &act = u[7],
                   &down = u[8], &mlpRes = u[9];
-    if (!grad) // no task reads this high: nothing flows back yet
+    if (!grad) { // no task reads this high: only lower taps' gradients join
+      SmallVector<Value> joining = tapGrads.lookup(l - 1);
+      grad = joining.empty() ? Value() : sum(joining, bbLoc);
       continue;
+    }
     SmallVector<Value> dRes = backward(mlpRes, {grad});
     Value dDown = backward(down, {dRes[1]}).front();
     Value dAct = backward(act, {dDown}).front();

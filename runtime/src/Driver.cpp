@@ -22,6 +22,8 @@
 #include <torch/serialize.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -1026,9 +1028,13 @@ int train(const std::string &name, const Program &p, const Options &o) {
         "--export: this model's backbone is mtpc's own transformer, which has "
         "no Hugging Face architecture to export to; declare a gpt2 or "
         "pretrained backbone");
-  if (!o.exportDir.empty() && rank0 &&
-      std::system(("mkdir -p '" + o.exportDir + "'").c_str()) != 0)
-    throw std::runtime_error("--export: cannot create " + o.exportDir);
+  if (!o.exportDir.empty() && rank0) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.exportDir, ec);
+    if (ec)
+      throw std::runtime_error("--export: cannot create " + o.exportDir +
+                               " (" + ec.message() + ")");
+  }
   if (rank0 && !core.model().pretrainedSummary().empty())
     std::fprintf(stderr, "%s\n", core.model().pretrainedSummary().c_str());
   if (!o.dumpHidden.empty() && rank0) {

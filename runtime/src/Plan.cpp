@@ -277,6 +277,16 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
                           {-1, m.vocab - 1});
   m.tokenPad =
       c.range("backbone.token_pad", bb->token_pad(), {-1, m.vocab - 1});
+  if (m.ropeScaling.factor > 0 &&
+      !(m.ropeScaling.highFreqFactor > m.ropeScaling.lowFreqFactor))
+    c.field("backbone.rope_scaling",
+            "high_freq_factor must exceed low_freq_factor");
+  if (m.positionPad >= 0 && m.positionPad + 1 + m.seq > m.positionRows())
+    c.field("backbone.position_pad",
+            "positions from the padding id + 1 run past the " +
+                std::to_string(m.positionRows()) + " position rows");
+  if (m.kind == BackboneKind::Llama && m.attention != AttentionKind::Fused)
+    c.field("backbone.attention", "llama runs the fused attention only");
   m.attentionBias = !bb->no_attention_bias();
   m.mlpBias = !bb->no_mlp_bias();
   if (m.kind != BackboneKind::Transformer && m.pointwise == PointwiseKind::Fused)

@@ -25,6 +25,7 @@
 #include <optional>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -84,32 +85,42 @@ std::optional<st::Dtype> dtypeOf(at::ScalarType t) {
   }
 }
 
-/// One safetensors file, its header checked and its data mapped.
+/// Reads mapped bytes as a stream, without a copy.
+struct MemoryBuffer : std::streambuf {
+  MemoryBuffer(const char *p, size_t n) {
+    char *b = const_cast<char *>(p);
+    setg(b, b, b + n);
+  }
+};
+
+/// One safetensors file, mapped, its header read from the mapping (so the
+/// header and the data are the same file's) and checked.
 class Mapped {
 public:
   explicit Mapped(const std::string &path) : path_(path) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0)
       fail(path, "cannot open (" + std::string(std::strerror(errno)) + ")");
-    struct stat s{};
-    if (::fstat(fd_, &s) != 0 || !S_ISREG(s.st_mode))
-      fail(path, "not a regular file");
-    size_ = static_cast<uint64_t>(s.st_size);
-    std::ifstream in(path, std::ios::binary);
-    header_ = st::readHeader(in, size_, path);
-    if (size_ > 0) {
-      void *p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
-      if (p == MAP_FAILED)
-        fail(path, "cannot map (" + std::string(std::strerror(errno)) + ")");
-      data_ = static_cast<const char *>(p);
+    try {
+      struct stat s{};
+      if (::fstat(fd_, &s) != 0 || !S_ISREG(s.st_mode))
+        fail(path, "not a regular file");
+      size_ = static_cast<uint64_t>(s.st_size);
+      if (size_ > 0) {
+        void *p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+        if (p == MAP_FAILED)
+          fail(path, "cannot map (" + std::string(std::strerror(errno)) + ")");
+        data_ = static_cast<const char *>(p);
+      }
+      MemoryBuffer buffer(data_ ? data_ : "", size_);
+      std::istream in(&buffer);
+      header_ = st::readHeader(in, size_, path);
+    } catch (...) {
+      release();
+      throw;
     }
   }
-  ~Mapped() {
-    if (data_)
-      ::munmap(const_cast<char *>(data_), size_);
-    if (fd_ >= 0)
-      ::close(fd_);
-  }
+  ~Mapped() { release(); }
   Mapped(const Mapped &) = delete;
   Mapped &operator=(const Mapped &) = delete;
 
@@ -131,6 +142,15 @@ public:
   }
 
 private:
+  void release() {
+    if (data_)
+      ::munmap(const_cast<char *>(data_), size_);
+    data_ = nullptr;
+    if (fd_ >= 0)
+      ::close(fd_);
+    fd_ = -1;
+  }
+
   std::string path_;
   int fd_ = -1;
   uint64_t size_ = 0;
@@ -274,7 +294,12 @@ void writeSafetensors(
     const std::vector<std::pair<std::string, std::string>> &metadata) {
   std::vector<st::Entry> entries;
   std::vector<at::Tensor> data;
+  std::set<std::string> names;
   for (const auto &[name, t] : tensors) {
+    // A name twice would make a header of one entry over two tensors' data.
+    if (!names.insert(name).second)
+      throw std::invalid_argument("mtprt: safetensors " + path + ": tensor \"" +
+                                  name + "\" is given twice");
     const std::optional<st::Dtype> d = dtypeOf(t.scalar_type());
     if (!d)
       throw std::invalid_argument("mtprt: safetensors " + path + ": tensor \"" +
@@ -374,17 +399,26 @@ void exportPretrained(const Model &model, const std::string &dir,
   }
   // The source's own tensors of the base model that mtprt has no parameter
   // for (BERT's pooler) go out as they came in: nothing is lost.
-  if (!source.empty()) {
+  // Best effort: the source may have moved during a long run, and the
+  // trained weights must be written whatever happened to it.
+  if (!source.empty()) try {
     std::set<std::string> ours;
     for (const hf::Tensor &t : names)
       ours.insert(t.name);
     const std::vector<std::string> prefixes = hf::prefixes(c.kind);
-    for (const std::string &file : modelFiles(source)) {
-      Mapped m(file);
-      bool prefixed = false;
-      for (const st::Entry &e : m.header().tensors)
+    std::vector<std::unique_ptr<Mapped>> files;
+    for (const std::string &file : modelFiles(source))
+      files.push_back(std::make_unique<Mapped>(file));
+    // A task model's checkpoint prefixes its base model's names; what has
+    // no prefix there (cls.*, lm_head.*) is not the base model's.
+    bool prefixed = false;
+    for (const auto &m : files)
+      for (const st::Entry &e : m->header().tensors)
         for (const std::string &p : prefixes)
           prefixed |= e.name.rfind(p, 0) == 0;
+    std::set<std::string> carried;
+    for (const auto &mp : files) {
+      const Mapped &m = *mp;
       for (const st::Entry &e : m.header().tensors) {
         std::string name = hf::canonical(c.kind, e.name);
         bool base = !prefixed;
@@ -394,10 +428,16 @@ void exportPretrained(const Model &model, const std::string &dir,
             base = true;
             break;
           }
-        if (base && !ours.count(name) && !hf::ignored(c.kind, name))
+        if (base && !ours.count(name) && !hf::ignored(c.kind, name) &&
+            carried.insert(name).second)
           backbone.emplace_back(name, m.view(e).clone());
       }
     }
+  } catch (const PretrainedError &e) {
+    std::fprintf(stderr,
+                 "mtprt: --export: the source's other tensors are not carried "
+                 "through (%s); the trained backbone is written\n",
+                 e.what());
   }
   writeSafetensors(dir + "/model.safetensors", backbone, {{"format", "pt"}});
 
@@ -422,8 +462,14 @@ void exportPretrained(const Model &model, const std::string &dir,
     std::ifstream in(source + "/config.json");
     config = nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/
                                            false);
-    if (!config.is_object())
+    if (!config.is_object()) {
+      std::fprintf(stderr,
+                   "mtprt: --export: %s/config.json is not a JSON object "
+                   "any more; writing the family's config without its "
+                   "other fields\n",
+                   source.c_str());
       config = nlohmann::ordered_json::object();
+    }
   }
   config["model_type"] = hf::modelType(c.kind);
   if (c.kind == BackboneKind::Gpt2) {
