@@ -113,6 +113,11 @@ void StepBuilder::build() {
   SmallVector<TaskOp> tasks(model.getTasks());
   const int64_t layers = backbone.getLayers();
   const bool postNorm = backbone.isPostNorm();
+  // The highest layer a task reads: the step (and the runtime) runs no
+  // layer above it — nothing would read it or flow back through it.
+  int64_t top = 0;
+  for (TaskOp task : tasks)
+    top = std::max<int64_t>(top, task.getTapLayer());
 
   auto step = b.create<StepOp>(loc);
   b.setInsertionPointToEnd(&step.getBody().front());
@@ -161,7 +166,7 @@ void StepBuilder::build() {
   chain.push_back(forward(UnitKind::embed, 0, {}, {tokens}, bbLoc));
   Value x = chain.back().op.getOutput();
   runHeads(0, x);
-  for (int64_t l = 1; l <= layers; ++l) {
+  for (int64_t l = 1; l <= top; ++l) {
     auto unit = [&](UnitKind kind, ValueRange in) {
       chain.push_back(forward(kind, l, {}, in, bbLoc));
       return chain.back().op.getOutput();
@@ -193,7 +198,7 @@ void StepBuilder::build() {
     x = unit(UnitKind::mlp_residual, {y, down});
     // GPT-2's ln_f: layer L's output as the heads (and Hugging Face's last
     // hidden state) see it.
-    if (l == layers && backbone.hasFinalNorm())
+    if (l == layers && backbone.hasFinalNorm()) // top == layers here
       x = unit(UnitKind::final_norm, {x});
     runHeads(l, x);
   }
@@ -211,12 +216,12 @@ void StepBuilder::build() {
 
   // The backbone backward from the top; where a head reads, its tap
   // gradient joins the stream.
-  SmallVector<Value> pending = tapGrads.lookup(layers);
+  SmallVector<Value> pending = tapGrads.lookup(top);
   Value grad = pending.empty() ? Value() : sum(pending, bbLoc);
-  if (grad && backbone.hasFinalNorm())
+  if (grad && backbone.hasFinalNorm() && top == layers)
     grad = backward(chain.back(), {grad}).front();
   // Units of layer l, in chain order: 1 + 10 * (l - 1) .. 10 * l.
-  for (int64_t l = layers; l >= 1 && postNorm; --l) {
+  for (int64_t l = top; l >= 1 && postNorm; --l) {
     const Emitted *u = &chain[1 + 10 * (l - 1)];
     const Emitted &qkv = u[0], &core = u[1], &out = u[2], &attnRes = u[3],
                   &attnNorm = u[4], &up = u[5], &act = u[6], &down = u[7],
@@ -242,7 +247,7 @@ void StepBuilder::build() {
     llvm::append_range(joining, tapGrads.lookup(l - 1));
     grad = sum(joining, bbLoc);
   }
-  for (int64_t l = layers; l >= 1 && !postNorm; --l) {
+  for (int64_t l = top; l >= 1 && !postNorm; --l) {
     const Emitted *u = &chain[1 + 10 * (l - 1)];
     const Emitted &attnNorm = u[0], &qkv = u[1], &core = u[2], &out = u[3],
                   &attnRes = u[4], &mlpNorm = u[5], &up = u[6], &act = u[7],

@@ -910,7 +910,13 @@ void TrainerCore::runBackbone(const Schedule &s) {
   std::vector<bool> partialUnit(model_->numUnits(), false);
   for (int64_t u : s.partialUnits)
     partialUnit[u] = true;
-  for (int64_t u = 0; u < model_->numUnits();) {
+  // Up to the highest layer a head reads: above it nothing would read the
+  // output or flow back (mtpc's step IR stops there too).
+  int64_t top = 0;
+  for (const HeadConfig &h : model_->heads())
+    top = std::max(top, h.tap);
+  const int64_t end = std::min(Model::tapUnit(top), model_->numUnits() - 1);
+  for (int64_t u = 0; u <= end;) {
     const int64_t last = regionEnd[u] < 0 ? u : regionEnd[u];
     const ValueId next =
         forward(u, last, x,
