@@ -4,6 +4,7 @@
 
 #include "mtprt/HfNames.h"
 #include "mtprt/Limits.h"
+#include "mtprt/Safetensors.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
@@ -30,29 +31,12 @@ std::string join(StringRef dir, StringRef file) {
   return std::string(p);
 }
 
-/// Whether `text` nests JSON arrays and objects at most `limit` deep:
-/// llvm::json::parse recurses once per level, so hostile nesting is refused
-/// before it.
+/// Whether `text` nests JSON at most `limit` deep: llvm::json::parse
+/// recurses once per level, so hostile nesting is refused before it.
 bool nestsAtMost(StringRef text, int limit) {
-  int depth = 0;
-  bool inString = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (inString) {
-      if (c == '\\')
-        ++i;
-      else if (c == '"')
-        inString = false;
-    } else if (c == '"') {
-      inString = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > limit)
-        return false;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return true;
+  return mtprt::safetensors::nestingPast(std::string_view(text.data(),
+                                                          text.size()),
+                                         limit) == std::string_view::npos;
 }
 
 llvm::Expected<llvm::json::Value> readJson(const std::string &path,
@@ -111,6 +95,39 @@ llvm::Error readDimensions(const llvm::json::Object &obj,
   return llvm::Error::success();
 }
 
+/// The norms' epsilon, the dropout and the activation, under the family's
+/// keys and defaults.
+llvm::Error readNormDropoutAct(const llvm::json::Object &obj,
+                               const std::string &path, StringRef epsKey,
+                               double eps, StringRef dropoutKey,
+                               double dropout, StringRef act, StringRef family,
+                               PretrainedConfig &out) {
+  namespace limits = mtprt::limits;
+  out.model.normEps = obj.getNumber(epsKey).value_or(eps);
+  if (!limits::kNormEps.contains(out.model.normEps))
+    return fail(path + ": '" + epsKey + "' must be in (0, 0.5]");
+  out.dropout = obj.getNumber(dropoutKey).value_or(dropout);
+  if (!limits::kDropout.contains(out.dropout))
+    return fail(path + ": '" + dropoutKey + "' must be in [0, 1)");
+  if (std::optional<StringRef> a = obj.getString("hidden_act"))
+    if (*a != act)
+      return fail(path + ": hidden_act '" + *a + "' is not supported (" +
+                  family + " runs " + act + ")");
+  return llvm::Error::success();
+}
+
+/// pad_token_id, the token embedding's padding_idx (`none`: -1).
+llvm::Error readTokenPad(const llvm::json::Object &obj, const std::string &path,
+                         int64_t none, mtprt::ModelConfig &m) {
+  m.tokenPad = none;
+  if (std::optional<int64_t> pad = obj.getInteger("pad_token_id")) {
+    if (*pad < 0 || *pad >= m.vocab)
+      return fail(path + ": 'pad_token_id' is not a token id");
+    m.tokenPad = *pad;
+  }
+  return llvm::Error::success();
+}
+
 /// BERT's and RoBERTa's config.json.
 llvm::Expected<PretrainedConfig> readBert(const llvm::json::Object &obj,
                                           const std::string &path, bool roberta,
@@ -128,36 +145,25 @@ llvm::Expected<PretrainedConfig> readBert(const llvm::json::Object &obj,
   m.typeVocab = obj.getInteger("type_vocab_size").value_or(2);
   if (m.typeVocab < 1 || m.typeVocab > (1 << 20))
     return fail(path + ": 'type_vocab_size' must be in [1, 1048576]");
-  m.normEps = obj.getNumber("layer_norm_eps").value_or(1e-12);
-  if (!limits::kNormEps.contains(m.normEps))
-    return fail(path + ": 'layer_norm_eps' must be in (0, 0.5]");
-  out.dropout = obj.getNumber("hidden_dropout_prob").value_or(0.1);
-  if (!limits::kDropout.contains(out.dropout))
-    return fail(path + ": 'hidden_dropout_prob' must be in [0, 1)");
-  if (std::optional<StringRef> act = obj.getString("hidden_act"))
-    if (*act != "gelu")
-      return fail(path + ": hidden_act '" + *act +
-                  "' is not supported (bert runs gelu)");
+  if (llvm::Error e = readNormDropoutAct(obj, path, "layer_norm_eps", 1e-12,
+                                         "hidden_dropout_prob", 0.1, "gelu",
+                                         "bert", out))
+    return std::move(e);
   if (std::optional<StringRef> p = obj.getString("position_embedding_type"))
     if (*p != "absolute")
       return fail(path + ": position_embedding_type '" + *p +
                   "' is not supported (absolute)");
   if (obj.getBoolean("is_decoder").value_or(false))
     return fail(path + ": a decoder BERT (is_decoder) is not supported");
-  // BERT's and RoBERTa's word embeddings have padding_idx = pad_token_id.
-  if (std::optional<int64_t> pad = obj.getInteger("pad_token_id")) {
-    if (*pad < 0 || *pad >= m.vocab)
-      return fail(path + ": 'pad_token_id' is not a token id");
-    m.tokenPad = *pad;
-  } else if (!roberta) {
-    m.tokenPad = 0; // BertConfig's default
-  }
+  // BERT's and RoBERTa's word embeddings have padding_idx = pad_token_id
+  // (BertConfig's default 0); RoBERTa's positions count from it + 1.
+  if (llvm::Error e = readTokenPad(obj, path, roberta ? -1 : 0, m))
+    return std::move(e);
   if (roberta) {
-    std::optional<int64_t> pad = obj.getInteger("pad_token_id");
-    if (!pad || *pad < 0 || *pad >= m.vocab || *pad + 1 >= m.positions)
+    if (m.tokenPad < 0 || m.tokenPad + 1 >= m.positions)
       return fail(path + ": RoBERTa's 'pad_token_id' must be a token id "
                          "below max_position_embeddings - 1");
-    m.positionPad = *pad;
+    m.positionPad = m.tokenPad;
   }
   return std::move(out);
 }
@@ -193,23 +199,14 @@ llvm::Expected<PretrainedConfig> readLlama(const llvm::json::Object &obj,
                          "num_attention_heads is not supported");
   if ((m.hidden / m.heads) % 2)
     return fail(path + ": rotary positions need an even head size");
-  m.normEps = obj.getNumber("rms_norm_eps").value_or(1e-6);
-  if (!limits::kNormEps.contains(m.normEps))
-    return fail(path + ": 'rms_norm_eps' must be in (0, 0.5]");
-  out.dropout = obj.getNumber("attention_dropout").value_or(0.0);
-  if (!limits::kDropout.contains(out.dropout))
-    return fail(path + ": 'attention_dropout' must be in [0, 1)");
-  if (std::optional<StringRef> act = obj.getString("hidden_act"))
-    if (*act != "silu")
-      return fail(path + ": hidden_act '" + *act +
-                  "' is not supported (llama runs silu)");
+  if (llvm::Error e = readNormDropoutAct(obj, path, "rms_norm_eps", 1e-6,
+                                         "attention_dropout", 0.0, "silu",
+                                         "llama", out))
+    return std::move(e);
   m.attentionBias = obj.getBoolean("attention_bias").value_or(false);
   // LlamaModel's embed_tokens has padding_idx = pad_token_id.
-  if (std::optional<int64_t> pad = obj.getInteger("pad_token_id")) {
-    if (*pad < 0 || *pad >= m.vocab)
-      return fail(path + ": 'pad_token_id' is not a token id");
-    m.tokenPad = *pad;
-  }
+  if (llvm::Error e = readTokenPad(obj, path, -1, m))
+    return std::move(e);
   m.mlpBias = obj.getBoolean("mlp_bias").value_or(false);
   if (obj.getInteger("pretraining_tp").value_or(1) != 1)
     return fail(path + ": pretraining_tp other than 1 is not supported");

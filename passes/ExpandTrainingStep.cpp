@@ -221,54 +221,38 @@ void StepBuilder::build() {
   if (grad && backbone.hasFinalNorm() && top == layers)
     grad = backward(chain.back(), {grad}).front();
   // Units of layer l, in chain order: 1 + 10 * (l - 1) .. 10 * l.
-  for (int64_t l = top; l >= 1 && postNorm; --l) {
+  for (int64_t l = top; l >= 1; --l) {
     const Emitted *u = &chain[1 + 10 * (l - 1)];
-    const Emitted &qkv = u[0], &core = u[1], &out = u[2], &attnRes = u[3],
-                  &attnNorm = u[4], &up = u[5], &act = u[6], &down = u[7],
-                  &mlpRes = u[8], &mlpNorm = u[9];
     if (!grad) { // no task reads this high: only lower taps' gradients join
       SmallVector<Value> joining = tapGrads.lookup(l - 1);
       grad = joining.empty() ? Value() : sum(joining, bbLoc);
       continue;
     }
-    Value dR2 = backward(mlpNorm, {grad}).front();
-    SmallVector<Value> dRes = backward(mlpRes, {dR2});
-    Value dDown = backward(down, {dRes[1]}).front();
-    Value dAct = backward(act, {dDown}).front();
-    Value dUp = backward(up, {dAct}).front();
-    Value dy = sum({dRes[0], dUp}, bbLoc);
-    Value dR = backward(attnNorm, {dy}).front();
-    SmallVector<Value> dAttnRes = backward(attnRes, {dR});
-    Value dCtx = backward(out, {dAttnRes[1]}).front();
-    Value dQkv = backward(core, {dCtx}).front();
-    Value dx = backward(qkv, {dQkv}).front();
-    grad = sum({dAttnRes[0], dx}, bbLoc);
-    SmallVector<Value> joining{grad};
-    llvm::append_range(joining, tapGrads.lookup(l - 1));
-    grad = sum(joining, bbLoc);
-  }
-  for (int64_t l = top; l >= 1 && !postNorm; --l) {
-    const Emitted *u = &chain[1 + 10 * (l - 1)];
-    const Emitted &attnNorm = u[0], &qkv = u[1], &core = u[2], &out = u[3],
-                  &attnRes = u[4], &mlpNorm = u[5], &up = u[6], &act = u[7],
-                  &down = u[8], &mlpRes = u[9];
-    if (!grad) { // no task reads this high: only lower taps' gradients join
-      SmallVector<Value> joining = tapGrads.lookup(l - 1);
-      grad = joining.empty() ? Value() : sum(joining, bbLoc);
-      continue;
+    if (postNorm) {
+      // qkv, core, out, residual, norm; up, act, down, residual, norm.
+      Value dR2 = backward(u[9], {grad}).front();
+      SmallVector<Value> dRes = backward(u[8], {dR2});
+      Value dDown = backward(u[7], {dRes[1]}).front();
+      Value dAct = backward(u[6], {dDown}).front();
+      Value dy = sum({dRes[0], backward(u[5], {dAct}).front()}, bbLoc);
+      Value dR = backward(u[4], {dy}).front();
+      SmallVector<Value> dAttnRes = backward(u[3], {dR});
+      Value dCtx = backward(u[2], {dAttnRes[1]}).front();
+      Value dQkv = backward(u[1], {dCtx}).front();
+      grad = sum({dAttnRes[0], backward(u[0], {dQkv}).front()}, bbLoc);
+    } else {
+      // norm, qkv, core, out, residual; norm, up, act, down, residual.
+      SmallVector<Value> dRes = backward(u[9], {grad});
+      Value dDown = backward(u[8], {dRes[1]}).front();
+      Value dAct = backward(u[7], {dDown}).front();
+      Value dUp = backward(u[6], {dAct}).front();
+      Value dy = sum({dRes[0], backward(u[5], {dUp}).front()}, bbLoc);
+      SmallVector<Value> dAttnRes = backward(u[4], {dy});
+      Value dCtx = backward(u[3], {dAttnRes[1]}).front();
+      Value dQkv = backward(u[2], {dCtx}).front();
+      Value dN = backward(u[1], {dQkv}).front();
+      grad = sum({dAttnRes[0], backward(u[0], {dN}).front()}, bbLoc);
     }
-    SmallVector<Value> dRes = backward(mlpRes, {grad});
-    Value dDown = backward(down, {dRes[1]}).front();
-    Value dAct = backward(act, {dDown}).front();
-    Value dUp = backward(up, {dAct}).front();
-    Value dNorm = backward(mlpNorm, {dUp}).front();
-    Value dy = sum({dRes[0], dNorm}, bbLoc);
-    SmallVector<Value> dAttnRes = backward(attnRes, {dy});
-    Value dCtx = backward(out, {dAttnRes[1]}).front();
-    Value dQkv = backward(core, {dCtx}).front();
-    Value dN = backward(qkv, {dQkv}).front();
-    Value dx = backward(attnNorm, {dN}).front();
-    grad = sum({dAttnRes[0], dx}, bbLoc);
     SmallVector<Value> joining{grad};
     llvm::append_range(joining, tapGrads.lookup(l - 1));
     grad = sum(joining, bbLoc);

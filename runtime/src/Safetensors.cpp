@@ -37,27 +37,10 @@ std::string shown(const std::string &s) {
 /// header is an object of objects holding arrays: three levels).
 void boundNesting(const std::string &text, int limit, const std::string &path,
                   const char *what) {
-  int depth = 0;
-  bool inString = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (inString) {
-      if (c == '\\')
-        ++i;
-      else if (c == '"')
-        inString = false;
-      continue;
-    }
-    if (c == '"')
-      inString = true;
-    else if (c == '{' || c == '[') {
-      if (++depth > limit)
-        fail(path, std::string(what) + " nests deeper than " +
-                       std::to_string(limit) + " levels at byte " +
-                       std::to_string(i) + "; not a safetensors " + what);
-    } else if (c == '}' || c == ']')
-      --depth;
-  }
+  if (size_t at = nestingPast(text, limit); at != std::string_view::npos)
+    fail(path, std::string(what) + " nests deeper than " +
+                   std::to_string(limit) + " levels at byte " +
+                   std::to_string(at) + "; not a safetensors " + what);
 }
 
 Json parse(const std::string &text, const std::string &path,

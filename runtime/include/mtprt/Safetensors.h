@@ -25,6 +25,7 @@
 #include <iosfwd>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -32,6 +33,31 @@ namespace mtprt::safetensors {
 
 /// The element types the format names (F8 types are refused by name).
 enum class Dtype { F64, F32, F16, BF16, I64, I32, I16, I8, U8, Bool };
+
+/// Where `text` first nests JSON arrays and objects deeper than `limit`
+/// (strings skipped), or std::string_view::npos: recursive JSON parsers
+/// (llvm::json in mtpc, nlohmann's value tree) see only bounded nesting.
+inline size_t nestingPast(std::string_view text, int limit) {
+  int depth = 0;
+  bool inString = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (inString) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        inString = false;
+    } else if (c == '"') {
+      inString = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > limit)
+        return i;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return std::string_view::npos;
+}
 
 /// "F32", "BF16", ...
 const char *name(Dtype dtype);
