@@ -44,6 +44,7 @@ Usage (prints one JSON object):
             [--resources] [--profile TRACE.json]
 """
 import argparse
+import re
 import functools
 import gc
 import json
@@ -59,6 +60,23 @@ from torch.utils.checkpoint import checkpoint
 VARIANTS = ("none", "uniform", "selective", "offload",
             "sdpa", "compile", "compile_budget50", "compile_budget30", "hf")
 COMPILED = {"compile": None, "compile_budget50": 0.5, "compile_budget30": 0.3}
+
+
+def layer_of(name, layers):
+    """The layer a backbone parameter belongs to (0: the embeddings, layers:
+    the last with the final norm), by mtprt's or Hugging Face's name; None
+    for a head's."""
+    if name.startswith("head."):
+        return None
+    m = re.match(r"layer(\d+)\.", name)  # mtprt's, 1-based
+    if m:
+        return int(m.group(1))
+    m = re.search(r"(?:^|\.)(?:h|layers|layer)\.(\d+)\.", name)  # HF's, 0-based
+    if m:
+        return int(m.group(1)) + 1
+    if name.startswith("final.") or "ln_f." in name or re.match(r"(model\.)?norm\.", name):
+        return layers
+    return 0
 
 
 def load_init(path):
@@ -136,9 +154,28 @@ class PeerModel:
                 return (CheckpointPolicy.MUST_SAVE if op in save
                         else CheckpointPolicy.PREFER_RECOMPUTE)
             self.context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+        self.freeze(self.p.items())
 
     def backbone_parameters(self):
-        return [v for k, v in self.p.items() if not k.startswith("head.")]
+        return [v for k, v in self.p.items()
+                if not k.startswith("head.") and v.requires_grad]
+
+    def freeze(self, named):
+        """The spec's freeze: the frozen layers' parameters get no gradient
+        (and, left out of backbone_parameters, no optimizer state)."""
+        f = self.c.get("freeze")
+        if not f:
+            return
+        for name, p in named:
+            layer = layer_of(name, self.c["layers"])
+            if layer is not None and f[0] <= layer <= f[1]:
+                p.requires_grad_(False)
+
+    def no_grad_top(self):
+        """The frozen run from the embeddings up (-1: none), whose taps carry
+        no gradient."""
+        f = self.c.get("freeze")
+        return f[1] if f and f[0] == 0 else -1
 
     def head_parameters(self, name):
         prefix = "head." + name + "."
@@ -252,9 +289,10 @@ class HfPeerModel(PeerModel):
             kwargs["add_pooling_layer"] = False
         self.hf = transformers.AutoModel.from_pretrained(weights, **kwargs).to(device)
         self.hf.train()
+        self.freeze(self.hf.named_parameters())
 
     def backbone_parameters(self):
-        return list(self.hf.parameters())
+        return [p for p in self.hf.parameters() if p.requires_grad]
 
     def losses(self, tokens, labels):
         hidden = self.hf(input_ids=tokens, output_hidden_states=True).hidden_states
@@ -380,8 +418,10 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
         total = sum(w * l for w, l in zip(weights, task_losses))
         total.backward()
         del total
-        n = len(task_losses)
-        for p in backbone:  # features scope, uniform α = 1/T on the tap gradients
+        # Features scope, uniform α = 1/T over the tasks whose tap carries a
+        # gradient (a tap in the frozen run from the embeddings has none).
+        n = sum(1 for c in config["heads"] if c["tap"] > model.no_grad_top()) or 1
+        for p in backbone:
             if p.grad is not None:
                 p.grad.mul_(1.0 / n)
         for g, c in zip(opt.param_groups, lr_configs):

@@ -625,6 +625,12 @@ LogicalResult BackboneOp::verify() {
              << pad << ": a token id whose + 1 + seq = " << end
              << " fits the " << getPositionRows() << " position rows";
   }
+  if (std::optional<ArrayRef<int64_t>> f = getFreeze())
+    if (f->size() != 2 || (*f)[0] < 0 || (*f)[0] > (*f)[1] ||
+        (*f)[1] > int64_t(getLayers()))
+      return emitOpError("freeze holds [first, last] with 0 <= first <= "
+                         "last <= layers (")
+             << getLayers() << ")";
   if (getWeights() && getKind() == BackboneKind::transformer)
     return emitOpError("a transformer backbone has no Hugging Face weights "
                        "to load; declare the checkpoint's family");

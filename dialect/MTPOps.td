@@ -77,6 +77,10 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
     `layers`' output passes through); `positions` rows of learned
     positions (default `seq`), `norm_eps` the norms' epsilon (1e-5), and
     `weights` a Hugging Face directory whose weights the binary loads.
+    `freeze = array<i64: first, last>` keeps layers first..last (0: the
+    embeddings; `layers`: the last layer with the final norm) out of the
+    optimizer: no gradients, no optimizer state. Frozen from the embeddings
+    up, those layers run without autograd and keep nothing for a backward.
 
     ```mlir
     mtp.backbone transformer(layers = 24, hidden = 1024, heads = 16,
@@ -104,7 +108,8 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
                        OptionalAttr<BoolAttr>:$mlp_bias,
                        OptionalAttr<I64Attr>:$type_vocab,
                        OptionalAttr<I64Attr>:$position_pad,
-                       OptionalAttr<I64Attr>:$token_pad);
+                       OptionalAttr<I64Attr>:$token_pad,
+                       OptionalAttr<DenseI64ArrayAttr>:$freeze);
   let assemblyFormat = [{
     $kind `(` `layers` `=` $layers `,` `hidden` `=` $hidden `,`
               `heads` `=` $heads `,` `ffn` `=` $ffn `,`
@@ -115,7 +120,7 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
               (`rope_theta` $rope_theta^)? (`rope_scaling` $rope_scaling^)?
               (`attention_bias` $attention_bias^)? (`mlp_bias` $mlp_bias^)?
               (`type_vocab` $type_vocab^)? (`position_pad` $position_pad^)?
-              (`token_pad` $token_pad^)?
+              (`token_pad` $token_pad^)? (`freeze` $freeze^)?
               attr-dict
   }];
   let hasVerifier = 1;
@@ -143,6 +148,18 @@ def MTP_BackboneOp : MTP_Op<"backbone", [HasParent<"ModelOp">]> {
       return getKind() == BackboneKind::gpt2 || isLlama();
     }
     bool isLlama() { return getKind() == BackboneKind::llama; }
+    /// Whether `freeze` keeps layer `layer`'s parameters (0: the
+    /// embeddings) out of the optimizer.
+    bool isFrozen(int64_t layer) {
+      std::optional<::llvm::ArrayRef<int64_t>> f = getFreeze();
+      return f && f->size() == 2 && layer >= (*f)[0] && layer <= (*f)[1];
+    }
+    /// The top layer of the frozen run that starts at the embeddings: it
+    /// and everything below run without autograd (-1: none do).
+    int64_t getNoGradTop() {
+      std::optional<::llvm::ArrayRef<int64_t>> f = getFreeze();
+      return f && f->size() == 2 && (*f)[0] == 0 ? (*f)[1] : -1;
+    }
     /// Llama's: RMSNorm, rotary positions (no position table), a SwiGLU
     /// MLP whose up-projection holds the gate's and the up's rows.
     bool hasRmsNorm() { return isLlama(); }

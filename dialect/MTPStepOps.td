@@ -47,11 +47,13 @@ def MTP_WeightsOp : MTP_Op<"weights", [HasParent<"StepOp">,
     `params` elements of `dtype` (fp32 master weights), their gradients
     (allocated by the group's first backward unit, kept until the optimizer
     step) and AdamW's two fp32 moments (created at the first step, then
-    resident).
+    resident). A `frozen` group (the backbone's `freeze`) has neither.
   }];
   let arguments = (ins StrAttr:$group, MTP_NonNegativeI64Attr:$params,
-                       OptionalAttr<FlatSymbolRefAttr>:$task);
-  let assemblyFormat = "$group ($task^)? `params` $params attr-dict";
+                       OptionalAttr<FlatSymbolRefAttr>:$task,
+                       UnitAttr:$frozen);
+  let assemblyFormat =
+      "$group ($task^)? `params` $params (`frozen` $frozen^)? attr-dict";
 }
 
 def MTP_FwdOp : MTP_Op<"fwd", [

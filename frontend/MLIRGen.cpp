@@ -42,7 +42,10 @@ public:
         bb.typeVocab ? builder.getI64IntegerAttr(*bb.typeVocab) : IntegerAttr(),
         bb.positionPad ? builder.getI64IntegerAttr(*bb.positionPad)
                        : IntegerAttr(),
-        bb.tokenPad ? builder.getI64IntegerAttr(*bb.tokenPad) : IntegerAttr());
+        bb.tokenPad ? builder.getI64IntegerAttr(*bb.tokenPad) : IntegerAttr(),
+        bb.freeze ? builder.getDenseI64ArrayAttr(
+                        {bb.freeze->first, bb.freeze->second})
+                  : DenseI64ArrayAttr());
 
     for (const CheckedSpec::Task &t : spec.tasks) {
       auto task = builder.create<TaskOp>(

@@ -100,7 +100,7 @@ constexpr Deferred kDeferredBudget[] = {
 constexpr StringRef kBackboneKeys[] = {
     "layers",    "hidden",    "heads",     "ffn",       "vocab",
     "seq",       "dropout",   "attention", "pointwise", "positions",
-    "norm_eps",  "kv_heads",  "rope_theta", "type_vocab"};
+    "norm_eps",  "kv_heads",  "rope_theta", "type_vocab", "freeze"};
 /// What a pretrained backbone's config.json fixes (and its name there:
 /// GPT-2's, Llama's).
 constexpr std::tuple<StringRef, StringRef, StringRef> kFixedByCheckpoint[] = {
@@ -355,6 +355,7 @@ private:
   /// `attention` and `pointwise` (a pretrained family's: aten only).
   void checkKernels(Fields &f, CheckedSpec::Backbone &out, bool pretrained);
   void checkTasks(const ast::Model &model, CheckedSpec &spec);
+  void checkFreeze(Fields &f, CheckedSpec::Backbone &out);
   void checkCorrelations(const ast::Model &model, CheckedSpec &spec);
   void checkBudget(const ast::Section *section, CheckedSpec &spec,
                    Location modelLoc);
@@ -555,6 +556,7 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
   if (const ast::Value *v = f.get("dropout"))
     out.dropout = real(*v, "dropout", limits::kDropout).value_or(0.0);
   checkKernels(f, out, /*pretrained=*/false);
+  checkFreeze(f, out);
   if (const ast::Value *v = f.get("positions")) {
     out.positions = integer(*v, "positions", limits::kPositions).value_or(0);
     if (*out.positions && *out.positions < out.seq)
@@ -632,6 +634,64 @@ void Sema::checkKernels(Fields &f, CheckedSpec::Backbone &out,
       out.pointwise = *symbolizePointwiseKind(*k);
     out.pointwiseLoc = v->loc;
   }
+}
+
+/// freeze = none | embeddings | all | layers(first, last), 0 the embeddings.
+void Sema::checkFreeze(Fields &f, CheckedSpec::Backbone &out) {
+  const ast::Value *v = f.get("freeze");
+  if (!v)
+    return;
+  out.freezeLoc = v->loc;
+  const int64_t layers = out.layers;
+  auto forms = [&](mlir::InFlightDiagnostic &diag) {
+    note(diag, v->loc,
+         "write freeze = embeddings, freeze = all, or freeze = layers(first, "
+         "last) with 0 <= first <= last <= " +
+             std::to_string(layers) + " (0: the embeddings)");
+  };
+  if (v->kind == ast::Value::Kind::Ident && !v->hasBlock) {
+    if (v->name == "none")
+      return;
+    if (v->name == "embeddings") {
+      out.freeze = {0, 0};
+      return;
+    }
+    if (v->name == "all") {
+      out.freeze = {0, layers};
+      return;
+    }
+  }
+  if (v->kind != ast::Value::Kind::Call || v->name != "layers" ||
+      v->hasBlock) {
+    auto diag = error(v->loc);
+    diag << "'freeze' expects none, embeddings, all or layers(first, last), "
+            "got "
+         << v->kindName();
+    if (!v->name.empty())
+      diag << " '" << v->name << "'";
+    forms(diag);
+    return;
+  }
+  if (v->args.size() != 2 || !v->args[0].key.empty() ||
+      !v->args[1].key.empty()) {
+    auto diag = error(v->loc);
+    diag << "layers(...) takes two positional layer numbers, the first and "
+            "the last frozen layer";
+    forms(diag);
+    return;
+  }
+  std::optional<int64_t> first =
+      integer(v->args[0].value, "first", 0, std::max<int64_t>(0, layers));
+  std::optional<int64_t> last =
+      integer(v->args[1].value, "last", 0, std::max<int64_t>(0, layers));
+  if (!first || !last)
+    return;
+  if (*first > *last) {
+    error(v->args[1].loc) << "layers(" << *first << ", " << *last
+                          << "): the last frozen layer is below the first";
+    return;
+  }
+  out.freeze = {*first, *last};
 }
 
 /// `backbone pretrained("DIR") { overrides }`: the family and dimensions
@@ -712,7 +772,7 @@ void Sema::checkPretrained(const ast::Backbone &bb, CheckedSpec::Backbone &out) 
            << (llama || bert ? llamaField : gpt2) << " in " << dirValue.name
            << "/config.json)";
       note(diag, v->loc, "a pretrained backbone overrides seq, dropout, "
-                         "attention and pointwise only");
+                         "attention and pointwise, and takes freeze");
     }
   if (const ast::Value *v = f.get("seq")) {
     out.seq = integer(*v, "seq", limits::kSeq).value_or(out.seq);
@@ -723,6 +783,7 @@ void Sema::checkPretrained(const ast::Backbone &bb, CheckedSpec::Backbone &out) 
   if (const ast::Value *v = f.get("dropout"))
     out.dropout = real(*v, "dropout", limits::kDropout).value_or(out.dropout);
   checkKernels(f, out, /*pretrained=*/true);
+  checkFreeze(f, out);
   if (llvm::Error e = checkPretrainedWeights(dir, m))
     error(dirValue.loc) << llvm::toString(std::move(e));
 }
@@ -1394,6 +1455,16 @@ void Sema::crossChecks(CheckedSpec &spec) {
       warmupCheck(t.lr, it->second, "task '" + t.name + "'");
 
   const auto &s = spec.strategy;
+  if (bb.freeze && s.scope == GradientScope::params &&
+      bb.freeze->second > bb.layers - s.scopeLayers) {
+    auto diag = error(bb.freezeLoc);
+    diag << "freeze keeps layer " << bb.freeze->second
+         << " frozen, but gradient_scope = params(layers = " << s.scopeLayers
+         << ") takes per-task gradients of layers "
+         << bb.layers - s.scopeLayers + 1 << ".." << bb.layers;
+    note(diag, s.loc,
+         "freeze fewer layers, or use gradient_scope = features");
+  }
   if (s.dgfgHidden && !spec.tasks.empty()) {
     int64_t tasks = spec.tasks.size();
     int64_t params = dgfgParameterCount(tasks, *s.dgfgHidden);

@@ -49,6 +49,10 @@ struct CheckedSpec {
     /// The token embedding's padding id (a pretrained config's pad_token_id
     /// where its embedding has one).
     std::optional<int64_t> tokenPad;
+    /// `freeze`: layers first..last (0: the embeddings) get no gradients
+    /// and no optimizer state.
+    std::optional<std::pair<int64_t, int64_t>> freeze;
+    ast::Location freezeLoc;
     /// Absent: --mtp-normalize-spec picks for the device and dropout.
     std::optional<AttentionKind> attention;
     std::optional<PointwiseKind> pointwise;

@@ -145,7 +145,48 @@ struct Dims {
 };
 } // namespace
 
-UnitCost CostModel::unit(UnitKind kind, TaskOp task) const {
+UnitCost CostModel::unit(UnitKind kind, TaskOp task, int64_t layer) const {
+  UnitCost cost = unfrozenUnit(kind, task);
+  if (task || layer < 0 || !frozen(layer))
+    return cost;
+  if (layer <= noGradTop()) {
+    // Under NoGradGuard: nothing kept, no backward.
+    cost.saved.clear();
+    cost.backwardNeedsInput = cost.backwardNeedsOutput = false;
+    cost.backwardAliases = 0;
+    cost.bwdFlops = cost.bwdWorkspace = cost.bwdFreed = cost.bwdPending = 0;
+    return cost;
+  }
+  // Frozen, with trainable layers below: autograd saves only what the input
+  // gradients need. A linear no longer keeps its input (the weight's
+  // gradient would read it) and computes the input gradient only; under
+  // autocast its bias copy is not cached (the cache holds leaves that
+  // require grad) and dies after the add.
+  auto dropSaved = [&](StringRef name) {
+    llvm::erase_if(cost.saved,
+                   [&](const SavedTensor &t) { return t.name == name; });
+  };
+  switch (kind) {
+  case UnitKind::qkv:
+  case UnitKind::attn_out:
+  case UnitKind::mlp_up:
+  case UnitKind::mlp_down:
+    cost.backwardNeedsInput = false;
+    cost.bwdFlops = cost.fwdFlops;
+    dropSaved("bias");
+    break;
+  case UnitKind::attn_norm:
+  case UnitKind::mlp_norm:
+  case UnitKind::final_norm:
+    dropSaved("normed"); // RMSNorm's x·rstd, read by the weight's gradient
+    break;
+  default:
+    break;
+  }
+  return cost;
+}
+
+UnitCost CostModel::unfrozenUnit(UnitKind kind, TaskOp task) const {
   Builder builder(model.getContext());
   // Under bf16/fp16 autocast, what a linear or matmul produces is 16-bit;
   // the residual stream stays fp32 (fp32 + bf16 promotes), and so do norm
@@ -694,14 +735,16 @@ int64_t CostModel::blockRecomputeBytes(int64_t block) const {
   ArrayRef<UnitKind> kinds = block % 2 ? ArrayRef<UnitKind>(attention)
                                        : ArrayRef<UnitKind>(mlp);
   int64_t total = 0;
+  const int64_t layer = (block + 1) / 2;
   for (size_t i = 0; i < kinds.size(); ++i) {
-    UnitCost u = unit(kinds[i]);
+    UnitCost u = unit(kinds[i], {}, layer);
     for (const SavedTensor &t : u.saved)
       total += bytes(t.type);
     // The output, where its own backward or its reader's keeps it: the
     // block's last output is read by the next block's (or a head's) norm.
-    bool read = i + 1 < kinds.size() ? unit(kinds[i + 1]).backwardNeedsInput
-                                     : true;
+    bool read = i + 1 < kinds.size()
+                    ? unit(kinds[i + 1], {}, layer).backwardNeedsInput
+                    : true;
     if (read || u.backwardNeedsOutput)
       total += bytes(u.output);
   }
@@ -715,16 +758,22 @@ SmallVector<std::pair<int64_t, int64_t>> CostModel::cosineProbePaths() const {
   StrategyOp strategy = model.getStrategy();
   if (!strategy || !strategy.getDgfgHidden())
     return paths;
-  int64_t common = backbone.getLayers();
+  // Tasks reading a layer of the no-grad run have no tap gradient: they
+  // take no part.
+  SmallVector<int64_t> taps;
   for (TaskOp task : model.getTasks())
-    common = std::min<int64_t>(common, task.getTapLayer());
+    if (int64_t(task.getTapLayer()) > noGradTop())
+      taps.push_back(task.getTapLayer());
+  if (taps.size() < 2)
+    return paths;
+  const int64_t common = *llvm::min_element(taps);
   // Each task's tap gradient goes down to layer `common`'s parameters (the
-  // embeddings' when a task taps them).
-  for (TaskOp task : model.getTasks())
-    paths.push_back({common == 0 ? 0 : 2 * common - 1,
-                     2 * int64_t(task.getTapLayer())});
-  if (paths.size() < 2)
-    paths.clear();
+  // embeddings' when a task taps them); frozen ones have no gradient, and
+  // the runtime measures the cosines on the tap gradients themselves.
+  if (frozen(common))
+    return paths;
+  for (int64_t tap : taps)
+    paths.push_back({common == 0 ? 0 : 2 * common - 1, 2 * tap});
   return paths;
 }
 
@@ -885,6 +934,28 @@ ParameterCount CostModel::parameters() const {
 // Collectives
 //===----------------------------------------------------------------------===//
 
+int64_t CostModel::trainableParameters() const {
+  int64_t frozenCount = frozen(0) ? embeddingParameters() : 0;
+  for (int64_t l = 1, e = backbone.getLayers(); l <= e; ++l)
+    if (frozen(l))
+      frozenCount += layerParameters() + (l == e ? finalNormParameters() : 0);
+  return parameters().total() - frozenCount;
+}
+
+int64_t CostModel::gradientBytes(BwdOp bwd) const {
+  TaskOp task;
+  if (FlatSymbolRefAttr name = bwd.getTaskAttr()) {
+    for (TaskOp t : model.getTasks())
+      if (t.getSymName() == name.getValue())
+        task = t;
+  } else if (frozen(bwd.getUnit() == UnitKind::final_norm
+                        ? backbone.getLayers()
+                        : int64_t(bwd.getLayer()))) {
+    return 0;
+  }
+  return kGradientBytes * unitParameters(bwd.getUnit(), task);
+}
+
 int64_t CostModel::allReduceBytes(int64_t elements, int64_t world) {
   if (world <= 1)
     return 0;
@@ -1020,16 +1091,19 @@ int64_t CostModel::trafficBytes(Operation *op) const {
                         ? CostModel::bytes(fwd->getResult(0).getType())
                         : kWeightBytes * unitParameters(fwd.getUnit(),
                                                         taskOf(fwd.getTaskAttr())));
-  if (auto bwd = dyn_cast<BwdOp>(op))
-    return bytes + (kWeightBytes + kGradientBytes) *
+  if (auto bwd = dyn_cast<BwdOp>(op)) {
+    // A frozen unit reads its weights and writes no gradient of them.
+    const bool frozenUnit = !bwd.getTaskAttr() && frozen(bwd.getLayer());
+    return bytes + (kWeightBytes + (frozenUnit ? 0 : kGradientBytes)) *
                        unitParameters(bwd.getUnit(), taskOf(bwd.getTaskAttr()));
+  }
   // GFM's transforms, the mask, the clip's norm and scale, the weighted
   // accumulate: a few passes over each tap gradient.
   if (auto fuse = dyn_cast<FuseTaskGradsOp>(op))
     return (fuse.getGfmKeep() ? 3 : 1) * bytes;
   if (isa<OptimizerStepOp>(op))
     return (2 * kWeightBytes + kGradientBytes + 2 * kOptimizerBytes) *
-           parameters().total();
+           trainableParameters();
   return bytes;
 }
 
@@ -1102,4 +1176,6 @@ int64_t CostModel::perTaskParameterGradientBytes(int64_t tasks,
   return tasks * layers * layerParameters() * kGradientBytes;
 }
 
-int64_t CostModel::optimizerFlops() const { return 12 * parameters().total(); }
+int64_t CostModel::optimizerFlops() const {
+  return 12 * trainableParameters();
+}

@@ -115,8 +115,19 @@ public:
   //===--- Units -----------------------------------------------------------===//
 
   /// A backbone unit (embed, the attention and MLP sub-blocks), or a task's
-  /// head or loss.
-  UnitCost unit(UnitKind kind, TaskOp task = {}) const;
+  /// head or loss. `layer` (0 the embeddings, L the final norm's) says
+  /// whether `freeze` covers the unit: below the no-grad top it keeps
+  /// nothing and has no backward; a frozen unit above trainable ones keeps
+  /// only what its input's gradient needs (LibTorch saves a linear's input,
+  /// and RMSNorm's normalized x, only for their weights' gradients).
+  UnitCost unit(UnitKind kind, TaskOp task = {}, int64_t layer = -1) const;
+
+  /// Whether `freeze` keeps layer `layer`'s parameters (0: the embeddings)
+  /// out of the optimizer.
+  bool frozen(int64_t layer) const { return backbone.isFrozen(layer); }
+  /// The top of the frozen run from the embeddings up, which runs without
+  /// autograd (-1: none).
+  int64_t noGradTop() const { return backbone.getNoGradTop(); }
 
   /// Bytes one re-run of backbone block `block` (runtime numbering: 2l-1
   /// the attention, 2l the MLP of layer l) holds for its backward: every
@@ -180,6 +191,12 @@ public:
   int64_t finalNormParameters() const;
   int64_t headParameters(TaskOp task) const;
   ParameterCount parameters() const;
+  /// Parameters the optimizer updates: all but the frozen layers'.
+  int64_t trainableParameters() const;
+  /// The parameter gradients backward unit `bwd` creates (autograd makes a
+  /// weight's gradient when its node runs): its unit's parameters, none
+  /// for a frozen unit.
+  int64_t gradientBytes(BwdOp bwd) const;
   /// Parameters unit `kind` (of `task`, for a head) owns.
   int64_t unitParameters(UnitKind kind, TaskOp task = {}) const;
   /// Persistent bytes per fp32 parameter: the weight, its gradient and
@@ -286,6 +303,7 @@ private:
   mlir::RankedTensorType tensor(llvm::ArrayRef<int64_t> shape,
                                 mlir::Type element) const;
   UnitCost headCost(TaskOp task) const;
+  UnitCost unfrozenUnit(UnitKind kind, TaskOp task) const;
   /// The fused attention kernel's own transient buffers for `queries` rows
   /// attending to `keys` (CPU; zero on a GPU).
   int64_t flashAttentionBuffers(int64_t queries, int64_t keys,

@@ -4,6 +4,7 @@
 #include "passes/Passes.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
 
 namespace mtp {
@@ -37,7 +38,12 @@ public:
 private:
   Emitted forward(UnitKind kind, int64_t layer, TaskOp task,
                   ValueRange inputs, Location at) {
-    UnitCost c = cost.unit(kind, task);
+    // The final norm belongs to layer L (its parameters and its freeze).
+    const int64_t owner =
+        task ? -1
+             : kind == UnitKind::final_norm ? model.getBackbone().getLayers()
+                                            : layer;
+    UnitCost c = cost.unit(kind, task, owner);
     SmallVector<Type> types{c.output};
     SmallVector<Attribute> names;
     for (const SavedTensor &saved : c.saved) {
@@ -52,11 +58,15 @@ private:
         b.getI64IntegerAttr(c.fwdWorkspace),
         names.empty() ? nullptr : b.getArrayAttr(names),
         /*decision=*/nullptr, /*region=*/nullptr);
+    // Below the no-grad top nothing carries a gradient.
+    if (!task && owner <= cost.noGradTop())
+      noGrad.insert(op.getOutput());
     return {op, std::move(c)};
   }
 
   /// The backward of `unit`, given the gradient(s) of its output. Returns
-  /// the gradients of its floating-point inputs, in input order.
+  /// one value per input, in input order: its gradient, or null where the
+  /// input has none (token ids, labels, a no-grad layer's output).
   SmallVector<Value> backward(const Emitted &unit, ValueRange grads) {
     FwdOp fwd = unit.op;
     SmallVector<Value> saved;
@@ -66,11 +76,15 @@ private:
       saved.push_back(fwd.getOutput());
     llvm::append_range(saved, fwd.getSaved());
     SmallVector<Type> gradTypes;
-    for (Value input : fwd.getInputs())
-      if (isa<FloatType>(cast<RankedTensorType>(input.getType())
-                             .getElementType()) &&
-          !isa<InputOp>(input.getDefiningOp()))
+    SmallVector<bool> hasGrad;
+    for (Value input : fwd.getInputs()) {
+      hasGrad.push_back(isa<FloatType>(cast<RankedTensorType>(input.getType())
+                                           .getElementType()) &&
+                        !isa<InputOp>(input.getDefiningOp()) &&
+                        !noGrad.contains(input));
+      if (hasGrad.back())
         gradTypes.push_back(input.getType());
+    }
     auto op = b.create<BwdOp>(fwd.getLoc(), gradTypes, fwd.getUnitAttr(),
                               fwd.getLayerAttr(), fwd.getTaskAttr(), grads,
                               saved, b.getI64IntegerAttr(unit.cost.bwdFlops),
@@ -79,32 +93,48 @@ private:
       op.setFreed(unit.cost.bwdFreed);
     if (unit.cost.bwdPending)
       op.setPending(unit.cost.bwdPending);
-    // Only a gradient of the incoming one's type can be it (under autocast
-    // the 16-bit branch's is a cast copy).
+    // The first `backwardAliases` inputs' gradients are the incoming one;
+    // of those, the ones made (an input without a gradient gets none). Only
+    // a gradient of the incoming one's type can be it (under autocast the
+    // 16-bit branch's is a cast copy).
     if (unit.cost.backwardAliases > 0 && op.getGrads().size() == 1) {
+      uint64_t made = 0;
+      for (int i = 0; i < unit.cost.backwardAliases && i < int(hasGrad.size());
+           ++i)
+        made += hasGrad[i];
       uint64_t n = 0;
       for (Value g : op.getInputGrads())
-        if (n < uint64_t(unit.cost.backwardAliases) &&
-            g.getType() == op.getGrads().front().getType())
+        if (n < made && g.getType() == op.getGrads().front().getType())
           ++n;
         else
           break;
       if (n)
         op.setAliases(n);
     }
-    return SmallVector<Value>(op.getInputGrads());
+    SmallVector<Value> result;
+    auto made = op.getInputGrads().begin();
+    for (bool has : hasGrad)
+      result.push_back(has ? *made++ : Value());
+    return result;
   }
 
+  /// The sum of the non-null `grads` (null when there are none).
   Value sum(ArrayRef<Value> grads, Location at) {
-    if (grads.size() == 1)
-      return grads.front();
-    return b.create<AddGradsOp>(at, grads.front().getType(), grads);
+    SmallVector<Value> terms(llvm::make_filter_range(
+        grads, [](Value v) { return bool(v); }));
+    if (terms.empty())
+      return Value();
+    if (terms.size() == 1)
+      return terms.front();
+    return b.create<AddGradsOp>(at, terms.front().getType(), terms);
   }
 
   ModelOp model;
   CostModel cost;
   OpBuilder &b;
   Location loc;
+  /// Values no gradient reaches: the no-grad layers' outputs.
+  llvm::DenseSet<Value> noGrad;
 };
 
 void StepBuilder::build() {
@@ -131,18 +161,24 @@ void StepBuilder::build() {
     labels[task] = b.create<InputOp>(task.getLoc(), cost.labelsType(task),
                                      b.getStringAttr("labels"),
                                      FlatSymbolRefAttr::get(task.getSymNameAttr()));
+  auto frozenAttr = [&](int64_t layer) {
+    return cost.frozen(layer) ? b.getUnitAttr() : UnitAttr();
+  };
   b.create<WeightsOp>(bbLoc, b.getStringAttr("embed"),
-                      b.getI64IntegerAttr(cost.embeddingParameters()), nullptr);
+                      b.getI64IntegerAttr(cost.embeddingParameters()), nullptr,
+                      frozenAttr(0));
   for (int64_t l = 1; l <= layers; ++l)
     b.create<WeightsOp>(bbLoc, b.getStringAttr("layer" + std::to_string(l)),
-                        b.getI64IntegerAttr(cost.layerParameters()), nullptr);
+                        b.getI64IntegerAttr(cost.layerParameters()), nullptr,
+                        frozenAttr(l));
   for (TaskOp task : tasks)
     b.create<WeightsOp>(task.getLoc(), b.getStringAttr("head"),
                         b.getI64IntegerAttr(cost.headParameters(task)),
-                        FlatSymbolRefAttr::get(task.getSymNameAttr()));
+                        FlatSymbolRefAttr::get(task.getSymNameAttr()),
+                        UnitAttr());
   if (int64_t gate = cost.parameters().gate)
     b.create<WeightsOp>(model.getStrategy().getLoc(), b.getStringAttr("gate"),
-                        b.getI64IntegerAttr(gate), nullptr);
+                        b.getI64IntegerAttr(gate), nullptr, UnitAttr());
 
   // Forward: embeddings, then per layer the attention and MLP sub-blocks;
   // each task's head and loss right after the layer it reads.
@@ -210,22 +246,24 @@ void StepBuilder::build() {
     auto &[head, loss] = pair;
     TaskOp task = cast<TaskOp>(op);
     SmallVector<Value> dOut = backward(loss, {});
-    SmallVector<Value> dTap = backward(head, dOut);
-    tapGrads[task.getTapLayer()].push_back(dTap.front());
+    SmallVector<Value> dTap = backward(head, {dOut.front()});
+    // A head on a no-grad layer trains itself only.
+    if (dTap.front())
+      tapGrads[task.getTapLayer()].push_back(dTap.front());
   }
 
   // The backbone backward from the top; where a head reads, its tap
   // gradient joins the stream.
-  SmallVector<Value> pending = tapGrads.lookup(top);
-  Value grad = pending.empty() ? Value() : sum(pending, bbLoc);
+  // Nothing at or below the no-grad top runs a backward.
+  const int64_t noGradTop = cost.noGradTop();
+  Value grad = sum(tapGrads.lookup(top), bbLoc);
   if (grad && backbone.hasFinalNorm() && top == layers)
     grad = backward(chain.back(), {grad}).front();
   // Units of layer l, in chain order: 1 + 10 * (l - 1) .. 10 * l.
-  for (int64_t l = top; l >= 1; --l) {
+  for (int64_t l = top; l >= 1 && l > noGradTop; --l) {
     const Emitted *u = &chain[1 + 10 * (l - 1)];
     if (!grad) { // no task reads this high: only lower taps' gradients join
-      SmallVector<Value> joining = tapGrads.lookup(l - 1);
-      grad = joining.empty() ? Value() : sum(joining, bbLoc);
+      grad = sum(tapGrads.lookup(l - 1), bbLoc);
       continue;
     }
     if (postNorm) {
@@ -257,26 +295,27 @@ void StepBuilder::build() {
     llvm::append_range(joining, tapGrads.lookup(l - 1));
     grad = sum(joining, bbLoc);
   }
-  if (!grad) {
-    SmallVector<Value> joining = tapGrads.lookup(0);
-    grad = joining.empty() ? Value() : sum(joining, bbLoc);
-  }
-  if (grad)
+  if (!grad && noGradTop < 0)
+    grad = sum(tapGrads.lookup(0), bbLoc);
+  if (grad && noGradTop < 0)
     backward(chain.front(), {grad});
 
   // Gradient buckets, top layers first (the order their gradients are
   // ready), at most 25 MiB of fp32 each like DDP's; at world size 1 the
   // runtime skips them.
   {
+    // Frozen groups have no gradients to exchange.
     SmallVector<std::pair<std::string, int64_t>> groups;
     for (TaskOp task : llvm::reverse(tasks))
       groups.push_back({("head." + task.getSymName()).str(),
                         cost.headParameters(task)});
     for (int64_t l = layers; l >= 1; --l)
-      groups.push_back({"layer" + std::to_string(l),
-                        cost.layerParameters() +
-                            (l == layers ? cost.finalNormParameters() : 0)});
-    groups.push_back({"embed", cost.embeddingParameters()});
+      if (!cost.frozen(l))
+        groups.push_back({"layer" + std::to_string(l),
+                          cost.layerParameters() +
+                              (l == layers ? cost.finalNormParameters() : 0)});
+    if (!cost.frozen(0))
+      groups.push_back({"embed", cost.embeddingParameters()});
     SmallVector<Attribute> names;
     int64_t elements = 0;
     auto flush = [&] {

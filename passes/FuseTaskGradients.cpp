@@ -34,9 +34,11 @@ void FuseTaskGradientsPass::runOnOperation() {
   if (!body.getOps<FuseTaskGradsOp>().empty())
     return;
 
+  // A head on a no-grad layer (the backbone's freeze) makes no gradient at
+  // its tap: it takes no part.
   SmallVector<BwdOp> heads;
   for (BwdOp bwd : body.getOps<BwdOp>())
-    if (bwd.getUnit() == UnitKind::head)
+    if (bwd.getUnit() == UnitKind::head && !bwd.getInputGrads().empty())
       heads.push_back(bwd);
   if (heads.empty())
     return;

@@ -69,8 +69,11 @@ ParameterGroups mtp::parameterGroups(StepOp step) {
     std::string group = w.getGroup().str();
     if (FlatSymbolRefAttr task = w.getTaskAttr())
       group += "." + task.getValue().str();
-    groups.params[group] += w.getParams();
     groups.total += w.getParams();
+    if (w.getFrozen())
+      continue;
+    groups.params[group] += w.getParams();
+    groups.trainable += w.getParams();
   }
   return groups;
 }

@@ -106,8 +106,11 @@ int64_t fuseWorkspaceBeyondResults(
 /// The step's parameters by gradient group ("embed", "layer<l>",
 /// "head.<task>", "gate"), from its mtp.weights, and their total.
 struct ParameterGroups {
+  /// Trainable parameters per group (a frozen group's are not: it has no
+  /// gradients and no optimizer state).
   llvm::StringMap<int64_t> params;
-  int64_t total = 0;
+  int64_t total = 0;     ///< every parameter, frozen ones too
+  int64_t trainable = 0; ///< the optimizer's
 };
 ParameterGroups parameterGroups(StepOp step);
 /// The group a backward unit writes gradients into; empty for losses.

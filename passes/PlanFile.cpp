@@ -103,7 +103,9 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
       !bb.hasAttentionBias(), !bb.hasMlpBias(),
       bb.isPostNorm() ? bb.getTypeVocabRows() : 0,
       bb.getPositionPad() ? int64_t(*bb.getPositionPad()) : -1,
-      bb.getTokenPad() ? int64_t(*bb.getTokenPad()) : -1);
+      bb.getTokenPad() ? int64_t(*bb.getTokenPad()) : -1,
+      bb.getFreeze() ? (*bb.getFreeze())[0] : -1,
+      bb.getFreeze() ? (*bb.getFreeze())[1] : -1);
 
   auto lrOf = [&](LRScheduleAttr lr) -> flatbuffers::Offset<fb::LrSchedule> {
     if (!lr)

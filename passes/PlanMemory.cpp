@@ -252,7 +252,8 @@ void MemoryPlanner::Impl::build() {
       ends.push_back({high, names});
     }
     llvm::sort(ends);
-    int64_t from = 1;
+    // The no-grad layers keep nothing: no interval there.
+    int64_t from = 2 * std::max<int64_t>(0, cost.noGradTop()) + 1;
     for (auto &[high, names] : ends) {
       SmallVector<int64_t> blocks;
       for (int64_t b = from; b <= 2 * high; ++b)
@@ -265,10 +266,14 @@ void MemoryPlanner::Impl::build() {
       from = 2 * high + 1;
     }
   } else {
-    for (int64_t b = 1; b <= 2 * topTap; ++b) {
+    // The no-grad layers keep nothing to plan. A frozen layer above them
+    // keeps no projection input for its weights: no tensor-grain path.
+    for (int64_t b = 2 * std::max<int64_t>(0, cost.noGradTop()) + 1;
+         b <= 2 * topTap; ++b) {
       addBlocks(blockName(b), {b});
       candidates.back().canPartial =
           checkpoint == CheckpointPolicy::automatic &&
+          !cost.frozen((b + 1) / 2) &&
           !cost.projectionChain(/*attention=*/b % 2 == 1).empty();
     }
     if (checkpoint == CheckpointPolicy::uniform) {

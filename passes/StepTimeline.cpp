@@ -19,9 +19,9 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
   const CostModel::ExchangeMemory exchange = cost.gradientExchange(
       llvm::to_vector(step.getBody().front().getOps<AllReduceOp>()));
   resident.parameters = CostModel::kWeightBytes * groups.total;
-  resident.optimizer = CostModel::kOptimizerBytes * groups.total;
+  resident.optimizer = CostModel::kOptimizerBytes * groups.trainable;
   resident.exchange = exchange.resident;
-  allGradients = CostModel::kGradientBytes * groups.total;
+  allGradients = CostModel::kGradientBytes * groups.trainable;
   twoSweeps = cost.gradientsResidentThroughStep();
 
   // The params scope's per-task gradients, per head (FuseTaskGradients'
@@ -36,7 +36,6 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
     }
   workspace.assign(order.size(), 0);
   relief.assign(order.size(), {0, 0});
-  llvm::StringSet<> arrived;
   for (auto [pos, op] : llvm::enumerate(order)) {
     if (!op) // a position of its own with nothing on it (the planner's)
       continue;
@@ -48,8 +47,8 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
     } else if (isa<AllReduceOp>(op)) {
       workspace[pos] = exchange.transient;
     }
-    // A group's gradients appear at its first backward unit and stay until
-    // the optimizer step.
+    // A unit's parameter gradients appear at its backward (where autograd
+    // accumulates them) and stay until the optimizer step.
     if (auto bwd = dyn_cast<BwdOp>(op)) {
       // At the params scope a head's backward also makes its task's
       // gradients of the top k layers, held (summed over micro-batches)
@@ -59,10 +58,7 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
         allGradients += perTask;
       }
       relief[pos] = {int64_t(bwd.getFreed()), int64_t(bwd.getPending())};
-      std::string group = gradientGroup(bwd);
-      if (!group.empty() && arrived.insert(group).second) {
-        const int64_t bytes =
-            CostModel::kGradientBytes * groups.params.lookup(group);
+      if (const int64_t bytes = cost.gradientBytes(bwd)) {
         // The backbone backward leaves the top k layers' gradients to the
         // step's end (the fused per-task ones become them there).
         if (perTask && !bwd.getTaskAttr() && bwd.getUnit() != UnitKind::embed &&

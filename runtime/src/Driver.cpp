@@ -756,6 +756,9 @@ void dumpInit(const std::string &dir, TrainerCore &core,
                      // benchmarks' transformers peer loads the same.
                      {"kind", hf::modelType(mc.kind)},
                      {"weights", mc.weights}};
+  // The frozen layers [first, last] (0: the embeddings), or null.
+  config["model"]["freeze"] =
+      mc.freezeFirst < 0 ? Json() : Json::array({mc.freezeFirst, mc.freezeLast});
   Json headList = Json::array();
   for (const HeadConfig &h : heads)
     headList.push_back(
@@ -1013,10 +1016,10 @@ int train(const std::string &name, const Program &p, const Options &o) {
   gsc.block = o.block;
   gsc.bucket = o.bucket;
   GradExchange exchange(&comm, o.compress, gsc);
-  exchange.prepare(core.model().parameters());
+  exchange.prepare(core.model().trainableParameters());
   GradExchange::Result sent;
   core.beforeUpdate = [&](StepStats &) {
-    sent = exchange.averageGradients(core.model().parameters());
+    sent = exchange.averageGradients(core.model().trainableParameters());
   };
 
   std::unique_ptr<DataSource> data =

@@ -28,6 +28,7 @@
 
 #include <cmath>
 #include <set>
+#include <optional>
 #include <stdexcept>
 
 namespace mtprt {
@@ -219,6 +220,14 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
     bad("ModelConfig.pointwise",
         "a post-norm (BERT) backbone runs ATen's pointwise ops (the fused "
         "kernels norm before a linear); use Aten");
+  if (c.freezeFirst < -1 || c.freezeLast > c.layers ||
+      (c.freezeFirst < 0) != (c.freezeLast < 0) ||
+      c.freezeFirst > c.freezeLast)
+    bad("ModelConfig.freezeFirst",
+        "freezeFirst " + std::to_string(c.freezeFirst) + " .. freezeLast " +
+            std::to_string(c.freezeLast) +
+            " is no range of layers in [0, " + std::to_string(c.layers) +
+            "] (-1 .. -1: none)");
   if (c.tokenPad < -1 || c.tokenPad >= c.vocab)
     bad("ModelConfig.tokenPad", "must be -1 or a token id, got " +
                                     std::to_string(c.tokenPad));
@@ -385,6 +394,12 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
         pretrained_ += ", ...";
     }
   }
+  // Frozen layers: leaves without gradients (autograd then saves nothing
+  // their weights' gradients would read, and the optimizer skips them).
+  for (int64_t l = 0; l <= c.layers; ++l)
+    if (c.frozen(l))
+      for (const at::Tensor &p : layerParameters(l))
+        const_cast<at::Tensor &>(p).set_requires_grad(false);
 }
 
 at::Tensor Model::dropout(const at::Tensor &x) const {
@@ -598,6 +613,11 @@ at::Tensor Model::unit(int64_t u, const at::Tensor &x) const {
     throw std::out_of_range("mtprt: unit " + std::to_string(u) +
                             " is not in [0, " + std::to_string(numUnits() - 1) +
                             "]");
+  // The frozen run from the embeddings up: nothing below needs a gradient,
+  // so nothing is recorded or kept for one.
+  std::optional<at::NoGradGuard> noGrad;
+  if ((u + 1) / 2 <= config_.noGradTop())
+    noGrad.emplace();
   if (u == 0)
     return embed(x);
   return u % 2 ? attention((u + 1) / 2, x) : finish(u, mlp(u / 2, x));
@@ -785,6 +805,14 @@ std::vector<at::Tensor> Model::backboneParameters() const {
   std::vector<at::Tensor> out;
   for (const auto &np : groups_[0])
     out.push_back(np.second);
+  return out;
+}
+
+std::vector<at::Tensor> Model::trainableParameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto &np : namedParameters())
+    if (np.second.requires_grad())
+      out.push_back(np.second);
   return out;
 }
 

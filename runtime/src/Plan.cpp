@@ -277,6 +277,16 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
                           {-1, m.vocab - 1});
   m.tokenPad =
       c.range("backbone.token_pad", bb->token_pad(), {-1, m.vocab - 1});
+  m.freezeFirst =
+      c.range("backbone.freeze_first", bb->freeze_first(), {-1, m.layers});
+  m.freezeLast =
+      c.range("backbone.freeze_last", bb->freeze_last(), {-1, m.layers});
+  if ((m.freezeFirst < 0) != (m.freezeLast < 0) ||
+      m.freezeFirst > m.freezeLast)
+    c.field("backbone.freeze_last",
+            "freeze_first " + std::to_string(m.freezeFirst) +
+                " and freeze_last " + std::to_string(m.freezeLast) +
+                " are no range of layers (both -1, or first <= last)");
   if (m.ropeScaling.factor > 0 &&
       !(m.ropeScaling.highFreqFactor > m.ropeScaling.lowFreqFactor))
     c.field("backbone.rope_scaling",

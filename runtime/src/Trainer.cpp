@@ -112,6 +112,13 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
   if (t.scope == GradScope::Params &&
       (t.paramsTopK <= 0 || t.paramsTopK > model_->config().layers))
     bad("TrainConfig.paramsTopK", "must be in [1, layers]");
+  if (t.scope == GradScope::Params)
+    for (int64_t l = model_->config().layers - t.paramsTopK + 1;
+         l <= model_->config().layers; ++l)
+      if (model_->config().frozen(l))
+        bad("TrainConfig.paramsTopK",
+            "the params scope takes per-task gradients of layer " +
+                std::to_string(l) + ", which the model freezes");
   if (!(t.gfmKeep > 0 && t.gfmKeep <= 1))
     bad("TrainConfig.gfmKeep", "must be in (0, 1]");
   if (t.clipNorm < 0)
@@ -154,7 +161,12 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
             .betas({t.beta1, t.beta2})
             .eps(t.eps));
   };
-  groups.emplace_back(model_->backboneParameters(), options(t.backboneLr.lr));
+  // Frozen layers' parameters: no optimizer state.
+  std::vector<at::Tensor> backbone;
+  for (const at::Tensor &p : model_->backboneParameters())
+    if (p.requires_grad())
+      backbone.push_back(p);
+  groups.emplace_back(std::move(backbone), options(t.backboneLr.lr));
   for (int64_t h = 0; h < nh; ++h)
     groups.emplace_back(
         model_->headParameters(h),
@@ -338,7 +350,8 @@ void TrainerCore::beginStep(const Batch &fullBatch) {
         st->topk.push_back(p);
     for (int64_t l = 0; l <= std::min(maxTap, L - train_.paramsTopK); ++l)
       for (const at::Tensor &p : m.layerParameters(l))
-        st->lower.push_back(p);
+        if (p.requires_grad()) // not frozen
+          st->lower.push_back(p);
   }
   if (keepDebug) {
     lastProcessed.assign(nt, {});
@@ -552,10 +565,14 @@ void TrainerCore::backwardHead(int64_t t) {
   if (train_.scope == GradScope::Sum)
     return; // summed into one backward by backwardBackbone
   std::vector<at::Tensor> inputs;
-  if (train_.scope == GradScope::Features)
-    inputs.push_back(st.taps[m.heads()[t].tap]);
-  else
+  if (train_.scope == GradScope::Features) {
+    // A tap in the frozen run from the embeddings carries no gradient: the
+    // head trains alone, and the task takes no part in the fusion.
+    if (st.taps[m.heads()[t].tap].requires_grad())
+      inputs.push_back(st.taps[m.heads()[t].tap]);
+  } else {
     inputs = st.topk;
+  }
   const size_t nshared = inputs.size();
   const std::vector<at::Tensor> hp = m.headParameters(t);
   inputs.insert(inputs.end(), hp.begin(), hp.end());
@@ -621,41 +638,55 @@ void TrainerCore::fuseTaskGradients() {
 
   if (train_.scope == GradScope::Features) {
     std::vector<GradList> &tg = st.taskGrads;
-    for (int64_t t = 0; t < nt; ++t)
-      if (!st.present[t])
+    // The tasks with a tap gradient: a tap in the frozen run from the
+    // embeddings has none (backwardHead), and its task is left out.
+    std::vector<bool> fusing = st.present;
+    std::vector<int64_t> withGrad;
+    for (int64_t t = 0; t < nt; ++t) {
+      if (st.present[t] && tg[t].empty())
+        fusing[t] = false;
+      if (fusing[t])
+        withGrad.push_back(t);
+      else
         tg[t] = {at::Tensor()};
+    }
     const std::vector<double> norms =
-        processTaskGrads(tg, st.present, train_.gfmKeep, train_.clipNorm);
+        processTaskGrads(tg, fusing, train_.gfmKeep, train_.clipNorm);
     recordNorms(st.gradNorms, norms);
     if (st.mb == 0) {
       // The cosine matrix and the gate's signals live on the parameters of
-      // the topmost layer every present task back-propagates through.
+      // the topmost layer every fused task back-propagates through; where
+      // that layer is frozen, on the tap gradients themselves.
       std::vector<GradList> probe;
       if (train_.cosineEvery > 0 && step_ % train_.cosineEvery == 0 &&
-          st.npresent > 1) {
+          withGrad.size() > 1) {
         int64_t common = m.config().layers;
-        for (int64_t t : order)
+        for (int64_t t : withGrad)
           common = std::min(common, m.heads()[t].tap);
-        const std::vector<at::Tensor> probeParams = m.layerParameters(common);
-        probe.assign(nt, GradList(probeParams.size()));
-        *probing_ = true;
-        struct Reset {
-          bool &flag;
-          ~Reset() { flag = false; }
-        } reset{*probing_};
-        for (int64_t t : order)
-          probe[t] = torch::autograd::grad(
-              {st.taps[m.heads()[t].tap]}, probeParams, {tg[t][0]},
-              /*retain_graph=*/true, false, /*allow_unused=*/true);
+        std::vector<at::Tensor> probeParams;
+        if (!m.config().frozen(common))
+          probeParams = m.layerParameters(common);
+        if (!probeParams.empty()) {
+          probe.assign(nt, GradList(probeParams.size()));
+          *probing_ = true;
+          struct Reset {
+            bool &flag;
+            ~Reset() { flag = false; }
+          } reset{*probing_};
+          for (int64_t t : withGrad)
+            probe[t] = torch::autograd::grad(
+                {st.taps[m.heads()[t].tap]}, probeParams, {tg[t][0]},
+                /*retain_graph=*/true, false, /*allow_unused=*/true);
+        }
       }
-      st.alpha = computeAlpha(tg, probe, meanLoss, norms, st.present, st.stats);
+      st.alpha = computeAlpha(tg, probe, meanLoss, norms, fusing, st.stats);
     }
     // One backbone backward with Σ α_t ĝ_t at each tap as grad_outputs.
     std::vector<at::Tensor> outs, gradOuts;
     for (int64_t layer = 0; layer <= m.config().layers; ++layer) {
       std::vector<GradList> atTap;
       std::vector<double> a;
-      for (int64_t t : order)
+      for (int64_t t : withGrad)
         if (m.heads()[t].tap == layer) {
           atTap.push_back(tg[t]);
           a.push_back(st.alpha[t]);

@@ -8,8 +8,8 @@
 // REMARK-COUNT-2: mtp.checkpoint
 // REMARK-NOT: mtp.checkpoint
 
-// The plan of plan-memory.mlir (7 MiB, a 1 GB/s link: the attention blocks of layers 1
-// and 2 recomputed, layer 3's MLP projections at tensor grain). Each region's forward units move into an mtp.checkpoint
+// The plan of plan-memory.mlir (7000 KiB, a 1 GB/s link: the attention blocks of layers 1
+// and 3 recomputed, layer 3's MLP projections at tensor grain). Each region's forward units move into an mtp.checkpoint
 // that keeps only its boundary; an mtp.recompute before the region's
 // backward re-creates what the backward takes. The memory analysis of the
 // result is exactly the peak the planner simulated.
@@ -29,8 +29,8 @@
 // no region); right before the first backward unit reading their outputs, a
 // partial mtp.recompute re-creates the norm, up-projection and GELU outputs
 // from the block's input, and the backward units read those.
-// CHECK: %[[P:.*]]:3 = mtp.recompute 6 partial(%attn_residual3)
-// CHECK-NEXT: mtp.fwd mlp_norm[3](%attn_residual3)
+// CHECK: %[[P:.*]]:3 = mtp.recompute 6 partial(%[[IN:.*]])
+// CHECK-NEXT: mtp.fwd mlp_norm[3](%[[IN]])
 // CHECK-NEXT: mtp.fwd mlp_up[3]
 // CHECK-NEXT: mtp.fwd mlp_act[3]
 // CHECK-NEXT: mtp.yield
@@ -60,6 +60,6 @@ mtp.model @auto {
   mtp.task @topic : classify(classes = 4) from pooled layer 4 loss cross_entropy weight 1.0
   mtp.correlate @pos, @chunk = 0.8
   mtp.correlate @pos, @topic = 0.1
-  mtp.budget device "cpu" memory 7 MiB headroom 0 B link 1 GBps gpus 1 batch 8 micro 8 precision fp32
+  mtp.budget device "cpu" memory 7000 KiB headroom 0 B link 1 GBps gpus 1 batch 8 micro 8 precision fp32
   mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.5 scope features layers 1 dgfg 16 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
 }

@@ -6,8 +6,8 @@
 // REMARK-COUNT-22: mtp.offload {{.*}} stream 1
 // REMARK-NOT: mtp.offload 
 
-// Recompute is off, so the plan offloads (8 MiB; keeping everything peaks at
-// 8.74 MiB). Each tensor only its unit's backward reads leaves after its last
+// Recompute is off, so the plan offloads (7900 KiB; keeping everything peaks at
+// 8.54 MiB). Each tensor only its unit's backward reads leaves after its last
 // forward use and comes back one unit group ahead of its backward, where the
 // compute stream waits for it. The analysis of the result is exactly the
 // planned peak.
@@ -34,6 +34,6 @@ mtp.model @offload {
   mtp.task @pos : tag(labels = 12) from layer 2 loss cross_entropy weight 1.0
   mtp.task @chunk : tag(labels = 8) from layer 2 loss cross_entropy weight 0.5
   mtp.task @topic : classify(classes = 4) from pooled layer 4 loss cross_entropy weight 1.0
-  mtp.budget device "cpu" memory 8 MiB headroom 0 B link 10 GBps gpus 1 batch 8 micro 8 precision fp32
+  mtp.budget device "cpu" memory 7900 KiB headroom 0 B link 10 GBps gpus 1 batch 8 micro 8 precision fp32
   mtp.strategy checkpoint none every 1 threshold 0.5 offload cpu_pinned max_latency 1.0 gfm 0.5 scope features layers 1 dgfg 16 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
 }

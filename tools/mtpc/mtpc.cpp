@@ -180,6 +180,18 @@ static void printSummary(llvm::raw_ostream &os, StringRef file,
        << " layers, " << humanCount(params.total()) << " parameters (backbone "
        << humanCount(params.backbone) << ", heads " << humanCount(params.heads)
        << ", gate " << humanCount(params.gate) << ")\n";
+    if (std::optional<ArrayRef<int64_t>> f = bb.getFreeze()) {
+      const int64_t frozen =
+          params.total() - mtp::CostModel(model).trainableParameters();
+      os << "  frozen: ";
+      if ((*f)[0] == 0)
+        os << "embeddings" << ((*f)[1] > 0 ? ", " : "");
+      if ((*f)[1] > 0)
+        os << "layers " << std::max<int64_t>(1, (*f)[0]) << ".." << (*f)[1];
+      os << " (" << humanCount(frozen)
+         << " parameters: no gradients, no optimizer state"
+         << ((*f)[0] == 0 ? "; run without autograd" : "") << ")\n";
+    }
     if (model.getStep()) {
       const mtp::MemoryReport &memory = reports.of(model);
       os << "  memory: " << mtp::formatBytes(memory.peakBytes)

@@ -473,6 +473,7 @@ struct PlanFields {
   std::vector<double> ropeScaling;
   bool noAttentionBias = false, noMlpBias = false;
   int64_t typeVocab = 0, positionPad = -1, tokenPad = -1;
+  int64_t freezeFirst = -1, freezeLast = -1;
   std::vector<TaskFields> tasks = {{"cls", "classify", 1, true, 4},
                                    {"tag", "tag", 1, false, 6, 0, 0, 0, 0.5},
                                    {"gen", "decoder", 2, false, 0, 1, 0, 4}};
@@ -526,7 +527,8 @@ std::string build(const PlanFields &f) {
                              ? 0
                              : b.CreateVector(f.ropeScaling),
                          f.noAttentionBias, f.noMlpBias, f.typeVocab,
-                         f.positionPad, f.tokenPad);
+                         f.positionPad, f.tokenPad, f.freezeFirst,
+                         f.freezeLast);
   std::vector<flatbuffers::Offset<fb::Task>> tasks;
   for (const TaskFields &t : f.tasks)
     tasks.push_back(fb::CreateTask(
@@ -848,6 +850,19 @@ std::vector<Change> allChanges(const std::string &jsonl) {
        }},
       {"Backbone.token_pad", [](F &f) { f.tokenPad = 1; }, Shows::Losses, "",
        bert},
+      // Frozen embeddings: no update, nothing kept for their backward.
+      {"Backbone.freeze_first",
+       [](F &f) {
+         f.freezeFirst = 0;
+         f.freezeLast = 0;
+       },
+       Shows::Losses},
+      {"Backbone.freeze_last",
+       [](F &f) {
+         f.freezeFirst = 1;
+         f.freezeLast = 2;
+       },
+       Shows::Losses},
 
       {"Task.name", task(0, [](TaskFields &t) { t.name = "klass"; }),
        Shows::Losses},

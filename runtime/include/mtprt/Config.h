@@ -86,6 +86,17 @@ struct ModelConfig {
   /// nn.Embedding's padding_idx: BERT's, RoBERTa's, a Llama's pad token);
   /// -1: none.
   int64_t tokenPad = -1;
+  /// Layers freezeFirst..freezeLast (0: the embeddings; `layers`: the last
+  /// layer with the final norm) are frozen: no gradients, no optimizer
+  /// state. Frozen from the embeddings up they run without autograd.
+  /// -1: none.
+  int64_t freezeFirst = -1, freezeLast = -1;
+
+  bool frozen(int64_t layer) const {
+    return freezeFirst >= 0 && layer >= freezeFirst && layer <= freezeLast;
+  }
+  /// The top layer of the frozen run from the embeddings (-1: none).
+  int64_t noGradTop() const { return freezeFirst == 0 ? freezeLast : -1; }
 
   bool llama() const { return kind == BackboneKind::Llama; }
   bool postNorm() const { return kind == BackboneKind::Bert; }

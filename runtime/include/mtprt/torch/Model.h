@@ -152,6 +152,8 @@ public:
   std::vector<at::Tensor> backboneParameters() const;
   std::vector<at::Tensor> headParameters(int64_t h) const;
   std::vector<at::Tensor> parameters() const;
+  /// The parameters the optimizer updates: all but the frozen layers'.
+  std::vector<at::Tensor> trainableParameters() const;
   std::vector<std::pair<std::string, at::Tensor>> namedParameters() const;
   int64_t numParameters() const;
 
