@@ -150,7 +150,10 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task, int64_t layer) const {
   if (task || layer < 0 || !frozen(layer))
     return cost;
   if (layer <= noGradTop()) {
-    // Under NoGradGuard: nothing kept, no backward.
+    // Under NoGradGuard: nothing kept, no backward; what the unit would
+    // keep is made all the same and dies with the call (a transient).
+    for (const SavedTensor &t : cost.saved)
+      cost.fwdWorkspace += bytes(t.type);
     cost.saved.clear();
     cost.backwardNeedsInput = cost.backwardNeedsOutput = false;
     cost.backwardAliases = 0;
