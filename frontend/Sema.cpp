@@ -100,7 +100,8 @@ constexpr Deferred kDeferredBudget[] = {
 constexpr StringRef kBackboneKeys[] = {
     "layers",    "hidden",    "heads",     "ffn",       "vocab",
     "seq",       "dropout",   "attention", "pointwise", "positions",
-    "norm_eps",  "kv_heads",  "rope_theta", "type_vocab", "freeze"};
+    "norm_eps",  "kv_heads",  "rope_theta", "type_vocab", "freeze",
+    "rope_scaling", "attention_bias", "mlp_bias"};
 /// What a pretrained backbone's config.json fixes (and its name there:
 /// GPT-2's, Llama's).
 constexpr std::tuple<StringRef, StringRef, StringRef> kFixedByCheckpoint[] = {
@@ -113,6 +114,9 @@ constexpr std::tuple<StringRef, StringRef, StringRef> kFixedByCheckpoint[] = {
     {"norm_eps", "layer_norm_epsilon", "rms_norm_eps"},
     {"kv_heads", "", "num_key_value_heads"},
     {"rope_theta", "", "rope_theta"},
+    {"rope_scaling", "", "rope_scaling"},
+    {"attention_bias", "", "attention_bias"},
+    {"mlp_bias", "", "mlp_bias"},
     {"type_vocab", "", "type_vocab_size"}};
 constexpr StringRef kBudgetKeys[] = {
     "device",       "memory",      "headroom",     "host_link",
@@ -565,9 +569,56 @@ void Sema::checkBackbone(const ast::Model &model, CheckedSpec &spec) {
   }
   if (const ast::Value *v = f.get("norm_eps"))
     out.normEps = real(*v, "norm_eps", limits::kNormEps).value_or(1e-5);
-  for (StringRef key : {"kv_heads", "rope_theta"})
+  for (StringRef key :
+       {"kv_heads", "rope_theta", "rope_scaling", "attention_bias", "mlp_bias"})
     if (const ast::Value *v = f.get(key); v && out.kind != BackboneKind::llama)
       error(v->loc) << "'" << key << "' is a llama backbone's";
+  // attention_bias = true | false, mlp_bias = true | false (default false).
+  for (auto [key, slot] : {std::pair{StringRef("attention_bias"),
+                                     &out.attentionBias},
+                           std::pair{StringRef("mlp_bias"), &out.mlpBias}})
+    if (const ast::Value *v = f.get(key)) {
+      static const StringRef truth[] = {"true", "false"};
+      if (std::optional<StringRef> c = choice(*v, key, truth))
+        *slot = *c == "true";
+    }
+  // rope_scaling = llama3(factor = 8, low_freq_factor = 1,
+  //                       high_freq_factor = 4, original_positions = 8192)
+  if (const ast::Value *v = f.get("rope_scaling")) {
+    static const StringRef params[] = {"factor", "low_freq_factor",
+                                       "high_freq_factor",
+                                       "original_positions"};
+    if (v->kind != ast::Value::Kind::Call || v->name != "llama3") {
+      auto diag = error(v->loc);
+      diag << "'rope_scaling' expects llama3(...)";
+      note(diag, v->loc,
+           "write rope_scaling = llama3(factor = 8, low_freq_factor = 1, "
+           "high_freq_factor = 4, original_positions = 8192)");
+    } else {
+      Args a(*this, *v, params);
+      std::vector<double> r;
+      for (StringRef p : params) {
+        const ast::Value *x = a.get(p);
+        if (!x) {
+          if (!a.wasGuessed(p))
+            error(v->loc) << "llama3(...) needs '" << p << "'";
+          continue;
+        }
+        std::optional<double> value =
+            p == "original_positions"
+                ? std::optional<double>(
+                      integer(*x, p, 1, int64_t(1) << 30).value_or(0))
+                : real(*x, p, 0.0, 1e6, /*openLo=*/true);
+        if (value)
+          r.push_back(*value);
+      }
+      if (r.size() == 4 && !(r[2] > r[1]))
+        error(v->loc) << "llama3(...): high_freq_factor (" << r[2]
+                      << ") must exceed low_freq_factor (" << r[1] << ")";
+      else if (r.size() == 4 && r[3] > 0)
+        out.ropeScaling = r;
+    }
+  }
   if (const ast::Value *v = f.get("kv_heads")) {
     out.kvHeads = integer(*v, "kv_heads", limits::kHeads).value_or(1);
     if (out.heads > 0 && *out.kvHeads > 0 && out.heads % *out.kvHeads)
