@@ -29,7 +29,7 @@
 // no region); right before the first backward unit reading their outputs, a
 // partial mtp.recompute re-creates the norm, up-projection and GELU outputs
 // from the block's input, and the backward units read those.
-// CHECK: %[[P:.*]]:3 = mtp.recompute 6 partial(%[[IN:.*]])
+// CHECK: %[[P:.*]]:3 = mtp.recompute 6 partial(%[[IN:[0-9a-z_]+]])
 // CHECK-NEXT: mtp.fwd mlp_norm[3](%[[IN]])
 // CHECK-NEXT: mtp.fwd mlp_up[3]
 // CHECK-NEXT: mtp.fwd mlp_act[3]

@@ -19,7 +19,7 @@ mtp.model @two {
 // CHECK-NEXT: optimizer       11.41 KiB
 // CHECK-NEXT: activations
 // CHECK-NEXT: activation grads
-// CHECK-NEXT: workspace       0 B
+// CHECK-NEXT: workspace       1.25 KiB
 // CHECK-NEXT: saved activations
 // CHECK-NEXT: only for lo: 420 B
 // CHECK-NEXT: only for hi:
