@@ -46,34 +46,12 @@ std::string MemoryReport::describe(Operation *op) {
   return text;
 }
 
-namespace {
-/// The parameter group a backward unit writes gradients into.
-} // namespace
-
-std::string mtp::gradientGroup(BwdOp op) {
-  switch (op.getUnit()) {
-  case UnitKind::embed:
-    return "embed";
-  case UnitKind::head:
-    return ("head." + op.getTaskAttr().getValue()).str();
-  case UnitKind::loss:
-    return "";
-  default:
-    return "layer" + std::to_string(op.getLayer());
-  }
-}
-
 ParameterGroups mtp::parameterGroups(StepOp step) {
   ParameterGroups groups;
   for (WeightsOp w : step.getBody().front().getOps<WeightsOp>()) {
-    std::string group = w.getGroup().str();
-    if (FlatSymbolRefAttr task = w.getTaskAttr())
-      group += "." + task.getValue().str();
     groups.total += w.getParams();
-    if (w.getFrozen())
-      continue;
-    groups.params[group] += w.getParams();
-    groups.trainable += w.getParams();
+    if (!w.getFrozen())
+      groups.trainable += w.getParams();
   }
   return groups;
 }

@@ -103,18 +103,13 @@ int64_t fuseWorkspaceBeyondResults(
     llvm::ArrayRef<std::pair<int64_t, int64_t>> regions,
     bool laterMicroBatch = false);
 
-/// The step's parameters by gradient group ("embed", "layer<l>",
-/// "head.<task>", "gate"), from its mtp.weights, and their total.
+/// The step's parameters, from its mtp.weights: all of them, and the
+/// trainable ones (a frozen group has no gradients and no optimizer state).
 struct ParameterGroups {
-  /// Trainable parameters per group (a frozen group's are not: it has no
-  /// gradients and no optimizer state).
-  llvm::StringMap<int64_t> params;
   int64_t total = 0;     ///< every parameter, frozen ones too
   int64_t trainable = 0; ///< the optimizer's
 };
 ParameterGroups parameterGroups(StepOp step);
-/// The group a backward unit writes gradients into; empty for losses.
-std::string gradientGroup(BwdOp op);
 
 /// The checkpoint regions of a materialized step (mtp.checkpoint ops), in
 /// block numbers, inclusive.

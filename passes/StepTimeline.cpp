@@ -4,7 +4,6 @@
 #include "passes/CostModel.h"
 
 #include "llvm/ADT/STLExtras.h"
-#include "llvm/ADT/StringSet.h"
 
 using namespace mlir;
 using namespace mtp;
