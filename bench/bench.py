@@ -34,6 +34,7 @@ machine and on what else runs on it (the load average is printed).
 """
 import argparse
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -1033,14 +1034,19 @@ def section_pretrained(args, b, r, out):
     out.append("A random 4-layer model of each family (hidden 256, 4 heads — Llama over 2 "
                "key/value heads with llama3 rotary scaling —, ffn 1024, vocab 1024) from "
                "`scripts/make-hf-model.py`, seq 128, batch 8, dropout 0, fp32, no strategy; "
-               "tasks: classify (pooled) at layer 4, tag at layer 2. The peer is "
+               "tasks: classify (pooled) at layer 4, tag at layer 2; each also with the "
+               "embeddings and layers 1-2 frozen (`freeze = layers(0, 2)`: the peer sets "
+               "their `requires_grad` off). The peer is "
                "`AutoModel.from_pretrained(DIR, attn_implementation=\"sdpa\")` with the same "
                "heads and AdamW (bench/peer.py `hf`). RSS: the peak above the level after a "
                "first step (both sides); %s time, %s thread(s).\n"
                % ("CPU" if key == "cpu_step" else "wall", args.threads or "LibTorch's"))
     py = sys.executable
     rows, results = [], {}
-    for family, extra in families:
+    # The usual fine-tune too: the embeddings and the lower half frozen
+    # (the tag head on layer 2 then trains alone on a no-grad backbone run).
+    freezes = ["none", "layers(0, 2)"]
+    for (family, extra), freeze in itertools.product(families, freezes):
         d = os.path.join(args.work, "hf-" + family)
         if not os.path.exists(os.path.join(d, "config.json")):
             run([py, os.path.join(ROOT, "scripts", "make-hf-model.py"), d, "--family",
@@ -1052,24 +1058,26 @@ def section_pretrained(args, b, r, out):
         text = spec_text("bench_" + family, None, tasks, strategy,
                          budget_block(args, 16 << 30),
                          {"steps": 20, "seed": 1, "log_every": 1},
-                         backbone_line='backbone pretrained("%s") { seq = 128  dropout = 0 }' % d)
+                         backbone_line='backbone pretrained("%s") { seq = 128  dropout = 0  '
+                                       'freeze = %s }' % (d, freeze))
         binary = b.build(text)
         plan, _ = b.plan(text)
-        init = os.path.join(args.work, "init-hf-" + family)
+        name = family if freeze == "none" else "%s, freeze %s" % (family, freeze)
+        init = os.path.join(args.work, "init-hf-" + family + ("" if freeze == "none" else "-frozen"))
         shutil.rmtree(init, ignore_errors=True)
         r.mtpc(binary, 0, extra=["--dump-init", init])
         entries = [{"name": "mtpc", "kind": "mtpc", "binary": binary, "extra": []},
                    {"name": "transformers", "kind": "peer", "variant": "hf"}]
         runs, steps, mem_steps = (2, 4, 3) if args.quick else (3, 6, 3)
-        log("pretrained %s: %d runs of %d steps" % (family, runs, steps))
+        log("pretrained %s: %d runs of %d steps" % (name, runs, steps))
         measure(r, entries, init, runs, steps, mem_steps, "rss_warm_above")
         m, p = entries
-        rows.append([family, fmt_bytes(planned_peak(plan)), fmt_bytes(m.get("tracked")),
+        rows.append([name, fmt_bytes(planned_peak(plan)), fmt_bytes(m.get("tracked")),
                      fmt_bytes(m["rss"]), fmt_bytes(p["rss"]),
                      fmt_ratio(m["rss"] / p["rss"]) if m["rss"] and p["rss"] else "—",
                      "%.0f" % (1e3 * m[key]), "%.0f" % (1e3 * p[key]),
                      fmt_ratio(m[key] / p[key])])
-        results[family] = {e["name"]: {k: v for k, v in e.items() if k != "binary"}
+        results[name] = {e["name"]: {k: v for k, v in e.items() if k != "binary"}
                            for e in entries}
     out.append(table(["family", "predicted peak", "tracked peak", "mtpc RSS",
                       "transformers RSS", "RSS ratio", "mtpc ms/step", "transformers ms/step",

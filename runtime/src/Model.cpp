@@ -526,6 +526,7 @@ at::Tensor Model::mlpProjections(const MlpParams &p, const at::Tensor &x,
   if (sink)
     (*sink)(normed);
   at::Tensor up = linear(p.up, normed);
+  normed.reset();
   if (sink)
     (*sink)(up);
   at::Tensor act = gelu(up);
@@ -558,9 +559,15 @@ at::Tensor Model::attentionBlock(const AttentionParams &p, const at::Tensor &x,
     at::Tensor k = rotate(
         qk.narrow(-1, a * d, kv * d).view({b, s, kv, d}).transpose(1, 2));
     qk.reset();
+    h.reset();
     at::Tensor ctx = mergeHeads(attentionCore(
         q, k, v.view({b, s, kv, d}).transpose(1, 2), causal, mask));
-    return x + dropout(linear(p.out, ctx));
+    q.reset();
+    k.reset();
+    v.reset();
+    at::Tensor out = dropout(linear(p.out, ctx));
+    ctx.reset();
+    return x + out;
   }
   at::Tensor qkv = p.postNorm ? linear(p.qkv, x)
                              : attentionProjections(p, x, sink);
@@ -570,9 +577,16 @@ at::Tensor Model::attentionBlock(const AttentionParams &p, const at::Tensor &x,
   qkvHeads.clear();
   qkv.reset();
   at::Tensor ctx = mergeHeads(attentionCore(q, k, v, causal, mask));
-  if (p.postNorm)
-    return norm(p.norm, x + dropout(linear(p.out, ctx)));
-  return x + dropout(linear(p.out, ctx));
+  q.reset(); // the projection's storage dies here unless autograd keeps it
+  k.reset();
+  v.reset();
+  at::Tensor out = dropout(linear(p.out, ctx));
+  ctx.reset();
+  if (!p.postNorm)
+    return x + out;
+  at::Tensor sum = x + out;
+  out.reset();
+  return norm(p.norm, sum);
 }
 
 at::Tensor Model::mlpBlock(const MlpParams &p, const at::Tensor &x,
@@ -582,14 +596,26 @@ at::Tensor Model::mlpBlock(const MlpParams &p, const at::Tensor &x,
     const int64_t f = gu.size(-1) / 2;
     at::Tensor act = at::silu(gu.narrow(-1, 0, f)) * gu.narrow(-1, f, f);
     gu.reset();
-    return x + dropout(linear(p.down, act));
+    at::Tensor down = dropout(linear(p.down, act));
+    act.reset();
+    return x + down;
   }
-  if (p.postNorm)
-    return norm(p.norm, x + dropout(linear(p.down, gelu(linear(p.up, x)))));
+  if (p.postNorm) {
+    at::Tensor up = linear(p.up, x);
+    at::Tensor act = gelu(up);
+    up.reset();
+    at::Tensor down = dropout(linear(p.down, act));
+    act.reset();
+    at::Tensor sum = x + down;
+    down.reset();
+    return norm(p.norm, sum);
+  }
   at::Tensor h = mlpProjections(p, x, sink);
-  return x + dropout(config_.pointwise == PointwiseKind::Fused
-                         ? geluLinear(h, p.down)
-                         : linear(p.down, h));
+  at::Tensor down = dropout(config_.pointwise == PointwiseKind::Fused
+                                ? geluLinear(h, p.down)
+                                : linear(p.down, h));
+  h.reset();
+  return x + down;
 }
 
 at::Tensor Model::attention(int64_t layer, const at::Tensor &x) const {

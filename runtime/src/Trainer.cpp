@@ -929,7 +929,8 @@ std::vector<at::Tensor> TrainerCore::forwardBackbone(const at::Tensor &tokens,
   return taps;
 }
 
-void TrainerCore::runBackbone(const Schedule &s) {
+void TrainerCore::runBackbone(const Schedule &s,
+                              const std::function<void(int64_t)> &afterChunk) {
   std::vector<int64_t> regionEnd(model_->numUnits(), -1);
   for (const auto &r : s.regions)
     regionEnd[r.first] = r.second;
@@ -960,6 +961,8 @@ void TrainerCore::runBackbone(const Schedule &s) {
     release(x); // the chain's last use: only what autograd saved keeps it
     x = next;
     u = last + 1;
+    if (afterChunk)
+      afterChunk(last);
   }
 }
 
@@ -977,12 +980,22 @@ StepStats TrainerCore::run(const Batch &batch, const Schedule &s,
     }
     for (int64_t mb = 0; mb < train_.microBatches; ++mb) {
       beginMicroBatch(mb);
-      runBackbone(s);
       std::vector<bool> offloaded(nt, s.offloadHeads);
       for (int64_t t : s.offloadHeadList)
         offloaded[t] = true;
+      // Each head as soon as its tap is made, as the step IR orders it
+      // (mtpc's timeline counts what the head keeps from there on).
+      std::vector<bool> headRun(nt, false);
+      runBackbone(s, [&](int64_t last) {
+        for (int64_t t = 0; t < nt; ++t)
+          if (!headRun[t] && Model::tapUnit(model_->heads()[t].tap) <= last) {
+            forwardHead(t, offloaded[t]);
+            headRun[t] = true;
+          }
+      });
       for (int64_t t = 0; t < nt; ++t)
-        forwardHead(t, offloaded[t]);
+        if (!headRun[t])
+          forwardHead(t, offloaded[t]);
       // Before head i's backward, heads up to i + prefetchAhead - 1.
       size_t prefetched = 0;
       for (size_t i = 0; i < order.size(); ++i) {

@@ -137,7 +137,10 @@ public:
 private:
   struct StepState;
   StepState &state(const char *phase, bool needMicroBatch);
-  void runBackbone(const Schedule &s);
+  /// The backbone's forward as `s` says; `afterChunk(last)` runs after each
+  /// unit or checkpoint region, `last` its final unit.
+  void runBackbone(const Schedule &s,
+                   const std::function<void(int64_t)> &afterChunk = {});
   StepStats run(const Batch &batch, const Schedule &s, bool applyUpdate);
   void validate(const Schedule &s) const;
   void finalizeGradients();
