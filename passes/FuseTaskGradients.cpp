@@ -37,9 +37,14 @@ void FuseTaskGradientsPass::runOnOperation() {
   // A head on a no-grad layer (the backbone's freeze) makes no gradient at
   // its tap: it takes no part.
   SmallVector<BwdOp> heads;
-  for (BwdOp bwd : body.getOps<BwdOp>())
-    if (bwd.getUnit() == UnitKind::head && !bwd.getInputGrads().empty())
+  BwdOp lastHead; // the fused op runs after every head's backward
+  for (BwdOp bwd : body.getOps<BwdOp>()) {
+    if (bwd.getUnit() != UnitKind::head)
+      continue;
+    lastHead = bwd;
+    if (!bwd.getInputGrads().empty())
       heads.push_back(bwd);
+  }
   if (heads.empty())
     return;
 
@@ -85,7 +90,7 @@ void FuseTaskGradientsPass::runOnOperation() {
   }
 
   OpBuilder b(model.getContext());
-  b.setInsertionPointAfter(heads.back());
+  b.setInsertionPointAfter(lastHead);
   Builder &attrs = b;
   auto fuse = b.create<FuseTaskGradsOp>(
       heads.back().getLoc(), fusedTypes, grads,
