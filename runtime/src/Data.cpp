@@ -104,10 +104,19 @@ class FileData : public DataSource {
 public:
   FileData(const std::string &path, const ModelConfig &m,
            const std::vector<HeadConfig> &h, Records records)
-      : path_(path), h_(h), records_(records.count),
-        present_(std::move(records.present)) {
+      : path_(path), h_(h), records_(records.count), seq_(m.seq),
+        present_(std::move(records.present)),
+        lengthsHost_(std::move(records.lengths)),
+        labelNames_(std::move(records.labelNames)) {
     tokens_ = at::from_blob(records.tokens.data(), {records_, m.seq}, at::kInt)
                   .to(at::kLong);
+    if (!lengthsHost_.empty())
+      lengths_ = at::from_blob(lengthsHost_.data(), {records_}, at::kInt)
+                     .to(at::kLong);
+    if (!records.types.empty())
+      types_ = at::from_blob(records.types.data(), {records_, m.seq},
+                             at::kByte)
+                   .to(at::kLong);
     for (size_t t = 0; t < h.size(); ++t)
       labels_.push_back(at::from_blob(records.labels[t].data(),
                                       {records_, labelWidth(h[t], m)},
@@ -119,17 +128,39 @@ public:
     at::Tensor idx = (at::arange(b, at::kLong) + pos * b) % records_;
     Batch out;
     out.tokens = tokens_.index_select(0, idx);
+    // Lengths only where a record of this batch is padded: a full batch
+    // runs attention without a mask (and its kernels' fastest path).
+    for (int64_t i = 0; i < b && !lengthsHost_.empty(); ++i)
+      if (lengthsHost_[(pos * b + i) % records_] < seq_) {
+        out.lengths = lengths_.index_select(0, idx);
+        break;
+      }
+    if (types_.defined())
+      out.types = types_.index_select(0, idx);
     for (size_t t = 0; t < h_.size(); ++t) {
-      bool all = true;
-      for (int64_t i = 0; i < b && all; ++i)
-        all = present_[t][(pos * b + i) % records_];
-      if (!all) {
+      // Present when a record of the batch has the task's labels; the
+      // others' are not scored (docs/contracts.md#missing-labels).
+      std::vector<uint8_t> has(static_cast<size_t>(b));
+      bool any = false, all = true;
+      for (int64_t i = 0; i < b; ++i) {
+        has[i] = present_[t][(pos * b + i) % records_];
+        any |= has[i] != 0;
+        all &= has[i] != 0;
+      }
+      out.partial.push_back(any && !all);
+      if (!any) {
         out.labels.emplace_back();
         continue;
       }
       at::Tensor l = labels_[t].index_select(0, idx);
       const HeadConfig &c = h_[t];
-      if (c.kind == HeadKind::Classify && c.loss == LossKind::Mse)
+      const bool mse = c.kind == HeadKind::Classify && c.loss == LossKind::Mse;
+      if (!all) {
+        const at::Tensor missing =
+            at::from_blob(has.data(), {b}, at::kByte).eq(0).unsqueeze(1);
+        l = l.masked_fill(missing, mse ? std::nan("") : double(kIgnoreLabel));
+      }
+      if (mse)
         out.labels.push_back(l);
       else if (c.kind == HeadKind::Classify)
         out.labels.push_back(l.select(1, 0).to(at::kLong));
@@ -142,14 +173,19 @@ public:
   std::string describe() const override {
     return path_ + " (" + std::to_string(records_) + " records)";
   }
+  std::vector<std::vector<std::string>> labelNames() const override {
+    return labelNames_;
+  }
 
 private:
   std::string path_;
   std::vector<HeadConfig> h_;
-  int64_t records_ = 0;
-  at::Tensor tokens_;
+  int64_t records_ = 0, seq_ = 0;
+  at::Tensor tokens_, lengths_, types_;
   std::vector<at::Tensor> labels_;
   std::vector<std::vector<uint8_t>> present_;
+  std::vector<int32_t> lengthsHost_;
+  std::vector<std::vector<std::string>> labelNames_;
 };
 
 Records readJsonLinesFile(const std::string &path, const ModelConfig &model,

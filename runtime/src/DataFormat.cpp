@@ -43,6 +43,33 @@ std::string shown(std::string_view s) {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+/// Token types a record may hold: the backbone's (BERT's 2), at least 1
+/// (type 0 everywhere), at most what a byte stores.
+int64_t typeLimit(const ModelConfig &m) {
+  return std::clamp<int64_t>(m.typeVocab, 1, 256);
+}
+
+/// Why a label name cannot be one ("" when it can): 1..kMaxNameBytes bytes,
+/// no control characters (a NUL would cut it short in every C string).
+std::string badLabelName(std::string_view name) {
+  if (name.empty() || name.size() > size_t(limits::kMaxNameBytes))
+    return "a label name must have 1 to " + str(limits::kMaxNameBytes) +
+           " bytes";
+  for (char c : name)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      return "label name '" + shown(name) + "' has a control character";
+  return "";
+}
+
+/// Label names a head may have: one per class of a classifier (cross
+/// entropy) or tagger, none for the other kinds.
+int64_t maxLabelNames(const HeadConfig &c) {
+  return (c.kind == HeadKind::Classify && c.loss != LossKind::Mse) ||
+                 c.kind == HeadKind::Tag
+             ? c.classes
+             : 0;
+}
+
 //===----------------------------------------------------------------------===//
 // JSON Lines
 //===----------------------------------------------------------------------===//
@@ -89,10 +116,13 @@ public:
     std::fill(has_.begin(), has_.end(), false);
     std::fill(seen_.begin(), seen_.end(), false);
     tokens_.clear();
+    types_.clear();
+    length_ = m_.seq;
     if (kind() != Kind::Object)
       bad("", "a record must be a JSON object");
     ++i_;
-    bool sawTokens = false, sawLabels = false;
+    bool sawTokens = false, sawLabels = false, sawLength = false,
+         sawTypes = false;
     if (!eat('}')) {
       do {
         if (!at('"'))
@@ -110,8 +140,24 @@ public:
             bad("labels", "appears twice");
           sawLabels = true;
           labels();
+        } else if (key == "length") {
+          if (sawLength)
+            bad("length", "appears twice");
+          sawLength = true;
+          const double x = kind() == Kind::Number ? number() : 0.0;
+          if (!(x >= 1 && x <= static_cast<double>(m_.seq) &&
+                x == std::floor(x)))
+            bad("length", "expected the count of real tokens, in [1, " +
+                              str(m_.seq) + "]");
+          length_ = static_cast<int32_t>(x);
+        } else if (key == "types") {
+          if (sawTypes)
+            bad("types", "appears twice");
+          sawTypes = true;
+          integers("types", m_.seq, typeLimit(m_), nullptr, &types_);
         } else {
-          bad(shown(key), "unknown field (expected tokens, labels)");
+          bad(shown(key),
+              "unknown field (expected tokens, labels, length, types)");
         }
       } while (eat(','));
       if (!eat('}'))
@@ -123,8 +169,22 @@ public:
     if (!sawTokens)
       bad("tokens", "missing");
 
-    // The record is good: commit it.
+    // The record is good: commit it. Lengths and types are stored once a
+    // record has them (the earlier records' defaults filled in).
     out_.tokens.insert(out_.tokens.end(), tokens_.begin(), tokens_.end());
+    if (length_ != m_.seq && out_.lengths.empty())
+      out_.lengths.assign(static_cast<size_t>(out_.count),
+                          static_cast<int32_t>(m_.seq));
+    if (!out_.lengths.empty())
+      out_.lengths.push_back(length_);
+    if (!types_.empty() && out_.types.empty())
+      out_.types.assign(static_cast<size_t>(out_.count * m_.seq), 0);
+    if (!out_.types.empty()) {
+      if (types_.empty())
+        out_.types.insert(out_.types.end(), static_cast<size_t>(m_.seq), 0);
+      else
+        out_.types.insert(out_.types.end(), types_.begin(), types_.end());
+    }
     for (size_t t = 0; t < h_.size(); ++t) {
       out_.present[t].push_back(has_[t] ? 1 : 0);
       std::vector<float> &l = out_.labels[t];
@@ -366,9 +426,11 @@ private:
     return out;
   }
 
-  /// Exactly `n` integers in [0, hi) (into `f` as floats or `ints`).
+  /// Exactly `n` integers in [0, hi), or kIgnoreLabel too where
+  /// `ignorable` (into `f` as floats or `ints`).
   void integers(const std::string &field, int64_t n, int64_t hi,
-                std::vector<float> *f, std::vector<int32_t> *ints) {
+                std::vector<float> *f, std::vector<int32_t> *ints,
+                bool ignorable = false) {
     if (kind() != Kind::Array)
       bad(field, "expected an array of " + str(n) + " integers");
     ++i_;
@@ -376,10 +438,12 @@ private:
     if (!eat(']')) {
       do {
         const Kind k = kind();
-        const double x = k == Kind::Number ? number() : -1.0;
-        if (!(x >= 0 && x < static_cast<double>(hi) && x == std::floor(x)))
+        const double x = k == Kind::Number ? number() : -2.0;
+        if (!((x >= 0 || (ignorable && x == kIgnoreLabel)) &&
+              x < static_cast<double>(hi) && x == std::floor(x)))
           bad(field + "[" + str(count) + "]",
-              "expected an integer in [0, " + str(hi) + ")");
+              "expected an integer in [0, " + str(hi) + ")" +
+                  (ignorable ? " or -1 (not scored)" : ""));
         if (count < n) {
           if (f)
             f->push_back(static_cast<float>(x));
@@ -466,7 +530,7 @@ private:
       }
       break;
     case HeadKind::Tag:
-      integers(field, m_.seq, c.classes, &out, nullptr);
+      integers(field, m_.seq, c.classes, &out, nullptr, /*ignorable=*/true);
       break;
     case HeadKind::Span:
       integers(field, 2, m_.seq, &out, nullptr);
@@ -474,7 +538,8 @@ private:
         bad(field, "start is after end");
       break;
     case HeadKind::Decoder:
-      integers(field, c.targetSeq, targetVocab(c, m_), &out, nullptr);
+      integers(field, c.targetSeq, targetVocab(c, m_), &out, nullptr,
+               /*ignorable=*/true);
       break;
     }
   }
@@ -487,7 +552,8 @@ private:
   std::string_view s_;
   size_t i_ = 0;
   int64_t line_ = 0;
-  std::vector<int32_t> tokens_;
+  std::vector<int32_t> tokens_, types_;
+  int32_t length_ = 0;
   std::vector<std::vector<float>> staged_;
   std::vector<bool> has_, seen_;
 };
@@ -561,6 +627,7 @@ Records readJsonLines(std::istream &in, const std::string &path,
   Records out;
   out.present.resize(heads.size());
   out.labels.resize(heads.size());
+  out.labelNames.resize(heads.size());
   RecordParser parser(path, model, heads, out);
   const size_t limit = maxJsonLinesLineBytes(model, heads);
   std::string line;
@@ -599,12 +666,20 @@ Records readShard(std::istream &in, uint64_t size, const std::string &path,
     r.fail("not an mtprt shard (bad magic); make one with `PROGRAM --data "
            "FILE.jsonl --write-shard FILE.shard`");
   r.get(&version, 4, "the header");
-  if (version != kShardVersion)
-    r.fail("field version: " + str(version) + ", this runtime reads " +
-           str(kShardVersion) + "; write the shard again with --write-shard");
+  if (version != 1 && version != kShardVersion)
+    r.fail("field version: " + str(version) + ", this runtime reads 1 and " +
+           str(kShardVersion) +
+           "; write the shard again with --write-shard or mtpc prepare");
   r.get(&tasks, 4, "the header");
   r.get(&records, 8, "the header");
   r.get(&seq, 8, "the header");
+  uint32_t flags = 0;
+  if (version >= 2) {
+    r.get(&flags, 4, "the header");
+    if (flags & ~(kShardHasLengths | kShardHasTypes))
+      r.fail("field flags: " + str(flags) + " has bits this runtime does not "
+             "know (a newer shard, or a damaged header)");
+  }
   if (seq != model.seq)
     r.fail("field seq: " + str(seq) + ", the model has " + str(model.seq));
   if (tasks > heads.size())
@@ -625,6 +700,7 @@ Records readShard(std::istream &in, uint64_t size, const std::string &path,
 
   std::vector<int64_t> order(tasks);
   std::vector<bool> taken(heads.size(), false);
+  std::vector<std::vector<std::string>> names(heads.size());
   for (uint32_t i = 0; i < tasks; ++i) {
     const std::string entry = "the task table (entry " + str(i) + ")";
     uint32_t len = 0;
@@ -649,7 +725,34 @@ Records readShard(std::istream &in, uint64_t size, const std::string &path,
       r.fail("task " + name + ": label width " + str(width) + ", expected " +
              str(expected));
     order[i] = static_cast<int64_t>(t);
+    if (version < 2)
+      continue;
+    uint32_t count = 0;
+    r.get(&count, 4, entry);
+    if (int64_t(count) > maxLabelNames(heads[t]))
+      r.fail("task " + name + ": " + str(count) + " label names, but it has " +
+             (maxLabelNames(heads[t])
+                  ? str(maxLabelNames(heads[t])) + " classes"
+                  : std::string("no named labels")) +
+             " (prepare the data for this spec)");
+    for (uint32_t k = 0; k < count; ++k) {
+      const std::string where = "task " + name + ": label name " + str(k);
+      r.get(&len, 4, where);
+      if (len == 0 || len > uint32_t(limits::kMaxNameBytes))
+        r.fail(where + ": length " + str(len) + " is not in [1, " +
+               str(limits::kMaxNameBytes) + "]");
+      std::string label(std::min<uint64_t>(len, r.left()), '\0');
+      r.get(label.data(), len, where);
+      if (std::string why = badLabelName(label); !why.empty())
+        r.fail(where + ": " + why);
+      names[t].push_back(std::move(label));
+    }
   }
+  const bool hasLengths = flags & kShardHasLengths,
+             hasTypes = flags & kShardHasTypes;
+  // The optional sections, sized by the records (already bounded above).
+  const uint64_t lengthBytes = hasLengths ? uint64_t(records) * 4 : 0,
+                 typeBytes = hasTypes ? tokenBytes / 4 : 0;
 
   // The whole layout against the file's length: a short file names the
   // section it ends in, a long one is refused, before the big reads.
@@ -657,6 +760,10 @@ Records readShard(std::istream &in, uint64_t size, const std::string &path,
     uint64_t end = r.offset() + tokenBytes;
     if (end > size)
       r.fail("truncated in the tokens");
+    if ((end += lengthBytes) > size)
+      r.fail("truncated in the lengths");
+    if ((end += typeBytes) > size)
+      r.fail("truncated in the token types");
     for (uint32_t i = 0; i < tasks; ++i) {
       const int64_t width = labelWidth(heads[order[i]], model);
       uint64_t labelBytes = 0, taskBytes = 0;
@@ -679,6 +786,25 @@ Records readShard(std::istream &in, uint64_t size, const std::string &path,
     if (out.tokens[k] < 0 || out.tokens[k] >= model.vocab)
       r.failRecord(int64_t(k) / seq,
                    "field tokens: id out of [0, " + str(model.vocab) + ")");
+  if (hasLengths) {
+    out.lengths.resize(static_cast<size_t>(records));
+    r.get(out.lengths.data(), lengthBytes, "the lengths");
+    for (int64_t k = 0; k < records; ++k)
+      if (out.lengths[k] < 1 || out.lengths[k] > seq)
+        r.failRecord(k, "field length: " + str(out.lengths[k]) +
+                            " is not in [1, " + str(seq) + "]");
+  }
+  if (hasTypes) {
+    out.types.resize(static_cast<size_t>(records * seq));
+    r.get(out.types.data(), typeBytes, "the token types");
+    for (size_t k = 0; k < out.types.size(); ++k)
+      if (out.types[k] >= typeLimit(model))
+        r.failRecord(int64_t(k) / seq,
+                     "field types: " + str(out.types[k]) + " is not in [0, " +
+                         str(typeLimit(model)) +
+                         ") (the backbone's token types)");
+  }
+  out.labelNames = std::move(names);
 
   out.present.assign(heads.size(), {});
   out.labels.assign(heads.size(), {});
@@ -698,6 +824,8 @@ Records readShard(std::istream &in, uint64_t size, const std::string &path,
                            ? c.classes
                        : c.kind == HeadKind::Span ? model.seq
                                                   : targetVocab(c, model);
+    const bool ignorable =
+        c.kind == HeadKind::Tag || c.kind == HeadKind::Decoder;
     for (int64_t rec = 0; rec < records; ++rec) {
       if (present[rec] > 1)
         r.failRecord(rec, "task " + c.name + ": presence flag " +
@@ -708,11 +836,13 @@ Records readShard(std::istream &in, uint64_t size, const std::string &path,
       for (int64_t k = 0; k < width; ++k) {
         const float x = l[k];
         if (mse ? !std::isfinite(x)
-                : !(x >= 0 && x < static_cast<float>(hi) && x == std::floor(x)))
+                : !((x >= 0 || (ignorable && x == kIgnoreLabel)) &&
+                    x < static_cast<float>(hi) && x == std::floor(x)))
           r.failRecord(rec, "field labels." + c.name +
                                 (mse ? ": expected finite numbers"
                                      : ": expected integers in [0, " +
-                                           str(hi) + ")"));
+                                           str(hi) + ")" +
+                                           (ignorable ? " or -1" : "")));
       }
       if (c.kind == HeadKind::Span && l[0] > l[1])
         r.failRecord(rec, "field labels." + c.name + ": start is after end");
@@ -735,20 +865,36 @@ void writeShard(std::ostream &out, const Records &records,
     out.write(static_cast<const char *>(p), static_cast<std::streamsize>(n));
   };
   const uint32_t version = kShardVersion,
-                 tasks = static_cast<uint32_t>(heads.size());
+                 tasks = static_cast<uint32_t>(heads.size()),
+                 flags = (records.lengths.empty() ? 0 : kShardHasLengths) |
+                         (records.types.empty() ? 0 : kShardHasTypes);
   put(kShardMagic, 8);
   put(&version, 4);
   put(&tasks, 4);
   put(&records.count, 8);
   put(&model.seq, 8);
-  for (const HeadConfig &h : heads) {
+  put(&flags, 4);
+  for (size_t t = 0; t < heads.size(); ++t) {
+    const HeadConfig &h = heads[t];
     const uint32_t len = static_cast<uint32_t>(h.name.size());
     const int64_t width = labelWidth(h, model);
     put(&len, 4);
     put(h.name.data(), len);
     put(&width, 8);
+    static const std::vector<std::string> none;
+    const std::vector<std::string> &names =
+        t < records.labelNames.size() ? records.labelNames[t] : none;
+    const uint32_t count = static_cast<uint32_t>(names.size());
+    put(&count, 4);
+    for (const std::string &n : names) {
+      const uint32_t nlen = static_cast<uint32_t>(n.size());
+      put(&nlen, 4);
+      put(n.data(), nlen);
+    }
   }
   put(records.tokens.data(), records.tokens.size() * 4);
+  put(records.lengths.data(), records.lengths.size() * 4);
+  put(records.types.data(), records.types.size());
   for (size_t t = 0; t < heads.size(); ++t) {
     put(records.present[t].data(), records.present[t].size());
     put(records.labels[t].data(), records.labels[t].size() * 4);

@@ -1041,7 +1041,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
   if (rank0 && !core.model().pretrainedSummary().empty())
     std::fprintf(stderr, "%s\n", core.model().pretrainedSummary().c_str());
   if (!o.dumpHidden.empty() && rank0) {
-    writeHiddenStates(core.model(), data->batch(0, o.batchSize).tokens,
+    writeHiddenStates(core.model(), data->batch(0, o.batchSize),
                       o.dumpHidden);
     std::fprintf(stderr, "wrote the hidden states to %s\n",
                  o.dumpHidden.c_str());

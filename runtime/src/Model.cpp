@@ -18,6 +18,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "mtprt/torch/Model.h"
+#include "mtprt/DataFormat.h"
 #include "mtprt/torch/Pretrained.h"
 
 #include "mtprt/torch/Fused.h"
@@ -47,17 +48,29 @@ const char *toString(GradScope scope) {
 
 Batch Batch::slice(int64_t begin, int64_t end) const {
   Batch b;
-  b.tokens = tokens.narrow(0, begin, end - begin);
+  auto rows = [&](const at::Tensor &t) {
+    return t.defined() ? t.narrow(0, begin, end - begin) : t;
+  };
+  b.tokens = rows(tokens);
+  b.lengths = rows(lengths);
+  b.types = rows(types);
   for (const at::Tensor &l : labels)
-    b.labels.push_back(l.defined() ? l.narrow(0, begin, end - begin) : l);
+    b.labels.push_back(rows(l));
+  b.partial = partial;
   return b;
 }
 
 Batch Batch::to(const at::Device &device) const {
   Batch b;
+  auto moved = [&](const at::Tensor &t) {
+    return t.defined() ? t.to(device) : t;
+  };
   b.tokens = tokens.to(device);
+  b.lengths = moved(lengths);
+  b.types = moved(types);
   for (const at::Tensor &l : labels)
-    b.labels.push_back(l.defined() ? l.to(device) : l);
+    b.labels.push_back(moved(l));
+  b.partial = partial;
   return b;
 }
 
@@ -165,8 +178,28 @@ at::Tensor mergeHeads(const at::Tensor &x) {
   return x.transpose(1, 2).reshape({x.size(0), x.size(2), -1});
 }
 
-at::Tensor crossEntropy(const at::Tensor &logits, const at::Tensor &labels) {
-  return at::cross_entropy_loss(logits.to(at::kFloat), labels);
+/// The mean over the scored labels (kIgnoreLabel: a record without the
+/// task's label, a word's later sub-token); 0, not NaN, where a micro-batch
+/// has none of them.
+at::Tensor crossEntropy(const at::Tensor &logits, const at::Tensor &labels,
+                        bool partial) {
+  if (!partial)
+    return at::cross_entropy_loss(logits.to(at::kFloat), labels, {},
+                                  at::Reduction::Mean, kIgnoreLabel);
+  const at::Tensor sum = at::cross_entropy_loss(
+      logits.to(at::kFloat), labels, {}, at::Reduction::Sum, kIgnoreLabel);
+  return sum / labels.ne(kIgnoreLabel).sum().clamp_min(1).to(at::kFloat);
+}
+
+/// Mean squared error over the targets present (NaN: a record without the
+/// task's label).
+at::Tensor meanSquared(const at::Tensor &out, const at::Tensor &target,
+                       bool partial) {
+  if (!partial)
+    return at::mse_loss(out.to(at::kFloat), target.to(at::kFloat));
+  const at::Tensor y = target.to(at::kFloat), known = y.isnan().logical_not();
+  const at::Tensor d = (out.to(at::kFloat) - y.nan_to_num(0.0)) * known;
+  return (d * d).sum() / known.sum().clamp_min(1).to(at::kFloat);
 }
 
 } // namespace
@@ -408,6 +441,18 @@ at::Tensor Model::dropout(const at::Tensor &x) const {
   return std::get<0>(at::native_dropout(x, config_.dropout, true));
 }
 
+void Model::setInputs(const at::Tensor &lengths, const at::Tensor &types) {
+  keyMask_ = types_ = at::Tensor();
+  if (lengths.defined()) {
+    const at::Tensor l = lengths.to(device_, at::kLong);
+    keyMask_ = (at::arange(config_.seq, l.options()).unsqueeze(0) <
+                l.unsqueeze(1))
+                   .view({l.size(0), 1, 1, config_.seq});
+  }
+  if (types.defined())
+    types_ = types.to(device_, at::kLong);
+}
+
 at::Tensor Model::embed(const at::Tensor &tokens) const {
   if (tokens.dim() != 2 || tokens.size(1) > config_.seq)
     throw std::invalid_argument(
@@ -426,6 +471,14 @@ at::Tensor Model::embed(const at::Tensor &tokens) const {
     at::Tensor pos = positions.defined()
                          ? at::embedding(posEmb_, positions, config_.positionPad)
                          : posEmb_.narrow(0, 0, tokens.size(1));
+    if (types_.defined() && types_.sizes() == tokens.sizes()) {
+      // Each token's type (a sentence pair's second segment: 1); one
+      // temporary at a time beside the sum.
+      at::Tensor x = at::embedding(tokEmb_, tokens, config_.tokenPad);
+      x = x + at::embedding(typeEmb_, types_);
+      x = x + pos;
+      return dropout(norm(embedNorm_, x));
+    }
     at::Tensor x = at::embedding(tokEmb_, tokens, config_.tokenPad) +
                    typeEmb_.narrow(0, 0, 1) + pos;
     return dropout(norm(embedNorm_, x));
@@ -451,15 +504,28 @@ at::Tensor Model::attentionCore(const at::Tensor &q, const at::Tensor &k,
                                 const at::Tensor &v, bool causal,
                                 const at::Tensor &mask) const {
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  // Padding keys, where the batch has them, for bidirectional attention
+  // (causal attention never reaches right padding from a real token).
+  const at::Tensor keys =
+      !causal && keyMask_.defined() && keyMask_.size(0) == k.size(0) &&
+              keyMask_.size(-1) == k.size(-2)
+          ? keyMask_
+          : at::Tensor();
   if (fusedAttention()) {
     // One kernel (flash / memory-efficient on CUDA, flash on the CPU) that
     // keeps q, k, v, its output and the log-sum-exp; its output's layout
-    // is [B, S, a, d], so merging the heads afterwards is a view.
+    // is [B, S, a, d], so merging the heads afterwards is a view. A key
+    // mask adds its [B, 1, 1, S] float copy.
     return at::scaled_dot_product_attention(
-        q, k, v, /*attn_mask=*/{}, training_ ? config_.dropout : 0.0, causal,
-        scale, /*enable_gqa=*/k.size(1) != q.size(1));
+        q, k, v,
+        keys.defined() ? std::optional<at::Tensor>(keys) : std::nullopt,
+        training_ ? config_.dropout : 0.0, causal, scale,
+        /*enable_gqa=*/k.size(1) != q.size(1));
   }
   at::Tensor scores = at::matmul(q * scale, k.transpose(-2, -1));
+  if (keys.defined())
+    scores = scores.masked_fill(keys.logical_not(),
+                                -std::numeric_limits<float>::infinity());
   if (causal)
     scores = scores.masked_fill(mask.defined() ? mask : causalMask(q.size(-2)),
                                 -std::numeric_limits<float>::infinity());
@@ -781,22 +847,22 @@ std::vector<at::Tensor> Model::head(int64_t h, const at::Tensor &tap,
 }
 
 at::Tensor Model::loss(int64_t h, const std::vector<at::Tensor> &out,
-                       const at::Tensor &labels) const {
+                       const at::Tensor &labels, bool partial) const {
   const HeadConfig &c = headConfigs_.at(h);
   if (!labels.defined())
     throw std::invalid_argument("mtprt: loss \"" + c.name + "\": no labels");
   switch (c.kind) {
   case HeadKind::Classify:
     if (c.loss == LossKind::Mse)
-      return at::mse_loss(out[0].to(at::kFloat), labels.to(at::kFloat));
-    return crossEntropy(out[0], labels);
+      return meanSquared(out[0], labels, partial);
+    return crossEntropy(out[0], labels, partial);
   case HeadKind::Tag:
   case HeadKind::Decoder:
     return crossEntropy(out[0].reshape({-1, out[0].size(-1)}),
-                        labels.reshape({-1}));
+                        labels.reshape({-1}), partial);
   case HeadKind::Span:
-    return 0.5 * (crossEntropy(out[0], labels.select(1, 0)) +
-                  crossEntropy(out[1], labels.select(1, 1)));
+    return 0.5 * (crossEntropy(out[0], labels.select(1, 0), partial) +
+                  crossEntropy(out[1], labels.select(1, 1), partial));
   }
   return {};
 }

@@ -328,10 +328,12 @@ void writeSafetensors(
   renameInto(tmp, path);
 }
 
-void writeHiddenStates(Model &model, const at::Tensor &tokens,
+void writeHiddenStates(Model &model, const Batch &batch,
                        const std::string &path) {
+  const at::Tensor &tokens = batch.tokens;
   const bool training = model.training();
   model.setTraining(false);
+  model.setInputs(batch.lengths, batch.types);
   std::vector<at::Tensor> hidden;
   at::Tensor x = tokens.to(model.device());
   for (int64_t u = 0; u < model.numUnits(); ++u) {
@@ -343,6 +345,15 @@ void writeHiddenStates(Model &model, const at::Tensor &tokens,
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1234);
   std::vector<std::pair<std::string, at::Tensor>> out;
   out.emplace_back("tokens", tokens.to(at::kCPU, at::kLong));
+  // Hugging Face's attention_mask and token_type_ids, where the batch has
+  // them.
+  if (batch.lengths.defined())
+    out.emplace_back("attention_mask",
+                     (at::arange(tokens.size(1), at::kLong).unsqueeze(0) <
+                      batch.lengths.to(at::kCPU, at::kLong).unsqueeze(1))
+                         .to(at::kLong));
+  if (batch.types.defined())
+    out.emplace_back("token_type_ids", batch.types.to(at::kCPU, at::kLong));
   at::Tensor objective = at::zeros({}, hidden[0].options());
   for (size_t l = 0; l < hidden.size(); ++l) {
     at::Tensor probe = at::empty(hidden[l].sizes(), at::kFloat);
@@ -370,6 +381,7 @@ void writeHiddenStates(Model &model, const at::Tensor &tokens,
       g = g.narrow(0, t.rowOffset, t.shape[0]).contiguous();
     out.emplace_back("grad." + t.name, t.transposed ? g.t().contiguous() : g);
   }
+  model.setInputs({}, {});
   writeSafetensors(path, out);
 }
 

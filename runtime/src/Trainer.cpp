@@ -373,6 +373,7 @@ void TrainerCore::beginMicroBatch(int64_t mb) {
   const int64_t begin = st.bsz * mb / micro, end = st.bsz * (mb + 1) / micro;
   st.mb = mb;
   st.b = st.batch.slice(begin, end);
+  model_->setInputs(st.b.lengths, st.b.types);
   st.weight = static_cast<double>(end - begin) / static_cast<double>(st.bsz);
   st.values = {st.b.tokens};
   st.taps.assign(model_->config().layers + 1, at::Tensor());
@@ -534,16 +535,19 @@ void TrainerCore::forwardHead(int64_t t, bool offload) {
                            ", which this micro-batch has not computed");
   PrecisionGuard precision(train_.precision, m.device());
   at::Tensor loss;
+  const bool partial = t < int64_t(st.b.partial.size()) && st.b.partial[t];
   const std::string group = "head" + std::to_string(t);
   if (offload) {
     {
       // The tap and the labels stay on the device for other uses anyway.
       Offloader::Scope scope(*offloader_, group, {tap, st.b.labels[t]});
-      loss = m.loss(t, m.head(t, tap, st.b.labels[t]), st.b.labels[t]);
+      loss = m.loss(t, m.head(t, tap, st.b.labels[t]), st.b.labels[t],
+                    partial);
     }
     offloader_->waitOffloaded(group);
   } else {
-    loss = m.loss(t, m.head(t, tap, st.b.labels[t]), st.b.labels[t]);
+    loss = m.loss(t, m.head(t, tap, st.b.labels[t]), st.b.labels[t],
+                    partial);
   }
   st.losses[t] += loss.item<double>() * st.weight;
   // The spec's loss weight scales what the task back-propagates.
@@ -917,6 +921,7 @@ std::vector<at::Tensor> TrainerCore::forwardBackbone(const at::Tensor &tokens,
   st->b.tokens = tokens.to(model_->device());
   st->values = {st->b.tokens};
   st->taps.assign(model_->config().layers + 1, at::Tensor());
+  model_->setInputs({}, {});
   state_ = std::move(st);
   try {
     runBackbone(s);

@@ -13,6 +13,7 @@
 #include "mtprt/Runtime.h"
 #include "mtprt/torch/Checkpoint.h"
 #include "mtprt/torch/Data.h"
+#include "mtprt/DataFormat.h"
 #include "mtprt/torch/GradPipeline.h"
 
 #include "Fixtures.h"
@@ -551,9 +552,15 @@ TEST(Data, LoadsTheShippedSample) {
   EXPECT_EQ(b.labels[1].sizes(), at::IntArrayRef({4, 8}));
   EXPECT_EQ(b.labels[2].sizes(), at::IntArrayRef({4, 2}));
   EXPECT_TRUE(at::equal(b.labels[0], b.tokens.select(1, 0) % 4));
-  // Record 6 (index 5) has no span label: batch 1 of 4 includes it.
-  EXPECT_FALSE(src->batch(1, 4).labels[2].defined());
-  EXPECT_TRUE(src->batch(1, 4).labels[0].defined());
+  // Record 6 (index 5) has no span label: batch 1 of 4 includes it, whose
+  // span labels are then partial, that record's not scored.
+  Batch b1 = src->batch(1, 4);
+  ASSERT_TRUE(b1.labels[2].defined());
+  EXPECT_TRUE(b1.partial[2]);
+  EXPECT_FALSE(b1.partial[0]);
+  EXPECT_EQ(b1.labels[2][1][0].item<int64_t>(), kIgnoreLabel);
+  EXPECT_EQ(b1.labels[2][1][1].item<int64_t>(), kIgnoreLabel);
+  EXPECT_GE(b1.labels[2][0][0].item<int64_t>(), 0);
   // Wraps around: batch 6 of 4 is records 0..3 again.
   EXPECT_TRUE(at::equal(src->batch(6, 4).tokens, b.tokens));
 }

@@ -232,7 +232,8 @@ TEST(Readers, JsonLinesIsStrictJson) {
             atLine(1, ", field labels.reg: expected an array of 3 numbers, "
                       "got 2"));
   EXPECT_EQ(jsonError(t + R"(8], "labels": {"gen": [1, 2, 3, 10]}})"),
-            atLine(1, ", field labels.gen[3]: expected an integer in [0, 10)"));
+            atLine(1, ", field labels.gen[3]: expected an integer in [0, 10) "
+                    "or -1 (not scored)"));
   EXPECT_EQ(jsonError(t + "8, 9]}"),
             atLine(1, ", field tokens: has 9 values, expected 8"));
   EXPECT_EQ(jsonError(t + "1e400]}"),
@@ -302,10 +303,99 @@ TEST(Readers, ShardRoundTripsEveryHeadKind) {
   EXPECT_EQ(s.labels, r.labels);
 }
 
+TEST(Readers, PaddingTypesIgnoredTagsAndLabelNamesRoundTrip) {
+  // A padded record (length 5), token types, a later sub-token's tag not
+  // scored (-1); records before and after take the defaults.
+  ModelConfig bert = tinyModel();
+  bert.typeVocab = 2;
+  const std::string text =
+      kRecord + "\n" +
+      R"({"tokens": [1, 2, 3, 4, 5, 0, 0, 0], "length": 5, )"
+      R"("types": [0, 0, 1, 1, 1, 0, 0, 0], )"
+      R"("labels": {"tag": [0, 1, -1, 2, -1, -1, -1, -1]}})" +
+      "\n" + kRecord;
+  std::istringstream in(text);
+  Records r = readJsonLines(in, kPath, bert, heads());
+  ASSERT_EQ(r.count, 3);
+  EXPECT_EQ(r.lengths, std::vector<int32_t>({8, 5, 8}));
+  ASSERT_EQ(r.types.size(), 24u);
+  EXPECT_EQ(r.types[8 + 2], 1);
+  EXPECT_EQ(r.types[0], 0);
+  EXPECT_EQ(r.labels[2][8 + 2], float(kIgnoreLabel));
+  r.labelNames[0] = {"neg", "neutral", "pos", "mixed"};
+  r.labelNames[2] = {"O", "B-PER", "I-PER"};
+  std::ostringstream out;
+  writeShard(out, r, "s.shard", bert, heads());
+  std::istringstream back(out.str());
+  const Records s = readShard(back, out.str().size(), "s.shard", bert, heads());
+  EXPECT_EQ(s.lengths, r.lengths);
+  EXPECT_EQ(s.types, r.types);
+  EXPECT_EQ(s.labels, r.labels);
+  EXPECT_EQ(s.labelNames, r.labelNames);
+
+  // Refused where they stand.
+  auto bad = [&](const std::string &rec) {
+    return limited([&] {
+      std::istringstream in(rec);
+      readJsonLines(in, kPath, bert, heads());
+    });
+  };
+  const std::string t = R"({"tokens": [1, 2, 3, 4, 5, 6, 7, 8], )";
+  EXPECT_EQ(bad(t + R"("length": 0})"),
+            atLine(1, ", field length: expected the count of real tokens, "
+                      "in [1, 8]"));
+  EXPECT_EQ(bad(t + R"("length": 9})"),
+            atLine(1, ", field length: expected the count of real tokens, "
+                      "in [1, 8]"));
+  EXPECT_EQ(bad(t + R"("types": [0, 0, 2, 0, 0, 0, 0, 0]})"),
+            atLine(1, ", field types[2]: expected an integer in [0, 2)"));
+  EXPECT_EQ(bad(t + R"("labels": {"cls": -1}})"),
+            atLine(1, ", field labels.cls: expected a class in [0, 4)"));
+  EXPECT_EQ(bad(t + R"("labels": {"tag": [0, 0, -2, 0, 0, 0, 0, 0]}})"),
+            atLine(1, ", field labels.tag[2]: expected an integer in [0, 6) "
+                      "or -1 (not scored)"));
+  // Without token types in the backbone, only type 0.
+  EXPECT_EQ(jsonError(t + R"("types": [0, 0, 1, 0, 0, 0, 0, 0]})"),
+            atLine(1, ", field types[2]: expected an integer in [0, 1)"));
+
+  // A label name with a control character, in a shard.
+  Records named = r;
+  named.labelNames[0][1] = std::string("neu\0tral", 8);
+  std::ostringstream w;
+  writeShard(w, named, "s.shard", bert, heads());
+  EXPECT_EQ(limited([&] {
+              std::istringstream in(w.str());
+              readShard(in, w.str().size(), "s.shard", bert, heads());
+            }),
+            shardFails("task cls: label name 1: label name 'neu?tral' has a "
+                       "control character"));
+}
+
+TEST(Readers, VersionOneShardsStillRead) {
+  // A version 2 shard without names, lengths or types is a version 1 shard
+  // plus the flags word and a zero name count per task.
+  const Records r =
+      readText(kRecord + "\n" + R"({"tokens": [0,0,0,0,0,0,0,31]})");
+  std::string v2 = shardOf(r), v1 = v2.substr(0, 32);
+  poke<uint32_t>(v1, 8, 1u);
+  size_t at = 36;
+  for (const HeadConfig &h : heads()) {
+    const size_t entry = 4 + h.name.size() + 8;
+    v1 += v2.substr(at, entry);
+    at += entry + 4;
+  }
+  v1 += v2.substr(at);
+  const Records s = readShardBytes(v1);
+  EXPECT_EQ(s.tokens, r.tokens);
+  EXPECT_EQ(s.labels, r.labels);
+  EXPECT_TRUE(s.lengths.empty());
+}
+
 TEST(Readers, ShardHeaderFieldsAreCheckedBeforeAllocating) {
   const std::string good =
       shardOf(readText(kRecord + "\n" + R"({"tokens": [0,0,0,0,0,0,0,31]})"));
-  // Offsets: magic 0, version 8, tasks 12, records 16, seq 24, table 32.
+  // Offsets: magic 0, version 8, tasks 12, records 16, seq 24, flags 32,
+  // table 36 (an entry: name length, name, width, label-name count, names).
   std::string b = good;
   poke<uint32_t>(b, 12, 0x7fff0005); // one flipped byte: once ~34 GB
   EXPECT_EQ(shardError(b),
@@ -332,19 +422,29 @@ TEST(Readers, ShardHeaderFieldsAreCheckedBeforeAllocating) {
   b = good;
   poke<uint32_t>(b, 8, 7);
   EXPECT_EQ(shardError(b), shardFails("field version: 7, this runtime reads "
-                                      "1; write the shard again with "
-                                      "--write-shard"));
+                                      "1 and 2; write the shard again with "
+                                      "--write-shard or mtpc prepare"));
   b = good;
-  poke<uint32_t>(b, 32, 0xfffffff0u);
+  poke<uint32_t>(b, 32, 8u);
+  EXPECT_EQ(shardError(b),
+            shardFails("field flags: 8 has bits this runtime does not know (a "
+                       "newer shard, or a damaged header)"));
+  b = good;
+  poke<uint32_t>(b, 36 + 4 + 3 + 8, 5u); // cls: 5 label names, 4 classes
+  EXPECT_EQ(shardError(b),
+            shardFails("task cls: 5 label names, but it has 4 classes "
+                       "(prepare the data for this spec)"));
+  b = good;
+  poke<uint32_t>(b, 36, 0xfffffff0u);
   EXPECT_EQ(shardError(b),
             shardFails("the task table (entry 0): field name length "
                        "4294967280 is not in [1, 4096]"));
   b = good;
-  poke<int64_t>(b, 32 + 4 + 3, int64_t(1) << 50); // cls's width
+  poke<int64_t>(b, 36 + 4 + 3, int64_t(1) << 50); // cls's width
   EXPECT_EQ(shardError(b),
             shardFails("task cls: label width 1125899906842624, expected 1"));
   b = good;
-  std::memcpy(b.data() + 32 + 4 + 3 + 8 + 4, "cls", 3); // reg -> cls
+  std::memcpy(b.data() + 36 + 4 + 3 + 8 + 4 + 4, "cls", 3); // reg -> cls
   EXPECT_EQ(shardError(b),
             shardFails("task 'cls' appears twice in the task table"));
   b = good;

@@ -31,13 +31,26 @@ namespace mtprt {
 /// Records as a data file holds them, validated: `count` records of
 /// `model.seq` token ids in [0, vocab) and, per head (in the program's
 /// order), a presence flag and labelWidth() floats per record (zeros where
-/// the record has no label).
+/// the record has no label). A tag or a target of kIgnoreLabel takes no
+/// part in the loss or the metrics (a word's later sub-tokens, padding).
 struct Records {
   int64_t count = 0;
   std::vector<int32_t> tokens;               ///< count × seq
+  /// Per record, its real tokens in [1, seq]; the rest is padding, which a
+  /// bidirectional backbone's attention masks. Empty: every record is full.
+  std::vector<int32_t> lengths;
+  /// Token types (BERT's segment ids) in [0, typeVocab), count × seq.
+  /// Empty: all 0.
+  std::vector<uint8_t> types;
   std::vector<std::vector<uint8_t>> present; ///< per head: count flags (0/1)
   std::vector<std::vector<float>> labels;    ///< per head: count × width
+  /// Per head: the label strings by id (`mtpc prepare` writes them), for
+  /// metrics and predictions; empty where the file has none.
+  std::vector<std::vector<std::string>> labelNames;
 };
+
+/// A tag or decoder target that is not scored.
+inline constexpr int32_t kIgnoreLabel = -1;
 
 /// The floats a head's label takes per record: 1 for a class, `classes` for
 /// mse, `seq` for tags, 2 for a span, `targetSeq` for a decoder.
@@ -58,7 +71,10 @@ Records readJsonLines(std::istream &in, const std::string &path,
 
 /// The shard's first bytes.
 inline constexpr char kShardMagic[9] = "MTPRTSHD";
-inline constexpr uint32_t kShardVersion = 1;
+/// Version 2 adds the flags word, the label names, lengths and token types;
+/// version 1 shards are still read.
+inline constexpr uint32_t kShardVersion = 2;
+inline constexpr uint32_t kShardHasLengths = 1u, kShardHasTypes = 2u;
 
 /// Reads a binary shard of `size` bytes from `in`. Every header field is
 /// range-checked and the layout it describes compared with `size` before

@@ -30,7 +30,8 @@ def main():
     d = safetensors.torch.load_file(a.dump)
     model = transformers.AutoModel.from_pretrained(a.dir, dtype=torch.float32)
     model.eval()
-    out = model(input_ids=d["tokens"], output_hidden_states=True)
+    extra = {k: d[k] for k in ("attention_mask", "token_type_ids") if k in d}
+    out = model(input_ids=d["tokens"], output_hidden_states=True, **extra)
     hidden = out.hidden_states
     layers = sum(1 for k in d if k.startswith("hidden."))
     if layers != len(hidden):

@@ -29,6 +29,11 @@ public:
   /// Records available (-1: unbounded).
   virtual int64_t size() const = 0;
   virtual std::string describe() const = 0;
+  /// Per head, the label strings by id where the file names them (a shard
+  /// from `mtpc prepare`); empty otherwise.
+  virtual std::vector<std::vector<std::string>> labelNames() const {
+    return {};
+  }
 };
 
 /// The built-in synthetic multi-task data, seeded and learnable: each label is

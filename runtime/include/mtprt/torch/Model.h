@@ -30,7 +30,15 @@ namespace mtprt {
 /// feeds them shifted right after a BOS token 0).
 struct Batch {
   at::Tensor tokens; ///< [B, S] int64
+  /// [B] int64, each record's real tokens (the rest is padding, masked as
+  /// keys by a bidirectional backbone); undefined: every record is full.
+  at::Tensor lengths;
+  at::Tensor types; ///< [B, S] int64 token types; undefined: all 0
+  /// Per head; undefined: no record of the batch has the task's labels. A
+  /// record without them has kIgnoreLabel (NaN for an mse target) there.
   std::vector<at::Tensor> labels;
+  /// Per head (or empty): some records lack the task's labels (Model::loss).
+  std::vector<bool> partial;
   int64_t size() const { return tokens.size(0); }
   /// Rows [begin, end) of every tensor (micro-batches).
   Batch slice(int64_t begin, int64_t end) const;
@@ -88,6 +96,10 @@ public:
   /// Dropout on (training) or off.
   void setTraining(bool training) { training_ = training; }
   bool training() const { return training_; }
+  /// The micro-batch's padding and token types (Batch::lengths, types):
+  /// bidirectional attention masks the padding keys, BERT adds each token's
+  /// type embedding. Undefined: full records, type 0.
+  void setInputs(const at::Tensor &lengths, const at::Tensor &types);
 
   //===--- Units (docs/contracts.md#granularity) ---------------------------------------------===//
 
@@ -141,9 +153,13 @@ public:
   /// decoder labels for teacher forcing).
   std::vector<at::Tensor> head(int64_t h, const at::Tensor &tap,
                                const at::Tensor &labels = {}) const;
-  /// Unit "loss.<name>": mean loss (fp32 scalar).
+  /// Unit "loss.<name>": mean loss (fp32 scalar) over the scored labels
+  /// (not kIgnoreLabel, not NaN). `partial`: some records of the batch lack
+  /// the task's labels, so a micro-batch may have none scored; the mean
+  /// then divides by a count that is at least 1 (0, not NaN) and keeps that
+  /// count (4 bytes) for the backward.
   at::Tensor loss(int64_t h, const std::vector<at::Tensor> &outputs,
-                  const at::Tensor &labels) const;
+                  const at::Tensor &labels, bool partial = false) const;
 
   //===--- Parameters -----------------------------------------------------===//
 
@@ -214,6 +230,8 @@ private:
   std::vector<HeadConfig> headConfigs_;
   at::Device device_;
   bool training_ = true;
+  /// setInputs(): [B, 1, 1, S] true where a key is a real token; [B, S].
+  at::Tensor keyMask_, types_;
   at::Tensor tokEmb_, posEmb_;
   std::vector<AttentionParams> attn_;
   std::vector<MlpParams> mlp_;

@@ -45,13 +45,15 @@ void exportPretrained(const Model &model, const std::string &dir,
                       const std::string &source = "");
 
 /// The backbone checked against another implementation: runs it in eval
-/// mode on `tokens` and writes to `path` (safetensors) `tokens`, every
+/// mode on `batch` (its padding and token types too: `attention_mask`,
+/// `token_type_ids` where it has them) and writes to `path` (safetensors)
+/// `tokens`, every
 /// layer's output `hidden.<l>` (0 = the embeddings; the last through the
 /// final norm where there is one), fixed random `probe.<l>` of the same
 /// shapes, and the gradient of sum over l of (hidden.<l> * probe.<l>).sum()
 /// with respect to every backbone parameter: `grad.<Hugging Face name>` in
 /// the stored layout where the family has names, else `grad.<parameter>`.
-void writeHiddenStates(Model &model, const at::Tensor &tokens,
+void writeHiddenStates(Model &model, const Batch &batch,
                        const std::string &path);
 
 /// Reads a safetensors file (all of it) as name -> fp32 CPU tensor, checked
