@@ -6,6 +6,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <stdexcept>
@@ -98,67 +99,70 @@ private:
 // Records from a file (JSON Lines or a shard), as tensors
 //===----------------------------------------------------------------------===//
 
-/// The records DataFormat.cpp read and checked, as the tensors batches take
-/// rows of.
+/// The records DataFormat.cpp read and checked. They stay in host vectors
+/// (outside LibTorch's allocator, so a CPU run's tracked peak — which the
+/// plan budgets — is the step's, not the data set's); each batch copies its
+/// rows into tensors of its own.
 class FileData : public DataSource {
 public:
   FileData(const std::string &path, const ModelConfig &m,
            const std::vector<HeadConfig> &h, Records records)
-      : path_(path), h_(h), records_(records.count), seq_(m.seq),
-        present_(std::move(records.present)),
-        lengthsHost_(std::move(records.lengths)),
-        labelNames_(std::move(records.labelNames)) {
-    tokens_ = at::from_blob(records.tokens.data(), {records_, m.seq}, at::kInt)
-                  .to(at::kLong);
-    if (!lengthsHost_.empty())
-      lengths_ = at::from_blob(lengthsHost_.data(), {records_}, at::kInt)
-                     .to(at::kLong);
-    if (!records.types.empty())
-      types_ = at::from_blob(records.types.data(), {records_, m.seq},
-                             at::kByte)
-                   .to(at::kLong);
-    for (size_t t = 0; t < h.size(); ++t)
-      labels_.push_back(at::from_blob(records.labels[t].data(),
-                                      {records_, labelWidth(h[t], m)},
-                                      at::kFloat)
-                            .clone());
+      : path_(path), h_(h), seq_(m.seq), r_(std::move(records)) {
+    for (const HeadConfig &c : h)
+      widths_.push_back(labelWidth(c, m));
   }
 
   Batch batch(int64_t pos, int64_t b) override {
-    at::Tensor idx = (at::arange(b, at::kLong) + pos * b) % records_;
+    const int64_t n = r_.count, seq = seq_;
+    std::vector<int64_t> rows(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i)
+      rows[i] = (pos * b + i) % n;
     Batch out;
-    out.tokens = tokens_.index_select(0, idx);
+    out.tokens = at::empty({b, seq}, at::kLong);
+    int64_t *tok = out.tokens.data_ptr<int64_t>();
+    for (int64_t i = 0; i < b; ++i)
+      std::copy_n(r_.tokens.data() + rows[i] * seq, seq, tok + i * seq);
     // Lengths only where a record of this batch is padded: a full batch
     // runs attention without a mask (and its kernels' fastest path).
-    for (int64_t i = 0; i < b && !lengthsHost_.empty(); ++i)
-      if (lengthsHost_[(pos * b + i) % records_] < seq_) {
-        out.lengths = lengths_.index_select(0, idx);
-        break;
-      }
-    if (types_.defined())
-      out.types = types_.index_select(0, idx);
+    bool padded = false;
+    for (int64_t i = 0; i < b && !r_.lengths.empty(); ++i)
+      padded |= r_.lengths[rows[i]] < seq;
+    if (padded) {
+      out.lengths = at::empty({b}, at::kLong);
+      for (int64_t i = 0; i < b; ++i)
+        out.lengths.data_ptr<int64_t>()[i] = r_.lengths[rows[i]];
+    }
+    if (!r_.types.empty()) {
+      out.types = at::empty({b, seq}, at::kLong);
+      int64_t *ty = out.types.data_ptr<int64_t>();
+      for (int64_t i = 0; i < b; ++i)
+        std::copy_n(r_.types.data() + rows[i] * seq, seq, ty + i * seq);
+    }
     for (size_t t = 0; t < h_.size(); ++t) {
       // Present when a record of the batch has the task's labels; the
       // others' are not scored (docs/contracts.md#missing-labels).
-      std::vector<uint8_t> has(static_cast<size_t>(b));
       bool any = false, all = true;
       for (int64_t i = 0; i < b; ++i) {
-        has[i] = present_[t][(pos * b + i) % records_];
-        any |= has[i] != 0;
-        all &= has[i] != 0;
+        const bool has = r_.present[t][rows[i]] != 0;
+        any |= has;
+        all &= has;
       }
       out.partial.push_back(any && !all);
       if (!any) {
         out.labels.emplace_back();
         continue;
       }
-      at::Tensor l = labels_[t].index_select(0, idx);
       const HeadConfig &c = h_[t];
       const bool mse = c.kind == HeadKind::Classify && c.loss == LossKind::Mse;
-      if (!all) {
-        const at::Tensor missing =
-            at::from_blob(has.data(), {b}, at::kByte).eq(0).unsqueeze(1);
-        l = l.masked_fill(missing, mse ? std::nan("") : double(kIgnoreLabel));
+      const int64_t w = widths_[t];
+      const float missing = mse ? std::nanf("") : float(kIgnoreLabel);
+      at::Tensor l = at::empty({b, w}, at::kFloat);
+      float *dst = l.data_ptr<float>();
+      for (int64_t i = 0; i < b; ++i) {
+        if (r_.present[t][rows[i]])
+          std::copy_n(r_.labels[t].data() + rows[i] * w, w, dst + i * w);
+        else
+          std::fill_n(dst + i * w, w, missing);
       }
       if (mse)
         out.labels.push_back(l);
@@ -169,23 +173,20 @@ public:
     }
     return out;
   }
-  int64_t size() const override { return records_; }
+  int64_t size() const override { return r_.count; }
   std::string describe() const override {
-    return path_ + " (" + std::to_string(records_) + " records)";
+    return path_ + " (" + std::to_string(r_.count) + " records)";
   }
   std::vector<std::vector<std::string>> labelNames() const override {
-    return labelNames_;
+    return r_.labelNames;
   }
 
 private:
   std::string path_;
   std::vector<HeadConfig> h_;
-  int64_t records_ = 0, seq_ = 0;
-  at::Tensor tokens_, lengths_, types_;
-  std::vector<at::Tensor> labels_;
-  std::vector<std::vector<uint8_t>> present_;
-  std::vector<int32_t> lengthsHost_;
-  std::vector<std::vector<std::string>> labelNames_;
+  int64_t seq_ = 0;
+  Records r_;
+  std::vector<int64_t> widths_;
 };
 
 Records readJsonLinesFile(const std::string &path, const ModelConfig &model,

@@ -54,6 +54,7 @@
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/JSON.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
@@ -65,7 +66,7 @@ using namespace mlir;
 namespace cl = llvm::cl;
 
 namespace {
-enum class Command { Compile, Check, Plan, Inspect, Build, Profile };
+enum class Command { Compile, Check, Plan, Inspect, Build, Profile, Prepare };
 enum class Emit { AST, MLIR, Step, Cpp, Cuda, Plan };
 enum class Format { Text, Json, Fb };
 enum ExitCode { kOk = 0, kSpecError = 1, kUsageError = 2 };
@@ -405,6 +406,97 @@ static int build(ModuleOp module, StringRef planBytes, StringRef binary,
   return kOk;
 }
 
+/// Where `mtpc prepare` finds Python: $MTPC_PYTHON, the project's venv
+/// (scripts/setup.sh: $MTPC_CACHE or ~/.cache/mtpc), python3 on the PATH.
+static std::string preparePython() {
+  if (const char *env = std::getenv("MTPC_PYTHON"))
+    return env;
+  llvm::SmallString<256> venv;
+  if (const char *cache = std::getenv("MTPC_CACHE")) {
+    venv = cache;
+  } else if (llvm::sys::path::home_directory(venv)) {
+    llvm::sys::path::append(venv, ".cache", "mtpc");
+  }
+  llvm::sys::path::append(venv, "venv", "bin", "python");
+  if (llvm::sys::fs::can_execute(venv))
+    return venv.str().str();
+  if (auto found = llvm::sys::findProgramByName("python3"))
+    return *found;
+  return "";
+}
+
+/// `mtpc prepare SPEC INPUT -o OUT.shard ...`: the spec's model and tasks
+/// as a request file for tools/prepare/mtpc_prepare.py (the tokenizers and
+/// sentencepiece packages live in Python), which does the rest.
+static int prepare(ModuleOp module, ArrayRef<std::string> rest) {
+  mtp::ModelOp model = *module.getOps<mtp::ModelOp>().begin();
+  mtp::BackboneOp bb = model.getBackbone();
+  llvm::json::Array tasks;
+  for (mtp::TaskOp t : model.getTasks()) {
+    const bool mse = t.getLoss() == mtp::LossKind::mse;
+    tasks.push_back(llvm::json::Object{
+        {"name", t.getSymName()},
+        {"head", mtp::stringifyHeadKind(t.getHead())},
+        {"loss", mse ? "mse" : "cross_entropy"},
+        {"classes", int64_t(t.getClasses().value_or(t.getLabels().value_or(0)))},
+        {"target_seq", int64_t(t.getTargetSeq().value_or(0))},
+        {"target_vocab", int64_t(t.getVocab().value_or(0))}});
+  }
+  llvm::json::Object backbone{
+      {"kind", mtp::stringifyBackboneKind(bb.getKind())},
+      {"seq", int64_t(bb.getSeq())},
+      {"vocab", int64_t(bb.getVocab())},
+      {"type_vocab", bb.isPostNorm() ? int64_t(bb.getTypeVocabRows()) : 0}};
+  if (bb.getWeights()) {
+    llvm::SmallString<256> dir(llvm::sys::path::parent_path(inputFilename));
+    if (llvm::sys::path::is_absolute(*bb.getWeights()))
+      dir = *bb.getWeights();
+    else
+      llvm::sys::path::append(dir, *bb.getWeights());
+    backbone["weights"] = dir.str().str();
+  }
+  llvm::json::Object request{{"spec", inputFilename.getValue()},
+                             {"model", model.getSymName()},
+                             {"backbone", std::move(backbone)},
+                             {"tasks", std::move(tasks)}};
+  llvm::SmallString<256> requestFile;
+  int fd = -1;
+  if (std::error_code ec = llvm::sys::fs::createTemporaryFile(
+          "mtpc-prepare", "json", fd, requestFile)) {
+    usageError() << "prepare: cannot write a scratch file: " << ec.message()
+                 << "\n";
+    return kUsageError;
+  }
+  {
+    llvm::raw_fd_ostream f(fd, /*shouldClose=*/true);
+    f << llvm::json::Value(std::move(request));
+  }
+  const std::string python = preparePython();
+  llvm::SmallString<256> script(MTPC_SOURCE_DIR);
+  llvm::sys::path::append(script, "tools", "prepare", "mtpc_prepare.py");
+  if (const char *env = std::getenv("MTPC_PREPARE_SCRIPT"))
+    script = env;
+  if (python.empty() || !llvm::sys::fs::exists(script)) {
+    llvm::sys::fs::remove(requestFile);
+    usageError() << "prepare: needs Python with the tokenizers package (run "
+                    "scripts/setup.sh, or set MTPC_PYTHON) and "
+                 << script << "\n";
+    return kUsageError;
+  }
+  SmallVector<StringRef> args = {python, script, "--request", requestFile};
+  for (const std::string &a : rest)
+    args.push_back(a);
+  std::string message;
+  int rc = llvm::sys::ExecuteAndWait(python, args, std::nullopt, {}, 0, 0,
+                                     &message);
+  llvm::sys::fs::remove(requestFile);
+  if (rc < 0) {
+    usageError() << "prepare: " << python << ": " << message << "\n";
+    return kUsageError;
+  }
+  return rc;
+}
+
 /// `mtpc profile`: the binary, built in a scratch directory, times the
 /// spec's segments on this machine and writes them to -o (UnitProfile.h).
 static int profile(ModuleOp module, StringRef planBytes, raw_ostream &os) {
@@ -458,6 +550,24 @@ int main(int argc, char **argv) {
   // `report` reads metrics, not a spec: its own arguments (Report.h).
   if (args.size() > 1 && StringRef(args[1]) == "report")
     return mtp::runReportCommand(ArrayRef<char *>(args).drop_front());
+  // `prepare SPEC ...`: the spec is compiled here, the rest is the data
+  // tool's (mtpc_prepare.py: --help lists it).
+  std::vector<std::string> prepareArgs;
+  if (args.size() > 1 && StringRef(args[1]) == "prepare") {
+    if (args.size() < 3 || StringRef(args[2]).starts_with("-")) {
+      llvm::errs() << "usage: mtpc prepare SPEC INPUT -o OUT.shard [--format "
+                      "jsonl|csv|tsv|conll] [--text COL[,COL]] [--task "
+                      "TASK=COLUMN]... [--tokenizer PATH] [--label-vocab "
+                      "FILE] [--skip-bad]\n       mtpc prepare SPEC --merge "
+                      "A.shard B.shard... -o OUT.shard\n";
+      return kUsageError;
+    }
+    for (size_t i = 3; i < args.size(); ++i)
+      prepareArgs.push_back(args[i]);
+    args.resize(3);
+    args.erase(args.begin() + 1);
+    command = Command::Prepare;
+  }
   if (args.size() > 1) {
     std::optional<Command> sub =
         llvm::StringSwitch<std::optional<Command>>(args[1])
@@ -467,7 +577,7 @@ int main(int argc, char **argv) {
             .Case("build", Command::Build)
             .Case("profile", Command::Profile)
             .Default(std::nullopt);
-    if (sub) {
+    if (sub && command != Command::Prepare) {
       command = *sub;
       args.erase(args.begin() + 1);
     }
@@ -491,6 +601,9 @@ int main(int argc, char **argv) {
           "  mtpc profile FILE -o COSTS [--profile-threads N]\n"
           "                                  its segments timed on this machine,\n"
           "                                  for mtpc plan FILE --costs COSTS\n"
+          "  mtpc prepare FILE DATA -o OUT.shard [...]\n"
+          "                                  text data tokenized into a shard\n"
+          "                                  (mtpc prepare FILE --help)\n"
           "  mtpc FILE --emit=ast|mlir|step|cpp|cuda|plan\n"
           "                                  the syntax tree, the IR, the step\n"
           "                                  program, the kernels, the plan\n\n"
@@ -682,6 +795,8 @@ int main(int argc, char **argv) {
     break;
   case Command::Inspect: // handled before parsing
     break;
+  case Command::Prepare:
+    return prepare(*module, prepareArgs);
   case Command::Build: {
     TimingScope buildTiming = timing.nest("Build");
     int rc = build(*module, planBytes, outputFilename, output->os());
