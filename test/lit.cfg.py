@@ -75,6 +75,11 @@ if os.path.exists(torch_python) and glob.glob(
     if glob.glob(os.path.join(cache, "venv", "lib", "python*", "site-packages",
                               "transformers", "__init__.py")):
         config.available_features.add("transformers")
+    # `mtpc prepare` runs its Python with the tokenizers package.
+    if glob.glob(os.path.join(cache, "venv", "lib", "python*", "site-packages",
+                              "tokenizers", "__init__.py")):
+        config.available_features.add("tokenizers")
+        config.environment["MTPC_PYTHON"] = torch_python
 
 plan_runner = os.path.join(config.mtpc_obj_root, "runtime", "tools", "mtprt-run")
 if os.path.exists(plan_runner):

@@ -147,9 +147,11 @@ def read_jsonl(path):
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise Bad(f"{path}:{n}", f"malformed JSON at column {e.colno}: {e.msg}")
+                yield n, Bad(f"{path}:{n}", f"malformed JSON at column {e.colno}: {e.msg}")
+                continue
             if not isinstance(rec, dict):
-                raise Bad(f"{path}:{n}", "a record must be a JSON object")
+                yield n, Bad(f"{path}:{n}", "a record must be a JSON object")
+                continue
             yield n, rec
 
 
@@ -168,7 +170,8 @@ def read_table(path, delimiter):
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue
             if len(row) != len(header):
-                raise Bad(f"{path}:{n}", f"{len(row)} columns, the header has {len(header)}")
+                yield n, Bad(f"{path}:{n}", f"{len(row)} columns, the header has {len(header)}")
+                continue
             yield n, dict(zip(header, row))
 
 
@@ -186,14 +189,19 @@ def read_conll(path):
             if first is None:
                 first, width = n, len(cols)
             elif len(cols) != width:
-                raise Bad(f"{path}:{n}", f"{len(cols)} columns, the sentence's first "
-                                         f"token (line {first}) has {width}")
+                # The sentence is bad; skip to its end.
+                rows.append((n, Bad(f"{path}:{n}", f"{len(cols)} columns, the sentence's "
+                                                   f"first token (line {first}) has {width}")))
+                continue
             rows.append((n, cols))
         if rows:
             yield first, conll_sentence(rows)
 
 
 def conll_sentence(rows):
+    for _, cols in rows:
+        if isinstance(cols, Bad):
+            return cols
     width = len(rows[0][1])
     rec = {str(i): [cols[i] for _, cols in rows] for i in range(width)}
     rec["_lines"] = [n for n, _ in rows]
@@ -473,30 +481,47 @@ def prepare(args, req):
         out.add(ids, types, labels)
         stats["records"] += 1
 
+    explicit = {name: col for name, col in columns.items()
+                if any(spec.split("=", 1)[0] == name for spec in args.task or [])}
+    if fmt == "conll":
+        for name in columns:
+            if by_name[name]["head"] != "tag":
+                raise Usage(f"--task {name}: CoNLL columns hold tags; task '{name}' is a "
+                            f"{by_name[name]['head']} task")
+    elif fmt in ("csv", "tsv"):
+        with open(args.input, encoding="utf-8", newline="") as f:
+            header = next(csv.reader(f, delimiter="," if fmt == "csv" else "\t",
+                                     quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL), [])
+        for col in text_cols + list(explicit.values()):
+            if col not in header:
+                raise Bad(f"{args.input}:1", f"no column '{col}' in the header "
+                                             f"(it has: {', '.join(header)})")
+    seen_columns = set()
+
     reader = {"jsonl": lambda: read_jsonl(args.input),
               "csv": lambda: read_table(args.input, ","),
               "tsv": lambda: read_table(args.input, "\t"),
               "conll": lambda: read_conll(args.input)}[fmt]()
-    while True:
-        try:
-            n, rec = next(reader)
-        except StopIteration:
-            break
-        except Bad as e:  # the reader's own (a row with the wrong column count)
-            if not args.skip_bad:
-                raise
-            stats["skipped"] += 1
-            first_bad.append(str(e))
-            continue
-        try:
-            record(n, rec)
-        except Bad as e:
-            if not args.skip_bad:
-                raise
-            stats["skipped"] += 1
-            first_bad.append(str(e))
-        except UnicodeDecodeError as e:
-            raise Bad(f"{args.input}", f"not UTF-8 text: {e}")
+    last = 0
+    try:
+        for n, rec in reader:
+            last = n
+            try:
+                if isinstance(rec, Bad):  # the reader's (malformed JSON, wrong width)
+                    raise rec
+                seen_columns.update(rec)
+                record(n, rec)
+            except Bad as e:
+                if not args.skip_bad:
+                    raise
+                stats["skipped"] += 1
+                first_bad.append(str(e))
+    except UnicodeDecodeError as e:
+        raise Bad(f"{args.input}:{last + 1}", f"not UTF-8 text ({e.reason} at byte "
+                                             f"{e.start} of a read block); save it as UTF-8")
+    for name, col in explicit.items():
+        if col not in seen_columns:
+            raise Bad(args.input, f"task '{name}': no record has column '{col}'")
     if stats["records"] == 0:
         raise Bad(args.input, "no records" + (f" ({stats['skipped']} bad, skipped)" if stats["skipped"] else ""))
 
@@ -508,7 +533,7 @@ def prepare(args, req):
         for r, row in enumerate(out.labels[name]):
             if out.present[name][r]:
                 out.labels[name][r] = [float(remap[int(x)]) if x >= 0 else x for x in row]
-    names = {n: v.names for n, v in vocabs.items() if n in out.labels}
+    names = {n: v.names for n, v in vocabs.items() if n in out.labels and v.names}
     return out, names, stats, first_bad
 
 
