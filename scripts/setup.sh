@@ -80,6 +80,20 @@ if [ "$TORCH_SOURCE" = pypi ]; then
   fi
 fi
 
+# The data tools and the metric checks (issue 19): `mtpc prepare` reads
+# sentencepiece models (tokenizers comes with transformers); the tests check
+# every evaluation metric against scikit-learn, scipy and seqeval.
+DATA_PACKAGES="sentencepiece==0.2.3 scikit-learn==1.9.1 scipy==1.17.1 seqeval==1.2.2"
+if [ -x "$VENV/bin/python" ]; then
+  if "$VENV/bin/python" -c 'import sentencepiece, sklearn, scipy, seqeval' 2>/dev/null; then
+    say "sentencepiece, scikit-learn, scipy, seqeval present"
+  else
+    say "installing $DATA_PACKAGES into $VENV"
+    "$VENV/bin/python" -m pip install -q $DATA_PACKAGES ||
+      say "data packages unavailable: the sentencepiece and metric tests will be skipped"
+  fi
+fi
+
 if [ "$TORCH_SOURCE" = pypi ]; then
   TORCH_DIR=$("$VENV/bin/python" -c 'import torch, os; print(os.path.join(torch.utils.cmake_prefix_path, "Torch"))')
   TORCH_VER=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')

@@ -80,6 +80,10 @@ if os.path.exists(torch_python) and glob.glob(
                               "tokenizers", "__init__.py")):
         config.available_features.add("tokenizers")
         config.environment["MTPC_PYTHON"] = torch_python
+    for package in ("sentencepiece", "sklearn", "scipy", "seqeval"):
+        if glob.glob(os.path.join(cache, "venv", "lib", "python*", "site-packages",
+                                  package, "__init__.py")):
+            config.available_features.add(package)
 
 plan_runner = os.path.join(config.mtpc_obj_root, "runtime", "tools", "mtprt-run")
 if os.path.exists(plan_runner):
