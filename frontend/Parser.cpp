@@ -127,6 +127,19 @@ bool checkBytes(Reporter &reporter, const ParseLimits &limits) {
         << "; save the spec as UTF-8 text";
     return false;
   }
+  // Control characters (a NUL would cut a name or a path short in every C
+  // string it reaches): a spec is plain text.
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = text[i];
+    if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f) {
+      reporter.error(reporter.fromOffset(i))
+          << "control character 0x" << (c < 0x10 ? "0" : "")
+          << llvm::utohexstr(c)
+          << (c == 0 ? " (a NUL byte)" : "")
+          << " in the spec; a spec is plain text";
+      return false;
+    }
+  }
   if (text.find_first_not_of(" \t\r\n") == StringRef::npos) {
     reporter.error({1, 1}) << "the spec is empty: expected 'model NAME { ... }'";
     return false;

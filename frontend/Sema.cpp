@@ -1432,6 +1432,7 @@ void Sema::checkTrain(const ast::Section *section, CheckedSpec &spec) {
         error(v->loc) << "'data' path is empty";
       else
         out.dataPath = v->name;
+      out.dataLoc = v->loc;
     } else if (v->kind != ast::Value::Kind::Ident || v->hasBlock ||
                v->name != "synthetic") {
       error(v->loc) << "'data' expects synthetic or a path in quotes, e.g. "

@@ -113,6 +113,7 @@ struct CheckedSpec {
   struct Train {
     int64_t steps = mtprt::defaults::kSteps, seed = 0;
     std::optional<std::string> dataPath; // none = synthetic
+    ast::Location dataLoc;
     Schedule lr;
     double weightDecay = mtprt::defaults::kWeightDecay,
            beta1 = mtprt::defaults::kBeta1, beta2 = mtprt::defaults::kBeta2,

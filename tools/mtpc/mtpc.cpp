@@ -619,6 +619,16 @@ int main(int argc, char **argv) {
     usageError() << errorMessage << "\n";
     return kUsageError;
   }
+  // A spec is a page of text: a far larger file is the wrong one (named
+  // here, not at a line of it, which may be megabytes long).
+  if (command != Command::Inspect &&
+      input->getBufferSize() > mtp::ParseLimits().maxBytes) {
+    llvm::WithColor::error(llvm::errs(), inputFilename)
+        << "file is " << input->getBufferSize()
+        << " bytes; a spec may be at most " << mtp::ParseLimits().maxBytes
+        << " bytes (is it a spec?)\n";
+    return kSpecError;
+  }
   if (command == Command::Inspect) {
     std::unique_ptr<llvm::ToolOutputFile> output =
         openOutputFile(outputFilename, &errorMessage);
@@ -700,6 +710,29 @@ int main(int argc, char **argv) {
     }
     if (!spec)
       return kSpecError;
+    // The data file is the binary's to read, but `check` says now when it
+    // is not there (the others warn: data may come after the build).
+    if (const auto &data = spec->train.dataPath) {
+      llvm::SmallString<256> path(*data);
+      if (!llvm::sys::path::is_absolute(path)) {
+        path = llvm::sys::path::parent_path(inputFilename);
+        llvm::sys::path::append(path, *data);
+      }
+      if (!llvm::sys::fs::exists(path)) {
+        auto loc = FileLineColLoc::get(&context, inputFilename,
+                                       spec->train.dataLoc.line,
+                                       spec->train.dataLoc.col);
+        const std::string what =
+            "data file " + path.str().str() +
+            " does not exist; make it with `mtpc prepare` (docs/data.md) or "
+            "write data = synthetic";
+        if (command == Command::Check) {
+          emitError(loc) << what;
+          return kSpecError;
+        }
+        emitWarning(loc) << what << " (the binary reads it, or --data)";
+      }
+    }
     TimingScope genTiming = timing.nest("MLIRGen");
     module = mtp::mlirGen(*spec, inputFilename, &context);
   }
