@@ -89,6 +89,8 @@ plan_runner = os.path.join(config.mtpc_obj_root, "runtime", "tools", "mtprt-run"
 if os.path.exists(plan_runner):
     config.available_features.add("runtime")
     config.substitutions.append(("%mtprt-run", plan_runner))
+    config.substitutions.append(("%mtprt-metrics", os.path.join(
+        config.mtpc_obj_root, "runtime", "tools", "mtprt-metrics")))
     # The hand-written demo program: it writes the shards and checkpoints
     # the reader fuzzers start from.
     config.substitutions.append(("%mtprt-demo", os.path.join(

@@ -1,0 +1,69 @@
+//===- EvalMetrics.h - per-task evaluation metrics -------------*- C++ -*-===//
+//
+// The held-out metrics of docs/data.md, computed as the reference tools
+// compute them (each checked against them to 1e-9 in a test):
+//
+//   classification  accuracy; macro-F1 over the classes in the gold or the
+//                   predictions (scikit-learn's f1_score(average="macro"),
+//                   a class with no true or predicted instance scoring 0)
+//   regression      MSE; Pearson's r; Spearman's rho (Pearson's r of the
+//                   average ranks, as scipy.stats.spearmanr); NaN where a
+//                   side is constant
+//   tagging         token accuracy over the scored tokens; entity-level
+//                   precision, recall and F1 over BIO/IOB2/IOBES spans as
+//                   seqeval's default (conlleval) mode finds them
+//   spans           exact match and token F1 as SQuAD's script computes
+//                   them, over the answer's token ids (the bag of tokens
+//                   of the predicted span against the gold one's)
+//
+// Torch-free: plain vectors in, numbers out.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPRT_EVALMETRICS_H
+#define MTPRT_EVALMETRICS_H
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mtprt::metrics {
+
+double accuracy(const std::vector<int64_t> &gold,
+                const std::vector<int64_t> &pred);
+double macroF1(const std::vector<int64_t> &gold,
+               const std::vector<int64_t> &pred);
+double meanSquaredError(const std::vector<double> &gold,
+                        const std::vector<double> &pred);
+double pearson(const std::vector<double> &x, const std::vector<double> &y);
+double spearman(const std::vector<double> &x, const std::vector<double> &y);
+
+/// An entity: its type and first and last positions in the sequence.
+struct Entity {
+  std::string type;
+  int64_t first = 0, last = 0;
+  bool operator<(const Entity &o) const;
+  bool operator==(const Entity &o) const;
+};
+
+/// The entities of tag sequences, as seqeval's get_entities: sentences are
+/// joined with an "O" between them; prefixes B, I, E, S, O (a tag without
+/// one counts as its own type with prefix of its first character).
+std::vector<Entity> entities(const std::vector<std::vector<std::string>> &tags);
+
+struct PRF {
+  double precision = 0, recall = 0, f1 = 0;
+};
+/// Micro precision/recall/F1 of the predicted entities against the gold.
+PRF entityF1(const std::vector<std::vector<std::string>> &gold,
+             const std::vector<std::vector<std::string>> &pred);
+
+/// SQuAD's F1 of one answer: the common tokens (as a multiset) over the
+/// predicted and the gold tokens; 1 when both are empty.
+double tokenF1(const std::vector<int64_t> &gold,
+               const std::vector<int64_t> &pred);
+
+} // namespace mtprt::metrics
+
+#endif // MTPRT_EVALMETRICS_H
