@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <fstream>
 #include <stdexcept>
 
@@ -113,10 +114,27 @@ public:
   }
 
   Batch batch(int64_t pos, int64_t b) override {
-    const int64_t n = r_.count, seq = seq_;
     std::vector<int64_t> rows(static_cast<size_t>(b));
     for (int64_t i = 0; i < b; ++i)
-      rows[i] = (pos * b + i) % n;
+      rows[i] = (pos * b + i) % r_.count;
+    return gather(rows);
+  }
+
+  Batch range(int64_t first, int64_t count) override {
+    if (first < 0 || count < 1 || first + count > r_.count)
+      throw std::out_of_range("mtprt: " + path_ + ": records [" +
+                              std::to_string(first) + ", " +
+                              std::to_string(first + count) +
+                              ") are not in the file's " +
+                              std::to_string(r_.count));
+    std::vector<int64_t> rows(static_cast<size_t>(count));
+    std::iota(rows.begin(), rows.end(), first);
+    return gather(rows);
+  }
+
+  /// The records `rows`, in that order.
+  Batch gather(const std::vector<int64_t> &rows) {
+    const int64_t b = static_cast<int64_t>(rows.size()), seq = seq_;
     Batch out;
     out.tokens = at::empty({b, seq}, at::kLong);
     int64_t *tok = out.tokens.data_ptr<int64_t>();

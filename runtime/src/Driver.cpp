@@ -10,6 +10,7 @@
 #include "mtprt/Runtime.h"
 #include "mtprt/torch/Checkpoint.h"
 #include "mtprt/torch/Data.h"
+#include "mtprt/torch/Evaluate.h"
 #include "mtprt/torch/Distributed.h"
 #include "mtprt/torch/Pretrained.h"
 #include "mtprt/HfNames.h"
@@ -69,6 +70,8 @@ struct QuietExit {
 struct Options {
   int64_t steps = 0, batchSize = 0, logEvery = 1;
   std::string data = "synthetic";
+  std::string evalData, predict, predictOut;
+  int64_t evalEvery = 0;
   double relatedness = 0.5;
   std::string metrics, checkpointDir;
   int64_t checkpointEvery = 0, keep = 3;
@@ -108,6 +111,19 @@ const Flag kFlags[] = {
     {"--data", "PATH",
      "JSON Lines file or binary shard (docs/runtime-services.md), or "
      "'synthetic' (default)"},
+    {"--eval-data", "PATH",
+     "held-out data (a shard from mtpc prepare, or JSON Lines): per-task "
+     "metrics every --eval-every steps and at the end, to the metrics file "
+     "(an \"eval\" record), the progress line and the summary"},
+    {"--eval-every", "N",
+     "with --eval-data: evaluate every N steps (default: the spec's "
+     "eval_every; 0 = at the end only)"},
+    {"--predict", "PATH",
+     "no training: the model (from --checkpoint-dir's newest checkpoint, or "
+     "as initialized) predicts every record of PATH; with --out"},
+    {"--out", "FILE",
+     "--predict's output: one JSON object per record, each task's "
+     "prediction (label names where the data names them)"},
     {"--relatedness", "X",
      "synthetic data: how much the tasks share, 0..1 "
      "(default 0.5)"},
@@ -342,6 +358,14 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
                           limits::kGlobalBatch.hi);
     else if (arg == "--data")
       o.data = value;
+    else if (arg == "--eval-data")
+      o.evalData = value;
+    else if (arg == "--eval-every")
+      o.evalEvery = toInt(arg, value, 0, big);
+    else if (arg == "--predict")
+      o.predict = value;
+    else if (arg == "--out")
+      o.predictOut = value;
     else if (arg == "--relatedness")
       o.relatedness = toDouble(arg, value, 0, 1);
     else if (arg == "--write-shard")
@@ -435,6 +459,15 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
                      " needs --checkpoint-dir");
   if (!o.writeShard.empty() && o.data == "synthetic")
     throw UsageError("--write-shard needs --data FILE.jsonl");
+  if (o.predict.empty() != o.predictOut.empty())
+    throw UsageError(o.predict.empty() ? "--out goes with --predict PATH"
+                                       : "--predict needs --out FILE");
+  if (o.evalData == "synthetic" || o.predict == "synthetic")
+    throw UsageError("--eval-data and --predict read a data file (synthetic "
+                     "data has no held-out records)");
+  // A prediction continues from the newest checkpoint where there is one.
+  if (!o.predict.empty() && !o.checkpointDir.empty())
+    o.resume = true;
   if (o.resumeFallback && !o.resume)
     throw UsageError("--resume-fallback needs --resume");
   if (o.profileMemory && o.profile.empty())
@@ -1025,6 +1058,13 @@ int train(const std::string &name, const Program &p, const Options &o) {
   std::unique_ptr<DataSource> data =
       o.data == "synthetic" ? syntheticData(mc, p.heads, o.seed, o.relatedness)
                             : loadData(o.data, mc, p.heads);
+  // Held-out data is read (and checked) now, not at the first evaluation.
+  std::unique_ptr<DataSource> evalSet =
+      o.evalData.empty() ? nullptr : loadData(o.evalData, mc, p.heads);
+  const int64_t evalBatch = std::max<int64_t>(
+      1, o.batchSize / d.worldSize / std::max<int64_t>(1, tc.microBatches));
+  std::unique_ptr<DataSource> predictSet =
+      o.predict.empty() ? nullptr : loadData(o.predict, mc, p.heads);
   // An --export that cannot happen is refused now, not after training.
   if (!o.exportDir.empty() && mc.kind == BackboneKind::Transformer)
     throw std::runtime_error(
@@ -1149,7 +1189,33 @@ int train(const std::string &name, const Program &p, const Options &o) {
                  "model.safetensors) and the heads to %s/heads.safetensors\n",
                  o.exportDir.c_str(), o.exportDir.c_str());
   };
+  if (predictSet) {
+    if (rank0)
+      writePredictions(core.model(), *predictSet, evalBatch, o.predictOut,
+                       core.stepsTaken());
+    return 0;
+  }
+  std::ofstream metrics;
+  if (rank0 && !o.metrics.empty()) {
+    metrics.open(o.metrics, std::ios::app);
+    if (!metrics)
+      throw std::runtime_error("cannot open --metrics file " + o.metrics);
+  }
+  const bool tty = o.progress == "auto" && isatty(STDERR_FILENO);
+  EvalReport lastEval;
+  auto runEval = [&](int64_t step) {
+    if (!evalSet || !rank0)
+      return;
+    lastEval = evaluate(core.model(), *evalSet, evalBatch);
+    if (metrics.is_open())
+      metrics << lastEval.jsonLine(step) << '\n' << std::flush;
+    std::fprintf(stderr, "%seval at step %lld (%lld records): %s\n",
+                 tty ? "\n" : "", static_cast<long long>(step),
+                 static_cast<long long>(lastEval.records),
+                 lastEval.summary().c_str());
+  };
   if (core.stepsTaken() >= o.steps) {
+    runEval(core.stepsTaken());
     if (rank0)
       std::printf("already at step %lld of %lld: nothing to do\n",
                   static_cast<long long>(core.stepsTaken()),
@@ -1158,13 +1224,6 @@ int train(const std::string &name, const Program &p, const Options &o) {
     return 0;
   }
 
-  std::ofstream metrics;
-  if (rank0 && !o.metrics.empty()) {
-    metrics.open(o.metrics, std::ios::app);
-    if (!metrics)
-      throw std::runtime_error("cannot open --metrics file " + o.metrics);
-  }
-  const bool tty = o.progress == "auto" && isatty(STDERR_FILENO);
   const bool plain = o.progress == "plain" || (o.progress == "auto" && !tty);
   const int64_t plainEvery = std::max<int64_t>(1, o.steps / 10);
 
@@ -1351,6 +1410,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
     if (rank0 && metrics.is_open() &&
         (done % o.logEvery == 0 || done == o.steps))
       metrics << toJsonLine(s) << '\n' << std::flush;
+    if ((o.evalEvery > 0 && done % o.evalEvery == 0) || done == o.steps)
+      runEval(done);
     if (rank0 && (tty || plain) &&
         (tty || done % plainEvery == 0 || done == o.steps)) {
       const double el = std::chrono::duration<double>(
@@ -1426,6 +1487,10 @@ int train(const std::string &name, const Program &p, const Options &o) {
                                           p.batchSize, p.predictedPeakBytes,
                                           d.worldSize, p.plannedProcesses)
                             .c_str());
+    if (!lastEval.tasks.empty())
+      std::printf("eval on %s (%lld records): %s\n", o.evalData.c_str(),
+                  static_cast<long long>(lastEval.records),
+                  lastEval.summary().c_str());
   }
   if (o.resources && rank0) {
     const double cpuEnd = cpuSeconds();

@@ -17,6 +17,7 @@
 #include "mtprt/torch/Model.h"
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 namespace mtprt {
@@ -28,6 +29,15 @@ public:
   virtual Batch batch(int64_t position, int64_t batchSize) = 0;
   /// Records available (-1: unbounded).
   virtual int64_t size() const = 0;
+  /// Records [first, first + count) once each, in file order (evaluation,
+  /// prediction). A source without records refuses.
+  virtual Batch range(int64_t first, int64_t count) {
+    (void)first;
+    (void)count;
+    throw std::invalid_argument("mtprt: " + describe() +
+                                ": evaluation and prediction read a data file "
+                                "(synthetic data has no held-out records)");
+  }
   virtual std::string describe() const = 0;
   /// Per head, the label strings by id where the file names them (a shard
   /// from `mtpc prepare`); empty otherwise.

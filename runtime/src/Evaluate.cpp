@@ -1,0 +1,462 @@
+//===- Evaluate.cpp - held-out metrics per task ---------------------------===//
+
+#include "mtprt/torch/Evaluate.h"
+
+#include "mtprt/DataFormat.h"
+#include "mtprt/EvalMetrics.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace mtprt {
+
+namespace {
+
+/// The longest answer a span prediction may take (SQuAD's scripts use 30).
+constexpr int64_t kMaxAnswerTokens = 30;
+
+bool namesEntities(const std::vector<std::string> &names) {
+  for (const std::string &n : names)
+    if (n.size() > 2 && n[1] == '-' &&
+        (n[0] == 'B' || n[0] == 'I' || n[0] == 'E' || n[0] == 'S'))
+      return true;
+  return false;
+}
+
+std::string number(double v) {
+  if (!std::isfinite(v))
+    return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+/// What a task's predictions accumulate over the file.
+struct Accumulator {
+  double lossSum = 0;
+  int64_t lossCount = 0, records = 0;
+  std::vector<int64_t> gold, pred;              // classes, tags
+  std::vector<double> goldValue, predValue;     // mse
+  std::vector<std::vector<std::string>> goldTags, predTags; // entities
+  int64_t spanExact = 0;
+  double spanF1 = 0;
+};
+
+} // namespace
+
+double TaskMetrics::get(const std::string &metric) const {
+  for (const auto &[k, v] : values)
+    if (k == metric)
+      return v;
+  return std::nan("");
+}
+
+std::string EvalReport::jsonLine(int64_t step) const {
+  std::ostringstream os;
+  os << "{\"step\": " << step << ", \"eval\": {";
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    os << (t ? ", " : "") << "\"" << tasks[t].task << "\": {";
+    for (size_t k = 0; k < tasks[t].values.size(); ++k)
+      os << (k ? ", " : "") << "\"" << tasks[t].values[k].first
+         << "\": " << number(tasks[t].values[k].second);
+    os << "}";
+  }
+  os << "}, \"eval_records\": " << records << "}";
+  return os.str();
+}
+
+std::string EvalReport::summary() const {
+  std::ostringstream os;
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    os << (t ? "; " : "") << tasks[t].task;
+    for (const auto &[k, v] : tasks[t].values) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, " %s %.4g", k.c_str(), v);
+      os << buf;
+    }
+  }
+  return os.str();
+}
+
+double EvalReport::value(const std::string &key) const {
+  const size_t dot = key.find('.');
+  if (dot == std::string::npos)
+    return std::nan("");
+  const std::string task = key.substr(0, dot), metric = key.substr(dot + 1);
+  double sum = 0;
+  int64_t n = 0;
+  for (const TaskMetrics &t : tasks) {
+    if (task != "mean" && t.task != task)
+      continue;
+    const double v = t.get(metric);
+    if (std::isfinite(v)) {
+      sum += v;
+      ++n;
+    }
+  }
+  return n ? sum / double(n) : std::nan("");
+}
+
+EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
+                    const std::function<void(const RecordPrediction &)> &each) {
+  const int64_t n = data.size();
+  if (n <= 0)
+    throw std::invalid_argument("mtprt: evaluation: " + data.describe() +
+                                " has no records to evaluate on");
+  if (batch < 1)
+    throw std::invalid_argument("mtprt: evaluation: batch must be >= 1");
+  const std::vector<HeadConfig> &heads = model.heads();
+  const size_t nh = heads.size();
+  std::vector<std::vector<std::string>> names = data.labelNames();
+  names.resize(nh);
+  std::vector<Accumulator> acc(nh);
+
+  const bool training = model.training();
+  model.setTraining(false);
+  at::NoGradGuard noGrad;
+  struct Restore {
+    Model &m;
+    bool training;
+    ~Restore() {
+      m.setInputs({}, {});
+      m.setTraining(training);
+    }
+  } restore{model, training};
+
+  int64_t top = 0;
+  for (const HeadConfig &h : heads)
+    top = std::max(top, h.tap);
+  const int64_t lastUnit =
+      std::min(Model::tapUnit(top), model.numUnits() - 1);
+
+  for (int64_t first = 0; first < n; first += batch) {
+    const int64_t count = std::min(batch, n - first);
+    const Batch cpu = data.range(first, count);
+    const Batch b = cpu.to(model.device());
+    model.setInputs(b.lengths, b.types);
+    std::vector<at::Tensor> taps(model.config().layers + 1);
+    at::Tensor x = b.tokens;
+    for (int64_t u = 0; u <= lastUnit; ++u) {
+      x = model.unit(u, x);
+      if (u % 2 == 0)
+        taps[u / 2] = x;
+    }
+    // Host copies of what the predictions are compared with.
+    const at::Tensor tokens = cpu.tokens;
+    const at::Tensor lengths =
+        cpu.lengths.defined()
+            ? cpu.lengths
+            : at::full({count}, model.config().seq, at::kLong);
+    std::vector<RecordPrediction> records(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      records[i].record = first + i;
+      records[i].heads.resize(nh);
+      records[i].gold.resize(nh);
+      const int64_t len = lengths[i].item<int64_t>();
+      const at::Tensor row = tokens[i].narrow(0, 0, len).contiguous();
+      records[i].tokens.assign(row.data_ptr<int64_t>(),
+                               row.data_ptr<int64_t>() + len);
+    }
+
+    for (size_t t = 0; t < nh; ++t) {
+      const HeadConfig &c = heads[t];
+      const at::Tensor &labels = b.labels.size() > t ? b.labels[t] : at::Tensor();
+      if (c.kind == HeadKind::Decoder && !labels.defined())
+        continue; // teacher-forced: nothing to predict without targets
+      const std::vector<at::Tensor> outs =
+          model.head(static_cast<int64_t>(t), taps[c.tap], labels);
+      Accumulator &a = acc[t];
+      // The batch's mean loss over its scored labels, weighted by the
+      // records that have them (counted below).
+      const double loss =
+          labels.defined()
+              ? model.loss(static_cast<int64_t>(t), outs, labels, true)
+                    .item<double>()
+              : 0.0;
+      const int64_t before = a.records;
+      const at::Tensor gold =
+          labels.defined() ? cpu.labels[t].contiguous() : at::Tensor();
+      switch (c.kind) {
+      case HeadKind::Classify: {
+        if (c.loss == LossKind::Mse) {
+          const at::Tensor p = outs[0].to(at::kCPU, at::kDouble).contiguous();
+          for (int64_t i = 0; i < count; ++i) {
+            std::vector<double> &out = records[i].heads[t];
+            for (int64_t k = 0; k < c.classes; ++k)
+              out.push_back(p[i][k].item<double>());
+            if (!gold.defined() || std::isnan(gold[i][0].item<double>()))
+              continue;
+            ++a.records;
+            for (int64_t k = 0; k < c.classes; ++k) {
+              a.goldValue.push_back(gold[i][k].item<double>());
+              a.predValue.push_back(out[k]);
+              records[i].gold[t].push_back(gold[i][k].item<double>());
+            }
+          }
+          break;
+        }
+        const at::Tensor p = outs[0].argmax(-1).to(at::kCPU).contiguous();
+        for (int64_t i = 0; i < count; ++i) {
+          const int64_t pi = p[i].item<int64_t>();
+          records[i].heads[t] = {double(pi)};
+          if (!gold.defined() || gold[i].item<int64_t>() == kIgnoreLabel)
+            continue;
+          ++a.records;
+          a.gold.push_back(gold[i].item<int64_t>());
+          a.pred.push_back(pi);
+          records[i].gold[t] = {double(gold[i].item<int64_t>())};
+        }
+        break;
+      }
+      case HeadKind::Tag: {
+        const at::Tensor p = outs[0].argmax(-1).to(at::kCPU).contiguous();
+        const bool entities = namesEntities(names[t]);
+        for (int64_t i = 0; i < count; ++i) {
+          const int64_t len = lengths[i].item<int64_t>();
+          std::vector<double> &out = records[i].heads[t];
+          std::vector<std::string> goldSeq, predSeq;
+          // A record with gold tags: predictions at its scored positions
+          // (first sub-tokens); without: at every real token.
+          bool labelled = false;
+          for (int64_t s = 0; s < len && gold.defined() && !labelled; ++s)
+            labelled = gold[i][s].item<int64_t>() != kIgnoreLabel;
+          bool any = false;
+          for (int64_t s = 0; s < len; ++s) {
+            const int64_t ps = p[i][s].item<int64_t>();
+            const int64_t gs = labelled ? gold[i][s].item<int64_t>()
+                                        : int64_t(kIgnoreLabel);
+            out.push_back(labelled && gs == kIgnoreLabel ? -1.0 : double(ps));
+            if (labelled)
+              records[i].gold[t].push_back(double(gs));
+            if (gs == kIgnoreLabel)
+              continue;
+            any = true;
+            a.gold.push_back(gs);
+            a.pred.push_back(ps);
+            if (entities) {
+              auto name = [&](int64_t id) {
+                return id >= 0 && id < int64_t(names[t].size())
+                           ? names[t][id]
+                           : std::string("O");
+              };
+              goldSeq.push_back(name(gs));
+              predSeq.push_back(name(ps));
+            }
+          }
+          if (!any)
+            records[i].gold[t].clear();
+          if (any) {
+            ++a.records;
+            if (entities) {
+              a.goldTags.push_back(std::move(goldSeq));
+              a.predTags.push_back(std::move(predSeq));
+            }
+          }
+        }
+        break;
+      }
+      case HeadKind::Span: {
+        const at::Tensor start = outs[0].to(at::kCPU, at::kFloat).contiguous(),
+                         end = outs[1].to(at::kCPU, at::kFloat).contiguous();
+        for (int64_t i = 0; i < count; ++i) {
+          const int64_t len = lengths[i].item<int64_t>();
+          // The best start <= end within the record and kMaxAnswerTokens.
+          const float *st = start[i].data_ptr<float>(),
+                      *en = end[i].data_ptr<float>();
+          int64_t bs = 0, be = 0;
+          float best = -INFINITY;
+          for (int64_t s = 0; s < len; ++s)
+            for (int64_t e = s; e < std::min(len, s + kMaxAnswerTokens); ++e)
+              if (st[s] + en[e] > best) {
+                best = st[s] + en[e];
+                bs = s;
+                be = e;
+              }
+          records[i].heads[t] = {double(bs), double(be)};
+          if (!gold.defined() || gold[i][0].item<int64_t>() == kIgnoreLabel)
+            continue;
+          ++a.records;
+          const int64_t gs = gold[i][0].item<int64_t>(),
+                        ge = gold[i][1].item<int64_t>();
+          records[i].gold[t] = {double(gs), double(ge)};
+          const std::vector<int64_t> &tok = records[i].tokens;
+          auto slice = [&](int64_t s, int64_t e) {
+            e = std::min<int64_t>(e, int64_t(tok.size()) - 1);
+            return s <= e ? std::vector<int64_t>(tok.begin() + s,
+                                                 tok.begin() + e + 1)
+                          : std::vector<int64_t>();
+          };
+          const std::vector<int64_t> g = slice(gs, ge), pr = slice(bs, be);
+          a.spanExact += g == pr;
+          a.spanF1 += metrics::tokenF1(g, pr);
+        }
+        break;
+      }
+      case HeadKind::Decoder:
+        a.records += count;
+        break;
+      }
+      a.lossSum += loss * double(a.records - before);
+      a.lossCount += a.records - before;
+    }
+    if (each)
+      for (const RecordPrediction &r : records)
+        each(r);
+  }
+
+  EvalReport report;
+  report.records = n;
+  for (size_t t = 0; t < nh; ++t) {
+    const HeadConfig &c = heads[t];
+    const Accumulator &a = acc[t];
+    if (a.lossCount == 0)
+      continue; // no labels for the task in the file
+    TaskMetrics m;
+    m.task = c.name;
+    m.records = a.records;
+    switch (c.kind) {
+    case HeadKind::Classify:
+      if (c.loss == LossKind::Mse) {
+        m.values = {{"mse", metrics::meanSquaredError(a.goldValue, a.predValue)},
+                    {"pearson", metrics::pearson(a.goldValue, a.predValue)},
+                    {"spearman", metrics::spearman(a.goldValue, a.predValue)}};
+      } else {
+        m.values = {{"accuracy", metrics::accuracy(a.gold, a.pred)},
+                    {"macro_f1", metrics::macroF1(a.gold, a.pred)}};
+      }
+      break;
+    case HeadKind::Tag:
+      m.values = {{"token_accuracy", metrics::accuracy(a.gold, a.pred)}};
+      if (!a.goldTags.empty()) {
+        const metrics::PRF r = metrics::entityF1(a.goldTags, a.predTags);
+        m.values.push_back({"entity_precision", r.precision});
+        m.values.push_back({"entity_recall", r.recall});
+        m.values.push_back({"entity_f1", r.f1});
+      }
+      break;
+    case HeadKind::Span:
+      m.values = {{"exact_match", a.records ? double(a.spanExact) /
+                                                  double(a.records)
+                                            : std::nan("")},
+                  {"token_f1", a.records ? a.spanF1 / double(a.records)
+                                         : std::nan("")}};
+      break;
+    case HeadKind::Decoder:
+      break;
+    }
+    m.values.push_back({"loss", a.lossSum / double(a.lossCount)});
+    report.tasks.push_back(std::move(m));
+  }
+  return report;
+}
+
+namespace {
+
+std::string quoted(const std::string &s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+/// One head's prediction (or gold label) as --predict writes it.
+std::string predictionJson(const HeadConfig &c,
+                           const std::vector<std::string> &names,
+                           const std::vector<double> &v,
+                           const std::vector<int64_t> &tokens) {
+  auto label = [&](double id) {
+    const int64_t i = static_cast<int64_t>(id);
+    if (id < 0)
+      return std::string("null");
+    return i < int64_t(names.size()) ? quoted(names[i]) : std::to_string(i);
+  };
+  std::ostringstream os;
+  switch (c.kind) {
+  case HeadKind::Classify:
+    if (c.loss == LossKind::Mse) {
+      os << "[";
+      for (size_t k = 0; k < v.size(); ++k)
+        os << (k ? ", " : "") << number(v[k]);
+      os << "]";
+    } else {
+      os << label(v.empty() ? -1 : v[0]);
+    }
+    break;
+  case HeadKind::Tag:
+    os << "[";
+    for (size_t k = 0; k < v.size(); ++k)
+      os << (k ? ", " : "") << label(v[k]);
+    os << "]";
+    break;
+  case HeadKind::Span: {
+    const int64_t s = int64_t(v[0]), e = int64_t(v[1]);
+    os << "{\"start\": " << s << ", \"end\": " << e << ", \"tokens\": [";
+    for (int64_t k = s; k <= e && k < int64_t(tokens.size()); ++k)
+      os << (k > s ? ", " : "") << tokens[k];
+    os << "]}";
+    break;
+  }
+  case HeadKind::Decoder:
+    os << "null";
+    break;
+  }
+  return os.str();
+}
+
+} // namespace
+
+EvalReport writePredictions(Model &model, DataSource &data, int64_t batch,
+                            const std::string &path, int64_t step) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::trunc);
+  if (!out)
+    throw std::runtime_error("--out: cannot write " + tmp);
+  const std::vector<HeadConfig> &heads = model.heads();
+  std::vector<std::vector<std::string>> names = data.labelNames();
+  names.resize(heads.size());
+  const EvalReport report =
+      evaluate(model, data, batch, [&](const RecordPrediction &r) {
+        out << "{\"record\": " << r.record;
+        for (size_t t = 0; t < heads.size(); ++t)
+          if (heads[t].kind != HeadKind::Decoder)
+            out << ", " << quoted(heads[t].name) << ": "
+                << predictionJson(heads[t], names[t], r.heads[t], r.tokens);
+        bool any = false;
+        for (size_t t = 0; t < heads.size(); ++t) {
+          if (r.gold[t].empty() || heads[t].kind == HeadKind::Decoder)
+            continue;
+          out << (any ? ", " : ", \"gold\": {") << quoted(heads[t].name)
+              << ": "
+              << predictionJson(heads[t], names[t], r.gold[t], r.tokens);
+          any = true;
+        }
+        out << (any ? "}" : "") << "}\n";
+      });
+  out.close();
+  if (!out)
+    throw std::runtime_error("--out: writing " + tmp + " failed");
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec)
+    throw std::runtime_error("--out: cannot rename " + tmp + " to " + path +
+                             ": " + ec.message());
+  std::printf("predicted %lld records of %s at step %lld to %s\n",
+              static_cast<long long>(report.records),
+              data.describe().c_str(), static_cast<long long>(step),
+              path.c_str());
+  if (!report.tasks.empty())
+    std::printf("metrics over the records with labels: %s\n",
+                report.summary().c_str());
+  return report;
+}
+
+} // namespace mtprt
