@@ -353,7 +353,8 @@ def MTP_TrainOp : MTP_Op<"train", [HasParent<"ModelOp">]> {
     a data directory. `lr` is the backbone's schedule and the default of
     every head without its own. AdamW is the optimizer. Metrics are logged
     every `log_every` steps; a training checkpoint is saved every
-    `save_every` steps (0 = only at the end).
+    `save_every` steps (0 = only at the end). `eval` names held-out data,
+    evaluated every `eval_every` steps (0 or absent: at the end).
 
     ```mlir
     mtp.train steps 1000 seed 7 data synthetic lr cosine(3.0e-04, warmup = 500)
@@ -370,13 +371,16 @@ def MTP_TrainOp : MTP_Op<"train", [HasParent<"ModelOp">]> {
                        F64Attr:$beta2,
                        F64Attr:$eps,
                        MTP_PositiveI64Attr:$log_every,
-                       MTP_NonNegativeI64Attr:$save_every);
+                       MTP_NonNegativeI64Attr:$save_every,
+                       OptionalAttr<StrAttr>:$eval_path,
+                       OptionalAttr<I64Attr>:$eval_every);
   let assemblyFormat = [{
     `steps` $steps `seed` $seed `data` custom<DataSource>($data_path)
     `lr` custom<Schedule>($lr)
     `adamw` `(` `weight_decay` `=` $weight_decay `,` `beta1` `=` $beta1 `,`
               `beta2` `=` $beta2 `,` `eps` `=` $eps `)`
-    `log_every` $log_every `save_every` $save_every attr-dict
+    `log_every` $log_every `save_every` $save_every
+    (`eval` $eval_path^)? (`eval_every` $eval_every^)? attr-dict
   }];
   let hasVerifier = 1;
 }

@@ -90,7 +90,9 @@ public:
         loc(tr.loc.line ? tr.loc : spec.loc), i64(tr.steps), i64(tr.seed),
         tr.dataPath ? builder.getStringAttr(*tr.dataPath) : StringAttr(),
         schedule(tr.lr), f64(tr.weightDecay), f64(tr.beta1), f64(tr.beta2),
-        f64(tr.eps), i64(tr.logEvery), i64(tr.saveEvery));
+        f64(tr.eps), i64(tr.logEvery), i64(tr.saveEvery),
+        tr.evalPath ? builder.getStringAttr(*tr.evalPath) : StringAttr(),
+        tr.evalPath && tr.evalEvery ? i64(tr.evalEvery) : IntegerAttr());
 
     if (failed(verify(*module)))
       return nullptr;

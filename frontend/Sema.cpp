@@ -125,8 +125,9 @@ constexpr StringRef kBudgetKeys[] = {
 constexpr StringRef kStrategyKeys[] = {
     "checkpoint", "offload", "gfm",  "gradient_scope",
     "dgfg",       "clip",    "lr",   "collective"};
-constexpr StringRef kTrainKeys[] = {"steps",     "seed",      "data",
-                                    "optimizer", "log_every", "save_every"};
+constexpr StringRef kTrainKeys[] = {"steps",      "seed",      "data",
+                                    "optimizer",  "log_every", "save_every",
+                                    "eval",       "eval_every"};
 constexpr StringRef kSections[] = {"budget", "strategy", "train"};
 
 class Fields;
@@ -1439,6 +1440,24 @@ void Sema::checkTrain(const ast::Section *section, CheckedSpec &spec) {
                        "data = \"data/glue\"; got "
                     << describe(*v);
     }
+  }
+  if (const ast::Value *v = f.get("eval")) {
+    if (v->kind != ast::Value::Kind::String || v->name.empty())
+      error(v->loc) << "'eval' expects the held-out data's path in quotes "
+                       "(a shard from mtpc prepare), e.g. eval = "
+                       "\"data/dev.shard\"; got "
+                    << describe(*v);
+    else {
+      out.evalPath = v->name;
+      out.evalLoc = v->loc;
+    }
+  }
+  if (const ast::Value *v = f.get("eval_every")) {
+    out.evalEvery =
+        integer(*v, "eval_every", 0, limits::kSteps.hi).value_or(0);
+    if (!f.get("eval"))
+      error(v->loc) << "'eval_every' needs eval = \"PATH\" (the held-out "
+                       "data)";
   }
   if (const ast::Value *v = f.get("optimizer")) {
     if ((v->kind == ast::Value::Kind::Ident || v->kind == ast::Value::Kind::Call) &&

@@ -114,6 +114,9 @@ struct CheckedSpec {
     int64_t steps = mtprt::defaults::kSteps, seed = 0;
     std::optional<std::string> dataPath; // none = synthetic
     ast::Location dataLoc;
+    std::optional<std::string> evalPath; // held-out data, if any
+    ast::Location evalLoc;
+    int64_t evalEvery = 0; // 0: at the end only
     Schedule lr;
     double weightDecay = mtprt::defaults::kWeightDecay,
            beta1 = mtprt::defaults::kBeta1, beta2 = mtprt::defaults::kBeta2,

@@ -190,7 +190,11 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         b, tr.getSteps(), tr.getSeed(), b.CreateString(data),
         lrOf(tr.getLr()), tr.getWeightDecay().convertToDouble(),
         tr.getBeta1().convertToDouble(), tr.getBeta2().convertToDouble(),
-        tr.getEps().convertToDouble(), tr.getLogEvery(), tr.getSaveEvery());
+        tr.getEps().convertToDouble(), tr.getLogEvery(), tr.getSaveEvery(),
+        tr.getEvalPath()
+            ? b.CreateString(specRelative(source, *tr.getEvalPath()))
+            : flatbuffers::Offset<flatbuffers::String>(),
+        tr.getEvalEvery().value_or(0));
 
   // Unplanned, the plan is the step as it stands: every activation kept.
   double addedSeconds =

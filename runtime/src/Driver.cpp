@@ -321,6 +321,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
   o.logEvery = p.logEvery;
   o.checkpointEvery = p.checkpointEvery;
   o.data = p.data;
+  o.evalData = p.evalData;
+  o.evalEvery = p.evalEvery;
   o.batchSize = p.batchSize;
   o.compress = p.compress;
   o.topK = p.compressTopK;

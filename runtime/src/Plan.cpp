@@ -404,6 +404,11 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     plan.steps = c.range("train.steps", tr->steps(), limits::kSteps);
     plan.seed = tr->seed();
     plan.data = c.text("train.data", tr->data(), true, limits::kMaxPathBytes);
+    if (tr->eval_data())
+      plan.evalData =
+          c.text("train.eval_data", tr->eval_data(), true, limits::kMaxPathBytes);
+    plan.evalEvery =
+        c.range("train.eval_every", tr->eval_every(), {0, INT64_MAX});
     plan.logEvery = c.range("train.log_every", tr->log_every(), {1, INT64_MAX});
     plan.saveEvery =
         c.range("train.save_every", tr->save_every(), {0, INT64_MAX});
@@ -518,6 +523,8 @@ Program programFromPlan(const Plan &plan) {
   p.seed = plan.seed;
   p.logEvery = plan.logEvery;
   p.data = plan.data;
+  p.evalData = plan.evalData;
+  p.evalEvery = plan.evalEvery;
   // GSC by default where the spec asks for it (auto: when processes share
   // the gradients; one process exchanges nothing).
   p.compress = plan.collective != Collective::None;

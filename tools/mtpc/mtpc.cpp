@@ -712,27 +712,39 @@ int main(int argc, char **argv) {
       return kSpecError;
     // The data file is the binary's to read, but `check` says now when it
     // is not there (the others warn: data may come after the build).
-    if (const auto &data = spec->train.dataPath) {
-      llvm::SmallString<256> path(*data);
+    bool missing = false;
+    auto checkFile = [&](const std::optional<std::string> &file,
+                         mtp::ast::Location at, StringRef what,
+                         StringRef flag) {
+      if (!file)
+        return;
+      llvm::SmallString<256> path(*file);
       if (!llvm::sys::path::is_absolute(path)) {
         path = llvm::sys::path::parent_path(inputFilename);
-        llvm::sys::path::append(path, *data);
+        llvm::sys::path::append(path, *file);
       }
-      if (!llvm::sys::fs::exists(path)) {
-        auto loc = FileLineColLoc::get(&context, inputFilename,
-                                       spec->train.dataLoc.line,
-                                       spec->train.dataLoc.col);
-        const std::string what =
-            "data file " + path.str().str() +
-            " does not exist; make it with `mtpc prepare` (docs/data.md) or "
-            "write data = synthetic";
-        if (command == Command::Check) {
-          emitError(loc) << what;
-          return kSpecError;
-        }
-        emitWarning(loc) << what << " (the binary reads it, or --data)";
+      if (llvm::sys::fs::exists(path))
+        return;
+      auto loc = FileLineColLoc::get(&context, inputFilename, at.line, at.col);
+      const std::string message =
+          (what + " file " + path.str() +
+           " does not exist; make it with `mtpc prepare` (docs/data.md)")
+              .str();
+      if (command == Command::Check) {
+        emitError(loc) << message
+                       << (flag == "--data" ? " or write data = synthetic"
+                                            : "");
+        missing = true;
+      } else {
+        emitWarning(loc) << message << " (the binary reads it, or " << flag
+                         << ")";
       }
-    }
+    };
+    checkFile(spec->train.dataPath, spec->train.dataLoc, "data", "--data");
+    checkFile(spec->train.evalPath, spec->train.evalLoc, "eval data",
+              "--eval-data");
+    if (missing)
+      return kSpecError;
     TimingScope genTiming = timing.nest("MLIRGen");
     module = mtp::mlirGen(*spec, inputFilename, &context);
   }

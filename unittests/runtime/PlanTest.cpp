@@ -501,6 +501,8 @@ struct PlanFields {
   int64_t steps = 3;
   uint64_t seed = 0;
   std::string data = "synthetic";
+  std::string evalData;
+  int64_t evalEvery = 0;
   std::string lrKind = "constant";
   double lrPeak = 3e-3;
   int64_t lrWarmup = 0;
@@ -575,7 +577,11 @@ std::string build(const PlanFields &f) {
   auto train =
       fb::CreateTrain(b, f.steps, f.seed, b.CreateString(f.data),
                       lr(f.lrKind, f.lrPeak, f.lrWarmup), f.weightDecay,
-                      f.beta1, f.beta2, f.eps, f.logEvery, f.saveEvery);
+                      f.beta1, f.beta2, f.eps, f.logEvery, f.saveEvery,
+                      f.evalData.empty()
+                          ? flatbuffers::Offset<flatbuffers::String>()
+                          : b.CreateString(f.evalData),
+                      f.evalEvery);
   auto plan = fb::CreatePlan(
       b, unsigned(fb::PlanVersion::Current), b.CreateString(f.model),
       b.CreateString(f.source), target, backbone, b.CreateVector(tasks),
@@ -932,6 +938,11 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       {"Train.eps", [](F &f) { f.eps = 0.1; }, Shows::Losses},
       {"Train.log_every", [](F &f) { f.logEvery = 2; }, Shows::Records},
       {"Train.save_every", [](F &f) { f.saveEvery = 2; }, Shows::Checkpoints},
+      // Held-out data: an "eval" record at the end (and every N steps).
+      {"Train.eval_data", [jsonl](F &f) { f.evalData = jsonl; },
+       Shows::Records},
+      {"Train.eval_every", [](F &f) { f.evalEvery = 1; }, Shows::Records, "",
+       [jsonl](F &f) { f.evalData = jsonl; }},
 
       {"Unit.decision", [](F &f) { f.offloadHeads = {"tag"}; },
        Shows::HostPool},

@@ -42,6 +42,8 @@ struct Program {
   int64_t logEvery = 1;            ///< default for --log-every
   int64_t checkpointEvery = 0;     ///< default for --checkpoint-every
   std::string data = "synthetic";  ///< default for --data
+  std::string evalData;            ///< default for --eval-data
+  int64_t evalEvery = 0;           ///< default for --eval-every
   int64_t predictedPeakBytes = -1; ///< the plan's prediction, logged
   int64_t plannedProcesses = 1;    ///< the processes the plan was made for
   /// GSC defaults (docs/techniques.md C10); --compress / --no-compress override.

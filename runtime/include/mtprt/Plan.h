@@ -40,6 +40,8 @@ struct Plan {
   int64_t steps = 100, logEvery = 1, saveEvery = 0;
   uint64_t seed = 0;
   std::string data = "synthetic";
+  std::string evalData; ///< held-out data ("" = none)
+  int64_t evalEvery = 0;
   Collective collective = Collective::Auto;
   double compressTopK = defaults::kTopK,
          compressDecay = defaults::kResidualDecay;
