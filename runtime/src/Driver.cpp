@@ -70,7 +70,7 @@ struct QuietExit {
 struct Options {
   int64_t steps = 0, batchSize = 0, logEvery = 1;
   std::string data = "synthetic";
-  std::string evalData, predict, predictOut;
+  std::string evalData, predict, predictOut, keepBest;
   int64_t evalEvery = 0;
   double relatedness = 0.5;
   std::string metrics, checkpointDir;
@@ -118,6 +118,11 @@ const Flag kFlags[] = {
     {"--eval-every", "N",
      "with --eval-data: evaluate every N steps (default: the spec's "
      "eval_every; 0 = at the end only)"},
+    {"--keep-best", "TASK.METRIC",
+     "with held-out data and --checkpoint-dir: keep the state with the best "
+     "TASK.METRIC (mean.METRIC: the mean over the tasks that have it; lower "
+     "is better for loss and mse) as a checkpoint in DIR/best, described by "
+     "DIR/best/best.json"},
     {"--predict", "PATH",
      "no training: the model (from --checkpoint-dir's newest checkpoint, or "
      "as initialized) predicts every record of PATH; with --out"},
@@ -366,6 +371,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.evalEvery = toInt(arg, value, 0, big);
     else if (arg == "--predict")
       o.predict = value;
+    else if (arg == "--keep-best")
+      o.keepBest = value;
     else if (arg == "--out")
       o.predictOut = value;
     else if (arg == "--relatedness")
@@ -467,6 +474,37 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
   if (o.evalData == "synthetic" || o.predict == "synthetic")
     throw UsageError("--eval-data and --predict read a data file (synthetic "
                      "data has no held-out records)");
+  if (!o.keepBest.empty()) {
+    if (o.evalData.empty() || o.checkpointDir.empty())
+      throw UsageError("--keep-best needs held-out data (--eval-data, or the "
+                       "spec's eval) and --checkpoint-dir");
+    const size_t dot = o.keepBest.find('.');
+    const std::string task = o.keepBest.substr(0, dot),
+                      metric = dot == std::string::npos
+                                   ? ""
+                                   : o.keepBest.substr(dot + 1);
+    static const char *kMetrics[] = {
+        "accuracy",         "macro_f1",      "mse",       "pearson",
+        "spearman",         "token_accuracy", "entity_precision",
+        "entity_recall",    "entity_f1",     "exact_match", "token_f1",
+        "loss"};
+    bool known = false;
+    for (const char *m : kMetrics)
+      known |= metric == m;
+    bool isTask = task == "mean";
+    for (const HeadConfig &h : p.heads)
+      isTask |= h.name == task;
+    if (!known || !isTask) {
+      std::string tasks;
+      for (const HeadConfig &h : p.heads)
+        tasks += (tasks.empty() ? "" : ", ") + h.name;
+      throw UsageError("--keep-best " + o.keepBest +
+                       ": expected TASK.METRIC with TASK one of " + tasks +
+                       " or mean, METRIC one of accuracy, macro_f1, mse, "
+                       "pearson, spearman, token_accuracy, entity_f1, "
+                       "exact_match, token_f1, loss, ...");
+    }
+  }
   // A prediction continues from the newest checkpoint where there is one.
   if (!o.predict.empty() && !o.checkpointDir.empty())
     o.resume = true;
@@ -1205,16 +1243,66 @@ int train(const std::string &name, const Program &p, const Options &o) {
   }
   const bool tty = o.progress == "auto" && isatty(STDERR_FILENO);
   EvalReport lastEval;
+  // --keep-best: the best value so far (rank 0's), lower-is-better metrics.
+  double bestValue = std::nan("");
+  const bool lowerBetter =
+      o.keepBest.size() >= 5 &&
+      (o.keepBest.compare(o.keepBest.size() - 5, 5, ".loss") == 0 ||
+       o.keepBest.compare(o.keepBest.size() - 4, 4, ".mse") == 0);
   auto runEval = [&](int64_t step) {
-    if (!evalSet || !rank0)
+    if (!evalSet)
       return;
-    lastEval = evaluate(core.model(), *evalSet, evalBatch);
-    if (metrics.is_open())
-      metrics << lastEval.jsonLine(step) << '\n' << std::flush;
-    std::fprintf(stderr, "%seval at step %lld (%lld records): %s\n",
-                 tty ? "\n" : "", static_cast<long long>(step),
-                 static_cast<long long>(lastEval.records),
-                 lastEval.summary().c_str());
+    double better = 0;
+    if (rank0) {
+      lastEval = evaluate(core.model(), *evalSet, evalBatch);
+      if (metrics.is_open())
+        metrics << lastEval.jsonLine(step) << '\n' << std::flush;
+      std::fprintf(stderr, "%seval at step %lld (%lld records): %s\n",
+                   tty ? "\n" : "", static_cast<long long>(step),
+                   static_cast<long long>(lastEval.records),
+                   lastEval.summary().c_str());
+      const double v = o.keepBest.empty() ? std::nan("")
+                                          : lastEval.value(o.keepBest);
+      if (std::isfinite(v) &&
+          (!std::isfinite(bestValue) ||
+           (lowerBetter ? v < bestValue : v > bestValue))) {
+        better = 1;
+        bestValue = v;
+      }
+    }
+    if (o.keepBest.empty())
+      return;
+    if (d.worldSize > 1) { // every rank keeps its part of the best state
+      std::vector<at::Tensor> one{
+          at::tensor({better}, at::kDouble).to(comm.device())};
+      comm.allReduceSum(one);
+      better = one[0].cpu().item<double>();
+    }
+    if (better <= 0)
+      return;
+    const std::string dir = o.checkpointDir + "/best";
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec)
+      throw std::runtime_error("--keep-best: cannot create " + dir + " (" +
+                               ec.message() + ")");
+    const std::string path =
+        saveCheckpoint(dir, d.rank, d.worldSize, core, &exchange,
+                       CheckpointExtra{position}, /*keep=*/1);
+    if (!rank0)
+      return;
+    // best.json beside it, replaced whole.
+    {
+      std::ofstream f(dir + "/best.json.tmp", std::ios::trunc);
+      char value[32];
+      std::snprintf(value, sizeof value, "%.17g", bestValue);
+      f << "{\"metric\": \"" << o.keepBest << "\", \"value\": " << value
+        << ", \"step\": " << step << ", \"checkpoint\": \"" << path
+        << "\"}\n";
+    }
+    std::filesystem::rename(dir + "/best.json.tmp", dir + "/best.json");
+    std::fprintf(stderr, "best %s %.4g at step %lld: %s\n", o.keepBest.c_str(),
+                 bestValue, static_cast<long long>(step), path.c_str());
   };
   if (core.stepsTaken() >= o.steps) {
     runEval(core.stepsTaken());
