@@ -96,6 +96,8 @@ public:
       return foreign("the line is " + describeKind(*parsed));
     if (const json::Value *ev = obj->get("event"))
       return parseEvent(*obj, *ev);
+    if (const json::Value *ev = obj->get("eval"))
+      return parseEval(*obj, *ev);
     if (!obj->get("step") || !obj->get("loss")) {
       std::vector<std::string> keys;
       for (const auto &kv : *obj)
@@ -208,6 +210,67 @@ private:
     return llvm::Error::success();
   }
 
+  /// An evaluation record: {"step": S, "eval": {task: {metric: value}}}.
+  llvm::Error parseEval(const json::Object &obj, const json::Value &ev) {
+    EvalRecord e;
+    e.line = lineNo;
+    llvm::Expected<int64_t> step = stepOf(obj);
+    if (!step)
+      return step.takeError();
+    e.step = *step;
+    if (const json::Value *n = obj.get("eval_records"))
+      e.records = n->getAsInteger().value_or(0);
+    const json::Object *tasks = ev.getAsObject();
+    if (!tasks)
+      return wrongType("eval", ev, "an object (task -> metric -> value)");
+    static const char *kOrder[] = {
+        "accuracy",      "macro_f1",         "mse",           "pearson",
+        "spearman",      "token_accuracy",   "entity_precision",
+        "entity_recall", "entity_f1",        "exact_match",   "token_f1",
+        "loss"};
+    auto rank = [](StringRef m) {
+      for (size_t i = 0; i < std::size(kOrder); ++i)
+        if (m == kOrder[i])
+          return i;
+      return std::size(kOrder);
+    };
+    for (const auto &kv : *tasks) {
+      const json::Object *metrics = kv.second.getAsObject();
+      if (!metrics)
+        return wrongType(("eval." + kv.first.str()), kv.second,
+                         "an object (metric -> value)");
+      EvalRecord::Task t;
+      t.name = kv.first.str();
+      for (const auto &m : *metrics) {
+        if (m.second.kind() == json::Value::Null) {
+          t.metrics.push_back({m.first.str(), std::nullopt});
+          continue;
+        }
+        std::optional<double> v = m.second.getAsNumber();
+        if (!v)
+          return wrongType("eval." + kv.first.str() + "." + m.first.str(),
+                           m.second, "a number or null");
+        t.metrics.push_back({m.first.str(), *v});
+      }
+      llvm::stable_sort(t.metrics, [&](const auto &a, const auto &b) {
+        return std::make_pair(rank(a.first), a.first) <
+               std::make_pair(rank(b.first), b.first);
+      });
+      e.tasks.push_back(std::move(t));
+    }
+    // The runtime's task order where the loss records give it.
+    auto index = [&](const std::string &name) {
+      auto it = llvm::find(run.tasks, name);
+      return size_t(it - run.tasks.begin());
+    };
+    llvm::stable_sort(e.tasks, [&](const auto &a, const auto &b) {
+      return std::make_pair(index(a.name), a.name) <
+             std::make_pair(index(b.name), b.name);
+    });
+    run.evals.push_back(std::move(e));
+    return llvm::Error::success();
+  }
+
   /// The gradient cosine matrix; none where absent or null.
   llvm::Error cosineMatrix(const json::Object &obj,
                            std::vector<std::vector<double>> &cosine) {
@@ -271,6 +334,9 @@ private:
                    [&](const Record &old) { return old.step >= step; });
     llvm::erase_if(run.events,
                    [&](const Event &old) { return old.step >= step; });
+    // An evaluation's step counts the steps taken: one after record `step`.
+    llvm::erase_if(run.evals,
+                   [&](const EvalRecord &old) { return old.step > step; });
     run.notes.push_back(
         llvm::formatv("{0}:{1}: step {2} after step {3} (a resumed or "
                       "appended run): the {4} earlier record(s) from step "

@@ -40,18 +40,33 @@ struct Event {
   std::string detail;
 };
 
+/// A held-out evaluation (`--eval-data`): per task its metrics, in a fixed
+/// order (accuracy, macro_f1, ..., loss).
+struct EvalRecord {
+  int64_t step = 0; ///< optimizer steps taken when it ran
+  unsigned line = 0;
+  int64_t records = 0;
+  struct Task {
+    std::string name;
+    std::vector<std::pair<std::string, Opt>> metrics;
+  };
+  std::vector<Task> tasks; // the runtime's task order
+};
+
 struct Run {
   std::string file;
   std::vector<std::string> tasks; // the runtime's order (loss keys, matrix)
   std::vector<Record> records;
   std::vector<Event> events;
+  std::vector<EvalRecord> evals;
   std::vector<std::string> notes; // warnings: printed and shown on the page
   unsigned lines = 0;
 };
 
 /// Reads a metrics file's text (`file` names it in errors). Each line is one
 /// JSON object: step records have `step` and `loss`, events have `event` and
-/// `step`; anything else is refused with the file and the line. A last line
+/// `step`, evaluations `step` and `eval` (task -> metric -> value); anything
+/// else is refused with the file and the line. A last line
 /// without its newline that does not parse is a run still being written: it
 /// is skipped with a note and the rest is read. A step at or before the
 /// previous one (a resumed or appended run) replaces the records from that

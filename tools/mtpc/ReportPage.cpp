@@ -65,6 +65,7 @@ public:
     offloadPanels();
     bytesPanel();
     throughputPanels();
+    evalPanels();
     eventsPanel();
     renderPlanPanel(os, plan, run, planFile);
     tail();
@@ -83,6 +84,7 @@ private:
   void offloadPanels();
   void bytesPanel();
   void throughputPanels();
+  void evalPanels();
   void eventsPanel();
   void tail();
 
@@ -543,6 +545,70 @@ void PageWriter::throughputPanels() {
 //===----------------------------------------------------------------------===//
 // The events and the end
 //===----------------------------------------------------------------------===//
+
+/// A panel per task evaluated on held-out data: its metrics at every
+/// evaluation, the best of each marked.
+void PageWriter::evalPanels() {
+  if (run.evals.empty())
+    return;
+  std::vector<std::string> tasks;
+  for (const EvalRecord &e : run.evals)
+    for (const EvalRecord::Task &t : e.tasks)
+      if (!llvm::is_contained(tasks, t.name))
+        tasks.push_back(t.name);
+  for (const std::string &task : tasks) {
+    std::vector<std::string> metrics;
+    for (const EvalRecord &e : run.evals)
+      for (const EvalRecord::Task &t : e.tasks)
+        if (t.name == task)
+          for (const auto &m : t.metrics)
+            if (!llvm::is_contained(metrics, m.first))
+              metrics.push_back(m.first);
+    auto value = [&](const EvalRecord &e, const std::string &metric) -> Opt {
+      for (const EvalRecord::Task &t : e.tasks)
+        if (t.name == task)
+          for (const auto &m : t.metrics)
+            if (m.first == metric)
+              return m.second;
+      return std::nullopt;
+    };
+    // The best of each column (lowest loss and mse, highest of the rest).
+    std::vector<Opt> best(metrics.size());
+    for (size_t k = 0; k < metrics.size(); ++k) {
+      const bool lower = metrics[k] == "loss" || metrics[k] == "mse";
+      for (const EvalRecord &e : run.evals)
+        if (Opt v = value(e, metrics[k]))
+          if (!best[k] || (lower ? *v < *best[k] : *v > *best[k]))
+            best[k] = v;
+    }
+    os << "<section class=\"panel eval\" id=\"panel-eval-" << esc(task)
+       << "\" data-task=\"" << esc(task) << "\"><h2>" << esc(task)
+       << " on held-out data</h2>\n<p class=\"note\">"
+       << run.evals.back().records
+       << " records, evaluated without dropout or autograd (docs/data.md); "
+          "the best of each metric in bold.</p><table class=\"eval\"><thead>"
+          "<tr><th>step</th>";
+    for (const std::string &m : metrics)
+      os << "<th>" << esc(m) << "</th>";
+    os << "</tr></thead><tbody>\n";
+    for (const EvalRecord &e : run.evals) {
+      os << "<tr data-step=\"" << e.step << "\"><td>" << e.step << "</td>";
+      for (size_t k = 0; k < metrics.size(); ++k) {
+        const Opt v = value(e, metrics[k]);
+        const bool top = v && best[k] && *v == *best[k];
+        os << "<td data-metric=\"" << esc(metrics[k]) << "\" data-value=\""
+           << (v ? llvm::formatv("{0}", llvm::format("%.17g", *v)).str()
+                 : std::string("null"))
+           << "\">" << (top ? "<b>" : "")
+           << (v ? llvm::formatv("{0}", llvm::format("%.4f", *v)).str()
+                 : std::string("—"))
+           << (top ? "</b>" : "") << "</td>";
+      }
+      os << "</tr>\n";
+    }
+    os << "</tbody></table></section>\n";
+  }
+}
 
 void PageWriter::eventsPanel() {
   os << "<section class=\"panel\" id=\"panel-events\"><h2>Events</h2>\n";

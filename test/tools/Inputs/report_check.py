@@ -122,6 +122,9 @@ def fail(why):
     sys.exit(1)
 
 
+EVALS = []  # the file's evaluation records, in order
+
+
 def read_jsonl(path):
     records, events = [], []
     with open(path, encoding="utf-8") as f:
@@ -137,6 +140,8 @@ def read_jsonl(path):
             raise
         if "event" in r:
             events.append(r)
+        elif "eval" in r:
+            EVALS.append(r)
         else:
             # A repeated step replaces the earlier records from it on.
             records = [old for old in records if old["step"] < r["step"]]
@@ -266,6 +271,37 @@ def main():
                          % (panel, s["key"], s["n"], s["cmds"]))
         print("charts: %d step records, %d event(s) marked on each"
               % (n, len(events)))
+
+        # Held-out evaluation: a panel per task, a row per evaluation, the
+        # last row's values the file's.
+        if EVALS:
+            panels = json.loads(evaluate(
+                "JSON.stringify([...document.querySelectorAll('section.eval')]"
+                ".map(s => ({task: s.dataset.task, rows: [...s.querySelectorAll"
+                "('tbody tr')].map(r => Object.fromEntries([...r.querySelectorAll"
+                "('td[data-metric]')].map(c => [c.dataset.metric, c.dataset.value])))})))"))
+            tasks_evaluated = []
+            for r in EVALS:
+                for t in r["eval"]:
+                    if t not in tasks_evaluated:
+                        tasks_evaluated.append(t)
+            got = {p["task"]: p["rows"] for p in panels}
+            for t in tasks_evaluated:
+                rows = got.get(t)
+                if rows is None:
+                    fail("no eval panel for task %s (have %s)" % (t, list(got)))
+                if len(rows) != len(EVALS):
+                    fail("eval %s: %d rows, the JSONL has %d evaluations"
+                         % (t, len(rows), len(EVALS)))
+                for metric, v in EVALS[-1]["eval"][t].items():
+                    shown = rows[-1].get(metric)
+                    if v is None:
+                        if shown != "null":
+                            fail("eval %s.%s: shows %s, the JSONL has null" % (t, metric, shown))
+                    elif shown is None or not math.isclose(float(shown), v, rel_tol=1e-9):
+                        fail("eval %s.%s: shows %s, the JSONL has %r" % (t, metric, shown, v))
+            print("eval panels: %s, %d evaluation(s) each, the last one's values as logged"
+                  % (" ".join(tasks_evaluated), len(EVALS)))
 
         # Loss: one point per step record (with the task's labels), and the
         # last value of each task.
