@@ -1253,8 +1253,11 @@ int train(const std::string &name, const Program &p, const Options &o) {
     if (!evalSet)
       return;
     double better = 0;
+    // Every rank evaluates (the same parameters, the same file): none waits
+    // in a collective, under --timeout, while rank 0 alone works through a
+    // large held-out set. Rank 0 reports.
+    lastEval = evaluate(core.model(), *evalSet, evalBatch);
     if (rank0) {
-      lastEval = evaluate(core.model(), *evalSet, evalBatch);
       if (metrics.is_open())
         metrics << lastEval.jsonLine(step) << '\n' << std::flush;
       std::fprintf(stderr, "%seval at step %lld (%lld records): %s\n",
