@@ -579,6 +579,19 @@ public:
     throw DataError("mtprt: data file " + path_ + ", record " +
                     std::to_string(record) + ", " + what);
   }
+  /// A u32 length, then that many bytes: 1 to kMaxNameBytes of them,
+  /// checked against the file before anything is allocated. `field` names
+  /// the length in the error ("<where>: <field> N is not in [1, ...]").
+  std::string name(const std::string &where, const std::string &field) {
+    uint32_t len = 0;
+    get(&len, 4, where);
+    if (len == 0 || len > uint32_t(limits::kMaxNameBytes))
+      fail(where + ": " + field + " " + std::to_string(len) +
+           " is not in [1, " + std::to_string(limits::kMaxNameBytes) + "]");
+    std::string out(std::min<uint64_t>(len, left()), '\0');
+    get(out.data(), len, where);
+    return out;
+  }
   uint64_t left() const { return size_ - off_; }
   uint64_t offset() const { return off_; }
   void get(void *p, uint64_t n, const std::string &section) {
@@ -703,13 +716,7 @@ Records readShard(std::istream &in, uint64_t size, const std::string &path,
   std::vector<std::vector<std::string>> names(heads.size());
   for (uint32_t i = 0; i < tasks; ++i) {
     const std::string entry = "the task table (entry " + str(i) + ")";
-    uint32_t len = 0;
-    r.get(&len, 4, entry);
-    if (len == 0 || len > uint32_t(limits::kMaxNameBytes))
-      r.fail(entry + ": field name length " + str(len) + " is not in [1, " +
-             str(limits::kMaxNameBytes) + "]");
-    std::string name(std::min<uint64_t>(len, r.left()), '\0');
-    r.get(name.data(), len, entry);
+    const std::string name = r.name(entry, "field name length");
     int64_t width = 0;
     r.get(&width, 8, entry);
     size_t t = 0;
@@ -737,12 +744,7 @@ Records readShard(std::istream &in, uint64_t size, const std::string &path,
              " (prepare the data for this spec)");
     for (uint32_t k = 0; k < count; ++k) {
       const std::string where = "task " + name + ": label name " + str(k);
-      r.get(&len, 4, where);
-      if (len == 0 || len > uint32_t(limits::kMaxNameBytes))
-        r.fail(where + ": length " + str(len) + " is not in [1, " +
-               str(limits::kMaxNameBytes) + "]");
-      std::string label(std::min<uint64_t>(len, r.left()), '\0');
-      r.get(label.data(), len, where);
+      std::string label = r.name(where, "length");
       if (std::string why = badLabelName(label); !why.empty())
         r.fail(where + ": " + why);
       names[t].push_back(std::move(label));

@@ -1,6 +1,7 @@
 //===- Driver.cpp - the training program around a step --------------------===//
 
 #include "mtprt/Driver.h"
+#include "mtprt/EvalMetrics.h"
 #include "mtprt/Format.h"
 #include "mtprt/Limits.h"
 #include "mtprt/Memory.h"
@@ -16,6 +17,8 @@
 #include "mtprt/HfNames.h"
 #include "mtprt/torch/Trainer.h"
 #include "mtprt/torch/UnitProfile.h"
+
+#include "JsonLine.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -483,13 +486,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
                       metric = dot == std::string::npos
                                    ? ""
                                    : o.keepBest.substr(dot + 1);
-    static const char *kMetrics[] = {
-        "accuracy",         "macro_f1",      "mse",       "pearson",
-        "spearman",         "token_accuracy", "entity_precision",
-        "entity_recall",    "entity_f1",     "exact_match", "token_f1",
-        "loss"};
     bool known = false;
-    for (const char *m : kMetrics)
+    for (const char *m : metrics::kNames)
       known |= metric == m;
     bool isTask = task == "mean";
     for (const HeadConfig &h : p.heads)
@@ -817,7 +815,6 @@ void dumpInit(const std::string &dir, TrainerCore &core,
       batch.insert("label." + heads[t].name, b.labels[t].cpu());
   writeFile(dir + "/batch.pt", torch::pickle_save(batch));
 
-  using Json = nlohmann::ordered_json;
   Json config;
   config["model"] = {{"vocab", mc.vocab},     {"seq", mc.seq},
                      {"layers", mc.layers},   {"hidden", mc.hidden},
@@ -1245,10 +1242,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
   EvalReport lastEval;
   // --keep-best: the best value so far (rank 0's), lower-is-better metrics.
   double bestValue = std::nan("");
-  const bool lowerBetter =
-      o.keepBest.size() >= 5 &&
-      (o.keepBest.compare(o.keepBest.size() - 5, 5, ".loss") == 0 ||
-       o.keepBest.compare(o.keepBest.size() - 4, 4, ".mse") == 0);
+  const bool lowerBetter = metrics::lowerIsBetter(
+      o.keepBest.substr(o.keepBest.find('.') + 1));
   auto runEval = [&](int64_t step) {
     if (!evalSet)
       return;
@@ -1295,14 +1290,13 @@ int train(const std::string &name, const Program &p, const Options &o) {
     if (!rank0)
       return;
     // best.json beside it, replaced whole.
-    {
-      std::ofstream f(dir + "/best.json.tmp", std::ios::trunc);
-      char value[32];
-      std::snprintf(value, sizeof value, "%.17g", bestValue);
-      f << "{\"metric\": \"" << o.keepBest << "\", \"value\": " << value
-        << ", \"step\": " << step << ", \"checkpoint\": \"" << path
-        << "\"}\n";
-    }
+    Json best = Json::object();
+    best["metric"] = o.keepBest;
+    best["value"] = bestValue;
+    best["step"] = step;
+    best["checkpoint"] = path;
+    std::ofstream(dir + "/best.json.tmp", std::ios::trunc) << jsonLine(best)
+                                                           << '\n';
     std::filesystem::rename(dir + "/best.json.tmp", dir + "/best.json");
     std::fprintf(stderr, "best %s %.4g at step %lld: %s\n", o.keepBest.c_str(),
                  bestValue, static_cast<long long>(step), path.c_str());

@@ -5,6 +5,8 @@
 #include "mtprt/DataFormat.h"
 #include "mtprt/EvalMetrics.h"
 
+#include "JsonLine.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -29,14 +31,6 @@ bool namesEntities(const std::vector<std::string> &names) {
   return false;
 }
 
-std::string number(double v) {
-  if (!std::isfinite(v))
-    return "null";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
-
 /// What a task's predictions accumulate over the file.
 struct Accumulator {
   double lossSum = 0;
@@ -58,17 +52,19 @@ double TaskMetrics::get(const std::string &metric) const {
 }
 
 std::string EvalReport::jsonLine(int64_t step) const {
-  std::ostringstream os;
-  os << "{\"step\": " << step << ", \"eval\": {";
-  for (size_t t = 0; t < tasks.size(); ++t) {
-    os << (t ? ", " : "") << "\"" << tasks[t].task << "\": {";
-    for (size_t k = 0; k < tasks[t].values.size(); ++k)
-      os << (k ? ", " : "") << "\"" << tasks[t].values[k].first
-         << "\": " << number(tasks[t].values[k].second);
-    os << "}";
+  Json byTask = Json::object();
+  for (const TaskMetrics &t : tasks) {
+    Json m = Json::object();
+    for (const auto &[name, v] : t.values)
+      m[name] = jsonNumber(v);
+    byTask[t.task] = std::move(m);
   }
-  os << "}, \"eval_records\": " << records << "}";
-  return os.str();
+  // Assigned key by key: a braced list holding an object is ambiguous.
+  Json j = Json::object();
+  j["step"] = step;
+  j["eval"] = std::move(byTask);
+  j["eval_records"] = records;
+  return mtprt::jsonLine(j); // not this member (Json converts to int64_t)
 }
 
 std::string EvalReport::summary() const {
@@ -148,20 +144,20 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
         taps[u / 2] = x;
     }
     // Host copies of what the predictions are compared with.
-    const at::Tensor tokens = cpu.tokens;
-    const at::Tensor lengths =
+    const at::Tensor lengthsTensor =
         cpu.lengths.defined()
-            ? cpu.lengths
+            ? cpu.lengths.contiguous()
             : at::full({count}, model.config().seq, at::kLong);
+    const auto lengths = lengthsTensor.accessor<int64_t, 1>();
+    const at::Tensor tokensTensor = cpu.tokens.contiguous();
+    const auto tokens = tokensTensor.accessor<int64_t, 2>();
     std::vector<RecordPrediction> records(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i) {
       records[i].record = first + i;
       records[i].heads.resize(nh);
       records[i].gold.resize(nh);
-      const int64_t len = lengths[i].item<int64_t>();
-      const at::Tensor row = tokens[i].narrow(0, 0, len).contiguous();
-      records[i].tokens.assign(row.data_ptr<int64_t>(),
-                               row.data_ptr<int64_t>() + len);
+      const int64_t *row = tokens[i].data();
+      records[i].tokens.assign(row, row + lengths[i]);
     }
 
     for (size_t t = 0; t < nh; ++t) {
@@ -185,52 +181,58 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
       switch (c.kind) {
       case HeadKind::Classify: {
         if (c.loss == LossKind::Mse) {
-          const at::Tensor p = outs[0].to(at::kCPU, at::kDouble).contiguous();
+          const at::Tensor pt = outs[0].to(at::kCPU, at::kDouble).contiguous();
+          const auto p = pt.accessor<double, 2>();
           for (int64_t i = 0; i < count; ++i) {
             std::vector<double> &out = records[i].heads[t];
-            for (int64_t k = 0; k < c.classes; ++k)
-              out.push_back(p[i][k].item<double>());
-            if (!gold.defined() || std::isnan(gold[i][0].item<double>()))
+            out.assign(p[i].data(), p[i].data() + c.classes);
+            if (!gold.defined() || std::isnan(gold.accessor<float, 2>()[i][0]))
               continue;
             ++a.records;
+            const auto g = gold.accessor<float, 2>()[i];
             for (int64_t k = 0; k < c.classes; ++k) {
-              a.goldValue.push_back(gold[i][k].item<double>());
+              a.goldValue.push_back(g[k]);
               a.predValue.push_back(out[k]);
-              records[i].gold[t].push_back(gold[i][k].item<double>());
+              records[i].gold[t].push_back(g[k]);
             }
           }
           break;
         }
-        const at::Tensor p = outs[0].argmax(-1).to(at::kCPU).contiguous();
+        const at::Tensor pt = outs[0].argmax(-1).to(at::kCPU).contiguous();
+        const auto p = pt.accessor<int64_t, 1>();
         for (int64_t i = 0; i < count; ++i) {
-          const int64_t pi = p[i].item<int64_t>();
-          records[i].heads[t] = {double(pi)};
-          if (!gold.defined() || gold[i].item<int64_t>() == kIgnoreLabel)
+          records[i].heads[t] = {double(p[i])};
+          const int64_t g =
+              gold.defined() ? gold.accessor<int64_t, 1>()[i] : kIgnoreLabel;
+          if (g == kIgnoreLabel)
             continue;
           ++a.records;
-          a.gold.push_back(gold[i].item<int64_t>());
-          a.pred.push_back(pi);
-          records[i].gold[t] = {double(gold[i].item<int64_t>())};
+          a.gold.push_back(g);
+          a.pred.push_back(p[i]);
+          records[i].gold[t] = {double(g)};
         }
         break;
       }
       case HeadKind::Tag: {
-        const at::Tensor p = outs[0].argmax(-1).to(at::kCPU).contiguous();
+        const at::Tensor pt = outs[0].argmax(-1).to(at::kCPU).contiguous();
+        const auto p = pt.accessor<int64_t, 2>();
         const bool entities = namesEntities(names[t]);
         for (int64_t i = 0; i < count; ++i) {
-          const int64_t len = lengths[i].item<int64_t>();
+          const int64_t len = lengths[i];
+          // This record's gold tags (none: all kIgnoreLabel).
+          const int64_t *goldRow =
+              gold.defined() ? gold.accessor<int64_t, 2>()[i].data() : nullptr;
           std::vector<double> &out = records[i].heads[t];
           std::vector<std::string> goldSeq, predSeq;
           // A record with gold tags: predictions at its scored positions
           // (first sub-tokens); without: at every real token.
           bool labelled = false;
-          for (int64_t s = 0; s < len && gold.defined() && !labelled; ++s)
-            labelled = gold[i][s].item<int64_t>() != kIgnoreLabel;
+          for (int64_t s = 0; s < len && goldRow && !labelled; ++s)
+            labelled = goldRow[s] != kIgnoreLabel;
           bool any = false;
           for (int64_t s = 0; s < len; ++s) {
-            const int64_t ps = p[i][s].item<int64_t>();
-            const int64_t gs = labelled ? gold[i][s].item<int64_t>()
-                                        : int64_t(kIgnoreLabel);
+            const int64_t ps = p[i][s];
+            const int64_t gs = labelled ? goldRow[s] : int64_t(kIgnoreLabel);
             out.push_back(labelled && gs == kIgnoreLabel ? -1.0 : double(ps));
             if (labelled)
               records[i].gold[t].push_back(double(gs));
@@ -265,7 +267,7 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
         const at::Tensor start = outs[0].to(at::kCPU, at::kFloat).contiguous(),
                          end = outs[1].to(at::kCPU, at::kFloat).contiguous();
         for (int64_t i = 0; i < count; ++i) {
-          const int64_t len = lengths[i].item<int64_t>();
+          const int64_t len = lengths[i];
           // The best start <= end within the record and kMaxAnswerTokens.
           const float *st = start[i].data_ptr<float>(),
                       *en = end[i].data_ptr<float>();
@@ -279,11 +281,12 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
                 be = e;
               }
           records[i].heads[t] = {double(bs), double(be)};
-          if (!gold.defined() || gold[i][0].item<int64_t>() == kIgnoreLabel)
+          if (!gold.defined() ||
+              gold.accessor<int64_t, 2>()[i][0] == kIgnoreLabel)
             continue;
           ++a.records;
-          const int64_t gs = gold[i][0].item<int64_t>(),
-                        ge = gold[i][1].item<int64_t>();
+          const int64_t gs = gold.accessor<int64_t, 2>()[i][0],
+                        ge = gold.accessor<int64_t, 2>()[i][1];
           records[i].gold[t] = {double(gs), double(ge)};
           const std::vector<int64_t> &tok = records[i].tokens;
           auto slice = [&](int64_t s, int64_t e) {
@@ -358,58 +361,46 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
 
 namespace {
 
-std::string quoted(const std::string &s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\')
-      out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
 /// One head's prediction (or gold label) as --predict writes it.
-std::string predictionJson(const HeadConfig &c,
-                           const std::vector<std::string> &names,
-                           const std::vector<double> &v,
-                           const std::vector<int64_t> &tokens) {
-  auto label = [&](double id) {
+Json predictionJson(const HeadConfig &c, const std::vector<std::string> &names,
+                    const std::vector<double> &v,
+                    const std::vector<int64_t> &tokens) {
+  auto label = [&](double id) -> Json {
     const int64_t i = static_cast<int64_t>(id);
     if (id < 0)
-      return std::string("null");
-    return i < int64_t(names.size()) ? quoted(names[i]) : std::to_string(i);
+      return nullptr;
+    return i < int64_t(names.size()) ? Json(names[i]) : Json(i);
   };
-  std::ostringstream os;
   switch (c.kind) {
   case HeadKind::Classify:
     if (c.loss == LossKind::Mse) {
-      os << "[";
-      for (size_t k = 0; k < v.size(); ++k)
-        os << (k ? ", " : "") << number(v[k]);
-      os << "]";
-    } else {
-      os << label(v.empty() ? -1 : v[0]);
+      Json out = Json::array();
+      for (double x : v)
+        out.push_back(jsonNumber(x));
+      return out;
     }
-    break;
-  case HeadKind::Tag:
-    os << "[";
-    for (size_t k = 0; k < v.size(); ++k)
-      os << (k ? ", " : "") << label(v[k]);
-    os << "]";
-    break;
+    return label(v.empty() ? -1 : v[0]);
+  case HeadKind::Tag: {
+    Json out = Json::array();
+    for (double x : v)
+      out.push_back(label(x));
+    return out;
+  }
   case HeadKind::Span: {
     const int64_t s = int64_t(v[0]), e = int64_t(v[1]);
-    os << "{\"start\": " << s << ", \"end\": " << e << ", \"tokens\": [";
+    Json answer = Json::array();
     for (int64_t k = s; k <= e && k < int64_t(tokens.size()); ++k)
-      os << (k > s ? ", " : "") << tokens[k];
-    os << "]}";
-    break;
+      answer.push_back(tokens[k]);
+    Json span = Json::object();
+    span["start"] = s;
+    span["end"] = e;
+    span["tokens"] = std::move(answer);
+    return span;
   }
   case HeadKind::Decoder:
-    os << "null";
     break;
   }
-  return os.str();
+  return nullptr;
 }
 
 } // namespace
@@ -425,21 +416,20 @@ EvalReport writePredictions(Model &model, DataSource &data, int64_t batch,
   names.resize(heads.size());
   const EvalReport report =
       evaluate(model, data, batch, [&](const RecordPrediction &r) {
-        out << "{\"record\": " << r.record;
-        for (size_t t = 0; t < heads.size(); ++t)
-          if (heads[t].kind != HeadKind::Decoder)
-            out << ", " << quoted(heads[t].name) << ": "
-                << predictionJson(heads[t], names[t], r.heads[t], r.tokens);
-        bool any = false;
+        Json line = Json::object(), gold = Json::object();
+        line["record"] = r.record;
         for (size_t t = 0; t < heads.size(); ++t) {
-          if (r.gold[t].empty() || heads[t].kind == HeadKind::Decoder)
+          if (heads[t].kind == HeadKind::Decoder)
             continue;
-          out << (any ? ", " : ", \"gold\": {") << quoted(heads[t].name)
-              << ": "
-              << predictionJson(heads[t], names[t], r.gold[t], r.tokens);
-          any = true;
+          line[heads[t].name] =
+              predictionJson(heads[t], names[t], r.heads[t], r.tokens);
+          if (!r.gold[t].empty())
+            gold[heads[t].name] =
+                predictionJson(heads[t], names[t], r.gold[t], r.tokens);
         }
-        out << (any ? "}" : "") << "}\n";
+        if (!gold.empty())
+          line["gold"] = std::move(gold);
+        out << jsonLine(line) << '\n';
       });
   out.close();
   if (!out)

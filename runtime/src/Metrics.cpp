@@ -2,7 +2,7 @@
 
 #include "mtprt/Runtime.h"
 
-#include <nlohmann/json.hpp>
+#include "JsonLine.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,23 +11,12 @@ namespace mtprt {
 
 namespace {
 
-using Json = nlohmann::ordered_json;
-
-/// Non-finite values (a task without labels this step) are written as null.
-Json number(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
-
 Json perTask(const std::vector<std::string> &tasks,
              const std::vector<double> &v) {
   Json out = Json::object();
   for (size_t i = 0; i < tasks.size() && i < v.size(); ++i)
-    out[tasks[i]] = number(v[i]);
+    out[tasks[i]] = jsonNumber(v[i]);
   return out;
-}
-
-/// One line, no spaces; bytes that are not UTF-8 (a task name cannot hold
-/// any, but a path can) become U+FFFD instead of throwing.
-std::string line(const Json &j) {
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 } // namespace
@@ -43,29 +32,29 @@ std::string toJsonLine(const StepStats &s) {
     for (const auto &row : s.gradientCosineSimMatrix) {
       Json r = Json::array();
       for (double v : row)
-        r.push_back(number(v));
+        r.push_back(jsonNumber(v));
       cos.push_back(std::move(r));
     }
   }
   j["gradient_cosine_sim_matrix"] = std::move(cos);
-  j["activation_reuse_ratio"] = number(s.activationReuseRatio);
-  j["checkpoint_hit_rate"] = number(s.checkpointHitRate);
+  j["activation_reuse_ratio"] = jsonNumber(s.activationReuseRatio);
+  j["checkpoint_hit_rate"] = jsonNumber(s.checkpointHitRate);
   j["offload_hits"] = s.offloadHits;
   j["offload_misses"] = s.offloadMisses;
-  j["offload_wait_s"] = number(s.offloadWaitS);
+  j["offload_wait_s"] = jsonNumber(s.offloadWaitS);
   j["measured_peak_bytes"] = s.measuredPeakBytes;
   j["predicted_peak_bytes"] =
       s.predictedPeakBytes < 0 ? Json(nullptr) : Json(s.predictedPeakBytes);
   j["host_pool_bytes"] = s.hostPoolBytes;
   j["bytes_sent"] = s.bytesSent;
   j["bytes_sent_uncompressed"] = s.bytesSentUncompressed;
-  j["step_time_s"] = number(s.stepTimeS);
-  j["samples_per_s"] = number(s.samplesPerS);
+  j["step_time_s"] = jsonNumber(s.stepTimeS);
+  j["samples_per_s"] = jsonNumber(s.samplesPerS);
   if (s.lossScale != 1.0)
-    j["loss_scale"] = number(s.lossScale);
+    j["loss_scale"] = jsonNumber(s.lossScale);
   if (s.skipped)
     j["skipped"] = true;
-  return line(j);
+  return jsonLine(j);
 }
 
 double cosineMatrixStd(const StepStats &s) {
@@ -95,9 +84,9 @@ std::string recalibrationJsonLine(const StepStats &s) {
   Json j;
   j["event"] = "dgfg_recalibrated";
   j["step"] = s.step;
-  j["activation_reuse_ratio"] = number(s.activationReuseRatio);
-  j["cosine_std"] = number(cosineMatrixStd(s));
-  return line(j);
+  j["activation_reuse_ratio"] = jsonNumber(s.activationReuseRatio);
+  j["cosine_std"] = jsonNumber(cosineMatrixStd(s));
+  return jsonLine(j);
 }
 
 } // namespace mtprt

@@ -10,6 +10,8 @@
 
 #include "ReportData.h"
 
+#include "mtprt/EvalMetrics.h"
+
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringExtras.h"
@@ -223,16 +225,9 @@ private:
     const json::Object *tasks = ev.getAsObject();
     if (!tasks)
       return wrongType("eval", ev, "an object (task -> metric -> value)");
-    static const char *kOrder[] = {
-        "accuracy",      "macro_f1",         "mse",           "pearson",
-        "spearman",      "token_accuracy",   "entity_precision",
-        "entity_recall", "entity_f1",        "exact_match",   "token_f1",
-        "loss"};
     auto rank = [](StringRef m) {
-      for (size_t i = 0; i < std::size(kOrder); ++i)
-        if (m == kOrder[i])
-          return i;
-      return std::size(kOrder);
+      const auto *it = llvm::find(mtprt::metrics::kNames, m);
+      return size_t(it - std::begin(mtprt::metrics::kNames));
     };
     for (const auto &kv : *tasks) {
       const json::Object *metrics = kv.second.getAsObject();

@@ -14,6 +14,7 @@
 
 #include "passes/Bytes.h"
 #include "passes/PlanFile.h"
+#include "mtprt/EvalMetrics.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
@@ -575,7 +576,7 @@ void PageWriter::evalPanels() {
     // The best of each column (lowest loss and mse, highest of the rest).
     std::vector<Opt> best(metrics.size());
     for (size_t k = 0; k < metrics.size(); ++k) {
-      const bool lower = metrics[k] == "loss" || metrics[k] == "mse";
+      const bool lower = mtprt::metrics::lowerIsBetter(metrics[k]);
       for (const EvalRecord &e : run.evals)
         if (Opt v = value(e, metrics[k]))
           if (!best[k] || (lower ? *v < *best[k] : *v > *best[k]))

@@ -25,10 +25,24 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 namespace mtprt::metrics {
+
+/// Every metric an evaluation reports, in the order it reports them (the
+/// report's columns, --keep-best's choices).
+inline constexpr const char *kNames[] = {
+    "accuracy",         "macro_f1",      "mse",       "pearson",
+    "spearman",         "token_accuracy", "entity_precision",
+    "entity_recall",    "entity_f1",     "exact_match", "token_f1",
+    "loss"};
+
+/// Lower is better for the errors (loss, mse), higher for the rest.
+inline bool lowerIsBetter(std::string_view metric) {
+  return metric == "loss" || metric == "mse";
+}
 
 double accuracy(const std::vector<int64_t> &gold,
                 const std::vector<int64_t> &pred);
