@@ -27,7 +27,8 @@ LogicalResult MTPDialect::verifyOperationAttribute(Operation *op,
     return i && i.getType().isSignlessInteger(64) && i.getInt() >= 0;
   };
   bool integer = name == getPeakBytesAttrHelper().getNameStr() ||
-                 name == getSavedBytesAttrHelper().getNameStr();
+                 name == getSavedBytesAttrHelper().getNameStr() ||
+                 name == getEvalPeakBytesAttrHelper().getNameStr();
   bool dict = name == getBreakdownAttrHelper().getNameStr() ||
               name == getTaskOnlyBytesAttrHelper().getNameStr();
   bool text = name == getPeakAtAttrHelper().getNameStr();
@@ -36,7 +37,7 @@ LogicalResult MTPDialect::verifyOperationAttribute(Operation *op,
     return fail("which the mtp dialect does not define (the memory "
                 "analysis's are mtp.peak_bytes, mtp.peak_at, mtp.breakdown, "
                 "mtp.saved_bytes, mtp.task_only_bytes, "
-                "mtp.activation_reuse_ratio)");
+                "mtp.activation_reuse_ratio, mtp.eval_peak_bytes)");
   if (!isa<StepOp>(op))
     return fail("but only an mtp.step carries the memory analysis");
   Attribute value = attr.getValue();

@@ -31,7 +31,8 @@ def MTP_Dialect : Dialect {
     "::mlir::DictionaryAttr":$breakdown,
     "::mlir::IntegerAttr":$saved_bytes,
     "::mlir::DictionaryAttr":$task_only_bytes,
-    "::mlir::FloatAttr":$activation_reuse_ratio
+    "::mlir::FloatAttr":$activation_reuse_ratio,
+    "::mlir::IntegerAttr":$eval_peak_bytes
   );
   let hasOperationAttrVerify = 1;
 }

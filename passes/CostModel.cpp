@@ -149,17 +149,8 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task, int64_t layer) const {
   UnitCost cost = unfrozenUnit(kind, task);
   if (task || layer < 0 || !frozen(layer))
     return cost;
-  if (layer <= noGradTop()) {
-    // Under NoGradGuard: nothing kept, no backward; what the unit would
-    // keep is made all the same and dies with the call (a transient).
-    for (const SavedTensor &t : cost.saved)
-      cost.fwdWorkspace += bytes(t.type);
-    cost.saved.clear();
-    cost.backwardNeedsInput = cost.backwardNeedsOutput = false;
-    cost.backwardAliases = 0;
-    cost.bwdFlops = cost.bwdWorkspace = cost.bwdFreed = cost.bwdPending = 0;
-    return cost;
-  }
+  if (layer <= noGradTop())
+    return withoutBackward(std::move(cost));
   // Frozen, with trainable layers below: autograd saves only what the input
   // gradients need. A linear no longer keeps its input (the weight's
   // gradient would read it) and computes the input gradient only; under
@@ -187,6 +178,29 @@ UnitCost CostModel::unit(UnitKind kind, TaskOp task, int64_t layer) const {
     break;
   }
   return cost;
+}
+
+UnitCost CostModel::withoutBackward(UnitCost cost) {
+  // Under NoGradGuard: nothing kept, no backward; what the unit would keep
+  // is made all the same and dies with the call (a transient).
+  if (cost.noGradWorkspace >= 0) {
+    cost.fwdWorkspace = cost.noGradWorkspace;
+  } else {
+    for (const SavedTensor &t : cost.saved)
+      cost.fwdWorkspace += bytes(t.type);
+  }
+  cost.saved.clear();
+  cost.backwardNeedsInput = cost.backwardNeedsOutput = false;
+  cost.backwardAliases = 0;
+  cost.bwdFlops = cost.bwdWorkspace = cost.bwdFreed = cost.bwdPending = 0;
+  return cost;
+}
+
+UnitCost CostModel::evalUnit(UnitKind kind, TaskOp task) const {
+  // Eval mode: dropout is the identity (no masks, no scaled copies).
+  CostModel evaluation = *this;
+  evaluation.dropout = false;
+  return withoutBackward(evaluation.unfrozenUnit(kind, task));
 }
 
 UnitCost CostModel::unfrozenUnit(UnitKind kind, TaskOp task) const {
@@ -361,6 +375,16 @@ UnitCost CostModel::unfrozenUnit(UnitKind kind, TaskOp task) const {
     // lives until it is merged into [B, S, H].
     cost.fwdWorkspace = e * (bass + bsh);
     cost.bwdWorkspace = e * (2 * bass + 3 * bsh);
+    if (!dropout) {
+      // Without autograd nothing holds the QKV projection (the unit's input)
+      // once it is split into per-head q, k, v copies: beyond the input and
+      // the output, the copies beside the input; then q·scale beside the
+      // scores (the first matmul); then two [B, a, S, S] at once (the scores
+      // and their masked copy, or the softmax's probabilities beside them),
+      // the input gone. A causal mask is made per layer.
+      cost.noGradWorkspace = e * std::max({3 * bsh, bsh + bass, 2 * bass}) +
+                             (backbone.isCausal() ? s * s : 0);
+    }
     return cost;
   case UnitKind::attn_out:
     cost.output = tensor({b, s, h}, act);
@@ -649,6 +673,12 @@ UnitCost CostModel::headCost(TaskOp task) const {
         fused ? e * 2 * b * s * h +
                     flashAttentionBuffers(t, std::max(s, t), false)
               : e * (b * a * t * std::max(s, t) + 2 * b * s * h);
+    // Without autograd each phase's tensors die with the next phase: the
+    // widest phase's beside the widest transient.
+    int64_t widest = 0;
+    for (const Phase &ph : phases)
+      widest = std::max(widest, ph.saved);
+    cost.noGradWorkspace = widest + cost.fwdWorkspace;
     // The backward's peak: the phase (run last to first) with the most
     // alive — what earlier phases saved, its own saved tensors but its
     // output, the gradients created so far, its workspace.

@@ -63,6 +63,11 @@ struct UnitCost {
   /// it reaches it; that matters only for a unit of many layers (the decoder
   /// head).
   int64_t bwdFreed = 0, bwdPending = 0;
+  /// Run without autograd, the transient beyond its inputs and output where
+  /// the unit frees its own intermediates as it goes (the decoder head's
+  /// layers, the math attention); -1: everything it would keep, made all
+  /// the same, beside fwdWorkspace.
+  int64_t noGradWorkspace = -1;
 };
 
 /// Memory categories of the breakdown.
@@ -121,6 +126,11 @@ public:
   /// only what its input's gradient needs (LibTorch saves a linear's input,
   /// and RMSNorm's normalized x, only for their weights' gradients).
   UnitCost unit(UnitKind kind, TaskOp task = {}, int64_t layer = -1) const;
+
+  /// A unit as the held-out evaluation runs it (eval mode under
+  /// NoGradGuard): no dropout, nothing kept, no backward; what training
+  /// would keep is made all the same and dies with the call.
+  UnitCost evalUnit(UnitKind kind, TaskOp task = {}) const;
 
   /// Whether `freeze` keeps layer `layer`'s parameters (0: the embeddings)
   /// out of the optimizer.
@@ -304,6 +314,8 @@ private:
                                 mlir::Type element) const;
   UnitCost headCost(TaskOp task) const;
   UnitCost unfrozenUnit(UnitKind kind, TaskOp task) const;
+  /// `cost` under NoGradGuard (see unit()).
+  static UnitCost withoutBackward(UnitCost cost);
   /// The fused attention kernel's own transient buffers for `queries` rows
   /// attending to `keys` (CPU; zero on a GPU).
   int64_t flashAttentionBuffers(int64_t queries, int64_t keys,

@@ -171,6 +171,7 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   report.peakBytes = peak.bytes;
   report.peakOp = peak.position >= 0 ? timeline.at(peak.position) : nullptr;
   report.atPeak = peak.at;
+  analyzeEvaluation(model, cost, order, report);
 
   // Saved activations and the tasks that need them.
   for (TaskOp t : tasks)
@@ -237,6 +238,75 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   return report;
 }
 
+void mtp::analyzeEvaluation(ModelOp model, const CostModel &cost,
+                            ArrayRef<Operation *> order,
+                            MemoryReport &report) {
+  // The forward as evaluation runs it: no checkpoint re-runs (they belong to
+  // the backward), nothing but units and the batch.
+  SmallVector<Operation *> forward;
+  for (Operation *op : order)
+    if ((isa<FwdOp>(op) && !op->getParentOfType<RecomputeOp>()) ||
+        isa<InputOp>(op))
+      forward.push_back(op);
+  llvm::DenseMap<Operation *, int> position;
+  for (auto [i, op] : llvm::enumerate(forward))
+    position[op] = int(i);
+  const int end = int(forward.size()) - 1;
+  // A value's last forward reader, through the checkpoint results it is
+  // handed out as.
+  auto lastRead = [&](Value v, auto &self) -> int {
+    int last = position.lookup(v.getDefiningOp());
+    for (Operation *user : v.getUsers()) {
+      if (auto it = position.find(user); it != position.end())
+        last = std::max(last, it->second);
+      if (auto yield = dyn_cast<YieldOp>(user);
+          yield && isa<CheckpointOp>(yield->getParentOp()))
+        for (auto [yv, r] : llvm::zip(yield.getValues(),
+                                      yield->getParentOp()->getResults()))
+          if (yv == v)
+            last = std::max(last, self(r, self));
+    }
+    return last;
+  };
+  std::vector<int64_t> delta(forward.size() + 1, 0), workspace(forward.size());
+  for (auto [i, op] : llvm::enumerate(forward)) {
+    int64_t bytes = 0;
+    int last = end; // the batch's inputs: held through the batch
+    if (auto fwd = dyn_cast<FwdOp>(op)) {
+      TaskOp task = fwd.getTaskAttr()
+                        ? model.lookupSymbol<TaskOp>(fwd.getTaskAttr())
+                        : TaskOp();
+      const UnitCost unit = cost.evalUnit(fwd.getUnit(), task);
+      bytes = CostModel::bytes(unit.output);
+      workspace[i] = unit.fwdWorkspace;
+      last = lastRead(fwd.getOutput(), lastRead);
+    } else {
+      bytes = CostModel::bytes(op->getResult(0).getType());
+    }
+    delta[i] += bytes;
+    delta[last + 1] -= bytes;
+  }
+  const ParameterGroups groups = parameterGroups(model.getStep());
+  MemoryBreakdown now;
+  now.parameters = CostModel::kWeightBytes * groups.total;
+  now.optimizer = CostModel::kOptimizerBytes * groups.trainable;
+  now.exchange = cost.gradientExchange(llvm::to_vector(
+                           model.getStep().getBody().front().getOps<AllReduceOp>()))
+                     .resident;
+  report.evalPeakBytes = now.total();
+  report.evalAtPeak = now;
+  report.evalPeakOp = nullptr;
+  for (size_t i = 0; i < forward.size(); ++i) {
+    now.activations += delta[i];
+    now.workspace = workspace[i];
+    if (now.total() > report.evalPeakBytes) {
+      report.evalPeakBytes = now.total();
+      report.evalAtPeak = now;
+      report.evalPeakOp = forward[i];
+    }
+  }
+}
+
 void mtp::attachMemoryReport(StepOp step, const MemoryReport &report) {
   Builder b(step.getContext());
   auto *mtp = step->getContext()->getLoadedDialect<MTPDialect>();
@@ -257,6 +327,7 @@ void mtp::attachMemoryReport(StepOp step, const MemoryReport &report) {
     breakdown.push_back(b.getNamedAttr("exchange", i64(m.exchange)));
   mtp->getBreakdownAttrHelper().setAttr(step, b.getDictionaryAttr(breakdown));
   mtp->getSavedBytesAttrHelper().setAttr(step, i64(report.savedBytes));
+  mtp->getEvalPeakBytesAttrHelper().setAttr(step, i64(report.evalPeakBytes));
   SmallVector<NamedAttribute> perTask;
   for (auto &[task, bytes] : report.taskOnlyBytes)
     perTask.push_back(b.getNamedAttr(task, i64(bytes)));
@@ -308,6 +379,9 @@ struct MemoryAnalysisPass
       os << "    only for " << task << ": " << formatBytes(bytes) << "\n";
     os << "  activation_reuse_ratio "
        << llvm::format("%.4f", report.activationReuseRatio) << "\n";
+    os << "  evaluation peak   " << formatBytes(report.evalPeakBytes) << " at "
+       << MemoryReport::describe(report.evalPeakOp)
+       << " (forward only, no autograd)\n";
   }
 };
 } // namespace

@@ -63,6 +63,10 @@ struct MemoryReport {
   /// Every forward unit in order.
   llvm::SmallVector<UnitMemory> units;
   int64_t usableBytes = 0;
+  /// The held-out evaluation at the step's micro batch (evaluationPeak).
+  int64_t evalPeakBytes = 0;
+  mlir::Operation *evalPeakOp = nullptr;
+  MemoryBreakdown evalAtPeak;
 
   /// "bwd attn_core[3]", "fwd head @pos".
   static std::string describe(mlir::Operation *op);
@@ -70,6 +74,18 @@ struct MemoryReport {
 
 /// Analyzes the expanded step of `model` (which must have one).
 MemoryReport analyzeMemory(ModelOp model);
+
+/// The held-out evaluation's peak (the runtime's evaluate(), docs/cost-model.md
+/// "Evaluation"): the step's forward units in their order, at its micro
+/// batch, in eval mode under NoGradGuard (CostModel::evalUnit: no dropout,
+/// nothing kept), each head right after its tap; every value from its unit
+/// to its last forward reader, the batch's inputs through the batch; over
+/// the parameters, AdamW's moments and the exchange's residual (the
+/// gradients were freed with the update). Writes the peak, where it is and
+/// its breakdown into `report`; `order` is the step as analyzeMemory walks it.
+void analyzeEvaluation(ModelOp model, const CostModel &cost,
+                       llvm::ArrayRef<mlir::Operation *> order,
+                       MemoryReport &report);
 
 /// analyzeMemory as an MLIR analysis on an mtp.model with a step: passes ask
 /// `getAnalysis<StepMemoryAnalysis>()`, the pass manager computes it once

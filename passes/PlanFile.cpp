@@ -207,7 +207,7 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
       stepPlan ? stepPlan.getPlannedPeakBytes() : report.peakBytes,
       stepPlan ? stepPlan.getKeepPeakBytes() : report.peakBytes,
       stepPlan ? stepPlan.getUniformPeakBytes() : -1, addedSeconds, strategy,
-      train);
+      train, report.evalPeakBytes);
   fb::FinishPlanBuffer(b, plan);
   return mtprt::framePlan(b.GetBufferPointer(), b.GetSize());
 }
@@ -333,6 +333,10 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
     os << ", uniform checkpointing " << formatBytes(plan->uniform_peak_bytes());
   os << "; added "
      << llvm::formatv("{0:f3} ms", plan->added_seconds() * 1e3) << " per step\n";
+  if (plan->eval_peak_bytes() > 0)
+    os << "  eval     " << plan->eval_peak_bytes() << " B predicted ("
+       << formatBytes(plan->eval_peak_bytes())
+       << ") for held-out evaluation (forward only)\n";
   return llvm::Error::success();
 }
 

@@ -239,6 +239,11 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
         "on too)\n";
   for (auto &[task, bytes] : report.taskOnlyBytes)
     os << "  only for " << task << ": " << formatBytes(bytes) << "\n";
+  os << "  evaluation peak      " << formatBytes(report.evalPeakBytes) << " at "
+     << MemoryReport::describe(report.evalPeakOp)
+     << " (forward only, no autograd; activations "
+     << formatBytes(report.evalAtPeak.activations) << ", workspace "
+     << formatBytes(report.evalAtPeak.workspace) << ")\n";
   if (!budget) {
     os << "\n  no budget: nothing to compare with\n";
     return;
@@ -378,7 +383,12 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
                              {"exchange", m.exchange}}},
              {"saved_bytes", report.savedBytes},
              {"task_only_bytes", std::move(taskOnly)},
-             {"activation_reuse_ratio", report.activationReuseRatio}};
+             {"activation_reuse_ratio", report.activationReuseRatio},
+             {"eval_peak",
+              Object{{"bytes", report.evalPeakBytes},
+                     {"at", MemoryReport::describe(report.evalPeakOp)},
+                     {"activations", report.evalAtPeak.activations},
+                     {"workspace", report.evalAtPeak.workspace}}}};
   StepPlanAttr plan = model.getStep().getPlanAttr();
   int64_t planned = plan ? plan.getPlannedPeakBytes() : -1;
   if (plan) {

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Where a profiled run peaked: the live allocations at the highest total.
 
-    scripts/peak-at.py TRACE.json [--top N]
+    scripts/peak-at.py TRACE.json [--top N] [--within OP]
 
 TRACE.json is `mtprt-run --profile TRACE.json --profile-memory` (or any
 Kineto trace with memory events). Replays the `[memory]` events (allocations
 and frees by address), finds the highest running total, and prints the ops
 running then and the live allocations grouped by size and by the op that
 made them — what to hold against the plan's breakdown (`mtpc plan`) when a
-predicted peak misses the measured one.
+predicted peak misses the measured one. `--within OP`: only while an op of
+that name runs (`mtprt::evaluate`: the held-out evaluation's peak), the
+allocations made before it counted as a base.
 """
 import argparse
 import collections
@@ -20,6 +22,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--within", help="only while an op of this name runs")
     a = ap.parse_args()
     try:
         with open(a.trace) as f:
@@ -35,6 +38,13 @@ def main():
     def running(t):
         return [o["name"] for o in ops if o["ts"] <= t <= o["ts"] + o["dur"]]
 
+    spans = [(o["ts"], o["ts"] + o["dur"]) for o in ops if o["name"] == a.within]
+    if a.within and not spans:
+        sys.exit("peak-at: %s has no op named %s" % (a.trace, a.within))
+
+    def counted(t):
+        return not a.within or any(s <= t <= e for s, e in spans)
+
     live, best = {}, None
     for e in mem:
         args = e["args"]
@@ -42,8 +52,10 @@ def main():
             live[args["Addr"]] = (args["Bytes"], e["ts"])
         else:
             live.pop(args["Addr"], None)
-        if best is None or args["Total Allocated"] > best[0]:
+        if counted(e["ts"]) and (best is None or args["Total Allocated"] > best[0]):
             best = (args["Total Allocated"], e["ts"], dict(live))
+    if best is None:
+        sys.exit("peak-at: no [memory] events within %s" % a.within)
     total, at, alive = best
     print("peak %d B (the profiler's count from its start) in: %s" % (
         total, " > ".join(running(at)[-5:]) or "-"))

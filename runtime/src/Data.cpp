@@ -225,6 +225,42 @@ std::unique_ptr<DataSource> syntheticData(const ModelConfig &model,
   return std::make_unique<Synthetic>(model, heads, seed, relatedness);
 }
 
+namespace {
+class SyntheticHeldOut : public DataSource {
+public:
+  SyntheticHeldOut(std::unique_ptr<DataSource> draws, int64_t n)
+      : draws_(std::move(draws)), n_(n) {}
+  Batch batch(int64_t pos, int64_t b) override { return draws_->batch(pos, b); }
+  Batch range(int64_t first, int64_t count) override {
+    if (first < 0 || count < 1 || first + count > n_)
+      throw std::invalid_argument("mtprt: " + describe() + ": records [" +
+                                  std::to_string(first) + ", " +
+                                  std::to_string(first + count) +
+                                  ") are out of range");
+    return draws_->batch(first, count);
+  }
+  int64_t size() const override { return n_; }
+  std::string describe() const override {
+    return "synthetic:" + std::to_string(n_) + " (held out)";
+  }
+
+private:
+  std::unique_ptr<DataSource> draws_;
+  int64_t n_;
+};
+} // namespace
+
+std::unique_ptr<DataSource> syntheticHeldOut(const ModelConfig &model,
+                                             const std::vector<HeadConfig> &heads,
+                                             uint64_t seed, double relatedness,
+                                             int64_t records) {
+  if (records < 1)
+    throw std::invalid_argument("mtprt: synthetic:N needs N >= 1 records");
+  // Another stream than training's (whose seeds are seed·φ + position).
+  return std::make_unique<SyntheticHeldOut>(
+      syntheticData(model, heads, ~seed ^ 0x5EEDE7A1ULL, relatedness), records);
+}
+
 std::unique_ptr<DataSource>
 loadJsonLines(const std::string &path, const ModelConfig &model,
               const std::vector<HeadConfig> &heads) {

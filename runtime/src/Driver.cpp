@@ -115,9 +115,10 @@ const Flag kFlags[] = {
      "JSON Lines file or binary shard (docs/runtime-services.md), or "
      "'synthetic' (default)"},
     {"--eval-data", "PATH",
-     "held-out data (a shard from mtpc prepare, or JSON Lines): per-task "
-     "metrics every --eval-every steps and at the end, to the metrics file "
-     "(an \"eval\" record), the progress line and the summary"},
+     "held-out data (a shard from mtpc prepare, or JSON Lines; synthetic:N "
+     "for N held-out records of the synthetic tasks): per-task metrics and "
+     "the peak memory every --eval-every steps and at the end, to the "
+     "metrics file (an \"eval\" record), the progress line and the summary"},
     {"--eval-every", "N",
      "with --eval-data: evaluate every N steps (default: the spec's "
      "eval_every; 0 = at the end only)"},
@@ -239,6 +240,12 @@ int64_t toInt(const std::string &flag, const std::string &v, int64_t lo,
     throw UsageError(flag + " expects an integer in [" + std::to_string(lo) +
                      ", " + std::to_string(hi) + "], got '" + v + "'");
   return x;
+}
+
+/// N of `synthetic:N` (held-out synthetic records).
+int64_t heldOutRecords(const std::string &v) {
+  return toInt("synthetic:N", v.substr(std::strlen("synthetic:")), 1,
+               int64_t(1) << 30);
 }
 
 double toDouble(const std::string &flag, const std::string &v, double lo,
@@ -476,7 +483,11 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
                                        : "--predict needs --out FILE");
   if (o.evalData == "synthetic" || o.predict == "synthetic")
     throw UsageError("--eval-data and --predict read a data file (synthetic "
-                     "data has no held-out records)");
+                     "data has no held-out records; synthetic:N draws N "
+                     "held-out records of the synthetic tasks)");
+  for (const std::string *held : {&o.evalData, &o.predict})
+    if (held->rfind("synthetic:", 0) == 0)
+      heldOutRecords(*held);
   if (!o.keepBest.empty()) {
     if (o.evalData.empty() || o.checkpointDir.empty())
       throw UsageError("--keep-best needs held-out data (--eval-data, or the "
@@ -1096,12 +1107,19 @@ int train(const std::string &name, const Program &p, const Options &o) {
       o.data == "synthetic" ? syntheticData(mc, p.heads, o.seed, o.relatedness)
                             : loadData(o.data, mc, p.heads);
   // Held-out data is read (and checked) now, not at the first evaluation.
-  std::unique_ptr<DataSource> evalSet =
-      o.evalData.empty() ? nullptr : loadData(o.evalData, mc, p.heads);
+  auto heldOut = [&](const std::string &path) -> std::unique_ptr<DataSource> {
+    if (path.empty())
+      return nullptr;
+    if (path.rfind("synthetic:", 0) == 0)
+      return syntheticHeldOut(mc, p.heads, o.seed, o.relatedness,
+                              heldOutRecords(path));
+    return loadData(path, mc, p.heads);
+  };
+  std::unique_ptr<DataSource> evalSet = heldOut(o.evalData);
   const int64_t evalBatch = std::max<int64_t>(
       1, o.batchSize / d.worldSize / std::max<int64_t>(1, tc.microBatches));
   std::unique_ptr<DataSource> predictSet =
-      o.predict.empty() ? nullptr : loadData(o.predict, mc, p.heads);
+      heldOut(o.predict);
   // An --export that cannot happen is refused now, not after training.
   if (!o.exportDir.empty() && mc.kind == BackboneKind::Transformer)
     throw std::runtime_error(
@@ -1228,8 +1246,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
   };
   if (predictSet) {
     if (rank0)
-      writePredictions(core.model(), *predictSet, evalBatch, o.predictOut,
-                       core.stepsTaken());
+      writePredictions(core.model(), *predictSet, evalBatch, tc.precision,
+                       o.predictOut, core.stepsTaken());
     return 0;
   }
   std::ofstream metrics;
@@ -1251,14 +1269,17 @@ int train(const std::string &name, const Program &p, const Options &o) {
     // Every rank evaluates (the same parameters, the same file): none waits
     // in a collective, under --timeout, while rank 0 alone works through a
     // large held-out set. Rank 0 reports.
-    lastEval = evaluate(core.model(), *evalSet, evalBatch);
+    lastEval = evaluate(core.model(), *evalSet, evalBatch, tc.precision);
+    // The plan predicts the evaluation at its own micro batch and processes.
+    if (o.batchSize == p.batchSize && d.worldSize == p.plannedProcesses)
+      lastEval.predictedPeakBytes = p.predictedEvalPeakBytes;
     if (rank0) {
       if (metrics.is_open())
         metrics << lastEval.jsonLine(step) << '\n' << std::flush;
-      std::fprintf(stderr, "%seval at step %lld (%lld records): %s\n",
+      std::fprintf(stderr, "%seval at step %lld (%lld records): %s%s\n",
                    tty ? "\n" : "", static_cast<long long>(step),
                    static_cast<long long>(lastEval.records),
-                   lastEval.summary().c_str());
+                   lastEval.summary().c_str(), lastEval.peakText().c_str());
       const double v = o.keepBest.empty() ? std::nan("")
                                           : lastEval.value(o.keepBest);
       if (std::isfinite(v) &&
@@ -1575,9 +1596,9 @@ int train(const std::string &name, const Program &p, const Options &o) {
                                           d.worldSize, p.plannedProcesses)
                             .c_str());
     if (!lastEval.tasks.empty())
-      std::printf("eval on %s (%lld records): %s\n", o.evalData.c_str(),
+      std::printf("eval on %s (%lld records): %s%s\n", o.evalData.c_str(),
                   static_cast<long long>(lastEval.records),
-                  lastEval.summary().c_str());
+                  lastEval.summary().c_str(), lastEval.peakText().c_str());
   }
   if (o.resources && rank0) {
     const double cpuEnd = cpuSeconds();

@@ -4,10 +4,13 @@
 
 #include "mtprt/DataFormat.h"
 #include "mtprt/EvalMetrics.h"
+#include "mtprt/Memory.h"
 
 #include "JsonLine.h"
+#include "Precision.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <cmath>
@@ -64,6 +67,10 @@ std::string EvalReport::jsonLine(int64_t step) const {
   j["step"] = step;
   j["eval"] = std::move(byTask);
   j["eval_records"] = records;
+  if (peakBytes >= 0)
+    j["peak_bytes"] = peakBytes;
+  if (predictedPeakBytes > 0)
+    j["predicted_peak_bytes"] = predictedPeakBytes;
   return mtprt::jsonLine(j); // not this member (Json converts to int64_t)
 }
 
@@ -78,6 +85,20 @@ std::string EvalReport::summary() const {
     }
   }
   return os.str();
+}
+
+std::string EvalReport::peakText() const {
+  if (peakBytes < 0)
+    return "";
+  std::string text = "; peak " + std::to_string(peakBytes) + " B";
+  if (predictedPeakBytes > 0) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, " (%+.1f%%)",
+                  100.0 * double(peakBytes - predictedPeakBytes) /
+                      double(predictedPeakBytes));
+    text += " vs " + std::to_string(predictedPeakBytes) + " B predicted" + buf;
+  }
+  return text;
 }
 
 double EvalReport::value(const std::string &key) const {
@@ -100,6 +121,7 @@ double EvalReport::value(const std::string &key) const {
 }
 
 EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
+                    Precision precision,
                     const std::function<void(const RecordPrediction &)> &each) {
   const int64_t n = data.size();
   if (n <= 0)
@@ -113,9 +135,12 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
   names.resize(nh);
   std::vector<Accumulator> acc(nh);
 
+  // A span of its own in --profile traces (scripts/peak-at.py --within).
+  RECORD_FUNCTION("mtprt::evaluate", c10::ArrayRef<const c10::IValue>{});
   const bool training = model.training();
   model.setTraining(false);
   at::NoGradGuard noGrad;
+  PrecisionGuard autocast(precision, model.device(), /*cacheCasts=*/false);
   struct Restore {
     Model &m;
     bool training;
@@ -124,6 +149,18 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
       m.setTraining(training);
     }
   } restore{model, training};
+
+  // The evaluation's own high-water mark (the next step starts its own).
+  const bool cuda = model.device().is_cuda();
+  const int dev = cuda ? std::max<int>(0, model.device().index()) : 0;
+  const bool measured = cuda ? cudaMemoryStatsAvailable()
+                             : cpuMemoryTrackingInstalled();
+  if (measured) {
+    if (cuda)
+      resetCudaPeak(dev);
+    else
+      resetCpuPeak();
+  }
 
   int64_t top = 0;
   for (const HeadConfig &h : heads)
@@ -136,13 +173,6 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
     const Batch cpu = data.range(first, count);
     const Batch b = cpu.to(model.device());
     model.setInputs(b.lengths, b.types);
-    std::vector<at::Tensor> taps(model.config().layers + 1);
-    at::Tensor x = b.tokens;
-    for (int64_t u = 0; u <= lastUnit; ++u) {
-      x = model.unit(u, x);
-      if (u % 2 == 0)
-        taps[u / 2] = x;
-    }
     // Host copies of what the predictions are compared with.
     const at::Tensor lengthsTensor =
         cpu.lengths.defined()
@@ -160,13 +190,13 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
       records[i].tokens.assign(row, row + lengths[i]);
     }
 
-    for (size_t t = 0; t < nh; ++t) {
+    auto score = [&](size_t t, const at::Tensor &tap) {
       const HeadConfig &c = heads[t];
       const at::Tensor &labels = b.labels.size() > t ? b.labels[t] : at::Tensor();
       if (c.kind == HeadKind::Decoder && !labels.defined())
-        continue; // teacher-forced: nothing to predict without targets
+        return; // teacher-forced: nothing to predict without targets
       const std::vector<at::Tensor> outs =
-          model.head(static_cast<int64_t>(t), taps[c.tap], labels);
+          model.head(static_cast<int64_t>(t), tap, labels);
       Accumulator &a = acc[t];
       // The batch's mean loss over its scored labels, weighted by the
       // records that have them (counted below).
@@ -301,12 +331,36 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
         }
         break;
       }
-      case HeadKind::Decoder:
-        a.records += count;
+      case HeadKind::Decoder: {
+        // Teacher-forced: the most likely token at every scored target.
+        const at::Tensor pt = outs[0].argmax(-1).to(at::kCPU).contiguous();
+        const auto p = pt.accessor<int64_t, 2>();
+        const auto g = gold.accessor<int64_t, 2>();
+        for (int64_t i = 0; i < count; ++i) {
+          bool any = false;
+          for (int64_t s = 0; s < p.size(1); ++s) {
+            if (g[i][s] == kIgnoreLabel)
+              continue;
+            any = true;
+            a.gold.push_back(g[i][s]);
+            a.pred.push_back(p[i][s]);
+          }
+          a.records += any;
+        }
         break;
+      }
       }
       a.lossSum += loss * double(a.records - before);
       a.lossCount += a.records - before;
+    };
+    // Each head right after its tap, as the step runs them: no layer's
+    // output outlives the heads that read it (the plan's evaluation peak).
+    at::Tensor x = b.tokens;
+    for (int64_t u = 0; u <= lastUnit; ++u) {
+      x = model.unit(u, x);
+      for (size_t t = 0; t < nh; ++t)
+        if (std::min(Model::tapUnit(heads[t].tap), lastUnit) == u)
+          score(t, x);
     }
     if (each)
       for (const RecordPrediction &r : records)
@@ -315,6 +369,9 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
 
   EvalReport report;
   report.records = n;
+  if (measured)
+    report.peakBytes =
+        cuda ? cudaMemoryStats(dev).peakBytes : cpuMemoryStats().peakBytes;
   for (size_t t = 0; t < nh; ++t) {
     const HeadConfig &c = heads[t];
     const Accumulator &a = acc[t];
@@ -351,6 +408,8 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
                                          : std::nan("")}};
       break;
     case HeadKind::Decoder:
+      m.values = {{"token_accuracy", metrics::accuracy(a.gold, a.pred)},
+                  {"perplexity", std::exp(a.lossSum / double(a.lossCount))}};
       break;
     }
     m.values.push_back({"loss", a.lossSum / double(a.lossCount)});
@@ -406,7 +465,8 @@ Json predictionJson(const HeadConfig &c, const std::vector<std::string> &names,
 } // namespace
 
 EvalReport writePredictions(Model &model, DataSource &data, int64_t batch,
-                            const std::string &path, int64_t step) {
+                            Precision precision, const std::string &path,
+                            int64_t step) {
   const std::string tmp = path + ".tmp";
   std::ofstream out(tmp, std::ios::trunc);
   if (!out)
@@ -415,7 +475,7 @@ EvalReport writePredictions(Model &model, DataSource &data, int64_t batch,
   std::vector<std::vector<std::string>> names = data.labelNames();
   names.resize(heads.size());
   const EvalReport report =
-      evaluate(model, data, batch, [&](const RecordPrediction &r) {
+      evaluate(model, data, batch, precision, [&](const RecordPrediction &r) {
         Json line = Json::object(), gold = Json::object();
         line["record"] = r.record;
         for (size_t t = 0; t < heads.size(); ++t) {

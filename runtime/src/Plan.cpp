@@ -473,6 +473,8 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
       c.range("keep_peak_bytes", fb->keep_peak_bytes(), {0, INT64_MAX});
   plan.uniformPeakBytes =
       c.range("uniform_peak_bytes", fb->uniform_peak_bytes(), {-1, INT64_MAX});
+  plan.evalPeakBytes =
+      c.range("eval_peak_bytes", fb->eval_peak_bytes(), {0, INT64_MAX});
   plan.addedSeconds = c.real("added_seconds", fb->added_seconds(),
                              {0.0, 1e300});
 
@@ -515,6 +517,7 @@ Program programFromPlan(const Plan &plan) {
   p.heads = plan.heads;
   p.schedule = plan.schedule;
   p.predictedPeakBytes = plan.predictedPeakBytes;
+  p.predictedEvalPeakBytes = plan.evalPeakBytes > 0 ? plan.evalPeakBytes : -1;
   p.plannedProcesses = std::max<int64_t>(1, plan.gpus);
   p.model.device = plan.device == "cpu" || plan.device.empty() ? "cpu" : "cuda";
   p.model.seed = plan.seed;

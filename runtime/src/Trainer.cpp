@@ -6,7 +6,7 @@
 #include "mtprt/Runtime.h"
 #include "mtprt/torch/Optimizer.h"
 
-#include <ATen/autocast_mode.h>
+#include "Precision.h"
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/optim/adamw.h>
 
@@ -67,35 +67,6 @@ void accumulateGrad(const at::Tensor &p, const at::Tensor &g) {
   else
     grad = g.detach().clone();
 }
-
-/// Autocast on the model's device for bf16 / fp16; restores on exit.
-class PrecisionGuard {
-public:
-  PrecisionGuard(Precision p, const at::Device &d) {
-    if (p == Precision::Fp32)
-      return;
-    type_ = d.type();
-    was_ = at::autocast::is_autocast_enabled(type_);
-    dtype_ = at::autocast::get_autocast_dtype(type_);
-    at::autocast::set_autocast_enabled(type_, true);
-    at::autocast::set_autocast_dtype(type_, p == Precision::Bf16 ? at::kBFloat16
-                                                                 : at::kHalf);
-    active_ = true;
-  }
-  ~PrecisionGuard() {
-    if (!active_)
-      return;
-    at::autocast::set_autocast_enabled(type_, was_);
-    at::autocast::set_autocast_dtype(type_, dtype_);
-    if (!was_)
-      at::autocast::clear_cache();
-  }
-
-private:
-  bool active_ = false, was_ = false;
-  at::DeviceType type_ = at::kCPU;
-  at::ScalarType dtype_ = at::kBFloat16;
-};
 
 using Clock = std::chrono::steady_clock;
 

@@ -801,6 +801,9 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       {"Plan.added_seconds", [](F &f) { f.addedSeconds = 9; }, Shows::Nothing},
       {"Plan.strategy", [](F &) {}, Shows::Nothing}, // its fields below
       {"Plan.train", [](F &) {}, Shows::Nothing},    // its fields below
+      // Logged beside an evaluation's measured peak only (no evaluation
+      // here; test/tools/examples-peaks.test and evaluate.test read it).
+      {"Plan.eval_peak_bytes", [](F &) {}, Shows::Nothing},
 
       {"Target.device", [](F &f) { f.device = "cuda"; },
        cudaMemoryStatsAvailable() ? Shows::Peak : Shows::Refused,

@@ -45,6 +45,9 @@ struct Program {
   std::string evalData;            ///< default for --eval-data
   int64_t evalEvery = 0;           ///< default for --eval-every
   int64_t predictedPeakBytes = -1; ///< the plan's prediction, logged
+  /// The plan's prediction for held-out evaluation (-1: none), logged with
+  /// each evaluation's measured peak.
+  int64_t predictedEvalPeakBytes = -1;
   int64_t plannedProcesses = 1;    ///< the processes the plan was made for
   /// GSC defaults (docs/techniques.md C10); --compress / --no-compress override.
   bool compress = false;

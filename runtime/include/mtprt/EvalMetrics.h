@@ -37,11 +37,12 @@ inline constexpr const char *kNames[] = {
     "accuracy",         "macro_f1",      "mse",       "pearson",
     "spearman",         "token_accuracy", "entity_precision",
     "entity_recall",    "entity_f1",     "exact_match", "token_f1",
-    "loss"};
+    "perplexity",       "loss"};
 
-/// Lower is better for the errors (loss, mse), higher for the rest.
+/// Lower is better for the errors (loss, mse, perplexity), higher for the
+/// rest.
 inline bool lowerIsBetter(std::string_view metric) {
-  return metric == "loss" || metric == "mse";
+  return metric == "loss" || metric == "mse" || metric == "perplexity";
 }
 
 double accuracy(const std::vector<int64_t> &gold,

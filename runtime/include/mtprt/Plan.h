@@ -50,6 +50,9 @@ struct Plan {
   /// regions, offloadUnits and offloadHeadList from the decisions.
   Schedule schedule;
   int64_t predictedPeakBytes = 0, keepPeakBytes = 0, uniformPeakBytes = -1;
+  /// Held-out evaluation's predicted peak (forward only); 0: the plan has
+  /// none (written before it).
+  int64_t evalPeakBytes = 0;
   double addedSeconds = 0.0;
 };
 

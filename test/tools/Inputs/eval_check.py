@@ -3,7 +3,11 @@
        the last "eval" record's metrics at least MIN each
    eval_check.py recompute PREDS.jsonl METRICS.jsonl STEP
        the metrics of --predict's records recomputed by scikit-learn, seqeval
-       and the SQuAD formula equal the evaluation's at STEP to 1e-9"""
+       and the SQuAD formula equal the evaluation's at STEP to 1e-9
+   eval_check.py perplexity METRICS.jsonl TASK
+       every evaluation's TASK perplexity is exp of its loss (to 1e-9) and
+       its token accuracy a fraction"""
+import math
 import collections
 import json
 import sys
@@ -26,6 +30,19 @@ def above(argv):
             if r is rows[-1] and not (v is not None and v >= float(least)):
                 ok = False
         print(f"step {r['step']}: " + " ".join(parts) + (": above chance" if r is rows[-1] and ok else ""))
+    return 0 if ok else 1
+
+
+def perplexity(argv):
+    rows = evals(argv[0])
+    ok = bool(rows)
+    for r in rows:
+        m = r["eval"][argv[1]]
+        same = abs(m["perplexity"] - math.exp(m["loss"])) <= 1e-9 * m["perplexity"]
+        frac = 0 <= m["token_accuracy"] <= 1
+        ok &= same and frac
+        print(f"step {r['step']}: {argv[1]} perplexity {'= exp(loss)' if same else 'WRONG'}, "
+              f"token_accuracy {'in [0, 1]' if frac else 'WRONG'}")
     return 0 if ok else 1
 
 
@@ -86,4 +103,5 @@ def recompute(argv):
 
 
 if __name__ == "__main__":
-    sys.exit({"above": above, "recompute": recompute}[sys.argv[1]](sys.argv[2:]))
+    sys.exit({"above": above, "recompute": recompute,
+              "perplexity": perplexity}[sys.argv[1]](sys.argv[2:]))

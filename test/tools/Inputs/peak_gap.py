@@ -1,6 +1,9 @@
 """Compares mtprt-run's measured peaks with the plan's prediction.
 
-  peak_gap.py TOL METRICS.jsonl          every step within TOL (a fraction)
+  peak_gap.py TOL METRICS.jsonl          every step within TOL (a fraction);
+                                         every evaluation too (its peak
+                                         against the plan's eval peak)
+  peak_gap.py --evals TOL METRICS.jsonl  the evaluations alone
   peak_gap.py --order A.jsonl B.jsonl .. measured and predicted peaks both
                                          strictly decreasing, A > B > ...
   peak_gap.py --fits BYTES M.jsonl       every measured peak <= BYTES
@@ -41,14 +44,32 @@ def main(argv):
         worst = max(r["measured_peak_bytes"] for r in steps(argv[2]))
         print(f"fits {worst} <= {budget}: {worst <= budget}")
         return 0 if worst <= budget else 1
+    evals_only = argv[0] == "--evals"
+    if evals_only:
+        argv = argv[1:]
     tol = float(argv[0])
     bad = 0
-    for r in steps(argv[1]):
+    for r in [] if evals_only else steps(argv[1]):
         p, m = r["predicted_peak_bytes"], r["measured_peak_bytes"]
         gap = m / p - 1
         ok = abs(gap) <= tol
         bad += not ok
         print(f"step {r['step']} predicted {p} measured {m} "
+              f"gap {100 * gap:+.2f}% {'ok' if ok else 'OVER'}")
+    evals = [r for r in (json.loads(l) for l in open(argv[1]) if l.strip())
+             if "eval" in r]
+    if evals_only and not evals:
+        sys.exit(f"{argv[1]}: no evaluation records")
+    for r in evals:
+        p, m = r.get("predicted_peak_bytes"), r.get("peak_bytes")
+        if p is None or m is None:
+            print(f"eval at step {r['step']}: no predicted or measured peak")
+            bad += 1
+            continue
+        gap = m / p - 1
+        ok = abs(gap) <= tol
+        bad += not ok
+        print(f"eval at step {r['step']} predicted {p} measured {m} "
               f"gap {100 * gap:+.2f}% {'ok' if ok else 'OVER'}")
     return 1 if bad else 0
 

@@ -57,6 +57,16 @@ std::unique_ptr<DataSource> syntheticData(const ModelConfig &model,
                                           const std::vector<HeadConfig> &heads,
                                           uint64_t seed, double relatedness);
 
+/// `--eval-data synthetic:N`: N held-out records of the same synthetic tasks
+/// (the same functions of the tokens), drawn from another seed than the
+/// training data's and made batch by batch as evaluation reads them (no
+/// resident data set). For trying evaluation, its memory and its time
+/// without a data file.
+std::unique_ptr<DataSource> syntheticHeldOut(const ModelConfig &model,
+                                             const std::vector<HeadConfig> &heads,
+                                             uint64_t seed, double relatedness,
+                                             int64_t records);
+
 /// JSON Lines: one record per line,
 ///   {"tokens": [ids × seq], "labels": {"<task>": <label> | null, ...}}
 /// (label shapes as in Batch). Validates every record (mtprt/DataFormat.h:

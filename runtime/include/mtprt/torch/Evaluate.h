@@ -36,10 +36,17 @@ struct TaskMetrics {
 struct EvalReport {
   int64_t records = 0;
   std::vector<TaskMetrics> tasks; ///< tasks with labels in the file
-  /// `{"step": S, "eval": {task: {metric: value}}}` (null for NaN).
+  /// The device memory's high-water mark while it ran (-1: not measured),
+  /// and the plan's prediction for it (-1: none); both in the record.
+  int64_t peakBytes = -1, predictedPeakBytes = -1;
+  /// `{"step": S, "eval": {task: {metric: value}}, "eval_records": N,
+  /// "peak_bytes": B, "predicted_peak_bytes": P}` (null for NaN; the peaks
+  /// where known).
   std::string jsonLine(int64_t step) const;
   /// "nli accuracy 0.990 macro_f1 0.989; ner ..." for the progress line.
   std::string summary() const;
+  /// "; peak 1234 B vs 1200 B predicted (+2.8%)" (empty: not measured).
+  std::string peakText() const;
   /// TASK.METRIC, or `mean.METRIC` (the mean over tasks that have it);
   /// NaN when nothing has it.
   double value(const std::string &key) const;
@@ -57,9 +64,12 @@ struct RecordPrediction {
   std::vector<int64_t> tokens; ///< its real tokens (padding cut)
 };
 
-/// Evaluates `model` on every record of `data` in batches of `batch`.
-/// `each`, when given, sees every record's predictions (--predict).
+/// Evaluates `model` on every record of `data` in batches of `batch`, in
+/// eval mode without autograd, under the training's `precision` (autocast,
+/// without its cache of weight casts). `each`, when given, sees every
+/// record's predictions (--predict).
 EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
+                    Precision precision,
                     const std::function<void(const RecordPrediction &)>
                         &each = {});
 
@@ -72,7 +82,8 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
 /// {"start", "end", "tokens"}. `gold` holds the file's labels where it has
 /// them. Prints the metrics over the records with labels. Returns them.
 EvalReport writePredictions(Model &model, DataSource &data, int64_t batch,
-                            const std::string &path, int64_t step);
+                            Precision precision, const std::string &path,
+                            int64_t step);
 
 } // namespace mtprt
 
