@@ -27,6 +27,9 @@ Sections (all by default; `--only a,b`):
   ablation  final per-task losses with GFM, DGFG, per-task clip, per-task LR each
             on and off beside the plain weighted sum, several seeds, two
             relatednesses
+  dynbatch  the dynamic batch schedule (D15) against fixed batches of its
+            smallest and largest size: held-out loss, records seen, time,
+            peak against the plan
 
 `--quick` runs a subset in under 3 minutes on the 2-core build machine; the
 full run takes under 20. Nothing here is a test: the numbers depend on the
@@ -194,9 +197,12 @@ class Runner:
             e["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD
         p = run(cmd, env=e)
         recs = read_metrics(metrics)
+        evals = []
         if os.path.exists(metrics):
+            with open(metrics) as f:
+                evals = [e for e in (json.loads(l) for l in f if l.strip()) if "eval" in e]
             os.unlink(metrics)
-        out = {"records": recs}
+        out = {"records": recs, "evals": evals}
         m = re.search(r"rss: post-init (\d+) B, peak (\d+) B, peak above post-init (-?\d+) B", p.stdout)
         if m:
             out.update(rss_base=int(m.group(1)), rss_peak=int(m.group(2)),
@@ -227,12 +233,16 @@ class Runner:
 # The models
 #===----------------------------------------------------------------------===#
 
-def budget_block(args, memory, micro_batch=8):
+def budget_block(args, memory, micro_batch=8, global_batch=None):
     if args.device == "cuda":
-        return {"device": args.gpu_preset, "memory": "%dB" % memory, "headroom": "0B",
-                "micro_batch": micro_batch, "precision": "fp32"}
-    return {"device": "cpu", "memory": "%dB" % memory, "micro_batch": micro_batch,
-            "precision": "fp32"}
+        b = {"device": args.gpu_preset, "memory": "%dB" % memory, "headroom": "0B",
+             "micro_batch": micro_batch, "precision": "fp32"}
+    else:
+        b = {"device": "cpu", "memory": "%dB" % memory, "micro_batch": micro_batch,
+             "precision": "fp32"}
+    if global_batch:
+        b["global_batch"] = global_batch
+    return b
 
 
 def model_m(args, strategy, memory=16 << 30, dropout=0.1, backbone=None):
@@ -272,7 +282,7 @@ def model_w(args, strategy, memory=16 << 30, backbone=None):
                      correlate=[("pos", "chunk", 0.8)])
 
 
-def model_s(args, strategy, steps=200, tasks=None, layers=4, seq=32):
+def model_s(args, strategy, steps=200, tasks=None, layers=4, seq=32, global_batch=None):
     """The small model (00_tiny's shape) for compression, scope and the ablation."""
     m = {"layers": layers, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 512, "seq": seq,
          "dropout": 0.1}
@@ -284,7 +294,8 @@ def model_s(args, strategy, steps=200, tasks=None, layers=4, seq=32):
     base.update(strategy)
     names = [t[0] for t in tasks]
     corr = [("pos", "chunk", 0.8), ("topic", "pos", 0.1)] if {"pos", "chunk", "topic"} <= set(names) else []
-    return spec_text("bench_s", m, tasks, base, budget_block(args, 2 << 30),
+    return spec_text("bench_s", m, tasks, base,
+                     budget_block(args, 2 << 30, global_batch=global_batch),
                      {"steps": steps, "seed": 7, "log_every": 1}, correlate=corr)
 
 
@@ -852,6 +863,49 @@ def section_ablation(args, b, r, out):
     return {"%s@%s" % k: v for k, v in res.items()}
 
 
+DYNBATCH = "schedule(start = 8, max = 64, rate = 0.05, ramp = 150, decay = 0.98, every = 25, floor = 8)"
+
+
+def section_dynbatch(args, b, r, out):
+    """D15: the dynamic batch (the source's shape at a small scale: ×8 over
+    140 steps, then ×0.98 every 25) against fixed batches of its smallest and
+    largest size, on model S: held-out loss at the end, records seen, time,
+    the measured peak against the plan's."""
+    steps = 100 if args.quick else 250
+    seeds = [0] if args.quick else [0, 1, 2]
+    variants = [("fixed batch 8", {}, None),
+                ("fixed batch 64 (8 micro-batches)", {}, 64),
+                ("dynamic 8 → 64 → ×0.98/25 steps", {"dynamic_batch": DYNBATCH}, None)]
+    rows, res = [], {}
+    for name, strat, gb in variants:
+        binary = b.build(model_s(args, strat, steps=steps, global_batch=gb))
+        runs = []
+        for seed in seeds:
+            o = r.mtpc(binary, steps, extra=["--seed", str(seed), "--eval-data", "synthetic:512"])
+            recs, ev = o["records"], o["evals"][-1]
+            losses = [v["loss"] for v in ev["eval"].values()]
+            runs.append({"eval_loss": statistics.mean(losses),
+                         "records": sum(x.get("batch_size", 0) for x in recs),
+                         "seconds": sum(x["step_time_s"] for x in recs),
+                         "peak": max(x["measured_peak_bytes"] for x in recs),
+                         "predicted": recs[0]["predicted_peak_bytes"]})
+        res[name] = runs
+        mean = lambda k: statistics.mean(x[k] for x in runs)
+        rows.append([name, "%.4f ± %.4f" % (mean("eval_loss"),
+                                             statistics.pstdev(x["eval_loss"] for x in runs)),
+                     "%d" % mean("records"), "%.1f s" % mean("seconds"),
+                     fmt_bytes(mean("peak")), "%+.1f%%" % (100 * (mean("peak") / mean("predicted") - 1))])
+    out.append("### Dynamic batch (D15)\n")
+    out.append("Model S, %d steps, seeds %s; `dynamic_batch = %s` (micro batch 8). Held-out "
+               "loss: the mean task loss on 512 held-out synthetic records after the last step "
+               "(`--eval-data synthetic:512`); records seen and time summed over the steps; "
+               "peak: the tracked peak over the steps against the plan's prediction.\n"
+               % (steps, ", ".join(map(str, seeds)), DYNBATCH))
+    out.append(table(["configuration", "held-out loss", "records seen", "time", "tracked peak",
+                      "vs predicted"], rows))
+    return res
+
+
 def partial_blocks(plan):
     """Blocks the plan runs at tensor grain: projection units planned
     recompute outside every checkpoint region."""
@@ -1017,7 +1071,8 @@ SECTIONS = {"agree": section_agree, "step": section_step, "load": section_load,
             "pareto": section_pareto,
             "memory": section_memory,
             "plan": section_plan,
-            "compress": section_compress, "scope": section_scope, "ablation": section_ablation}
+            "compress": section_compress, "scope": section_scope, "ablation": section_ablation,
+            "dynbatch": section_dynbatch}
 QUICK = ["agree", "memory", "plan", "compress"]
 
 

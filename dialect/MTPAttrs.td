@@ -190,6 +190,29 @@ def MTP_LRScheduleAttr : AttrDef<MTP_Dialect, "LRSchedule"> {
   }];
 }
 
+def MTP_BatchScheduleAttr : AttrDef<MTP_Dialect, "BatchSchedule"> {
+  let mnemonic = "batch_schedule";
+  let summary = "the dynamic batch schedule (docs/techniques.md D15)";
+  let description = [{
+    `#mtp.batch_schedule<start 32, max 512, rate 1.0e-02, ramp 2000, decay
+    9.8e-01 every 500, floor 32>`: the global batch at step s is
+    start·(1 + rate·s), capped at max, for the first `ramp` steps; then the
+    ramp's last value times decay^⌊(s − ramp)/every⌋, at least floor
+    (mtprt::BatchSchedule, rounded down to whole micro-batches).
+  }];
+  let parameters = (ins "int64_t":$start, "int64_t":$max,
+                        APFloatParameter<"growth per step">:$rate,
+                        "int64_t":$ramp_steps,
+                        APFloatParameter<"decay factor">:$decay,
+                        "int64_t":$every, "int64_t":$floor);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// The schedule as the runtime computes it.
+    ::mtprt::BatchSchedule getSchedule() const;
+  }];
+}
+
 def MTP_UnitKind : I32EnumAttr<"UnitKind", "a unit of the training step", [
     // docs/contracts.md#granularity; the runtime runs each as one call.
     I32EnumAttrCase<"embed", 0>,          // token + position embeddings, dropout

@@ -256,6 +256,80 @@ LRScheduleAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   return success();
 }
 
+//===----------------------------------------------------------------------===//
+// BatchScheduleAttr
+//===----------------------------------------------------------------------===//
+
+// <start 32, max 512, rate 1.0e-02, ramp 2000, decay 9.8e-01 every 500,
+//  floor 32>
+Attribute BatchScheduleAttr::parse(AsmParser &parser, Type) {
+  SMLoc loc = parser.getCurrentLocation();
+  int64_t start, max, ramp, every, floor;
+  double rate, decay;
+  if (parser.parseLess() || parser.parseKeyword("start") ||
+      parser.parseInteger(start) || parser.parseComma() ||
+      parser.parseKeyword("max") || parser.parseInteger(max) ||
+      parser.parseComma() || parser.parseKeyword("rate") ||
+      parser.parseFloat(rate) || parser.parseComma() ||
+      parser.parseKeyword("ramp") || parser.parseInteger(ramp) ||
+      parser.parseComma() || parser.parseKeyword("decay") ||
+      parser.parseFloat(decay) || parser.parseKeyword("every") ||
+      parser.parseInteger(every) || parser.parseComma() ||
+      parser.parseKeyword("floor") || parser.parseInteger(floor) ||
+      parser.parseGreater())
+    return {};
+  return getChecked([&] { return parser.emitError(loc); },
+                    parser.getContext(), start, max, APFloat(rate), ramp,
+                    APFloat(decay), every, floor);
+}
+
+void BatchScheduleAttr::print(AsmPrinter &printer) const {
+  printer << "<start " << getStart() << ", max " << getMax() << ", rate ";
+  printer.printFloat(getRate());
+  printer << ", ramp " << getRampSteps() << ", decay ";
+  printer.printFloat(getDecay());
+  printer << " every " << getEvery() << ", floor " << getFloor() << '>';
+}
+
+LogicalResult
+BatchScheduleAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                          int64_t start, int64_t max, APFloat rate,
+                          int64_t ramp, APFloat decay, int64_t every,
+                          int64_t floor) {
+  for (auto [what, value, range] :
+       {std::tuple<StringRef, int64_t, limits::Range>{
+            "dynamic batch start", start, limits::kGlobalBatch},
+        {"dynamic batch max", max, limits::kGlobalBatch},
+        {"dynamic batch ramp", ramp, limits::kBatchSteps},
+        {"dynamic batch every", every, limits::kBatchEvery},
+        {"dynamic batch floor", floor, limits::kGlobalBatch}})
+    if (!range.contains(value))
+      return emitError() << what << " must lie in [" << range.lo << ", "
+                         << range.hi << "], got " << value;
+  if (failed(checkReal(emitError, "dynamic batch rate", rate.convertToDouble(),
+                       limits::kBatchRate)) ||
+      failed(checkReal(emitError, "dynamic batch decay",
+                       decay.convertToDouble(), limits::kBatchDecay)))
+    return failure();
+  if (max < start || floor > max)
+    return emitError() << "dynamic batch needs start <= max and floor <= max, "
+                          "got start "
+                       << start << ", max " << max << ", floor " << floor;
+  return success();
+}
+
+mtprt::BatchSchedule BatchScheduleAttr::getSchedule() const {
+  mtprt::BatchSchedule s;
+  s.start = getStart();
+  s.max = getMax();
+  s.rate = getRate().convertToDouble();
+  s.rampSteps = getRampSteps();
+  s.decay = getDecay().convertToDouble();
+  s.every = getEvery();
+  s.floor = getFloor();
+  return s;
+}
+
 static ParseResult parseSchedule(OpAsmParser &parser, LRScheduleAttr &attr) {
   FailureOr<LRScheduleAttr> parsed = LRScheduleAttr::parseBare(parser);
   if (failed(parsed))
@@ -885,6 +959,18 @@ LogicalResult StrategyOp::verify() {
         return emitOpError("gradient scope covers ")
                << getScopeLayers() << " layers but the backbone has "
                << backbone.getLayers();
+  // The plan is for the largest batch the schedule reaches.
+  if (BatchScheduleAttr schedule = getDynamicBatchAttr())
+    if (auto model = (*this)->getParentOfType<ModelOp>())
+      if (BudgetOp budget = model.getBudget()) {
+        const int64_t perStep = budget.getMicroBatch() * budget.getGpus();
+        const int64_t largest = schedule.getSchedule().largestBatch(perStep);
+        if (budget.getGlobalBatch() != largest)
+          return emitOpError("dynamic batch reaches a global batch of ")
+                 << largest << " but the budget's is "
+                 << budget.getGlobalBatch()
+                 << "; the budget's batch must be the schedule's largest";
+      }
   return success();
 }
 

@@ -50,6 +50,8 @@ inline llvm::hash_code hash_value(const PlanOffload &o) {
 }
 } // namespace mtp
 
+#include "mtprt/BatchSchedule.h" // BatchScheduleAttr::getSchedule
+
 #define GET_ATTRDEF_CLASSES
 #include "dialect/MTPAttrs.h.inc"
 

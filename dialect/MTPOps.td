@@ -325,7 +325,8 @@ def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
                        F64Attr:$topk,
                        MTP_PositiveI64Attr:$quant_block,
                        MTP_PositiveI64Attr:$quant_bits,
-                       F64Attr:$residual_decay);
+                       F64Attr:$residual_decay,
+                       OptionalAttr<MTP_BatchScheduleAttr>:$dynamic_batch);
   let assemblyFormat = [{
     `checkpoint` $checkpoint `every` $checkpoint_every
         `threshold` $group_threshold
@@ -337,6 +338,7 @@ def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
     `clip` $clip `max_norm` $clip_max_norm
     `collective` $collective `topk` $topk
         `block` $quant_block `bits` $quant_bits `decay` $residual_decay
+    (`dynamic_batch` $dynamic_batch^)?
     attr-dict
   }];
   let hasVerifier = 1;

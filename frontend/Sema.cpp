@@ -88,7 +88,6 @@ constexpr Deferred kDeferredStrategy[] = {
     {"saps", "SAPS sparse parameter updates (docs/techniques.md D12)"},
     {"adapters", "NPD gated adapters (docs/techniques.md D13)"},
     {"ewc", "EWC forgetting protection (docs/techniques.md D14)"},
-    {"dynamic_batch", "the dynamic batch schedule (docs/techniques.md D15)"},
     {"zero", "ZeRO-3 parameter offload (docs/techniques.md D16)"},
 };
 constexpr Deferred kDeferredBudget[] = {
@@ -124,7 +123,7 @@ constexpr StringRef kBudgetKeys[] = {
     "precision",    "hbm_bandwidth", "peak_tflops"};
 constexpr StringRef kStrategyKeys[] = {
     "checkpoint", "offload", "gfm",  "gradient_scope",
-    "dgfg",       "clip",    "lr",   "collective"};
+    "dgfg",       "clip",    "lr",   "collective", "dynamic_batch"};
 constexpr StringRef kTrainKeys[] = {"steps",      "seed",      "data",
                                     "optimizer",  "log_every", "save_every",
                                     "eval",       "eval_every"};
@@ -1137,6 +1136,20 @@ void Sema::checkBudget(const ast::Section *section, CheckedSpec &spec,
          "use a global batch of " + std::to_string((*global / perStep + 1) * perStep) +
              " or a micro batch that divides it");
   }
+  if (const std::optional<mtprt::BatchSchedule> &schedule =
+          spec.strategy.dynamicBatch) {
+    // The schedule sets each step's global batch; the plan is for the
+    // largest it reaches (the most micro-batches per step).
+    for (StringRef key : {"global_batch", "accumulation"})
+      if (f.get(key)) {
+        auto diag = error(f.locOf(key));
+        diag << "'" << key << "' contradicts strategy { dynamic_batch }, "
+             << "which sets the global batch of every step";
+        note(diag, spec.strategy.dynamicBatchLoc,
+             "the schedule is here; give micro_batch alone");
+      }
+    out.globalBatch = schedule->largestBatch(perStep);
+  }
   if (accumulation && global && micro && perStep > 0 &&
       *global != perStep * *accumulation) {
     auto diag = error(f.locOf("accumulation"));
@@ -1409,6 +1422,46 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
         if (const ast::Value *r = a.get("residual"))
           out.residualDecay = real(*r, "residual", limits::kResidualDecay).value_or(out.residualDecay);
       }
+    }
+  }
+
+  // dynamic_batch = none | source | schedule(start = 32, max = 512,
+  //   rate = 0.01, ramp = 2000, decay = 0.98, every = 500, floor = 32)
+  if (const ast::Value *v = f.get("dynamic_batch")) {
+    static const StringRef kinds[] = {"none", "source", "schedule"};
+    std::optional<StringRef> k = policy(*v, "dynamic batch", kinds);
+    if (k && *k != "none") {
+      mtprt::BatchSchedule s; // the source's numbers
+      out.dynamicBatchLoc = v->loc;
+      if (*k == "schedule" && v->kind == ast::Value::Kind::Call) {
+        Args a(*this, *v,
+               {"start", "max", "rate", "ramp", "decay", "every", "floor"});
+        if (const ast::Value *x = a.get("start"))
+          s.start = integer(*x, "start", limits::kGlobalBatch).value_or(s.start);
+        if (const ast::Value *x = a.get("max"))
+          s.max = integer(*x, "max", limits::kGlobalBatch).value_or(s.max);
+        if (const ast::Value *x = a.get("rate"))
+          s.rate = real(*x, "rate", limits::kBatchRate).value_or(s.rate);
+        if (const ast::Value *x = a.get("ramp"))
+          s.rampSteps = integer(*x, "ramp", limits::kBatchSteps).value_or(s.rampSteps);
+        if (const ast::Value *x = a.get("decay"))
+          s.decay = real(*x, "decay", limits::kBatchDecay).value_or(s.decay);
+        if (const ast::Value *x = a.get("every"))
+          s.every = integer(*x, "every", limits::kBatchEvery).value_or(s.every);
+        if (const ast::Value *x = a.get("floor"))
+          s.floor = integer(*x, "floor", limits::kGlobalBatch).value_or(s.floor);
+        if (s.max < s.start)
+          error(v->loc) << "dynamic_batch: 'max' = " << s.max
+                        << " is below 'start' = " << s.start;
+        if (s.floor > s.max)
+          error(v->loc) << "dynamic_batch: 'floor' = " << s.floor
+                        << " is above 'max' = " << s.max;
+      } else if (v->kind == ast::Value::Kind::Call) {
+        Args a(*this, *v, {});
+      }
+      out.dynamicBatch = s;
+    } else if (k && v->kind == ast::Value::Kind::Call) {
+      Args a(*this, *v, {});
     }
   }
 }

@@ -12,6 +12,7 @@
 
 #include "dialect/MTPOps.h"
 #include "frontend/AST.h"
+#include "mtprt/BatchSchedule.h"
 #include "mtprt/Defaults.h"
 
 #include <optional>
@@ -107,6 +108,9 @@ struct CheckedSpec {
     int64_t quantBlock = mtprt::defaults::kQuantBlock,
             quantBits = mtprt::defaults::kQuantBits;
     double residualDecay = mtprt::defaults::kResidualDecay;
+    /// D15: the global batch per step (none: the budget's, fixed).
+    std::optional<mtprt::BatchSchedule> dynamicBatch;
+    ast::Location dynamicBatchLoc;
     ast::Location loc;
   } strategy;
 

@@ -180,7 +180,17 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         st.getSimStdThreshold().convertToDouble(),
         toFb<fb::CollectivePolicy>(st.getCollective()),
         st.getTopk().convertToDouble(), st.getQuantBlock(),
-        st.getQuantBits(), st.getResidualDecay().convertToDouble());
+        st.getQuantBits(), st.getResidualDecay().convertToDouble(),
+        st.getDynamicBatchAttr()
+            ? fb::CreateBatchSchedule(
+                  b, st.getDynamicBatchAttr().getStart(),
+                  st.getDynamicBatchAttr().getMax(),
+                  st.getDynamicBatchAttr().getRate().convertToDouble(),
+                  st.getDynamicBatchAttr().getRampSteps(),
+                  st.getDynamicBatchAttr().getDecay().convertToDouble(),
+                  st.getDynamicBatchAttr().getEvery(),
+                  st.getDynamicBatchAttr().getFloor())
+            : flatbuffers::Offset<fb::BatchSchedule>());
   flatbuffers::Offset<fb::Train> train;
   std::string data = "synthetic";
   if (TrainOp tr = model.getTrain(); tr && tr.getDataPath())
@@ -272,6 +282,12 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
        << ", collective " << planName(st->collective()) << " (top-k "
        << llvm::format("%g", st->topk()) << ", " << st->bits()
        << "-bit blocks of " << st->block() << ")\n";
+    if (const fb::BatchSchedule *db = st->dynamic_batch())
+      os << "  dynamic batch from " << db->start() << " x(1 + "
+         << llvm::format("%g", db->rate()) << " step) capped at " << db->max()
+         << " for " << db->ramp_steps() << " steps, then x"
+         << llvm::format("%g", db->decay()) << " every " << db->every()
+         << " steps, floor " << db->floor() << "\n";
   }
   if (const fb::Train *tr = plan->train()) {
     os << "  train    " << tr->steps() << " steps, seed " << tr->seed()

@@ -197,7 +197,26 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
        << stringifyPrecision(budget.getPrecision());
   os << ", attention " << stringifyAttentionKind(CostModel(model).attention())
      << ", pointwise " << stringifyPointwiseKind(CostModel(model).pointwise());
-  os << "\n\n";
+  os << "\n";
+  StrategyOp strategy = model.getStrategy();
+  if (BatchScheduleAttr dynamic =
+          strategy ? strategy.getDynamicBatchAttr() : BatchScheduleAttr();
+      dynamic && budget) {
+    const mtprt::BatchSchedule s = dynamic.getSchedule();
+    const int64_t perStep = budget.getMicroBatch() * budget.getGpus();
+    const int64_t most = s.largestBatch(perStep);
+    const int64_t least = std::max<int64_t>(
+        perStep, std::min(s.start, s.floor) / perStep * perStep);
+    os << "  dynamic batch (D15): " << s.start << " growing x(1 + "
+       << llvm::format("%g", s.rate) << " step), capped at " << s.max
+       << ", for " << s.rampSteps << " steps; then x"
+       << llvm::format("%g", s.decay) << " every " << s.every
+       << " steps, floor " << s.floor << ". Steps run " << least << " to "
+       << most << " records (" << least / perStep << " to " << most / perStep
+       << " micro-batches of " << perStep << "); the plan is for " << most
+       << " (gradients accumulate, the step's batch is held on the device)\n";
+  }
+  os << "\n";
   os << llvm::formatv("  {0,-22} {1,12} {2,12}  {3,-10} {4}\n", "unit",
                       "saved", "fwd GFLOP", "decision", "tasks needing it");
   for (const Row &row : rowsOf(model, report)) {
@@ -421,6 +440,19 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
   if (budget) {
     int64_t usable = budget.getUsableBytes();
     int64_t peak = planned >= 0 ? planned : report.peakBytes;
+    if (StrategyOp st = model.getStrategy(); st && st.getDynamicBatchAttr()) {
+      const mtprt::BatchSchedule s = st.getDynamicBatchAttr().getSchedule();
+      out["dynamic_batch"] = Object{
+          {"start", s.start},
+          {"max", s.max},
+          {"rate", s.rate},
+          {"ramp_steps", s.rampSteps},
+          {"decay", s.decay},
+          {"every", s.every},
+          {"floor", s.floor},
+          {"largest_batch",
+           s.largestBatch(budget.getMicroBatch() * budget.getGpus())}};
+    }
     out["budget"] = Object{{"device", budget.getDevice()},
                            {"memory_bytes", int64_t(budget.getMemory())},
                            {"usable_bytes", usable},

@@ -113,10 +113,11 @@ public:
       widths_.push_back(labelWidth(c, m));
   }
 
-  Batch batch(int64_t pos, int64_t b) override {
+  Batch batch(int64_t pos, int64_t b) override { return records(pos * b, b); }
+  Batch records(int64_t first, int64_t b) override {
     std::vector<int64_t> rows(static_cast<size_t>(b));
     for (int64_t i = 0; i < b; ++i)
-      rows[i] = (pos * b + i) % r_.count;
+      rows[i] = (first + i) % r_.count;
     return gather(rows);
   }
 
@@ -231,6 +232,9 @@ public:
   SyntheticHeldOut(std::unique_ptr<DataSource> draws, int64_t n)
       : draws_(std::move(draws)), n_(n) {}
   Batch batch(int64_t pos, int64_t b) override { return draws_->batch(pos, b); }
+  Batch records(int64_t first, int64_t b) override {
+    return draws_->records(first, b);
+  }
   Batch range(int64_t first, int64_t count) override {
     if (first < 0 || count < 1 || first + count > n_)
       throw std::invalid_argument("mtprt: " + describe() + ": records [" +

@@ -99,6 +99,7 @@ struct Options {
   std::string profile;
   bool profileMemory = false;
   bool resources = false;
+  bool batchGiven = false; ///< --batch-size (fixes a dynamic batch)
   std::optional<int64_t> cosineEvery;
 };
 
@@ -110,7 +111,9 @@ const Flag kFlags[] = {
     {"--steps", "N",
      "optimizer steps to reach in total (a resumed run "
      "continues to N; one already there exits 0)"},
-    {"--batch-size", "B", "global batch size, split evenly over the ranks"},
+    {"--batch-size", "B",
+     "global batch size, split evenly over the ranks (fixed: it replaces "
+     "the plan's dynamic batch schedule)"},
     {"--data", "PATH",
      "JSON Lines file or binary shard (docs/runtime-services.md), or "
      "'synthetic' (default)"},
@@ -265,8 +268,11 @@ struct RunSummary {
   static constexpr size_t kWindow = 5;
   std::vector<std::string> tasks;
   std::vector<std::vector<double>> head, tail; ///< per task
-  int64_t steps = 0, peak = 0;
+  int64_t steps = 0, peak = 0, samples = 0, batchMin = INT64_MAX, batchMax = 0;
   void add(const StepStats &s) {
+    samples += s.batchSize;
+    batchMin = std::min(batchMin, s.batchSize);
+    batchMax = std::max(batchMax, s.batchSize);
     if (tasks.empty()) {
       tasks = s.tasks;
       head.resize(tasks.size());
@@ -298,9 +304,12 @@ struct RunSummary {
     std::ostringstream os;
     os << "summary: model '" << name << "', " << steps << " steps in "
        << std::fixed << std::setprecision(1) << seconds << " s ("
-       << std::setprecision(double(steps * batch) / seconds < 10 ? 2 : 0)
-       << double(steps * batch) / seconds
-       << " samples/s). Loss (mean of the first and last "
+       << std::setprecision(double(samples) / seconds < 10 ? 2 : 0)
+       << double(samples) / seconds << " samples/s"
+       << (batchMin != batchMax ? ", batches of " + std::to_string(batchMin) +
+                                      " to " + std::to_string(batchMax)
+                                : std::string())
+       << "). Loss (mean of the first and last "
        << std::min<int64_t>(steps, kWindow) << " steps):";
     for (size_t t = 0; t < tasks.size(); ++t)
       os << (t ? "," : "") << " " << tasks[t] << " " << std::setprecision(3)
@@ -370,9 +379,11 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       return false;
     if (arg == "--steps")
       o.steps = toInt(arg, value, 0, big);
-    else if (arg == "--batch-size")
+    else if (arg == "--batch-size") {
       o.batchSize = toInt(arg, value, limits::kGlobalBatch.lo,
                           limits::kGlobalBatch.hi);
+      o.batchGiven = true;
+    }
     else if (arg == "--data")
       o.data = value;
     else if (arg == "--eval-data")
@@ -1375,7 +1386,18 @@ int train(const std::string &name, const Program &p, const Options &o) {
     rssBase = residentSet().first;
   const double cpuStart = cpuSeconds();
   double cpuFirst = -1;
-  const int64_t local = o.batchSize / d.worldSize;
+  // D15: the plan's schedule sets each step's global batch, in whole
+  // micro-batches on every rank (--batch-size fixes it); the data advances
+  // by the records the steps took.
+  const std::optional<BatchSchedule> schedule =
+      o.batchGiven ? std::nullopt : p.dynamicBatch;
+  const int64_t perStep =
+      std::max<int64_t>(1, o.batchSize / d.worldSize / tc.microBatches) *
+      d.worldSize;
+  int64_t recordOffset = 0;
+  if (schedule)
+    for (int64_t k = 0; k < position; ++k)
+      recordOffset += schedule->batch(k, perStep);
   const int64_t first = core.stepsTaken();
   const auto start = std::chrono::steady_clock::now();
   RunSummary summary;
@@ -1397,7 +1419,14 @@ int train(const std::string &name, const Program &p, const Options &o) {
   using torch::profiler::impl::ActivityType;
   const std::set<ActivityType> activities{ActivityType::CPU};
   while (core.stepsTaken() < o.steps) {
-    Batch global = data->batch(position, o.batchSize);
+    int64_t stepBatch = o.batchSize;
+    if (schedule) {
+      stepBatch = schedule->batch(position, perStep);
+      core.setMicroBatches(stepBatch / perStep);
+    }
+    const int64_t local = stepBatch / d.worldSize;
+    Batch global = schedule ? data->records(recordOffset, stepBatch)
+                            : data->batch(position, o.batchSize);
     trainer.setBatch(global.slice(d.rank * local, (d.rank + 1) * local));
     if (profiling && !profilerOn && core.stepsTaken() > first) {
       const torch::profiler::impl::ProfilerConfig config(
@@ -1420,6 +1449,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
                      tuner->threads() == 1 ? "" : "s", tuner->why().c_str());
     }
     ++position;
+    recordOffset += stepBatch;
+    s.batchSize = stepBatch;
     if (cpuFirst < 0) {
       cpuFirst = cpuSeconds();
       // The warm window: from the end of the first step (every kernel's code

@@ -50,6 +50,8 @@ std::string toJsonLine(const StepStats &s) {
   j["bytes_sent_uncompressed"] = s.bytesSentUncompressed;
   j["step_time_s"] = jsonNumber(s.stepTimeS);
   j["samples_per_s"] = jsonNumber(s.samplesPerS);
+  if (s.batchSize > 0)
+    j["batch_size"] = s.batchSize;
   if (s.lossScale != 1.0)
     j["loss_scale"] = jsonNumber(s.lossScale);
   if (s.skipped)

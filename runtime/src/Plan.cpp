@@ -465,6 +465,35 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     if (bits & (bits - 1))
       c.field("strategy.bits", std::to_string(bits) + " is not a power of two");
     plan.compressBits = bits;
+    if (const auto *db = st->dynamic_batch()) {
+      BatchSchedule s;
+      s.start = c.range("strategy.dynamic_batch.start", db->start(),
+                        limits::kGlobalBatch);
+      s.max = c.range("strategy.dynamic_batch.max", db->max(),
+                      limits::kGlobalBatch);
+      s.rate = c.real("strategy.dynamic_batch.rate", db->rate(),
+                      limits::kBatchRate);
+      s.rampSteps = c.range("strategy.dynamic_batch.ramp_steps",
+                            db->ramp_steps(), limits::kBatchSteps);
+      s.decay = c.real("strategy.dynamic_batch.decay", db->decay(),
+                       limits::kBatchDecay);
+      s.every = c.range("strategy.dynamic_batch.every", db->every(),
+                        limits::kBatchEvery);
+      s.floor = c.range("strategy.dynamic_batch.floor", db->floor(),
+                        limits::kGlobalBatch);
+      if (s.max < s.start || s.floor > s.max)
+        c.field("strategy.dynamic_batch",
+                "needs start <= max and floor <= max");
+      const int64_t largest =
+          s.largestBatch(std::max<int64_t>(1, plan.microBatch * plan.gpus));
+      if (largest != plan.globalBatch)
+        c.field("strategy.dynamic_batch",
+                "reaches a global batch of " + std::to_string(largest) +
+                    ", but target.global_batch is " +
+                    std::to_string(plan.globalBatch) +
+                    " (the plan must be for the largest)");
+      plan.dynamicBatch = s;
+    }
   }
 
   plan.predictedPeakBytes = c.range("predicted_peak_bytes",
@@ -518,6 +547,7 @@ Program programFromPlan(const Plan &plan) {
   p.schedule = plan.schedule;
   p.predictedPeakBytes = plan.predictedPeakBytes;
   p.predictedEvalPeakBytes = plan.evalPeakBytes > 0 ? plan.evalPeakBytes : -1;
+  p.dynamicBatch = plan.dynamicBatch;
   p.plannedProcesses = std::max<int64_t>(1, plan.gpus);
   p.model.device = plan.device == "cpu" || plan.device.empty() ? "cpu" : "cuda";
   p.model.seed = plan.seed;

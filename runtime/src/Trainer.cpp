@@ -1118,6 +1118,14 @@ void Trainer::beginStep() {
   core_->beginStep(batch_->batch);
 }
 int64_t Trainer::microBatches() const { return core_->config().microBatches; }
+
+void TrainerCore::setMicroBatches(int64_t n) {
+  if (n <= 0)
+    bad("TrainConfig.microBatches", "must be positive");
+  if (state_)
+    throw std::logic_error("mtprt: setMicroBatches inside a step");
+  train_.microBatches = n;
+}
 void Trainer::beginMicroBatch(int64_t mb) { core_->beginMicroBatch(mb); }
 ValueId Trainer::input() { return core_->input(); }
 ValueId Trainer::forward(int64_t first, int64_t last, ValueId in,

@@ -44,6 +44,16 @@ mtp.model @cpu_job {
   mtp.train steps 10 seed 0 data "data/glue" lr constant(1.0e-3) adamw(weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95, eps = 1.0e-8) log_every 1 save_every 5
 }
 
+// A dynamic batch schedule: the budget's batch is the largest it reaches.
+// CHECK-LABEL: mtp.model @dynamic
+mtp.model @dynamic {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 1000, seq = 32, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 2 loss cross_entropy weight 1.0
+  mtp.budget device "cpu" memory 1 GiB headroom 0 B link 10 GBps gpus 2 batch 512 micro 8 precision fp32
+  // CHECK: decay 8.000000e-01 dynamic_batch <start 32, max 512, rate 1.000000e-02, ramp 2000, decay {{[0-9.e-]+}} every 500, floor 32>
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.3 scope features layers 1 dgfg 32 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8 dynamic_batch <start 32, max 512, rate 0.01, ramp 2000, decay 0.98 every 500, floor 32>
+}
+
 // The schedule attribute in generic form.
 // CHECK-LABEL: mtp.model @generic
 mtp.model @generic {

@@ -497,6 +497,11 @@ struct PlanFields {
   double topk = 0.15;
   int64_t block = 256, bits = 8;
   double decay = 0.8;
+  /// Strategy.dynamic_batch, written when `dynamic`.
+  bool dynamic = false;
+  BatchSchedule schedule{/*start=*/8, /*max=*/24, /*rate=*/1.0,
+                         /*rampSteps=*/3, /*decay=*/0.5, /*every=*/1,
+                         /*floor=*/8};
   // Train
   int64_t steps = 3;
   uint64_t seed = 0;
@@ -573,7 +578,12 @@ std::string build(const PlanFields &f) {
   auto strategy = fb::CreateStrategy(
       b, KIND(GradientScope, f.scope), f.scopeLayers, f.gfmKeep, f.clip,
       f.gateHidden, f.reuse, f.stdThreshold, KIND(CollectivePolicy, f.collective),
-      f.topk, f.block, f.bits, f.decay);
+      f.topk, f.block, f.bits, f.decay,
+      f.dynamic ? fb::CreateBatchSchedule(
+                      b, f.schedule.start, f.schedule.max, f.schedule.rate,
+                      f.schedule.rampSteps, f.schedule.decay, f.schedule.every,
+                      f.schedule.floor)
+                : flatbuffers::Offset<fb::BatchSchedule>());
   auto train =
       fb::CreateTrain(b, f.steps, f.seed, b.CreateString(f.data),
                       lr(f.lrKind, f.lrPeak, f.lrWarmup), f.weightDecay,
@@ -767,6 +777,12 @@ std::vector<Change> allChanges(const std::string &jsonl) {
   auto task = [](int t, std::function<void(TaskFields &)> fn) {
     return [t, fn](F &f) { fn(f.tasks[t]); };
   };
+  // Five steps of the dynamic batch: the ramp's three, then the decay's.
+  const std::function<void(F &)> dynamicBatch = [](F &f) {
+    f.dynamic = true;
+    f.global = 24;
+    f.steps = 5;
+  };
   const std::function<void(F &)> bert = [](F &f) {
     f.kind = "bert";
     f.typeVocab = 2;
@@ -930,6 +946,41 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       {"Strategy.block", [](F &f) { f.block = 64; }, Shows::Nothing},
       {"Strategy.bits", [](F &f) { f.bits = 4; }, Shows::Nothing},
       {"Strategy.decay", [](F &f) { f.decay = 0.2; }, Shows::Nothing},
+      // The dynamic batch (D15): steps of 8, 16, 24, 24, then 12 → 8 (micro
+      // batch 8); the plan is for the largest, 24. A changed field changes
+      // some step's batch, so its losses.
+      {"Strategy.dynamic_batch",
+       [](F &f) {
+         f.dynamic = true;
+         f.global = 24;
+       },
+       Shows::Output, "batches of 8 to 24"},
+      {"BatchSchedule.start", [](F &f) { f.schedule.start = 16; },
+       Shows::Losses, "", dynamicBatch},
+      {"BatchSchedule.max",
+       [](F &f) {
+         f.schedule.max = 16;
+         f.global = 16;
+       },
+       Shows::Losses, "", dynamicBatch},
+      {"BatchSchedule.rate",
+       [](F &f) {
+         f.schedule.rate = 0.5;
+         f.global = 16;
+       },
+       Shows::Losses, "", dynamicBatch},
+      {"BatchSchedule.ramp_steps",
+       [](F &f) {
+         f.schedule.rampSteps = 2;
+         f.global = 16;
+       },
+       Shows::Losses, "", dynamicBatch},
+      {"BatchSchedule.decay", [](F &f) { f.schedule.decay = 0.9; },
+       Shows::Losses, "", dynamicBatch},
+      {"BatchSchedule.every", [](F &f) { f.schedule.every = 2; },
+       Shows::Losses, "", dynamicBatch},
+      {"BatchSchedule.floor", [](F &f) { f.schedule.floor = 16; },
+       Shows::Losses, "", dynamicBatch},
 
       {"Train.steps", [](F &f) { f.steps = 4; }, Shows::Records},
       {"Train.seed", [](F &f) { f.seed = 3; }, Shows::Losses},
@@ -1083,7 +1134,10 @@ TEST(PlanFields, TaskAndLrSchedule) {
   checkTable("Task");
   checkTable("LrSchedule");
 }
-TEST(PlanFields, Strategy) { checkTable("Strategy"); }
+TEST(PlanFields, Strategy) {
+  checkTable("Strategy");
+  checkTable("BatchSchedule");
+}
 TEST(PlanFields, Train) { checkTable("Train"); }
 TEST(PlanFields, UnitRegionOffloadBucket) {
   checkTable("Unit");

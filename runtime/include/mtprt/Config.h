@@ -261,6 +261,9 @@ struct StepStats {
   int64_t predictedPeakBytes = -1;
   double stepTimeS = 0.0;
   double samplesPerS = 0.0;
+  /// The step's global batch (the dynamic batch schedule's, D15); 0 unknown
+  /// (set by the driver).
+  int64_t batchSize = 0;
   double lossScale = 1.0; ///< fp16 only
   bool skipped = false;   ///< fp16 overflow: the step was skipped
 };

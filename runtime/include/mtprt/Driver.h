@@ -20,9 +20,11 @@
 #ifndef MTPRT_DRIVER_H
 #define MTPRT_DRIVER_H
 
+#include "mtprt/BatchSchedule.h"
 #include "mtprt/Config.h"
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,9 @@ struct Program {
   /// The plan's prediction for held-out evaluation (-1: none), logged with
   /// each evaluation's measured peak.
   int64_t predictedEvalPeakBytes = -1;
+  /// D15: the global batch per step (default: batchSize at every step);
+  /// --batch-size fixes it.
+  std::optional<BatchSchedule> dynamicBatch;
   int64_t plannedProcesses = 1;    ///< the processes the plan was made for
   /// GSC defaults (docs/techniques.md C10); --compress / --no-compress override.
   bool compress = false;

@@ -10,12 +10,14 @@
 #ifndef MTPRT_PLAN_H
 #define MTPRT_PLAN_H
 
+#include "mtprt/BatchSchedule.h"
 #include "mtprt/Config.h"
 #include "mtprt/Defaults.h"
 #include "mtprt/Errors.h"
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,8 @@ struct Plan {
   /// regions, offloadUnits and offloadHeadList from the decisions.
   Schedule schedule;
   int64_t predictedPeakBytes = 0, keepPeakBytes = 0, uniformPeakBytes = -1;
+  /// D15: the global batch per step (none: globalBatch, fixed).
+  std::optional<BatchSchedule> dynamicBatch;
   /// Held-out evaluation's predicted peak (forward only); 0: the plan has
   /// none (written before it).
   int64_t evalPeakBytes = 0;

@@ -27,6 +27,12 @@ public:
   virtual ~DataSource() = default;
   /// The global batch number `position` (size `batchSize`), on the CPU.
   virtual Batch batch(int64_t position, int64_t batchSize) = 0;
+  /// The `count` records from record number `first` on, wrapping around a
+  /// file (the dynamic batch schedule's steps, whose sizes vary). Synthetic
+  /// data draws them from `first`'s stream.
+  virtual Batch records(int64_t first, int64_t count) {
+    return batch(first, count);
+  }
   /// Records available (-1: unbounded).
   virtual int64_t size() const = 0;
   /// Records [first, first + count) once each, in file order (evaluation,

@@ -103,6 +103,9 @@ public:
 
   Model &model() { return *model_; }
   const TrainConfig &config() const { return train_; }
+  /// The next steps' micro-batches per step (the dynamic batch schedule,
+  /// D15); between steps only.
+  void setMicroBatches(int64_t n);
   Offloader &offloader() { return *offloader_; }
   Gate &gate() { return *gate_; }
   torch::optim::AdamW &optimizer() { return *optimizer_; }
