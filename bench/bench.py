@@ -873,15 +873,24 @@ def section_dynbatch(args, b, r, out):
     the measured peak against the plan's."""
     steps = 100 if args.quick else 250
     seeds = [0] if args.quick else [0, 1, 2]
-    variants = [("fixed batch 8", {}, None),
-                ("fixed batch 64 (8 micro-batches)", {}, 64),
-                ("dynamic 8 → 64 → ×0.98/25 steps", {"dynamic_batch": DYNBATCH}, None)]
+    # The schedule's records over the run (mtprt::BatchSchedule, micro batch
+    # 8): a fixed batch of 64 over as many records is the fair comparison.
+    def at(step):
+        if step < 150:
+            return min(64, int(8 * (1 + 0.05 * step)))
+        top = min(64, int(8 * (1 + 0.05 * 149)))
+        return max(8, int(top * 0.98 ** ((step - 150) // 25)))
+    same = round(sum(at(s) // 8 * 8 for s in range(steps)) / 64)
+    variants = [("fixed batch 8", {}, None, steps),
+                ("fixed batch 64 (8 micro-batches)", {}, 64, steps),
+                ("fixed batch 64, the dynamic run's records (%d steps)" % same, {}, 64, same),
+                ("dynamic 8 → 64 → ×0.98/25 steps", {"dynamic_batch": DYNBATCH}, None, steps)]
     rows, res = [], {}
-    for name, strat, gb in variants:
-        binary = b.build(model_s(args, strat, steps=steps, global_batch=gb))
+    for name, strat, gb, n in variants:
+        binary = b.build(model_s(args, strat, steps=n, global_batch=gb))
         runs = []
         for seed in seeds:
-            o = r.mtpc(binary, steps, extra=["--seed", str(seed), "--eval-data", "synthetic:512"])
+            o = r.mtpc(binary, n, extra=["--seed", str(seed), "--eval-data", "synthetic:512"])
             recs, ev = o["records"], o["evals"][-1]
             losses = [v["loss"] for v in ev["eval"].values()]
             runs.append({"eval_loss": statistics.mean(losses),
