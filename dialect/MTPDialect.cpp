@@ -28,7 +28,8 @@ LogicalResult MTPDialect::verifyOperationAttribute(Operation *op,
   };
   bool integer = name == getPeakBytesAttrHelper().getNameStr() ||
                  name == getSavedBytesAttrHelper().getNameStr() ||
-                 name == getEvalPeakBytesAttrHelper().getNameStr();
+                 name == getEvalPeakBytesAttrHelper().getNameStr() ||
+                 name == getEvalBatchAttrHelper().getNameStr();
   bool dict = name == getBreakdownAttrHelper().getNameStr() ||
               name == getTaskOnlyBytesAttrHelper().getNameStr();
   bool text = name == getPeakAtAttrHelper().getNameStr();
@@ -37,7 +38,8 @@ LogicalResult MTPDialect::verifyOperationAttribute(Operation *op,
     return fail("which the mtp dialect does not define (the memory "
                 "analysis's are mtp.peak_bytes, mtp.peak_at, mtp.breakdown, "
                 "mtp.saved_bytes, mtp.task_only_bytes, "
-                "mtp.activation_reuse_ratio, mtp.eval_peak_bytes)");
+                "mtp.activation_reuse_ratio, mtp.eval_peak_bytes, "
+                "mtp.eval_batch)");
   if (!isa<StepOp>(op))
     return fail("but only an mtp.step carries the memory analysis");
   Attribute value = attr.getValue();

@@ -32,7 +32,8 @@ def MTP_Dialect : Dialect {
     "::mlir::IntegerAttr":$saved_bytes,
     "::mlir::DictionaryAttr":$task_only_bytes,
     "::mlir::FloatAttr":$activation_reuse_ratio,
-    "::mlir::IntegerAttr":$eval_peak_bytes
+    "::mlir::IntegerAttr":$eval_peak_bytes,
+    "::mlir::IntegerAttr":$eval_batch
   );
   let hasOperationAttrVerify = 1;
 }

@@ -454,6 +454,14 @@ UnitCost CostModel::unfrozenUnit(UnitKind kind, TaskOp task) const {
     cost.backwardNeedsInput = !fusedPointwise;
     cost.fwdFlops = 2 * bsh * f;
     cost.bwdFlops = 4 * bsh * f + (fusedPointwise ? 8 * b * s * f : 0);
+    if (fusedPointwise) {
+      // Without autograd the fused GELU-linear still holds its input, the
+      // up-projection (which the step's liveness ends at mlp_act), beside
+      // the GELU it makes from it.
+      cost.noGradWorkspace = cost.fwdWorkspace + e * b * s * f;
+      for (const SavedTensor &t : cost.saved)
+        cost.noGradWorkspace += bytes(t.type);
+    }
     return cost;
   case UnitKind::head:
     return headCost(task);
@@ -674,11 +682,12 @@ UnitCost CostModel::headCost(TaskOp task) const {
                     flashAttentionBuffers(t, std::max(s, t), false)
               : e * (b * a * t * std::max(s, t) + 2 * b * s * h);
     // Without autograd each phase's tensors die with the next phase: the
-    // widest phase's beside the widest transient.
+    // widest phase's beside the widest transient but the cross K/V
+    // projection, which that phase's tensors already hold.
     int64_t widest = 0;
     for (const Phase &ph : phases)
       widest = std::max(widest, ph.saved);
-    cost.noGradWorkspace = widest + cost.fwdWorkspace;
+    cost.noGradWorkspace = widest + cost.fwdWorkspace - e * 2 * b * s * h;
     // The backward's peak: the phase (run last to first) with the most
     // alive — what earlier phases saved, its own saved tensors but its
     // output, the gradients created so far, its workspace.

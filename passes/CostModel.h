@@ -79,6 +79,10 @@ public:
   /// Reads the backbone, the budget (micro batch, precision, device) and the
   /// device preset of `model`. Without a budget: micro batch 1, fp32, cpu.
   explicit CostModel(ModelOp model);
+  /// The same model at another micro batch (the evaluation's).
+  CostModel(ModelOp model, int64_t microBatch) : CostModel(model) {
+    batch = microBatch;
+  }
 
   /// The attention kind a model without one gets: fused wherever one
   /// scaled-dot-product-attention kernel serves its dropout on the budget's

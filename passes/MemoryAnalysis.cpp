@@ -171,7 +171,7 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   report.peakBytes = peak.bytes;
   report.peakOp = peak.position >= 0 ? timeline.at(peak.position) : nullptr;
   report.atPeak = peak.at;
-  analyzeEvaluation(model, cost, order, report);
+  analyzeEvaluation(model, order, report);
 
   // Saved activations and the tasks that need them.
   for (TaskOp t : tasks)
@@ -238,16 +238,17 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   return report;
 }
 
-void mtp::analyzeEvaluation(ModelOp model, const CostModel &cost,
-                            ArrayRef<Operation *> order,
-                            MemoryReport &report) {
-  // The forward as evaluation runs it: no checkpoint re-runs (they belong to
-  // the backward), nothing but units and the batch.
-  SmallVector<Operation *> forward;
-  for (Operation *op : order)
-    if ((isa<FwdOp>(op) && !op->getParentOfType<RecomputeOp>()) ||
-        isa<InputOp>(op))
-      forward.push_back(op);
+namespace {
+struct EvalPeak {
+  int64_t bytes = 0;
+  Operation *op = nullptr;
+  MemoryBreakdown at;
+};
+
+/// The evaluation's peak at `cost`'s micro batch (`inputScale`: that batch
+/// over the step's, for the step's input types).
+EvalPeak evaluationPeak(ModelOp model, const CostModel &cost,
+                        ArrayRef<Operation *> forward, int64_t inputScale) {
   llvm::DenseMap<Operation *, int> position;
   for (auto [i, op] : llvm::enumerate(forward))
     position[op] = int(i);
@@ -281,7 +282,8 @@ void mtp::analyzeEvaluation(ModelOp model, const CostModel &cost,
       workspace[i] = unit.fwdWorkspace;
       last = lastRead(fwd.getOutput(), lastRead);
     } else {
-      bytes = CostModel::bytes(op->getResult(0).getType());
+      // Every input's leading dimension is the batch.
+      bytes = CostModel::bytes(op->getResult(0).getType()) * inputScale;
     }
     delta[i] += bytes;
     delta[last + 1] -= bytes;
@@ -290,21 +292,49 @@ void mtp::analyzeEvaluation(ModelOp model, const CostModel &cost,
   MemoryBreakdown now;
   now.parameters = CostModel::kWeightBytes * groups.total;
   now.optimizer = CostModel::kOptimizerBytes * groups.trainable;
-  now.exchange = cost.gradientExchange(llvm::to_vector(
-                           model.getStep().getBody().front().getOps<AllReduceOp>()))
-                     .resident;
-  report.evalPeakBytes = now.total();
-  report.evalAtPeak = now;
-  report.evalPeakOp = nullptr;
+  now.exchange =
+      cost.gradientExchange(llvm::to_vector(
+                                model.getStep().getBody().front().getOps<AllReduceOp>()))
+          .resident;
+  EvalPeak peak{now.total(), nullptr, now};
   for (size_t i = 0; i < forward.size(); ++i) {
     now.activations += delta[i];
     now.workspace = workspace[i];
-    if (now.total() > report.evalPeakBytes) {
-      report.evalPeakBytes = now.total();
-      report.evalAtPeak = now;
-      report.evalPeakOp = forward[i];
-    }
+    if (now.total() > peak.bytes)
+      peak = {now.total(), forward[i], now};
   }
+  return peak;
+}
+} // namespace
+
+void mtp::analyzeEvaluation(ModelOp model, ArrayRef<Operation *> order,
+                            MemoryReport &report) {
+  // The forward as evaluation runs it: no checkpoint re-runs (they belong to
+  // the backward), nothing but units and the batch.
+  SmallVector<Operation *> forward;
+  for (Operation *op : order)
+    if ((isa<FwdOp>(op) && !op->getParentOfType<RecomputeOp>()) ||
+        isa<InputOp>(op))
+      forward.push_back(op);
+  const int64_t micro = CostModel(model).microBatch();
+  // The largest batch of whole micro-batches, up to 8, whose evaluation
+  // stays within the step's peak and the budget: evaluation then never
+  // raises the process's high-water mark, and runs in fewer, larger calls.
+  const int64_t bound = std::min(report.peakBytes, CostModel(model).usableBytes());
+  EvalPeak best = evaluationPeak(model, CostModel(model), forward, 1);
+  int64_t batch = micro;
+  for (int64_t k = 2; k <= 8; ++k) {
+    EvalPeak at =
+        evaluationPeak(model, CostModel(model, k * micro), forward, k);
+    if (at.bytes > bound)
+      break;
+    best = at;
+    batch = k * micro;
+  }
+  report.evalBatch = batch;
+  report.evalPeakBytes = best.bytes;
+  report.evalPeakOp = best.op;
+  report.evalAtPeak = best.at;
 }
 
 void mtp::attachMemoryReport(StepOp step, const MemoryReport &report) {
@@ -328,6 +358,7 @@ void mtp::attachMemoryReport(StepOp step, const MemoryReport &report) {
   mtp->getBreakdownAttrHelper().setAttr(step, b.getDictionaryAttr(breakdown));
   mtp->getSavedBytesAttrHelper().setAttr(step, i64(report.savedBytes));
   mtp->getEvalPeakBytesAttrHelper().setAttr(step, i64(report.evalPeakBytes));
+  mtp->getEvalBatchAttrHelper().setAttr(step, i64(report.evalBatch));
   SmallVector<NamedAttribute> perTask;
   for (auto &[task, bytes] : report.taskOnlyBytes)
     perTask.push_back(b.getNamedAttr(task, i64(bytes)));
@@ -380,8 +411,8 @@ struct MemoryAnalysisPass
     os << "  activation_reuse_ratio "
        << llvm::format("%.4f", report.activationReuseRatio) << "\n";
     os << "  evaluation peak   " << formatBytes(report.evalPeakBytes) << " at "
-       << MemoryReport::describe(report.evalPeakOp)
-       << " (forward only, no autograd)\n";
+       << MemoryReport::describe(report.evalPeakOp) << ", batch "
+       << report.evalBatch << " (forward only, no autograd)\n";
   }
 };
 } // namespace

@@ -63,7 +63,10 @@ struct MemoryReport {
   /// Every forward unit in order.
   llvm::SmallVector<UnitMemory> units;
   int64_t usableBytes = 0;
-  /// The held-out evaluation at the step's micro batch (evaluationPeak).
+  /// The held-out evaluation (analyzeEvaluation): its batch — the largest
+  /// multiple of the micro batch, up to 8, whose peak stays within the
+  /// step's (and the budget) — and its peak there.
+  int64_t evalBatch = 0;
   int64_t evalPeakBytes = 0;
   mlir::Operation *evalPeakOp = nullptr;
   MemoryBreakdown evalAtPeak;
@@ -75,16 +78,18 @@ struct MemoryReport {
 /// Analyzes the expanded step of `model` (which must have one).
 MemoryReport analyzeMemory(ModelOp model);
 
-/// The held-out evaluation's peak (the runtime's evaluate(), docs/cost-model.md
-/// "Evaluation"): the step's forward units in their order, at its micro
-/// batch, in eval mode under NoGradGuard (CostModel::evalUnit: no dropout,
+/// The held-out evaluation's plan (the runtime's evaluate(),
+/// docs/cost-model.md "Evaluation"): the step's forward units in their
+/// order, in eval mode under NoGradGuard (CostModel::evalUnit: no dropout,
 /// nothing kept), each head right after its tap; every value from its unit
 /// to its last forward reader, the batch's inputs through the batch; over
 /// the parameters, AdamW's moments and the exchange's residual (the
-/// gradients were freed with the update). Writes the peak, where it is and
-/// its breakdown into `report`; `order` is the step as analyzeMemory walks it.
-void analyzeEvaluation(ModelOp model, const CostModel &cost,
-                       llvm::ArrayRef<mlir::Operation *> order,
+/// gradients were freed with the update). Its batch is the largest multiple
+/// of the micro batch (up to 8×) whose peak stays within the step's
+/// `report.peakBytes` and the budget; writes the batch, the peak there,
+/// where it is and its breakdown into `report`. `order` is the step as
+/// analyzeMemory walks it.
+void analyzeEvaluation(ModelOp model, llvm::ArrayRef<mlir::Operation *> order,
                        MemoryReport &report);
 
 /// analyzeMemory as an MLIR analysis on an mtp.model with a step: passes ask

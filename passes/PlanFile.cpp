@@ -217,7 +217,7 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
       stepPlan ? stepPlan.getPlannedPeakBytes() : report.peakBytes,
       stepPlan ? stepPlan.getKeepPeakBytes() : report.peakBytes,
       stepPlan ? stepPlan.getUniformPeakBytes() : -1, addedSeconds, strategy,
-      train, report.evalPeakBytes);
+      train, report.evalPeakBytes, report.evalBatch);
   fb::FinishPlanBuffer(b, plan);
   return mtprt::framePlan(b.GetBufferPointer(), b.GetSize());
 }
@@ -352,7 +352,8 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
   if (plan->eval_peak_bytes() > 0)
     os << "  eval     " << plan->eval_peak_bytes() << " B predicted ("
        << formatBytes(plan->eval_peak_bytes())
-       << ") for held-out evaluation (forward only)\n";
+       << ") for held-out evaluation (forward only) in batches of "
+       << plan->eval_batch() << "\n";
   return llvm::Error::success();
 }
 

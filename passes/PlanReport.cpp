@@ -259,8 +259,10 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
   for (auto &[task, bytes] : report.taskOnlyBytes)
     os << "  only for " << task << ": " << formatBytes(bytes) << "\n";
   os << "  evaluation peak      " << formatBytes(report.evalPeakBytes) << " at "
-     << MemoryReport::describe(report.evalPeakOp)
-     << " (forward only, no autograd; activations "
+     << MemoryReport::describe(report.evalPeakOp) << ", batch "
+     << report.evalBatch
+     << " (forward only, no autograd; the largest of up to 8 micro-batches "
+        "within the step's peak; activations "
      << formatBytes(report.evalAtPeak.activations) << ", workspace "
      << formatBytes(report.evalAtPeak.workspace) << ")\n";
   if (!budget) {
@@ -405,6 +407,7 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
              {"activation_reuse_ratio", report.activationReuseRatio},
              {"eval_peak",
               Object{{"bytes", report.evalPeakBytes},
+                     {"batch", report.evalBatch},
                      {"at", MemoryReport::describe(report.evalPeakOp)},
                      {"activations", report.evalAtPeak.activations},
                      {"workspace", report.evalAtPeak.workspace}}}};

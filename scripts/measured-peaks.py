@@ -5,7 +5,7 @@ Each examples/*.mtp is resized to the CPU (hidden 64, 4 heads, ffn 256, vocab
 512, seq 32, decoder vocab 96 over 16 tokens; budget `device = cpu`, micro
 batch 8, fp16 as bf16), planned twice — with room for everything, and halfway
 between that plan's smallest reachable peak and its keep peak — and trained 2 steps by `mtprt-run --threads 1`,
-then evaluated on 20 held-out synthetic records (`--eval-data synthetic:20`:
+then evaluated on 256 held-out synthetic records (`--eval-data synthetic:256`:
 forward only, the plan's evaluation peak). It prints two lines per run (the
 step's predicted and measured peak, their gap; the evaluation's) and writes
 them as JSON:
@@ -63,7 +63,7 @@ def measure(mtpc, runner, spec, work, name):
         os.unlink(metrics)
     run([runner, "--plan", plan, "--data", "synthetic", "--steps", "2", "--threads", "1",
          "--log-every", "1", "--progress", "off", "--metrics", metrics,
-         "--eval-data", "synthetic:20", "--eval-every", "2"])
+         "--eval-data", "synthetic:256", "--eval-every", "2"])
     with open(metrics) as f:
         lines = [json.loads(l) for l in f]
     recs = [r for r in lines if "step_time_s" in r]

@@ -1127,8 +1127,15 @@ int train(const std::string &name, const Program &p, const Options &o) {
     return loadData(path, mc, p.heads);
   };
   std::unique_ptr<DataSource> evalSet = heldOut(o.evalData);
-  const int64_t evalBatch = std::max<int64_t>(
-      1, o.batchSize / d.worldSize / std::max<int64_t>(1, tc.microBatches));
+  // The plan's evaluation batch (within the step's peak) where the run is
+  // the plan's; else the micro batch.
+  const bool asPlanned =
+      o.batchSize == p.batchSize && d.worldSize == p.plannedProcesses;
+  const int64_t evalBatch =
+      asPlanned && p.evalBatch > 0
+          ? p.evalBatch
+          : std::max<int64_t>(1, o.batchSize / d.worldSize /
+                                     std::max<int64_t>(1, tc.microBatches));
   std::unique_ptr<DataSource> predictSet =
       heldOut(o.predict);
   // An --export that cannot happen is refused now, not after training.
@@ -1282,7 +1289,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
     // large held-out set. Rank 0 reports.
     lastEval = evaluate(core.model(), *evalSet, evalBatch, tc.precision);
     // The plan predicts the evaluation at its own micro batch and processes.
-    if (o.batchSize == p.batchSize && d.worldSize == p.plannedProcesses)
+    if (asPlanned)
       lastEval.predictedPeakBytes = p.predictedEvalPeakBytes;
     if (rank0) {
       if (metrics.is_open())

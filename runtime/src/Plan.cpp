@@ -504,6 +504,10 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
       c.range("uniform_peak_bytes", fb->uniform_peak_bytes(), {-1, INT64_MAX});
   plan.evalPeakBytes =
       c.range("eval_peak_bytes", fb->eval_peak_bytes(), {0, INT64_MAX});
+  plan.evalBatch = fb->eval_batch() == 0
+                       ? 0
+                       : c.range("eval_batch", fb->eval_batch(),
+                                 limits::kGlobalBatch);
   plan.addedSeconds = c.real("added_seconds", fb->added_seconds(),
                              {0.0, 1e300});
 
@@ -547,6 +551,7 @@ Program programFromPlan(const Plan &plan) {
   p.schedule = plan.schedule;
   p.predictedPeakBytes = plan.predictedPeakBytes;
   p.predictedEvalPeakBytes = plan.evalPeakBytes > 0 ? plan.evalPeakBytes : -1;
+  p.evalBatch = plan.evalBatch;
   p.dynamicBatch = plan.dynamicBatch;
   p.plannedProcesses = std::max<int64_t>(1, plan.gpus);
   p.model.device = plan.device == "cpu" || plan.device.empty() ? "cpu" : "cuda";

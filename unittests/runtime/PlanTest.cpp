@@ -817,9 +817,10 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       {"Plan.added_seconds", [](F &f) { f.addedSeconds = 9; }, Shows::Nothing},
       {"Plan.strategy", [](F &) {}, Shows::Nothing}, // its fields below
       {"Plan.train", [](F &) {}, Shows::Nothing},    // its fields below
-      // Logged beside an evaluation's measured peak only (no evaluation
-      // here; test/tools/examples-peaks.test and evaluate.test read it).
+      // The evaluation's batch and its predicted peak (no evaluation here;
+      // test/tools/examples-peaks.test and evaluate.test check both).
       {"Plan.eval_peak_bytes", [](F &) {}, Shows::Nothing},
+      {"Plan.eval_batch", [](F &) {}, Shows::Nothing},
 
       {"Target.device", [](F &f) { f.device = "cuda"; },
        cudaMemoryStatsAvailable() ? Shows::Peak : Shows::Refused,

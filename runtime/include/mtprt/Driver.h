@@ -50,6 +50,8 @@ struct Program {
   /// The plan's prediction for held-out evaluation (-1: none), logged with
   /// each evaluation's measured peak.
   int64_t predictedEvalPeakBytes = -1;
+  /// Held-out evaluation's batch per process (0: the micro batch).
+  int64_t evalBatch = 0;
   /// D15: the global batch per step (default: batchSize at every step);
   /// --batch-size fixes it.
   std::optional<BatchSchedule> dynamicBatch;

@@ -57,6 +57,8 @@ struct Plan {
   /// Held-out evaluation's predicted peak (forward only); 0: the plan has
   /// none (written before it).
   int64_t evalPeakBytes = 0;
+  /// Its batch per process (0: the micro batch).
+  int64_t evalBatch = 0;
   double addedSeconds = 0.0;
 };
 
