@@ -963,6 +963,10 @@ LogicalResult StrategyOp::verify() {
   if (BatchScheduleAttr schedule = getDynamicBatchAttr())
     if (auto model = (*this)->getParentOfType<ModelOp>())
       if (BudgetOp budget = model.getBudget()) {
+        // Checked here, not trusted: the budget may not be verified yet.
+        if (!limits::kMicroBatch.contains(budget.getMicroBatch()) ||
+            !limits::kGpus.contains(budget.getGpus()))
+          return success(); // the budget's own verifier says what is wrong
         const int64_t perStep = budget.getMicroBatch() * budget.getGpus();
         const int64_t largest = schedule.getSchedule().largestBatch(perStep);
         if (budget.getGlobalBatch() != largest)

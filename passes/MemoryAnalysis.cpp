@@ -296,6 +296,17 @@ EvalPeak evaluationPeak(ModelOp model, const CostModel &cost,
       cost.gradientExchange(llvm::to_vector(
                                 model.getStep().getBody().front().getOps<AllReduceOp>()))
           .resident;
+  // The trainer holds the last step's whole batch (every micro-batch's
+  // inputs) through an evaluation between steps.
+  if (BudgetOp budget = model.getBudget()) {
+    const int64_t perStep = budget.getMicroBatch() * budget.getGpus();
+    const int64_t accumulation =
+        perStep > 0 ? std::max<int64_t>(1, budget.getGlobalBatch() / perStep)
+                    : 1;
+    for (Operation *op : forward)
+      if (auto in = dyn_cast<InputOp>(op))
+        now.activations += accumulation * CostModel::bytes(in.getType());
+  }
   EvalPeak peak{now.total(), nullptr, now};
   for (size_t i = 0; i < forward.size(); ++i) {
     now.activations += delta[i];
@@ -320,7 +331,12 @@ void mtp::analyzeEvaluation(ModelOp model, ArrayRef<Operation *> order,
   // The largest batch of whole micro-batches, up to 8, whose evaluation
   // stays within the step's peak and the budget: evaluation then never
   // raises the process's high-water mark, and runs in fewer, larger calls.
-  const int64_t bound = std::min(report.peakBytes, CostModel(model).usableBytes());
+  // The step's peak as planned (the report may be of the step before its
+  // checkpoints are written in: keeping everything).
+  int64_t stepPeak = report.peakBytes;
+  if (StepPlanAttr plan = model.getStep().getPlanAttr())
+    stepPeak = std::min(stepPeak, plan.getPlannedPeakBytes());
+  const int64_t bound = std::min(stepPeak, CostModel(model).usableBytes());
   EvalPeak best = evaluationPeak(model, CostModel(model), forward, 1);
   int64_t batch = micro;
   for (int64_t k = 2; k <= 8; ++k) {

@@ -205,8 +205,8 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
     const mtprt::BatchSchedule s = dynamic.getSchedule();
     const int64_t perStep = budget.getMicroBatch() * budget.getGpus();
     const int64_t most = s.largestBatch(perStep);
-    const int64_t least = std::max<int64_t>(
-        perStep, std::min(s.start, s.floor) / perStep * perStep);
+    const int64_t least =
+        std::max<int64_t>(perStep, s.smallest() / perStep * perStep);
     os << "  dynamic batch (D15): " << s.start << " growing x(1 + "
        << llvm::format("%g", s.rate) << " step), capped at " << s.max
        << ", for " << s.rampSteps << " steps; then x"

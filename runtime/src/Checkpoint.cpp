@@ -134,6 +134,7 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
   ar.write("loss_scale", c10::IValue(core.lossScale()));
   ar.write("good_steps", c10::IValue(core.goodSteps()));
   ar.write("data_position", c10::IValue(extra.dataPosition));
+  ar.write("data_records", c10::IValue(extra.dataRecords));
   ar.write("world", c10::IValue(int64_t(world)));
   {
     const auto &cos = core.lastCosines();
@@ -263,6 +264,12 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
     ar.read("data_position", pos);
     core.restoreCounters(step.toInt(), scale.toDouble(), good.toInt());
     extra.dataPosition = pos.toInt();
+    // Absent in checkpoints written before the dynamic batch: fixed.
+    if (c10::IValue records; ar.try_read("data_records", records)) {
+      if (!records.isInt() || records.toInt() < -1)
+        fail(path, "data_records is not a record count");
+      extra.dataRecords = records.toInt();
+    }
     at::Tensor c;
     ar.read("last_cosines", c);
     auto &cos = core.lastCosines();

@@ -29,6 +29,8 @@ public:
   Synthetic(ModelConfig m, std::vector<HeadConfig> h, uint64_t seed, double r)
       : m_(std::move(m)), h_(std::move(h)), seed_(seed), related_(r) {}
 
+  /// Drawn from `first`'s stream (records have no identity here).
+  Batch records(int64_t first, int64_t b) override { return batch(first, b); }
   Batch batch(int64_t pos, int64_t b) override {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
         seed_ * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(pos));
@@ -235,13 +237,37 @@ public:
   Batch records(int64_t first, int64_t b) override {
     return draws_->records(first, b);
   }
+  /// The same records whatever the evaluation's batch: drawn in fixed
+  /// chunks (record r is row r mod kChunk of chunk r / kChunk).
   Batch range(int64_t first, int64_t count) override {
     if (first < 0 || count < 1 || first + count > n_)
       throw std::invalid_argument("mtprt: " + describe() + ": records [" +
                                   std::to_string(first) + ", " +
                                   std::to_string(first + count) +
                                   ") are out of range");
-    return draws_->batch(first, count);
+    std::vector<Batch> parts;
+    for (int64_t r = first; r < first + count;) {
+      const int64_t chunk = r / kChunk, from = r - chunk * kChunk;
+      const int64_t to = std::min(kChunk, first + count - chunk * kChunk);
+      parts.push_back(draws_->batch(chunk, kChunk).slice(from, to));
+      r = chunk * kChunk + to;
+    }
+    if (parts.size() == 1)
+      return parts.front();
+    Batch out;
+    auto cat = [&](auto field) {
+      std::vector<at::Tensor> ts;
+      for (const Batch &b : parts)
+        ts.push_back(field(b));
+      return ts.front().defined() ? at::cat(ts) : at::Tensor();
+    };
+    out.tokens = cat([](const Batch &b) { return b.tokens; });
+    out.lengths = cat([](const Batch &b) { return b.lengths; });
+    out.types = cat([](const Batch &b) { return b.types; });
+    for (size_t t = 0; t < parts.front().labels.size(); ++t)
+      out.labels.push_back(cat([t](const Batch &b) { return b.labels[t]; }));
+    out.partial = parts.front().partial;
+    return out;
   }
   int64_t size() const override { return n_; }
   std::string describe() const override {
@@ -249,6 +275,7 @@ public:
   }
 
 private:
+  static constexpr int64_t kChunk = 64;
   std::unique_ptr<DataSource> draws_;
   int64_t n_;
 };

@@ -128,7 +128,8 @@ const Flag kFlags[] = {
     {"--keep-best", "TASK.METRIC",
      "with held-out data and --checkpoint-dir: keep the state with the best "
      "TASK.METRIC (mean.METRIC: the mean over the tasks that have it; lower "
-     "is better for loss and mse) as a checkpoint in DIR/best, described by "
+     "is better for loss, mse and perplexity) as a checkpoint in DIR/best, "
+     "described by "
      "DIR/best/best.json"},
     {"--predict", "PATH",
      "no training: the model (from --checkpoint-dir's newest checkpoint, or "
@@ -323,6 +324,9 @@ struct RunSummary {
     if (predicted > 0 && batch != plannedBatch)
       os << " (the plan is for a batch of " << plannedBatch << ", this run "
          << "used " << batch << ")";
+    else if (predicted > 0 && batchMax > 0 && batchMax < plannedBatch)
+      os << " (the plan is for the schedule's largest batch, " << plannedBatch
+         << "; this run's steps reached " << batchMax << ")";
     if (predicted > 0 && processes != plannedProcesses)
       os << " (the plan is for " << plannedProcesses << " process(es), this "
          << "run has " << processes
@@ -1077,6 +1081,19 @@ int train(const std::string &name, const Program &p, const Options &o) {
   mc.seed = p.model.seed + o.seed;
   if (o.cosineEvery)
     tc.cosineEvery = *o.cosineEvery;
+  // D15: a --batch-size fixes a dynamic batch; the plan's micro batch stays.
+  if (p.dynamicBatch && o.batchGiven) {
+    const int64_t micro = std::max<int64_t>(
+        1, p.batchSize / std::max<int64_t>(1, p.plannedProcesses) /
+               std::max<int64_t>(1, p.train.microBatches));
+    if (o.batchSize % (micro * d.worldSize) != 0)
+      throw UsageError("--batch-size " + std::to_string(o.batchSize) +
+                       " is not a whole number of micro-batches of " +
+                       std::to_string(micro) + " on each of " +
+                       std::to_string(d.worldSize) +
+                       " process(es) (the plan's micro batch)");
+    tc.microBatches = o.batchSize / (micro * d.worldSize);
+  }
   // Dropout differs per rank (different rows), reproducibly.
   {
     at::Generator g = at::detail::getDefaultCPUGenerator();
@@ -1179,6 +1196,18 @@ int train(const std::string &name, const Program &p, const Options &o) {
   // and so is a directory where some ranks have one and others none:
   // starting fresh there would silently drop the run.
   int64_t position = 0;
+  // D15: the plan's schedule sets each step's global batch, in whole
+  // micro-batches on every rank (--batch-size fixes it); the data advances
+  // by the records the steps took (saved in each checkpoint).
+  const std::optional<BatchSchedule> schedule =
+      o.batchGiven ? std::nullopt : p.dynamicBatch;
+  const int64_t perStep =
+      std::max<int64_t>(1, o.batchSize / d.worldSize / tc.microBatches) *
+      d.worldSize;
+  int64_t recordOffset = 0;
+  auto extra = [&] {
+    return CheckpointExtra{position, schedule ? recordOffset : -1};
+  };
   std::string lastGood; // the newest checkpoint of this run's state
   if (o.resume) {
     int64_t chosen = -1, chosenWorld = -1;
@@ -1241,8 +1270,22 @@ int train(const std::string &name, const Program &p, const Options &o) {
     const int64_t agreed = all.select(1, 0).min().item<int64_t>();
     if (agreed >= 0) {
       const std::string path = checkpointPath(o.checkpointDir, agreed, d.rank);
-      position =
-          loadCheckpoint(path, d.worldSize, core, &exchange).dataPosition;
+      const CheckpointExtra saved =
+          loadCheckpoint(path, d.worldSize, core, &exchange);
+      position = saved.dataPosition;
+      // The data's position is in records under a dynamic batch, in batches
+      // otherwise: resuming in the other mode would repeat or skip records.
+      if (saved.dataRecords >= 0 && !schedule)
+        throw std::runtime_error(
+            path + " was trained with the plan's dynamic batch schedule; "
+                   "resume without --batch-size, from a plan with the same "
+                   "schedule");
+      if (saved.dataRecords < 0 && schedule && position > 0)
+        throw std::runtime_error(
+            path + " was trained with a fixed batch; resume with "
+                   "--batch-size B (the plan now has a dynamic batch "
+                   "schedule)");
+      recordOffset = std::max<int64_t>(0, saved.dataRecords);
       lastGood = path;
       if (rank0)
         std::fprintf(stderr, "resumed from %s (step %lld)\n", path.c_str(),
@@ -1325,7 +1368,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
                                ec.message() + ")");
     const std::string path =
         saveCheckpoint(dir, d.rank, d.worldSize, core, &exchange,
-                       CheckpointExtra{position}, /*keep=*/1);
+                       extra(), /*keep=*/1);
     if (!rank0)
       return;
     // best.json beside it, replaced whole.
@@ -1381,7 +1424,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
       };
     lastGood =
         saveCheckpoint(o.checkpointDir, d.rank, d.worldSize, core, &exchange,
-                       CheckpointExtra{position}, o.keep, hook);
+                       extra(), o.keep, hook);
     return lastGood;
   };
 
@@ -1393,18 +1436,6 @@ int train(const std::string &name, const Program &p, const Options &o) {
     rssBase = residentSet().first;
   const double cpuStart = cpuSeconds();
   double cpuFirst = -1;
-  // D15: the plan's schedule sets each step's global batch, in whole
-  // micro-batches on every rank (--batch-size fixes it); the data advances
-  // by the records the steps took.
-  const std::optional<BatchSchedule> schedule =
-      o.batchGiven ? std::nullopt : p.dynamicBatch;
-  const int64_t perStep =
-      std::max<int64_t>(1, o.batchSize / d.worldSize / tc.microBatches) *
-      d.worldSize;
-  int64_t recordOffset = 0;
-  if (schedule)
-    for (int64_t k = 0; k < position; ++k)
-      recordOffset += schedule->batch(k, perStep);
   const int64_t first = core.stepsTaken();
   const auto start = std::chrono::steady_clock::now();
   RunSummary summary;
@@ -1446,9 +1477,11 @@ int train(const std::string &name, const Program &p, const Options &o) {
     const auto stepStart = std::chrono::steady_clock::now();
     StepStats s = p.step ? p.step(trainer) : trainer.step(p.schedule);
     if (tuner) {
+      // Steps of other batch sizes compared per record (D15).
       if (tuner->record(std::chrono::duration<double>(
                             std::chrono::steady_clock::now() - stepStart)
-                            .count()))
+                            .count() *
+                        double(o.batchSize) / double(stepBatch)))
         at::set_num_threads(tuner->threads());
       if (tuner->settledAnew() && rank0 && (tty || plain))
         std::fprintf(stderr, "%s--threads auto: %d intra-op thread%s (%s)\n",

@@ -507,7 +507,11 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
   plan.evalBatch = fb->eval_batch() == 0
                        ? 0
                        : c.range("eval_batch", fb->eval_batch(),
-                                 limits::kGlobalBatch);
+                                 {plan.microBatch, 8 * plan.microBatch});
+  if (plan.evalBatch % plan.microBatch != 0)
+    c.field("eval_batch", std::to_string(plan.evalBatch) +
+                              " is not a multiple of the micro batch " +
+                              std::to_string(plan.microBatch));
   plan.addedSeconds = c.real("added_seconds", fb->added_seconds(),
                              {0.0, 1e300});
 

@@ -47,6 +47,12 @@ struct BatchSchedule {
   /// The largest value the schedule reaches: the ramp's top (the decay only
   /// lowers it; a floor above it lifts it).
   int64_t largest() const { return std::max(top(), floor); }
+  /// The smallest value it reaches (in the limit): the ramp's start, or
+  /// the decay's floor (its top where nothing decays).
+  int64_t smallest() const {
+    const int64_t decayed = decay < 1.0 ? floor : std::max(top(), floor);
+    return rampSteps > 0 ? std::min(ramp(0), decayed) : decayed;
+  }
   /// The step's global batch: at(step) rounded down to a multiple of
   /// `perStep` (micro batch × processes), at least `perStep`.
   int64_t batch(int64_t step, int64_t perStep) const {

@@ -39,6 +39,9 @@ class GradExchange;
 /// What a checkpoint restores besides the trainer.
 struct CheckpointExtra {
   int64_t dataPosition = 0;
+  /// Records read so far under a dynamic batch schedule (D15); -1: a fixed
+  /// batch (the position counts batches).
+  int64_t dataRecords = -1;
 };
 
 std::string checkpointPath(const std::string &dir, int64_t step, int rank);

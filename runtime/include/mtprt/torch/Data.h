@@ -30,9 +30,7 @@ public:
   /// The `count` records from record number `first` on, wrapping around a
   /// file (the dynamic batch schedule's steps, whose sizes vary). Synthetic
   /// data draws them from `first`'s stream.
-  virtual Batch records(int64_t first, int64_t count) {
-    return batch(first, count);
-  }
+  virtual Batch records(int64_t first, int64_t count) = 0;
   /// Records available (-1: unbounded).
   virtual int64_t size() const = 0;
   /// Records [first, first + count) once each, in file order (evaluation,
