@@ -873,20 +873,11 @@ def section_dynbatch(args, b, r, out):
     the measured peak against the plan's."""
     steps = 100 if args.quick else 250
     seeds = [0] if args.quick else [0, 1, 2]
-    # The schedule's records over the run (mtprt::BatchSchedule, micro batch
-    # 8): a fixed batch of 64 over as many records is the fair comparison.
-    def at(step):
-        if step < 150:
-            return min(64, int(8 * (1 + 0.05 * step)))
-        top = min(64, int(8 * (1 + 0.05 * 149)))
-        return max(8, int(top * 0.98 ** ((step - 150) // 25)))
-    same = round(sum(at(s) // 8 * 8 for s in range(steps)) / 64)
-    variants = [("fixed batch 8", {}, None, steps),
-                ("fixed batch 64 (8 micro-batches)", {}, 64, steps),
-                ("fixed batch 64, the dynamic run's records (%d steps)" % same, {}, 64, same),
-                ("dynamic 8 → 64 → ×0.98/25 steps", {"dynamic_batch": DYNBATCH}, None, steps)]
+    # The dynamic run first: a fixed batch of 64 over as many records as it
+    # read (its metrics' batch_size) is the fair comparison.
     rows, res = [], {}
-    for name, strat, gb, n in variants:
+
+    def measure(name, strat, gb, n):
         binary = b.build(model_s(args, strat, steps=n, global_batch=gb))
         runs = []
         for seed in seeds:
@@ -904,6 +895,13 @@ def section_dynbatch(args, b, r, out):
                                              statistics.pstdev(x["eval_loss"] for x in runs)),
                      "%d" % mean("records"), "%.1f s" % mean("seconds"),
                      fmt_bytes(mean("peak")), "%+.1f%%" % (100 * (mean("peak") / mean("predicted") - 1))])
+        return runs
+
+    dynamic = measure("dynamic 8 → 64 → ×0.98/25 steps", {"dynamic_batch": DYNBATCH}, None, steps)
+    same = round(dynamic[0]["records"] / 64)
+    measure("fixed batch 8", {}, None, steps)
+    measure("fixed batch 64 (8 micro-batches)", {}, 64, steps)
+    measure("fixed batch 64, the dynamic run's records (%d steps)" % same, {}, 64, same)
     out.append("### Dynamic batch (D15)\n")
     out.append("Model S, %d steps, seeds %s; `dynamic_batch = %s` (micro batch 8). Held-out "
                "loss: the mean task loss on 512 held-out synthetic records after the last step "

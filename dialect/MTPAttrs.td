@@ -208,8 +208,10 @@ def MTP_BatchScheduleAttr : AttrDef<MTP_Dialect, "BatchSchedule"> {
   let hasCustomAssemblyFormat = 1;
   let genVerifyDecl = 1;
   let extraClassDeclaration = [{
-    /// The schedule as the runtime computes it.
+    /// The schedule as the runtime computes it, and back.
     ::mtprt::BatchSchedule getSchedule() const;
+    static BatchScheduleAttr get(::mlir::MLIRContext *context,
+                                 const ::mtprt::BatchSchedule &s);
   }];
 }
 

@@ -311,11 +311,20 @@ BatchScheduleAttr::verify(function_ref<InFlightDiagnostic()> emitError,
       failed(checkReal(emitError, "dynamic batch decay",
                        decay.convertToDouble(), limits::kBatchDecay)))
     return failure();
-  if (max < start || floor > max)
-    return emitError() << "dynamic batch needs start <= max and floor <= max, "
-                          "got start "
-                       << start << ", max " << max << ", floor " << floor;
+  mtprt::BatchSchedule s;
+  s.start = start;
+  s.max = max;
+  s.floor = floor;
+  if (const char *why = s.inconsistency())
+    return emitError() << "dynamic batch: " << why << " (start " << start
+                       << ", max " << max << ", floor " << floor << ")";
   return success();
+}
+
+BatchScheduleAttr BatchScheduleAttr::get(MLIRContext *context,
+                                         const mtprt::BatchSchedule &s) {
+  return get(context, s.start, s.max, APFloat(s.rate), s.rampSteps,
+             APFloat(s.decay), s.every, s.floor);
 }
 
 mtprt::BatchSchedule BatchScheduleAttr::getSchedule() const {

@@ -84,13 +84,8 @@ public:
         ClipPolicyAttr::get(ctx(), s.clip), f64(s.clipMaxNorm),
         CollectivePolicyAttr::get(ctx(), s.collective), f64(s.topk),
         i64(s.quantBlock), i64(s.quantBits), f64(s.residualDecay),
-        s.dynamicBatch
-            ? BatchScheduleAttr::get(
-                  ctx(), s.dynamicBatch->start, s.dynamicBatch->max,
-                  APFloat(s.dynamicBatch->rate), s.dynamicBatch->rampSteps,
-                  APFloat(s.dynamicBatch->decay), s.dynamicBatch->every,
-                  s.dynamicBatch->floor)
-            : BatchScheduleAttr());
+        s.dynamicBatch ? BatchScheduleAttr::get(ctx(), *s.dynamicBatch)
+                       : BatchScheduleAttr());
 
     const auto &tr = spec.train;
     builder.create<TrainOp>(

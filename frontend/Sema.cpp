@@ -1450,12 +1450,9 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
           s.every = integer(*x, "every", limits::kBatchEvery).value_or(s.every);
         if (const ast::Value *x = a.get("floor"))
           s.floor = integer(*x, "floor", limits::kGlobalBatch).value_or(s.floor);
-        if (s.max < s.start)
-          error(v->loc) << "dynamic_batch: 'max' = " << s.max
-                        << " is below 'start' = " << s.start;
-        if (s.floor > s.max)
-          error(v->loc) << "dynamic_batch: 'floor' = " << s.floor
-                        << " is above 'max' = " << s.max;
+        if (const char *why = s.inconsistency())
+          error(v->loc) << "dynamic_batch: " << why << " (start " << s.start
+                        << ", max " << s.max << ", floor " << s.floor << ")";
       } else if (v->kind == ast::Value::Kind::Call) {
         Args a(*this, *v, {});
       }

@@ -76,6 +76,22 @@ int64_t mtp::fuseWorkspaceBeyondResults(
   return std::max<int64_t>(0, workspace - results);
 }
 
+MemoryBreakdown mtp::residentState(ModelOp model, const CostModel &cost,
+                                   int64_t heldMicroBatches) {
+  StepOp step = model.getStep();
+  const ParameterGroups groups = parameterGroups(step);
+  MemoryBreakdown resident;
+  resident.parameters = CostModel::kWeightBytes * groups.total;
+  resident.optimizer = CostModel::kOptimizerBytes * groups.trainable;
+  resident.exchange =
+      cost.gradientExchange(
+              llvm::to_vector(step.getBody().front().getOps<AllReduceOp>()))
+          .resident;
+  for (InputOp in : step.getBody().front().getOps<InputOp>())
+    resident.activations += heldMicroBatches * CostModel::bytes(in.getType());
+  return resident;
+}
+
 std::vector<std::pair<int64_t, int64_t>> mtp::checkpointRegions(StepOp step) {
   std::vector<std::pair<int64_t, int64_t>> regions;
   for (CheckpointOp region : step.getBody().front().getOps<CheckpointOp>()) {
@@ -288,25 +304,10 @@ EvalPeak evaluationPeak(ModelOp model, const CostModel &cost,
     delta[i] += bytes;
     delta[last + 1] -= bytes;
   }
-  const ParameterGroups groups = parameterGroups(model.getStep());
-  MemoryBreakdown now;
-  now.parameters = CostModel::kWeightBytes * groups.total;
-  now.optimizer = CostModel::kOptimizerBytes * groups.trainable;
-  now.exchange =
-      cost.gradientExchange(llvm::to_vector(
-                                model.getStep().getBody().front().getOps<AllReduceOp>()))
-          .resident;
-  // The trainer holds the last step's whole batch (every micro-batch's
-  // inputs) through an evaluation between steps.
-  if (BudgetOp budget = model.getBudget()) {
-    const int64_t perStep = budget.getMicroBatch() * budget.getGpus();
-    const int64_t accumulation =
-        perStep > 0 ? std::max<int64_t>(1, budget.getGlobalBatch() / perStep)
-                    : 1;
-    for (Operation *op : forward)
-      if (auto in = dyn_cast<InputOp>(op))
-        now.activations += accumulation * CostModel::bytes(in.getType());
-  }
+  // The last step's whole batch is held through an evaluation between steps.
+  BudgetOp budget = model.getBudget();
+  MemoryBreakdown now =
+      residentState(model, cost, budget ? budget.getAccumulationSteps() : 1);
   EvalPeak peak{now.total(), nullptr, now};
   for (size_t i = 0; i < forward.size(); ++i) {
     now.activations += delta[i];
@@ -327,7 +328,8 @@ void mtp::analyzeEvaluation(ModelOp model, ArrayRef<Operation *> order,
     if ((isa<FwdOp>(op) && !op->getParentOfType<RecomputeOp>()) ||
         isa<InputOp>(op))
       forward.push_back(op);
-  const int64_t micro = CostModel(model).microBatch();
+  const CostModel cost(model);
+  const int64_t micro = cost.microBatch();
   // The largest batch of whole micro-batches, up to 8, whose evaluation
   // stays within the step's peak and the budget: evaluation then never
   // raises the process's high-water mark, and runs in fewer, larger calls.
@@ -336,8 +338,8 @@ void mtp::analyzeEvaluation(ModelOp model, ArrayRef<Operation *> order,
   int64_t stepPeak = report.peakBytes;
   if (StepPlanAttr plan = model.getStep().getPlanAttr())
     stepPeak = std::min(stepPeak, plan.getPlannedPeakBytes());
-  const int64_t bound = std::min(stepPeak, CostModel(model).usableBytes());
-  EvalPeak best = evaluationPeak(model, CostModel(model), forward, 1);
+  const int64_t bound = std::min(stepPeak, cost.usableBytes());
+  EvalPeak best = evaluationPeak(model, cost, forward, 1);
   int64_t batch = micro;
   for (int64_t k = 2; k <= 8; ++k) {
     EvalPeak at =

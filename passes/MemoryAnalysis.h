@@ -132,6 +132,17 @@ struct ParameterGroups {
 };
 ParameterGroups parameterGroups(StepOp step);
 
+/// What is resident through every step and between steps: the fp32
+/// weights, AdamW's moments, the exchange's error-feedback residual, and the
+/// step's batch beyond one micro-batch — the trainer moves the whole batch
+/// to the device at the step's start and holds it to the next (the step's
+/// inputs are one micro-batch's; with accumulation, or a dynamic batch's
+/// largest, the others' are held too). `heldMicroBatches`: how many
+/// micro-batches of inputs to count beyond the step's own (the step: the
+/// accumulation steps − 1; an evaluation between steps: all of them).
+MemoryBreakdown residentState(ModelOp model, const CostModel &cost,
+                              int64_t heldMicroBatches);
+
 /// The checkpoint regions of a materialized step (mtp.checkpoint ops), in
 /// block numbers, inclusive.
 std::vector<std::pair<int64_t, int64_t>> checkpointRegions(StepOp step);

@@ -166,6 +166,13 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         budget.getMemory(), budget.getUsableBytes(), budget.getGpus(),
         budget.getMicroBatch(), budget.getGlobalBatch());
 
+  auto batchSchedule = [&](BatchScheduleAttr attr) {
+    if (!attr)
+      return flatbuffers::Offset<fb::BatchSchedule>();
+    const mtprt::BatchSchedule s = attr.getSchedule();
+    return fb::CreateBatchSchedule(b, s.start, s.max, s.rate, s.rampSteps,
+                                   s.decay, s.every, s.floor);
+  };
   flatbuffers::Offset<fb::Strategy> strategy;
   if (StrategyOp st = model.getStrategy())
     strategy = fb::CreateStrategy(
@@ -181,16 +188,7 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         toFb<fb::CollectivePolicy>(st.getCollective()),
         st.getTopk().convertToDouble(), st.getQuantBlock(),
         st.getQuantBits(), st.getResidualDecay().convertToDouble(),
-        st.getDynamicBatchAttr()
-            ? fb::CreateBatchSchedule(
-                  b, st.getDynamicBatchAttr().getStart(),
-                  st.getDynamicBatchAttr().getMax(),
-                  st.getDynamicBatchAttr().getRate().convertToDouble(),
-                  st.getDynamicBatchAttr().getRampSteps(),
-                  st.getDynamicBatchAttr().getDecay().convertToDouble(),
-                  st.getDynamicBatchAttr().getEvery(),
-                  st.getDynamicBatchAttr().getFloor())
-            : flatbuffers::Offset<fb::BatchSchedule>());
+        batchSchedule(st.getDynamicBatchAttr()));
   flatbuffers::Offset<fb::Train> train;
   std::string data = "synthetic";
   if (TrainOp tr = model.getTrain(); tr && tr.getDataPath())

@@ -17,24 +17,12 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
   // the mtp.allreduce ops (the runtime exchanges every bucket there).
   const CostModel::ExchangeMemory exchange = cost.gradientExchange(
       llvm::to_vector(step.getBody().front().getOps<AllReduceOp>()));
-  resident.parameters = CostModel::kWeightBytes * groups.total;
-  resident.optimizer = CostModel::kOptimizerBytes * groups.trainable;
-  resident.exchange = exchange.resident;
+  // The other micro-batches' inputs are held through the step.
+  BudgetOp budget = model.getBudget();
+  resident = residentState(model, cost,
+                           budget ? budget.getAccumulationSteps() - 1 : 0);
   allGradients = CostModel::kGradientBytes * groups.trainable;
   twoSweeps = cost.gradientsResidentThroughStep();
-  // The trainer moves the step's whole batch to the device at its start;
-  // the step's inputs are one micro-batch's, the others' are held through
-  // the step (with accumulation, or the dynamic batch's largest).
-  if (BudgetOp budget = model.getBudget()) {
-    const int64_t perStep = budget.getMicroBatch() * budget.getGpus();
-    const int64_t accumulation =
-        perStep > 0 ? std::max<int64_t>(1, budget.getGlobalBatch() / perStep)
-                    : 1;
-    int64_t inputs = 0;
-    for (InputOp in : step.getBody().front().getOps<InputOp>())
-      inputs += CostModel::bytes(in.getType());
-    resident.activations += (accumulation - 1) * inputs;
-  }
 
   // The params scope's per-task gradients, per head (FuseTaskGradients'
   // op says the scope).

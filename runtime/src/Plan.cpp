@@ -481,9 +481,8 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
                         limits::kBatchEvery);
       s.floor = c.range("strategy.dynamic_batch.floor", db->floor(),
                         limits::kGlobalBatch);
-      if (s.max < s.start || s.floor > s.max)
-        c.field("strategy.dynamic_batch",
-                "needs start <= max and floor <= max");
+      if (const char *why = s.inconsistency())
+        c.field("strategy.dynamic_batch", why);
       const int64_t largest =
           s.largestBatch(std::max<int64_t>(1, plan.microBatch * plan.gpus));
       if (largest != plan.globalBatch)

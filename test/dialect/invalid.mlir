@@ -373,7 +373,7 @@ mtp.model @dynamic_batch_budget {
 mtp.model @dynamic_batch_order {
   mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
-  // expected-error @+1 {{dynamic batch needs start <= max and floor <= max, got start 64, max 8, floor 8}}
+  // expected-error @+1 {{dynamic batch: 'max' is below 'start' (start 64, max 8, floor 8)}}
   mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.3 scope features layers 1 dgfg 32 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8 dynamic_batch <start 64, max 8, rate 1.0, ramp 100, decay 0.5 every 10, floor 8>
 }
 

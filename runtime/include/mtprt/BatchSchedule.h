@@ -33,6 +33,16 @@ struct BatchSchedule {
   int64_t every = 500;
   int64_t floor = 32;      ///< the decay's floor
 
+  /// What is inconsistent between the fields (nullptr: nothing); each
+  /// field's own range is in limits below. Sema, the dialect's verifier and
+  /// the plan reader all ask this.
+  const char *inconsistency() const {
+    if (max < start)
+      return "'max' is below 'start'";
+    if (floor > max)
+      return "'floor' is above 'max'";
+    return nullptr;
+  }
   /// The schedule's value at optimizer step `step` (0-based), before
   /// rounding to micro-batches.
   int64_t at(int64_t step) const {
