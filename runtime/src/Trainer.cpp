@@ -5,6 +5,7 @@
 #include "mtprt/Memory.h"
 #include "mtprt/Runtime.h"
 #include "mtprt/torch/Optimizer.h"
+#include "mtprt/torch/Saps.h"
 
 #include "Precision.h"
 #include <torch/csrc/autograd/autograd.h>
@@ -90,6 +91,16 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
         bad("TrainConfig.paramsTopK",
             "the params scope takes per-task gradients of layer " +
                 std::to_string(l) + ", which the model freezes");
+  if (t.saps) {
+    if (t.scope == GradScope::Params)
+      bad("TrainConfig.saps",
+          "sparse updates take the backbone's gradients as autograd makes "
+          "them; the params scope fuses its top layers' after the backward "
+          "(use gradient_scope = features)");
+    if (!(t.saps->fraction > 0 && t.saps->fraction <= 1) || t.saps->every < 1 ||
+        !(t.saps->lambda >= 0) || !std::isfinite(t.saps->lambda))
+      bad("TrainConfig.saps", "fraction in (0, 1], every >= 1, lambda >= 0");
+  }
   if (!(t.gfmKeep > 0 && t.gfmKeep <= 1))
     bad("TrainConfig.gfmKeep", "must be in (0, 1]");
   if (t.clipNorm < 0)
@@ -137,6 +148,12 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
   for (const at::Tensor &p : model_->backboneParameters())
     if (p.requires_grad())
       backbone.push_back(p);
+  // SAPS (D12): the backbone's state is the sparse update's; its group stays
+  // (empty) so group g is still head g - 1's.
+  if (t.saps) {
+    saps_ = std::make_unique<SparseUpdate>(std::move(backbone), *t.saps);
+    backbone.clear();
+  }
   groups.emplace_back(std::move(backbone), options(t.backboneLr.lr));
   for (int64_t h = 0; h < nh; ++h)
     groups.emplace_back(
@@ -307,6 +324,8 @@ void TrainerCore::beginStep(const Batch &fullBatch) {
   }
   offloader_->resetStats();
   st->scale = lossScale_;
+  if (saps_)
+    saps_->beginStep(step_, st->scale);
   st->unitBytes.assign(m.numUnits(), 0);
   st->losses.assign(nt, 0.0);
   st->gradNorms.assign(nt, 0.0);
@@ -766,10 +785,13 @@ void TrainerCore::finalizeGradients() {
     st.accum.assign(nt, {});
   }
   // Unscale what autograd accumulated with the fp16 loss scale.
-  if (st.scale != 1.0)
+  if (st.scale != 1.0) {
     for (const at::Tensor &p : m.parameters())
       if (p.grad().defined())
         p.mutable_grad().div_(st.scale);
+    if (saps_)
+      saps_->unscale(st.scale);
+  }
   if (keepDebug)
     lastAlpha = st.alpha;
 
@@ -823,6 +845,8 @@ void TrainerCore::optimizerStep() {
         finite = false;
         break;
       }
+    if (saps_ && !saps_->finite())
+      finite = false;
     if (!finite) {
       lossScale_ /= 2.0;
       goodSteps_ = 0;
@@ -831,8 +855,12 @@ void TrainerCore::optimizerStep() {
     }
   }
   st.stats.skipped = !finite;
-  if (finite)
+  if (finite) {
     adamwStep(*optimizer_);
+    if (saps_)
+      saps_->step({scheduledLr(train_.backboneLr, step_), train_.beta1,
+                   train_.beta2, train_.eps, train_.weightDecay});
+  }
   ++step_;
 }
 

@@ -10,8 +10,10 @@
 #define MTPRT_CONFIG_H
 
 #include "mtprt/Defaults.h"
+#include "mtprt/Saps.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -170,6 +172,8 @@ struct TrainConfig {
   double beta1 = defaults::kBeta1, beta2 = defaults::kBeta2,
          eps = defaults::kEps; ///< AdamW
   double initialLossScale = 65536.0; ///< fp16 only
+  /// SAPS (D12): sparse updates of the backbone; none = dense.
+  std::optional<SapsConfig> saps;
 };
 
 /// Where the step keeps, recomputes or offloads. Units are numbered along the

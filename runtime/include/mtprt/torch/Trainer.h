@@ -28,6 +28,8 @@ class AdamW;
 
 namespace mtprt {
 
+class SparseUpdate;
+
 /// The learning rate of `c` at optimizer step `step` (0-based).
 double scheduledLr(const LrConfig &c, int64_t step);
 
@@ -109,6 +111,9 @@ public:
   Offloader &offloader() { return *offloader_; }
   Gate &gate() { return *gate_; }
   torch::optim::AdamW &optimizer() { return *optimizer_; }
+  /// SAPS's sparse update of the backbone (nullptr without it): its state
+  /// replaces the backbone's AdamW state and dense gradients.
+  SparseUpdate *sparseUpdate() { return saps_.get(); }
   int64_t stepsTaken() const { return step_; }
 
   /// Called by endStep(applyUpdate = true) once every parameter's .grad is
@@ -159,6 +164,7 @@ private:
   std::unique_ptr<Offloader> offloader_;
   std::unique_ptr<Gate> gate_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<SparseUpdate> saps_;
   std::vector<std::vector<double>> lastCosines_;
   std::unique_ptr<StepState> state_;
   int64_t prefetchAhead_ = 2;
