@@ -215,6 +215,29 @@ def MTP_BatchScheduleAttr : AttrDef<MTP_Dialect, "BatchSchedule"> {
   }];
 }
 
+def MTP_SapsAttr : AttrDef<MTP_Dialect, "Saps"> {
+  let mnemonic = "saps";
+  let summary = "SAPS sparse updates of the backbone (docs/techniques.md D12)";
+  let description = [{
+    `#mtp.saps<fraction 3.0e-02, every 1000, lambda 1.0e+00>`: each trainable
+    backbone tensor updates only its `fraction` of entries of the largest
+    importance |θ·g| + λ·g², re-ranked every `every` steps (mtprt::SapsConfig).
+    The backbone then holds no dense gradient or AdamW state, only the
+    selected entries' (mtprt::SapsConfig::kBytesPerSelected each).
+  }];
+  let parameters = (ins APFloatParameter<"updated share">:$fraction,
+                        "int64_t":$every,
+                        APFloatParameter<"squared-gradient weight">:$lambda);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// The configuration as the runtime reads it, and back.
+    ::mtprt::SapsConfig getConfig() const;
+    static SapsAttr get(::mlir::MLIRContext *context,
+                        const ::mtprt::SapsConfig &c);
+  }];
+}
+
 def MTP_UnitKind : I32EnumAttr<"UnitKind", "a unit of the training step", [
     // docs/contracts.md#granularity; the runtime runs each as one call.
     I32EnumAttrCase<"embed", 0>,          // token + position embeddings, dropout

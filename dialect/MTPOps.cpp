@@ -327,6 +327,57 @@ BatchScheduleAttr BatchScheduleAttr::get(MLIRContext *context,
              APFloat(s.decay), s.every, s.floor);
 }
 
+//===----------------------------------------------------------------------===//
+// SapsAttr
+//===----------------------------------------------------------------------===//
+
+// <fraction 3.0e-02, every 1000, lambda 1.0e+00>
+Attribute SapsAttr::parse(AsmParser &parser, Type) {
+  SMLoc loc = parser.getCurrentLocation();
+  double fraction, lambda;
+  int64_t every;
+  if (parser.parseLess() || parser.parseKeyword("fraction") ||
+      parser.parseFloat(fraction) || parser.parseComma() ||
+      parser.parseKeyword("every") || parser.parseInteger(every) ||
+      parser.parseComma() || parser.parseKeyword("lambda") ||
+      parser.parseFloat(lambda) || parser.parseGreater())
+    return {};
+  return getChecked([&] { return parser.emitError(loc); },
+                    parser.getContext(), APFloat(fraction), every,
+                    APFloat(lambda));
+}
+
+void SapsAttr::print(AsmPrinter &printer) const {
+  printer << "<fraction ";
+  printer.printFloat(getFraction());
+  printer << ", every " << getEvery() << ", lambda ";
+  printer.printFloat(getLambda());
+  printer << '>';
+}
+
+LogicalResult SapsAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                               APFloat fraction, int64_t every,
+                               APFloat lambda) {
+  if (!limits::kSapsEvery.contains(every))
+    return emitError() << "saps every must lie in [" << limits::kSapsEvery.lo
+                       << ", " << limits::kSapsEvery.hi << "], got " << every;
+  return failure(failed(checkReal(emitError, "saps fraction",
+                                  fraction.convertToDouble(),
+                                  limits::kSapsFraction)) ||
+                 failed(checkReal(emitError, "saps lambda",
+                                  lambda.convertToDouble(),
+                                  limits::kSapsLambda)));
+}
+
+SapsAttr SapsAttr::get(MLIRContext *context, const mtprt::SapsConfig &c) {
+  return get(context, APFloat(c.fraction), c.every, APFloat(c.lambda));
+}
+
+mtprt::SapsConfig SapsAttr::getConfig() const {
+  return {getFraction().convertToDouble(), getEvery(),
+          getLambda().convertToDouble()};
+}
+
 mtprt::BatchSchedule BatchScheduleAttr::getSchedule() const {
   mtprt::BatchSchedule s;
   s.start = getStart();
@@ -968,6 +1019,9 @@ LogicalResult StrategyOp::verify() {
         return emitOpError("gradient scope covers ")
                << getScopeLayers() << " layers but the backbone has "
                << backbone.getLayers();
+  if (getSapsAttr() && getGradientScope() == GradientScope::params)
+    return emitOpError("saps folds the backbone's gradients as autograd "
+                       "makes them; the params scope needs them whole");
   // The plan is for the largest batch the schedule reaches.
   if (BatchScheduleAttr schedule = getDynamicBatchAttr())
     if (auto model = (*this)->getParentOfType<ModelOp>())

@@ -326,7 +326,8 @@ def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
                        MTP_PositiveI64Attr:$quant_block,
                        MTP_PositiveI64Attr:$quant_bits,
                        F64Attr:$residual_decay,
-                       OptionalAttr<MTP_BatchScheduleAttr>:$dynamic_batch);
+                       OptionalAttr<MTP_BatchScheduleAttr>:$dynamic_batch,
+                       OptionalAttr<MTP_SapsAttr>:$saps);
   let assemblyFormat = [{
     `checkpoint` $checkpoint `every` $checkpoint_every
         `threshold` $group_threshold
@@ -339,6 +340,7 @@ def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
     `collective` $collective `topk` $topk
         `block` $quant_block `bits` $quant_bits `decay` $residual_decay
     (`dynamic_batch` $dynamic_batch^)?
+    (`saps` $saps^)?
     attr-dict
   }];
   let hasVerifier = 1;

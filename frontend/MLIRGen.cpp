@@ -85,7 +85,8 @@ public:
         CollectivePolicyAttr::get(ctx(), s.collective), f64(s.topk),
         i64(s.quantBlock), i64(s.quantBits), f64(s.residualDecay),
         s.dynamicBatch ? BatchScheduleAttr::get(ctx(), *s.dynamicBatch)
-                       : BatchScheduleAttr());
+                       : BatchScheduleAttr(),
+        s.saps ? SapsAttr::get(ctx(), *s.saps) : SapsAttr());
 
     const auto &tr = spec.train;
     builder.create<TrainOp>(

@@ -85,7 +85,6 @@ constexpr Deferred kDeferredStrategy[] = {
     {"cuda_graphs", "CUDA Graph capture (docs/techniques.md A3)"},
     {"pipeline", "task-aware pipeline parallelism (docs/techniques.md C9)"},
     {"search", "the memory-constrained search (docs/techniques.md C11)"},
-    {"saps", "SAPS sparse parameter updates (docs/techniques.md D12)"},
     {"adapters", "NPD gated adapters (docs/techniques.md D13)"},
     {"ewc", "EWC forgetting protection (docs/techniques.md D14)"},
     {"zero", "ZeRO-3 parameter offload (docs/techniques.md D16)"},
@@ -123,7 +122,7 @@ constexpr StringRef kBudgetKeys[] = {
     "precision",    "hbm_bandwidth", "peak_tflops"};
 constexpr StringRef kStrategyKeys[] = {
     "checkpoint", "offload", "gfm",  "gradient_scope",
-    "dgfg",       "clip",    "lr",   "collective", "dynamic_batch"};
+    "dgfg",       "clip",    "lr",   "collective", "dynamic_batch", "saps"};
 constexpr StringRef kTrainKeys[] = {"steps",      "seed",      "data",
                                     "optimizer",  "log_every", "save_every",
                                     "eval",       "eval_every"};
@@ -1461,6 +1460,33 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
       Args a(*this, *v, {});
     }
   }
+
+  // saps = none | source | top(fraction = 0.03, every = 1000, lambda = 1)
+  if (const ast::Value *v = f.get("saps")) {
+    static const StringRef kinds[] = {"none", "source", "top"};
+    std::optional<StringRef> k = policy(*v, "saps", kinds);
+    if (k && *k != "none") {
+      mtprt::SapsConfig c; // the source's numbers
+      out.sapsLoc = v->loc;
+      if (*k == "top" && v->kind == ast::Value::Kind::Call) {
+        Args a(*this, *v, {"fraction", "every", "lambda"});
+        if (const ast::Value *x = a.get("fraction"))
+          c.fraction = real(*x, "fraction", mtprt::limits::kSapsFraction)
+                           .value_or(c.fraction);
+        if (const ast::Value *x = a.get("every"))
+          c.every = integer(*x, "every", mtprt::limits::kSapsEvery)
+                        .value_or(c.every);
+        if (const ast::Value *x = a.get("lambda"))
+          c.lambda = real(*x, "lambda", mtprt::limits::kSapsLambda)
+                         .value_or(c.lambda);
+      } else if (v->kind == ast::Value::Kind::Call) {
+        Args a(*this, *v, {});
+      }
+      out.saps = c;
+    } else if (k && v->kind == ast::Value::Kind::Call) {
+      Args a(*this, *v, {});
+    }
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -1585,6 +1611,23 @@ void Sema::crossChecks(CheckedSpec &spec) {
          << bb.layers - s.scopeLayers + 1 << ".." << bb.layers;
     note(diag, s.loc,
          "freeze fewer layers, or use gradient_scope = features");
+  }
+  if (s.saps) {
+    if (s.scope == GradientScope::params) {
+      auto diag = error(s.sapsLoc);
+      diag << "saps folds the backbone's gradients as autograd makes them; "
+              "gradient_scope = params fuses its top layers' after the "
+              "backward";
+      note(diag, s.loc, "use gradient_scope = features with saps");
+    }
+    if (spec.budget.gpus > 1)
+      error(s.sapsLoc)
+          << "saps with more than one process (gpus = " << spec.budget.gpus
+          << ") is not yet supported: each process would rank its own "
+             "selection; train on one, or drop saps";
+    if (bb.freeze && bb.freeze->first == 0 && bb.freeze->second == bb.layers)
+      warning(s.sapsLoc, "saps has no effect: freeze keeps the whole backbone "
+                         "frozen, and saps updates only the backbone");
   }
   if (s.dgfgHidden && !spec.tasks.empty()) {
     int64_t tasks = spec.tasks.size();

@@ -13,6 +13,7 @@
 #include "dialect/MTPOps.h"
 #include "frontend/AST.h"
 #include "mtprt/BatchSchedule.h"
+#include "mtprt/Saps.h"
 #include "mtprt/Defaults.h"
 
 #include <optional>
@@ -111,6 +112,9 @@ struct CheckedSpec {
     /// D15: the global batch per step (none: the budget's, fixed).
     std::optional<mtprt::BatchSchedule> dynamicBatch;
     ast::Location dynamicBatchLoc;
+    /// D12: sparse updates of the backbone (none: dense).
+    std::optional<mtprt::SapsConfig> saps;
+    ast::Location sapsLoc;
     ast::Location loc;
   } strategy;
 

@@ -1170,6 +1170,26 @@ int64_t CostModel::usableBytes() const {
   return budget ? budget.getUsableBytes() : INT64_MAX;
 }
 
+std::optional<mtprt::SapsConfig> CostModel::saps() const {
+  if (StrategyOp s = model.getStrategy())
+    if (SapsAttr attr = s.getSapsAttr())
+      return attr.getConfig();
+  return std::nullopt;
+}
+
+int64_t CostModel::sapsFoldTransient(int64_t gradientBytes,
+                                     bool rerank) const {
+  std::optional<mtprt::SapsConfig> c = saps();
+  if (!c || gradientBytes <= 0)
+    return 0;
+  // Beside the gradient, its importance, then topk's values and indices
+  // (12 B per selected entry); the importance is freed before the sort and
+  // the new state, which are smaller.
+  const int64_t k = c->selected(gradientBytes / kGradientBytes);
+  // Between re-rankings: the gradient and its gathered selection.
+  return rerank ? 2 * gradientBytes + 12 * k : gradientBytes + 4 * k;
+}
+
 bool CostModel::gradientsResidentThroughStep() const {
   return budget && budget.getAccumulationSteps() > 1;
 }

@@ -217,6 +217,15 @@ public:
   /// AdamW's two moments.
   static constexpr int64_t kWeightBytes = 4, kGradientBytes = 4,
                            kOptimizerBytes = 8;
+  /// SAPS (D12; none: dense updates).
+  std::optional<mtprt::SapsConfig> saps() const;
+  /// What folding a backbone unit's dense gradient of `gradientBytes` into
+  /// SAPS's compact one holds at once, at a re-ranking step (the plan's
+  /// worst): the gradient, its importance and the top-k's values and
+  /// indices (mtprt::SparseUpdate::rerank frees the importance before the
+  /// smaller rest).
+  /// `rerank` false: a step that only gathers.
+  int64_t sapsFoldTransient(int64_t gradientBytes, bool rerank = true) const;
   /// AdamW's update: about a dozen FLOPs per parameter.
   int64_t optimizerFlops() const;
 

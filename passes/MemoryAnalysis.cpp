@@ -48,10 +48,22 @@ std::string MemoryReport::describe(Operation *op) {
 
 ParameterGroups mtp::parameterGroups(StepOp step) {
   ParameterGroups groups;
+  std::optional<mtprt::SapsConfig> saps;
+  if (auto model = step->getParentOfType<ModelOp>())
+    if (StrategyOp s = model.getStrategy(); s && s.getSapsAttr())
+      saps = s.getSapsAttr().getConfig();
   for (WeightsOp w : step.getBody().front().getOps<WeightsOp>()) {
     groups.total += w.getParams();
-    if (!w.getFrozen())
-      groups.trainable += w.getParams();
+    if (w.getFrozen())
+      continue;
+    groups.trainable += w.getParams();
+    // SAPS manages the backbone's groups (embeddings, layers); the runtime
+    // rounds per tensor, this per group: a byte or two per tensor apart.
+    if (saps && !w.getTask() && w.getGroup() != "head" &&
+        w.getGroup() != "gate") {
+      groups.sparse += w.getParams();
+      groups.selected += saps->selected(w.getParams());
+    }
   }
   return groups;
 }
@@ -82,7 +94,9 @@ MemoryBreakdown mtp::residentState(ModelOp model, const CostModel &cost,
   const ParameterGroups groups = parameterGroups(step);
   MemoryBreakdown resident;
   resident.parameters = CostModel::kWeightBytes * groups.total;
-  resident.optimizer = CostModel::kOptimizerBytes * groups.trainable;
+  resident.optimizer =
+      CostModel::kOptimizerBytes * (groups.trainable - groups.sparse) +
+      mtprt::SapsConfig::kBytesPerSelected * groups.selected;
   resident.exchange =
       cost.gradientExchange(
               llvm::to_vector(step.getBody().front().getOps<AllReduceOp>()))
@@ -187,6 +201,11 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   report.peakBytes = peak.bytes;
   report.peakOp = peak.position >= 0 ? timeline.at(peak.position) : nullptr;
   report.atPeak = peak.at;
+  if (cost.saps())
+    report.steadyPeakBytes =
+        StepTimeline(model, cost, order, /*sapsRerank=*/false)
+            .peak(live, regions)
+            .bytes;
   analyzeEvaluation(model, order, report);
 
   // Saved activations and the tasks that need them.

@@ -49,6 +49,9 @@ struct UnitMemory {
 
 struct MemoryReport {
   int64_t peakBytes = 0;
+  /// Under SAPS, the peak of a step that does not re-rank (peakBytes is a
+  /// re-ranking step's); 0 without SAPS.
+  int64_t steadyPeakBytes = 0;
   /// The op at which the peak occurs, and the breakdown there.
   mlir::Operation *peakOp = nullptr;
   MemoryBreakdown atPeak;
@@ -129,11 +132,15 @@ int64_t fuseWorkspaceBeyondResults(
 struct ParameterGroups {
   int64_t total = 0;     ///< every parameter, frozen ones too
   int64_t trainable = 0; ///< the optimizer's
+  /// Of those, the ones SAPS updates sparsely (the trainable backbone), and
+  /// how many of their entries it selects: their state is compact and
+  /// their dense gradients transient.
+  int64_t sparse = 0, selected = 0;
 };
 ParameterGroups parameterGroups(StepOp step);
 
 /// What is resident through every step and between steps: the fp32
-/// weights, AdamW's moments, the exchange's error-feedback residual, and the
+/// weights, AdamW's moments (SAPS's compact state for what it updates), the exchange's error-feedback residual, and the
 /// step's batch beyond one micro-batch — the trainer moves the whole batch
 /// to the device at the step's start and holds it to the next (the step's
 /// inputs are one micro-batch's; with accumulation, or a dynamic batch's

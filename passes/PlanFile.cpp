@@ -173,6 +173,12 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
     return fb::CreateBatchSchedule(b, s.start, s.max, s.rate, s.rampSteps,
                                    s.decay, s.every, s.floor);
   };
+  auto saps = [&](SapsAttr attr) {
+    if (!attr)
+      return flatbuffers::Offset<fb::Saps>();
+    const mtprt::SapsConfig c = attr.getConfig();
+    return fb::CreateSaps(b, c.fraction, c.every, c.lambda);
+  };
   flatbuffers::Offset<fb::Strategy> strategy;
   if (StrategyOp st = model.getStrategy())
     strategy = fb::CreateStrategy(
@@ -188,7 +194,8 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         toFb<fb::CollectivePolicy>(st.getCollective()),
         st.getTopk().convertToDouble(), st.getQuantBlock(),
         st.getQuantBits(), st.getResidualDecay().convertToDouble(),
-        batchSchedule(st.getDynamicBatchAttr()));
+        batchSchedule(st.getDynamicBatchAttr()),
+        saps(st.getSapsAttr()));
   flatbuffers::Offset<fb::Train> train;
   std::string data = "synthetic";
   if (TrainOp tr = model.getTrain(); tr && tr.getDataPath())
@@ -215,7 +222,12 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
       stepPlan ? stepPlan.getPlannedPeakBytes() : report.peakBytes,
       stepPlan ? stepPlan.getKeepPeakBytes() : report.peakBytes,
       stepPlan ? stepPlan.getUniformPeakBytes() : -1, addedSeconds, strategy,
-      train, report.evalPeakBytes, report.evalBatch);
+      train, report.evalPeakBytes, report.evalBatch,
+      report.steadyPeakBytes
+          ? std::min<int64_t>(report.steadyPeakBytes,
+                              stepPlan ? stepPlan.getPlannedPeakBytes()
+                                       : report.peakBytes)
+          : 0);
   fb::FinishPlanBuffer(b, plan);
   return mtprt::framePlan(b.GetBufferPointer(), b.GetSize());
 }
@@ -286,6 +298,11 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
          << " for " << db->ramp_steps() << " steps, then x"
          << llvm::format("%g", db->decay()) << " every " << db->every()
          << " steps, floor " << db->floor() << "\n";
+    if (const fb::Saps *sp = st->saps())
+      os << "  saps     top " << llvm::format("%g", 100 * sp->fraction())
+         << "% of each backbone tensor by |w*g| + "
+         << llvm::format("%g", sp->lambda()) << " g^2, re-ranked every "
+         << sp->every() << " steps\n";
   }
   if (const fb::Train *tr = plan->train()) {
     os << "  train    " << tr->steps() << " steps, seed " << tr->seed()
@@ -347,6 +364,9 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
     os << ", uniform checkpointing " << formatBytes(plan->uniform_peak_bytes());
   os << "; added "
      << llvm::formatv("{0:f3} ms", plan->added_seconds() * 1e3) << " per step\n";
+  if (plan->steady_peak_bytes() > 0)
+    os << "  steady   " << plan->steady_peak_bytes()
+       << " B predicted at steps that do not re-rank (saps)\n";
   if (plan->eval_peak_bytes() > 0)
     os << "  eval     " << plan->eval_peak_bytes() << " B predicted ("
        << formatBytes(plan->eval_peak_bytes())

@@ -216,6 +216,19 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
        << " micro-batches of " << perStep << "); the plan is for " << most
        << " (gradients accumulate, the step's batch is held on the device)\n";
   }
+  if (SapsAttr saps = strategy ? strategy.getSapsAttr() : SapsAttr()) {
+    const mtprt::SapsConfig c = saps.getConfig();
+    const ParameterGroups g = parameterGroups(model.getStep());
+    os << "  saps (D12): top " << llvm::format("%g", 100 * c.fraction)
+       << "% of each backbone tensor by |w*g| + " << llvm::format("%g", c.lambda)
+       << " g^2, re-ranked every " << c.every << " steps: " << g.selected
+       << " of " << g.sparse << " backbone entries updated; their state "
+       << formatBytes(mtprt::SapsConfig::kBytesPerSelected * g.selected)
+       << " where dense gradients and AdamW would hold "
+       << formatBytes((CostModel::kGradientBytes + CostModel::kOptimizerBytes) *
+                      g.sparse)
+       << "\n";
+  }
   os << "\n";
   os << llvm::formatv("  {0,-22} {1,12} {2,12}  {3,-10} {4}\n", "unit",
                       "saved", "fwd GFLOP", "decision", "tasks needing it");
@@ -455,6 +468,19 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
           {"floor", s.floor},
           {"largest_batch",
            s.largestBatch(budget.getMicroBatch() * budget.getGpus())}};
+    }
+    if (StrategyOp st = model.getStrategy(); st && st.getSapsAttr()) {
+      const mtprt::SapsConfig c = st.getSapsAttr().getConfig();
+      const ParameterGroups g = parameterGroups(model.getStep());
+      out["saps"] = Object{
+          {"fraction", c.fraction},
+          {"every", c.every},
+          {"lambda", c.lambda},
+          {"backbone_params", g.sparse},
+          {"selected", g.selected},
+          {"state_bytes", mtprt::SapsConfig::kBytesPerSelected * g.selected},
+          {"dense_bytes",
+           (CostModel::kGradientBytes + CostModel::kOptimizerBytes) * g.sparse}};
     }
     out["budget"] = Object{{"device", budget.getDevice()},
                            {"memory_bytes", int64_t(budget.getMemory())},

@@ -9,7 +9,7 @@ using namespace mlir;
 using namespace mtp;
 
 StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
-                           ArrayRef<Operation *> ops)
+                           ArrayRef<Operation *> ops, bool sapsRerank)
     : cost(cost), order(ops.begin(), ops.end()) {
   StepOp step = model.getStep();
   const ParameterGroups groups = parameterGroups(step);
@@ -21,7 +21,10 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
   BudgetOp budget = model.getBudget();
   resident = residentState(model, cost,
                            budget ? budget.getAccumulationSteps() - 1 : 0);
-  allGradients = CostModel::kGradientBytes * groups.trainable;
+  // SAPS folds the backbone's dense gradients away as they arrive (its
+  // compact gradient is resident state).
+  allGradients = CostModel::kGradientBytes * (groups.trainable - groups.sparse);
+  const bool sparse = groups.sparse > 0;
   twoSweeps = cost.gradientsResidentThroughStep();
 
   // The params scope's per-task gradients, per head (FuseTaskGradients'
@@ -58,7 +61,11 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
         allGradients += perTask;
       }
       relief[pos] = {int64_t(bwd.getFreed()), int64_t(bwd.getPending())};
-      if (const int64_t bytes = cost.gradientBytes(bwd)) {
+      if (const int64_t bytes = cost.gradientBytes(bwd);
+          bytes && sparse && !bwd.getTaskAttr()) {
+        workspace[pos] += cost.sapsFoldTransient(bytes, sapsRerank);
+        relief[pos].second = 0;
+      } else if (bytes) {
         // The backbone backward leaves the top k layers' gradients to the
         // step's end (the fused per-task ones become them there).
         if (perTask && !bwd.getTaskAttr() && bwd.getUnit() != UnitKind::embed &&
@@ -86,10 +93,13 @@ StepTimeline::Peak StepTimeline::sweep(const Live &live, int64_t fuseWorkspace,
     now.activations += live.activations[p];
     if (!live.activationGrads.empty())
       now.activationGrads += live.activationGrads[p];
-    for (; !later && arrival != gradientArrivals.end() && arrival->first == p;
-         ++arrival)
-      now.gradients += arrival->second;
-    now.workspace = p == fusePosition ? fuseWorkspace : workspace[p];
+    // A later micro-batch's gradients are added into the accumulated ones:
+    // each is a transient beside them until then.
+    int64_t accumulating = 0;
+    for (; arrival != gradientArrivals.end() && arrival->first == p; ++arrival)
+      (later ? accumulating : now.gradients) += arrival->second;
+    now.workspace =
+        (p == fusePosition ? fuseWorkspace : workspace[p]) + accumulating;
     // Inside a many-layer backward unit: its peak, not its start.
     MemoryBreakdown at = now;
     at.activations -= relief[p].first;

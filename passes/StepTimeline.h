@@ -30,8 +30,10 @@ public:
   /// `order`: the step's ops as they run (a checkpoint or recompute region's
   /// ops inline, where they run); a null op is a position with nothing of
   /// its own (the planner's place for a re-run it may plan).
+  /// `sapsRerank`: under SAPS, a step that re-ranks (the plan's worst) or
+  /// one that does not.
   StepTimeline(ModelOp model, const CostModel &cost,
-               llvm::ArrayRef<mlir::Operation *> order);
+               llvm::ArrayRef<mlir::Operation *> order, bool sapsRerank = true);
 
   int size() const { return static_cast<int>(order.size()); }
   mlir::Operation *at(int position) const { return order[position]; }

@@ -1,6 +1,7 @@
 //===- Checkpoint.cpp - training state on disk, crash-safe ----------------===//
 
 #include "mtprt/torch/Checkpoint.h"
+#include "mtprt/torch/Saps.h"
 
 #include "mtprt/Crc32.h"
 
@@ -113,6 +114,13 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
     torch::serialize::OutputArchive opt;
     core.optimizer().save(opt);
     ar.write("optimizer", opt);
+  }
+  if (const SparseUpdate *saps = core.sparseUpdate()) {
+    torch::serialize::OutputArchive sparse;
+    const std::vector<at::Tensor> state = saps->state();
+    for (size_t i = 0; i < state.size(); ++i)
+      sparse.write(std::to_string(i), state[i]);
+    ar.write("saps", sparse);
   }
   {
     torch::serialize::OutputArchive gate;
@@ -228,6 +236,29 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
         fail(path, "parameter " + name + " has shape " + c10::str(v.sizes()) +
                        ", the model " + c10::str(p.sizes()));
       p.copy_(v);
+    }
+    // SAPS's state before the optimizer's: a checkpoint of the other kind
+    // gets this message, not LibTorch's about group sizes.
+    torch::serialize::InputArchive sparse;
+    const bool hasSaps = ar.try_read("saps", sparse);
+    if (SparseUpdate *saps = core.sparseUpdate()) {
+      if (!hasSaps)
+        fail(path, "it was trained with dense updates and the plan updates "
+                   "the backbone sparsely (strategy { saps }): resume it "
+                   "with the plan it was trained with, or start afresh");
+      std::vector<at::Tensor> state(4 * saps->params().size());
+      for (size_t i = 0; i < state.size(); ++i)
+        if (!sparse.try_read(std::to_string(i), state[i]))
+          fail(path, "its saps state lacks tensor " + std::to_string(i));
+      try {
+        saps->loadState(state);
+      } catch (const std::runtime_error &e) {
+        fail(path, e.what());
+      }
+    } else if (hasSaps) {
+      fail(path, "it was trained with sparse updates (strategy { saps }) and "
+                 "the plan updates densely: resume it with the plan it was "
+                 "trained with");
     }
     torch::serialize::InputArchive opt;
     ar.read("optimizer", opt);

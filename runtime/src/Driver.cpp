@@ -593,6 +593,11 @@ void preflight(const Program &p, const Options &o, int world) {
         "the plan's collective quantizes to " + std::to_string(p.compressBits) +
         " bits per value; this runtime's GSC kernels quantize to 8 bits only: "
         "re-plan with compressed(bits = 8), or run with --no-compress");
+  if (p.train.saps && world > 1)
+    throw std::runtime_error(
+        "the plan updates the backbone sparsely (strategy { saps }), which "
+        "this runtime runs on one process only (each rank would rank its own "
+        "selection): run without --nproc, or re-plan without saps");
 }
 
 //===----------------------------------------------------------------------===//
@@ -1505,7 +1510,12 @@ int train(const std::string &name, const Program &p, const Options &o) {
     summary.add(s);
     s.bytesSent = sent.bytesSent;
     s.bytesSentUncompressed = sent.bytesSentUncompressed;
-    s.predictedPeakBytes = p.predictedPeakBytes;
+    // Under SAPS a step that does not re-rank has its own (lower) peak.
+    s.predictedPeakBytes =
+        p.predictedSteadyPeakBytes > 0 && p.train.saps &&
+                !p.train.saps->rerankAt(s.step)
+            ? p.predictedSteadyPeakBytes
+            : p.predictedPeakBytes;
     s.samplesPerS *= d.worldSize; // the global batch went through
     // Read the Ctrl-C flag once: a signal landing after the ranks agreed
     // must wait for the next step's agreement, or one rank would stop while

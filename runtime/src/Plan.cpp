@@ -493,6 +493,18 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
                     " (the plan must be for the largest)");
       plan.dynamicBatch = s;
     }
+    if (const auto *sp = st->saps()) {
+      SapsConfig s;
+      s.fraction = c.real("strategy.saps.fraction", sp->fraction(),
+                          limits::kSapsFraction);
+      s.every = c.range("strategy.saps.every", sp->every(), limits::kSapsEvery);
+      s.lambda =
+          c.real("strategy.saps.lambda", sp->lambda(), limits::kSapsLambda);
+      if (plan.train.scope == GradScope::Params)
+        c.field("strategy.saps", "sparse updates need the features or sum "
+                                 "scope, not params");
+      plan.train.saps = s;
+    }
   }
 
   plan.predictedPeakBytes = c.range("predicted_peak_bytes",
@@ -511,6 +523,11 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     c.field("eval_batch", std::to_string(plan.evalBatch) +
                               " is not a multiple of the micro batch " +
                               std::to_string(plan.microBatch));
+  plan.steadyPeakBytes = c.range("steady_peak_bytes", fb->steady_peak_bytes(),
+                                 {0, plan.predictedPeakBytes});
+  if (plan.steadyPeakBytes && !plan.train.saps)
+    c.field("steady_peak_bytes", "is for steps that do not re-rank, but the "
+                                 "plan has no strategy.saps");
   plan.addedSeconds = c.real("added_seconds", fb->added_seconds(),
                              {0.0, 1e300});
 
@@ -553,6 +570,7 @@ Program programFromPlan(const Plan &plan) {
   p.heads = plan.heads;
   p.schedule = plan.schedule;
   p.predictedPeakBytes = plan.predictedPeakBytes;
+  p.predictedSteadyPeakBytes = plan.steadyPeakBytes;
   p.predictedEvalPeakBytes = plan.evalPeakBytes > 0 ? plan.evalPeakBytes : -1;
   p.evalBatch = plan.evalBatch;
   p.dynamicBatch = plan.dynamicBatch;

@@ -385,3 +385,23 @@ mtp.model @dynamic_batch_decay {
   // expected-error @+1 {{dynamic batch decay must lie in (0, 1], got 1.5}}
   mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.3 scope features layers 1 dgfg 32 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8 dynamic_batch <start 8, max 64, rate 1.0, ramp 100, decay 1.5 every 10, floor 8>
 }
+
+// -----
+
+mtp.model @saps_fraction {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{saps fraction must lie in (0, 1], got 1.5}}
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.3 scope features layers 1 dgfg 32 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8 saps <fraction 1.5, every 1000, lambda 1.0>
+}
+
+// -----
+
+// SAPS folds the backbone's gradients as they come; the params scope fuses
+// its top layers' after the backward.
+mtp.model @saps_scope {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{'mtp.strategy' op saps folds the backbone's gradients as autograd makes them; the params scope needs them whole}}
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.3 scope params layers 1 dgfg 32 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8 saps <fraction 0.03, every 1000, lambda 1.0>
+}

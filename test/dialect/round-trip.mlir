@@ -54,6 +54,15 @@ mtp.model @dynamic {
   mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.3 scope features layers 1 dgfg 32 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8 dynamic_batch <start 32, max 512, rate 0.01, ramp 2000, decay 0.98 every 500, floor 32>
 }
 
+// SAPS's sparse updates (docs/techniques.md D12).
+// CHECK-LABEL: mtp.model @saps
+mtp.model @saps {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 1000, seq = 32, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 2 loss cross_entropy weight 1.0
+  // CHECK: decay 8.000000e-01 saps <fraction 3.000000e-02, every 1000, lambda 1.000000e+00>
+  mtp.strategy checkpoint auto every 1 threshold 0.5 offload auto max_latency 1.2e-3 gfm 0.3 scope features layers 1 dgfg 32 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8 saps <fraction 0.03, every 1000, lambda 1.0>
+}
+
 // The schedule attribute in generic form.
 // CHECK-LABEL: mtp.model @generic
 mtp.model @generic {

@@ -47,6 +47,8 @@ struct Program {
   std::string evalData;            ///< default for --eval-data
   int64_t evalEvery = 0;           ///< default for --eval-every
   int64_t predictedPeakBytes = -1; ///< the plan's prediction, logged
+  /// SAPS: the prediction for steps that do not re-rank (0: the above).
+  int64_t predictedSteadyPeakBytes = 0;
   /// The plan's prediction for held-out evaluation (-1: none), logged with
   /// each evaluation's measured peak.
   int64_t predictedEvalPeakBytes = -1;

@@ -54,6 +54,9 @@ struct Plan {
   int64_t predictedPeakBytes = 0, keepPeakBytes = 0, uniformPeakBytes = -1;
   /// D15: the global batch per step (none: globalBatch, fixed).
   std::optional<BatchSchedule> dynamicBatch;
+  /// SAPS: the peak of a step that does not re-rank (0: predictedPeakBytes
+  /// at every step).
+  int64_t steadyPeakBytes = 0;
   /// Held-out evaluation's predicted peak (forward only); 0: the plan has
   /// none (written before it).
   int64_t evalPeakBytes = 0;
