@@ -502,6 +502,10 @@ struct PlanFields {
   BatchSchedule schedule{/*start=*/8, /*max=*/24, /*rate=*/1.0,
                          /*rampSteps=*/3, /*decay=*/0.5, /*every=*/1,
                          /*floor=*/8};
+  /// Strategy.saps, written when `sparse`; Plan.steady_peak_bytes with it.
+  bool sparse = false;
+  SapsConfig saps{/*fraction=*/0.2, /*every=*/1000, /*lambda=*/1.0};
+  int64_t steady = 0;
   // Train
   int64_t steps = 3;
   uint64_t seed = 0;
@@ -583,7 +587,9 @@ std::string build(const PlanFields &f) {
                       b, f.schedule.start, f.schedule.max, f.schedule.rate,
                       f.schedule.rampSteps, f.schedule.decay, f.schedule.every,
                       f.schedule.floor)
-                : flatbuffers::Offset<fb::BatchSchedule>());
+                : flatbuffers::Offset<fb::BatchSchedule>(),
+      f.sparse ? fb::CreateSaps(b, f.saps.fraction, f.saps.every, f.saps.lambda)
+               : flatbuffers::Offset<fb::Saps>());
   auto train =
       fb::CreateTrain(b, f.steps, f.seed, b.CreateString(f.data),
                       lr(f.lrKind, f.lrPeak, f.lrWarmup), f.weightDecay,
@@ -597,7 +603,8 @@ std::string build(const PlanFields &f) {
       b.CreateString(f.source), target, backbone, b.CreateVector(tasks),
       b.CreateVector(units), b.CreateVectorOfStructs(regions),
       b.CreateVector(offloads), b.CreateVector(buckets), f.predicted,
-      f.keepPeak, f.uniformPeak, f.addedSeconds, strategy, train);
+      f.keepPeak, f.uniformPeak, f.addedSeconds, strategy, train,
+      /*eval_peak_bytes=*/0, /*eval_batch=*/0, f.steady);
   fb::FinishPlanBuffer(b, plan);
   // Framed with its checksum, as mtpc writes a plan file.
   return framePlan(b.GetBufferPointer(), b.GetSize());
@@ -783,6 +790,7 @@ std::vector<Change> allChanges(const std::string &jsonl) {
     f.global = 24;
     f.steps = 5;
   };
+  const std::function<void(F &)> sparse = [](F &f) { f.sparse = true; };
   const std::function<void(F &)> bert = [](F &f) {
     f.kind = "bert";
     f.typeVocab = 2;
@@ -821,6 +829,10 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       // test/tools/examples-peaks.test and evaluate.test check both).
       {"Plan.eval_peak_bytes", [](F &) {}, Shows::Nothing},
       {"Plan.eval_batch", [](F &) {}, Shows::Nothing},
+      // Under SAPS, the prediction of the steps that do not re-rank (the
+      // last one here).
+      {"Plan.steady_peak_bytes", [](F &f) { f.steady = 100000; },
+       Shows::Predicted, "", sparse},
 
       {"Target.device", [](F &f) { f.device = "cuda"; },
        cudaMemoryStatsAvailable() ? Shows::Peak : Shows::Refused,
@@ -983,6 +995,15 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       {"BatchSchedule.floor", [](F &f) { f.schedule.floor = 16; },
        Shows::Losses, "", dynamicBatch},
 
+      // SAPS (D12): sparse updates of the backbone; each field changes the
+      // selection or the update, so the losses.
+      {"Strategy.saps", [](F &f) { f.sparse = true; }, Shows::Losses},
+      {"Saps.fraction", [](F &f) { f.saps.fraction = 0.5; }, Shows::Losses, "",
+       sparse},
+      {"Saps.every", [](F &f) { f.saps.every = 1; }, Shows::Losses, "", sparse},
+      {"Saps.lambda", [](F &f) { f.saps.lambda = 1e6; }, Shows::Losses, "",
+       sparse},
+
       {"Train.steps", [](F &f) { f.steps = 4; }, Shows::Records},
       {"Train.seed", [](F &f) { f.seed = 3; }, Shows::Losses},
       {"Train.data", [jsonl](F &f) { f.data = jsonl; }, Shows::Losses},
@@ -1138,6 +1159,7 @@ TEST(PlanFields, TaskAndLrSchedule) {
 TEST(PlanFields, Strategy) {
   checkTable("Strategy");
   checkTable("BatchSchedule");
+  checkTable("Saps");
 }
 TEST(PlanFields, Train) { checkTable("Train"); }
 TEST(PlanFields, UnitRegionOffloadBucket) {
