@@ -375,15 +375,22 @@ UnitCost CostModel::unfrozenUnit(UnitKind kind, TaskOp task) const {
     // lives until it is merged into [B, S, H].
     cost.fwdWorkspace = e * (bass + bsh);
     cost.bwdWorkspace = e * (2 * bass + 3 * bsh);
-    if (!dropout) {
+    {
       // Without autograd nothing holds the QKV projection (the unit's input)
       // once it is split into per-head q, k, v copies: beyond the input and
       // the output, the copies beside the input; then q·scale beside the
       // scores (the first matmul); then two [B, a, S, S] at once (the scores
       // and their masked copy, or the softmax's probabilities beside them),
-      // the input gone. A causal mask is made per layer.
-      cost.noGradWorkspace = e * std::max({3 * bsh, bsh + bass, 2 * bass}) +
-                             (backbone.isCausal() ? s * s : 0);
+      // the input gone. With dropout (a frozen layer runs in train mode)
+      // the masked scores are held to the core's end: they, the
+      // probabilities, their dropped copy and its mask at once, beside v.
+      // A causal mask is made per layer.
+      const int64_t dropped =
+          dropout ? e * (3 * bass + bsh) + bytes(tensor({b, a, s, s}, mask))
+                  : 0;
+      cost.noGradWorkspace =
+          std::max({e * 3 * bsh, e * (bsh + bass), e * 2 * bass, dropped}) +
+          (backbone.isCausal() ? s * s : 0);
     }
     return cost;
   case UnitKind::attn_out:

@@ -148,6 +148,7 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
   for (const at::Tensor &p : model_->backboneParameters())
     if (p.requires_grad())
       backbone.push_back(p);
+  backboneTrains_ = !backbone.empty();
   // SAPS (D12): the backbone's state is the sparse update's; its group stays
   // (empty) so group g is still head g - 1's.
   if (t.saps) {
@@ -356,7 +357,7 @@ void TrainerCore::beginMicroBatch(int64_t mb) {
     throw std::logic_error("mtprt: beginMicroBatch(" + std::to_string(mb) +
                            "): micro-batches run in order 0.." +
                            std::to_string(train_.microBatches - 1));
-  if (mb > 0 && !st.backboneDone)
+  if (mb > 0 && !st.backboneDone && backboneTrains_)
     throw std::logic_error("mtprt: beginMicroBatch: the previous micro-batch "
                            "has no backbone backward");
   const int64_t nt = model_->numHeads(), micro = train_.microBatches;
@@ -756,7 +757,8 @@ void TrainerCore::backwardBackbone() {
 void TrainerCore::finalizeGradients() {
   StepState &st = state(
       "the step's end (exchangeGradients, optimizerStep, endStep)", false);
-  if (st.mb != train_.microBatches - 1 || !st.backboneDone)
+  if (st.mb != train_.microBatches - 1 ||
+      (!st.backboneDone && backboneTrains_))
     throw std::logic_error("mtprt: the step's end: every micro-batch needs its "
                            "forward and backward first");
   if (st.finalized)

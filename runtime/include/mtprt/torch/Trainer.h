@@ -165,6 +165,9 @@ private:
   std::unique_ptr<Gate> gate_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<SparseUpdate> saps_;
+  /// Some backbone parameter trains: a backbone frozen whole has no
+  /// backward for a step program to call.
+  bool backboneTrains_ = true;
   std::vector<std::vector<double>> lastCosines_;
   std::unique_ptr<StepState> state_;
   int64_t prefetchAhead_ = 2;
