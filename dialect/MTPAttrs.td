@@ -238,6 +238,38 @@ def MTP_SapsAttr : AttrDef<MTP_Dialect, "Saps"> {
   }];
 }
 
+def MTP_EwcAttr : AttrDef<MTP_Dialect, "Ewc"> {
+  let mnemonic = "ewc";
+  let summary = "EWC across training phases (docs/techniques.md D14)";
+  let description = [{
+    `#mtp.ewc<lambda 1.0e+04, batches 8>`: at the end of every phase but the
+    last, the Fisher diagonal of the trainable backbone is estimated on
+    `batches` batches of the phase's tasks; later steps add
+    λ·Σ F·(θ − θ*)² to the loss (mtprt::EwcConfig).
+  }];
+  let parameters = (ins APFloatParameter<"penalty weight">:$lambda,
+                        "int64_t":$batches);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    ::mtprt::EwcConfig getConfig() const;
+    static EwcAttr get(::mlir::MLIRContext *context,
+                       const ::mtprt::EwcConfig &c);
+  }];
+}
+
+def MTP_PhaseAttr : AttrDef<MTP_Dialect, "Phase"> {
+  let mnemonic = "phase";
+  let summary = "a stretch of training on some tasks (train { phases })";
+  let description = [{
+    `#mtp.phase<200 steps on @a, @b>`: the next 200 steps train tasks a and
+    b only (the others' labels are left out of their batches).
+  }];
+  let parameters = (ins "int64_t":$steps,
+                        ArrayRefParameter<"::mlir::FlatSymbolRefAttr">:$tasks);
+  let assemblyFormat = "`<` $steps `steps` `on` $tasks `>`";
+}
+
 def MTP_UnitKind : I32EnumAttr<"UnitKind", "a unit of the training step", [
     // docs/contracts.md#granularity; the runtime runs each as one call.
     I32EnumAttrCase<"embed", 0>,          // token + position embeddings, dropout

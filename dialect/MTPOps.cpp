@@ -378,6 +378,48 @@ mtprt::SapsConfig SapsAttr::getConfig() const {
           getLambda().convertToDouble()};
 }
 
+//===----------------------------------------------------------------------===//
+// EwcAttr
+//===----------------------------------------------------------------------===//
+
+// <lambda 1.0e+04, batches 8>
+Attribute EwcAttr::parse(AsmParser &parser, Type) {
+  SMLoc loc = parser.getCurrentLocation();
+  double lambda;
+  int64_t batches;
+  if (parser.parseLess() || parser.parseKeyword("lambda") ||
+      parser.parseFloat(lambda) || parser.parseComma() ||
+      parser.parseKeyword("batches") || parser.parseInteger(batches) ||
+      parser.parseGreater())
+    return {};
+  return getChecked([&] { return parser.emitError(loc); },
+                    parser.getContext(), APFloat(lambda), batches);
+}
+
+void EwcAttr::print(AsmPrinter &printer) const {
+  printer << "<lambda ";
+  printer.printFloat(getLambda());
+  printer << ", batches " << getBatches() << '>';
+}
+
+LogicalResult EwcAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                              APFloat lambda, int64_t batches) {
+  if (!limits::kEwcBatches.contains(batches))
+    return emitError() << "ewc batches must lie in [" << limits::kEwcBatches.lo
+                       << ", " << limits::kEwcBatches.hi << "], got "
+                       << batches;
+  return checkReal(emitError, "ewc lambda", lambda.convertToDouble(),
+                   limits::kEwcLambda);
+}
+
+EwcAttr EwcAttr::get(MLIRContext *context, const mtprt::EwcConfig &c) {
+  return get(context, APFloat(c.lambda), c.fisherBatches);
+}
+
+mtprt::EwcConfig EwcAttr::getConfig() const {
+  return {getLambda().convertToDouble(), getBatches()};
+}
+
 mtprt::BatchSchedule BatchScheduleAttr::getSchedule() const {
   mtprt::BatchSchedule s;
   s.start = getStart();
@@ -1063,6 +1105,31 @@ LogicalResult TrainOp::verify() {
         {"eps", getEps().convertToDouble(), limits::kEps}})
     if (failed(checkReal(*this, name, value, range)))
       return failure();
+  if (ArrayAttr phases = getPhasesAttr()) {
+    int64_t total = 0;
+    auto model = (*this)->getParentOfType<ModelOp>();
+    for (PhaseAttr phase : phases.getAsRange<PhaseAttr>()) {
+      if (phase.getSteps() < 1 || phase.getTasks().empty())
+        return emitOpError("a phase trains at least one task for at least "
+                           "one step");
+      total += phase.getSteps();
+      for (FlatSymbolRefAttr task : phase.getTasks())
+        if (model && !llvm::any_of(model.getTasks(), [&](TaskOp t) {
+              return t.getSymName() == task.getValue();
+            }))
+          return emitOpError("phase names task ")
+                 << task << ", which the model does not have";
+    }
+    if (total != getSteps())
+      return emitOpError("phases take ")
+             << total << " steps but the training has " << getSteps();
+  }
+  if (auto model = (*this)->getParentOfType<ModelOp>())
+    if (StrategyOp s = model.getStrategy(); s && s.getEwcAttr()) {
+      ArrayAttr phases = getPhasesAttr();
+      if (!phases || phases.size() < 2)
+        return emitOpError("ewc needs two phases or more");
+    }
   return success();
 }
 

@@ -51,6 +51,7 @@ inline llvm::hash_code hash_value(const PlanOffload &o) {
 } // namespace mtp
 
 #include "mtprt/BatchSchedule.h" // BatchScheduleAttr::getSchedule
+#include "mtprt/Ewc.h"           // EwcAttr::getConfig
 #include "mtprt/Saps.h"          // SapsAttr::getConfig
 
 #define GET_ATTRDEF_CLASSES

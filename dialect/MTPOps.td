@@ -327,7 +327,8 @@ def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
                        MTP_PositiveI64Attr:$quant_bits,
                        F64Attr:$residual_decay,
                        OptionalAttr<MTP_BatchScheduleAttr>:$dynamic_batch,
-                       OptionalAttr<MTP_SapsAttr>:$saps);
+                       OptionalAttr<MTP_SapsAttr>:$saps,
+                       OptionalAttr<MTP_EwcAttr>:$ewc);
   let assemblyFormat = [{
     `checkpoint` $checkpoint `every` $checkpoint_every
         `threshold` $group_threshold
@@ -341,6 +342,7 @@ def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
         `block` $quant_block `bits` $quant_bits `decay` $residual_decay
     (`dynamic_batch` $dynamic_batch^)?
     (`saps` $saps^)?
+    (`ewc` $ewc^)?
     attr-dict
   }];
   let hasVerifier = 1;
@@ -377,14 +379,17 @@ def MTP_TrainOp : MTP_Op<"train", [HasParent<"ModelOp">]> {
                        MTP_PositiveI64Attr:$log_every,
                        MTP_NonNegativeI64Attr:$save_every,
                        OptionalAttr<StrAttr>:$eval_path,
-                       OptionalAttr<I64Attr>:$eval_every);
+                       OptionalAttr<I64Attr>:$eval_every,
+                       OptionalAttr<TypedArrayAttrBase<MTP_PhaseAttr,
+                                                       "training phases">>:$phases);
   let assemblyFormat = [{
     `steps` $steps `seed` $seed `data` custom<DataSource>($data_path)
     `lr` custom<Schedule>($lr)
     `adamw` `(` `weight_decay` `=` $weight_decay `,` `beta1` `=` $beta1 `,`
               `beta2` `=` $beta2 `,` `eps` `=` $eps `)`
     `log_every` $log_every `save_every` $save_every
-    (`eval` $eval_path^)? (`eval_every` $eval_every^)? attr-dict
+    (`eval` $eval_path^)? (`eval_every` $eval_every^)?
+    (`phases` $phases^)? attr-dict
   }];
   let hasVerifier = 1;
 }

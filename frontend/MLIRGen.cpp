@@ -86,16 +86,30 @@ public:
         i64(s.quantBlock), i64(s.quantBits), f64(s.residualDecay),
         s.dynamicBatch ? BatchScheduleAttr::get(ctx(), *s.dynamicBatch)
                        : BatchScheduleAttr(),
-        s.saps ? SapsAttr::get(ctx(), *s.saps) : SapsAttr());
+        s.saps ? SapsAttr::get(ctx(), *s.saps) : SapsAttr(),
+        s.ewc ? EwcAttr::get(ctx(), *s.ewc) : EwcAttr());
 
     const auto &tr = spec.train;
+    auto phases = [&](ArrayRef<CheckedSpec::Phase> list) {
+      if (list.empty())
+        return ArrayAttr();
+      SmallVector<Attribute> out;
+      for (const CheckedSpec::Phase &p : list) {
+        SmallVector<FlatSymbolRefAttr> tasks;
+        for (const std::string &t : p.tasks)
+          tasks.push_back(FlatSymbolRefAttr::get(ctx(), t));
+        out.push_back(PhaseAttr::get(ctx(), p.steps, tasks));
+      }
+      return builder.getArrayAttr(out);
+    };
     builder.create<TrainOp>(
         loc(tr.loc.line ? tr.loc : spec.loc), i64(tr.steps), i64(tr.seed),
         tr.dataPath ? builder.getStringAttr(*tr.dataPath) : StringAttr(),
         schedule(tr.lr), f64(tr.weightDecay), f64(tr.beta1), f64(tr.beta2),
         f64(tr.eps), i64(tr.logEvery), i64(tr.saveEvery),
         tr.evalPath ? builder.getStringAttr(*tr.evalPath) : StringAttr(),
-        tr.evalPath && tr.evalEvery ? i64(tr.evalEvery) : IntegerAttr());
+        tr.evalPath && tr.evalEvery ? i64(tr.evalEvery) : IntegerAttr(),
+        phases(tr.phases));
 
     if (failed(verify(*module)))
       return nullptr;

@@ -86,7 +86,6 @@ constexpr Deferred kDeferredStrategy[] = {
     {"pipeline", "task-aware pipeline parallelism (docs/techniques.md C9)"},
     {"search", "the memory-constrained search (docs/techniques.md C11)"},
     {"adapters", "NPD gated adapters (docs/techniques.md D13)"},
-    {"ewc", "EWC forgetting protection (docs/techniques.md D14)"},
     {"zero", "ZeRO-3 parameter offload (docs/techniques.md D16)"},
 };
 constexpr Deferred kDeferredBudget[] = {
@@ -122,10 +121,10 @@ constexpr StringRef kBudgetKeys[] = {
     "precision",    "hbm_bandwidth", "peak_tflops"};
 constexpr StringRef kStrategyKeys[] = {
     "checkpoint", "offload", "gfm",  "gradient_scope",
-    "dgfg",       "clip",    "lr",   "collective", "dynamic_batch", "saps"};
+    "dgfg",       "clip",    "lr",   "collective", "dynamic_batch", "saps", "ewc"};
 constexpr StringRef kTrainKeys[] = {"steps",      "seed",      "data",
                                     "optimizer",  "log_every", "save_every",
-                                    "eval",       "eval_every"};
+                                    "eval",       "eval_every", "phases"};
 constexpr StringRef kSections[] = {"budget", "strategy", "train"};
 
 class Fields;
@@ -1487,6 +1486,30 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
       Args a(*this, *v, {});
     }
   }
+
+  // ewc = none | source | on(lambda = 1e4, batches = 8)
+  if (const ast::Value *v = f.get("ewc")) {
+    static const StringRef kinds[] = {"none", "source", "on"};
+    std::optional<StringRef> k = policy(*v, "ewc", kinds);
+    if (k && *k != "none") {
+      mtprt::EwcConfig c; // the source's λ
+      out.ewcLoc = v->loc;
+      if (*k == "on" && v->kind == ast::Value::Kind::Call) {
+        Args a(*this, *v, {"lambda", "batches"});
+        if (const ast::Value *x = a.get("lambda"))
+          c.lambda = real(*x, "lambda", mtprt::limits::kEwcLambda)
+                         .value_or(c.lambda);
+        if (const ast::Value *x = a.get("batches"))
+          c.fisherBatches = integer(*x, "batches", mtprt::limits::kEwcBatches)
+                                .value_or(c.fisherBatches);
+      } else if (v->kind == ast::Value::Kind::Call) {
+        Args a(*this, *v, {});
+      }
+      out.ewc = c;
+    } else if (k && v->kind == ast::Value::Kind::Call) {
+      Args a(*this, *v, {});
+    }
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -1503,6 +1526,85 @@ void Sema::checkTrain(const ast::Section *section, CheckedSpec &spec) {
     out.steps = integer(*v, "steps", limits::kSteps).value_or(out.steps);
   if (const ast::Value *v = f.get("seed"))
     out.seed = integer(*v, "seed", 0, INT64_MAX).value_or(0);
+  // phases = sequence(phase(a, b, steps = 200), phase(c, steps = 200)):
+  // the tasks trained in each stretch of steps, in order.
+  if (const ast::Value *v = f.get("phases")) {
+    out.phasesLoc = v->loc;
+    if (v->kind != ast::Value::Kind::Call || v->name != "sequence" ||
+        v->args.empty()) {
+      error(v->loc) << "'phases' expects sequence(phase(TASK, ..., steps = N), "
+                       "...), e.g. phases = sequence(phase(a, steps = 200), "
+                       "phase(b, steps = 200))";
+    } else {
+      int64_t total = 0;
+      for (const ast::Arg &arg : v->args) {
+        const ast::Value &p = arg.value;
+        if (!arg.key.empty() || p.kind != ast::Value::Kind::Call ||
+            p.name != "phase") {
+          error(arg.loc) << "each phase is phase(TASK, ..., steps = N)";
+          continue;
+        }
+        CheckedSpec::Phase phase;
+        phase.loc = p.loc;
+        for (const ast::Arg &pa : p.args) {
+          if (pa.key == "steps") {
+            phase.steps =
+                integer(pa.value, "steps", limits::kSteps).value_or(0);
+            continue;
+          }
+          if (!pa.key.empty()) {
+            error(pa.loc) << "'phase' has no parameter '" << pa.key
+                          << "'; name its tasks and give steps = N";
+            continue;
+          }
+          if (pa.value.kind != ast::Value::Kind::Ident) {
+            error(pa.loc) << "a phase names its tasks, e.g. phase(a, b, "
+                             "steps = 200)";
+            continue;
+          }
+          const std::string &name = pa.value.name;
+          auto known = llvm::find_if(spec.tasks, [&](const auto &t) {
+            return t.name == name;
+          });
+          if (known == spec.tasks.end()) {
+            auto diag = error(pa.loc);
+            diag << "no task '" << name << "' in this model";
+            std::vector<StringRef> names;
+            for (const auto &t : spec.tasks)
+              names.push_back(t.name);
+            if (std::optional<StringRef> guess = closest(name, names))
+              diag << "; did you mean '" << *guess << "'?";
+            continue;
+          }
+          if (llvm::is_contained(phase.tasks, name)) {
+            error(pa.loc) << "task '" << name << "' is named twice in this "
+                                                 "phase";
+            continue;
+          }
+          phase.tasks.push_back(name);
+        }
+        if (phase.tasks.empty())
+          error(p.loc) << "a phase trains at least one task";
+        if (!phase.steps)
+          error(p.loc) << "a phase needs its steps = N";
+        total += phase.steps;
+        out.phases.push_back(std::move(phase));
+      }
+      if (const ast::Value *s = f.get("steps"); s && total != out.steps) {
+        auto diag = error(s->loc);
+        diag << "'steps' = " << out.steps << " but the phases take " << total;
+        note(diag, v->loc, "give steps = " + std::to_string(total) +
+                               ", or leave it out");
+      }
+      out.steps = total;
+      for (const auto &t : spec.tasks)
+        if (llvm::none_of(out.phases, [&](const CheckedSpec::Phase &p) {
+              return llvm::is_contained(p.tasks, t.name);
+            }))
+          warning(v->loc, "task '" + t.name + "' is in no phase: it is "
+                                              "never trained");
+    }
+  }
   if (const ast::Value *v = f.get("data")) {
     if (v->kind == ast::Value::Kind::String) {
       if (v->name.empty())
@@ -1611,6 +1713,24 @@ void Sema::crossChecks(CheckedSpec &spec) {
          << bb.layers - s.scopeLayers + 1 << ".." << bb.layers;
     note(diag, s.loc,
          "freeze fewer layers, or use gradient_scope = features");
+  }
+  if (s.ewc) {
+    if (spec.train.phases.size() < 2) {
+      auto diag = error(s.ewcLoc);
+      diag << "ewc protects what earlier phases learned: it needs train { "
+              "phases = sequence(...) } with two phases or more";
+      note(diag, s.ewcLoc, "e.g. phases = sequence(phase(a, steps = 200), "
+                           "phase(b, steps = 200))");
+    }
+    if (s.saps)
+      error(s.ewcLoc) << "ewc with saps is not yet supported: the penalty's "
+                         "gradient is dense and saps folds the backbone's "
+                         "away";
+    if (spec.budget.gpus > 1)
+      error(s.ewcLoc)
+          << "ewc with more than one process (gpus = " << spec.budget.gpus
+          << ") is not yet supported: each process would estimate its own "
+             "Fisher; train on one, or drop ewc";
   }
   if (s.saps) {
     if (s.scope == GradientScope::params) {

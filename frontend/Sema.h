@@ -13,6 +13,7 @@
 #include "dialect/MTPOps.h"
 #include "frontend/AST.h"
 #include "mtprt/BatchSchedule.h"
+#include "mtprt/Ewc.h"
 #include "mtprt/Saps.h"
 #include "mtprt/Defaults.h"
 
@@ -115,10 +116,22 @@ struct CheckedSpec {
     /// D12: sparse updates of the backbone (none: dense).
     std::optional<mtprt::SapsConfig> saps;
     ast::Location sapsLoc;
+    /// D14: elastic weight consolidation across train { phases }.
+    std::optional<mtprt::EwcConfig> ewc;
+    ast::Location ewcLoc;
     ast::Location loc;
   } strategy;
 
+  /// A stretch of training on some of the tasks (train { phases }).
+  struct Phase {
+    int64_t steps = 0;
+    std::vector<std::string> tasks;
+    ast::Location loc;
+  };
   struct Train {
+    /// Sequential training (none: every task at every step).
+    std::vector<Phase> phases;
+    ast::Location phasesLoc;
     int64_t steps = mtprt::defaults::kSteps, seed = 0;
     std::optional<std::string> dataPath; // none = synthetic
     ast::Location dataLoc;

@@ -811,7 +811,11 @@ SmallVector<std::pair<int64_t, int64_t>> CostModel::cosineProbePaths() const {
   // take no part.
   SmallVector<int64_t> taps;
   for (TaskOp task : model.getTasks())
-    if (int64_t(task.getTapLayer()) > noGradTop())
+    if (int64_t(task.getTapLayer()) > noGradTop() &&
+        (taskFilter.empty() ||
+         llvm::any_of(taskFilter, [&](FlatSymbolRefAttr t) {
+           return t.getValue() == task.getSymName();
+         })))
       taps.push_back(task.getTapLayer());
   if (taps.size() < 2)
     return paths;

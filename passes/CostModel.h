@@ -322,7 +322,14 @@ public:
   /// activations are.
   bool gradientsResidentThroughStep() const;
 
+  /// Costs of a step that runs only these tasks (a train { phases } phase):
+  /// the cosine probe compares them alone. Empty: every task.
+  void onlyTasks(llvm::ArrayRef<mlir::FlatSymbolRefAttr> tasks) {
+    taskFilter.assign(tasks.begin(), tasks.end());
+  }
+
 private:
+  llvm::SmallVector<mlir::FlatSymbolRefAttr> taskFilter;
   mlir::RankedTensorType tensor(llvm::ArrayRef<int64_t> shape,
                                 mlir::Type element) const;
   UnitCost headCost(TaskOp task) const;

@@ -14,6 +14,8 @@
 #include "passes/Bytes.h"
 #include "passes/CostModel.h"
 #include "passes/StepTimeline.h"
+
+#include "llvm/ADT/DenseSet.h"
 #include "passes/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -49,9 +51,13 @@ std::string MemoryReport::describe(Operation *op) {
 ParameterGroups mtp::parameterGroups(StepOp step) {
   ParameterGroups groups;
   std::optional<mtprt::SapsConfig> saps;
+  bool ewc = false;
   if (auto model = step->getParentOfType<ModelOp>())
-    if (StrategyOp s = model.getStrategy(); s && s.getSapsAttr())
-      saps = s.getSapsAttr().getConfig();
+    if (StrategyOp s = model.getStrategy()) {
+      if (s.getSapsAttr())
+        saps = s.getSapsAttr().getConfig();
+      ewc = bool(s.getEwcAttr());
+    }
   for (WeightsOp w : step.getBody().front().getOps<WeightsOp>()) {
     groups.total += w.getParams();
     if (w.getFrozen())
@@ -59,22 +65,26 @@ ParameterGroups mtp::parameterGroups(StepOp step) {
     groups.trainable += w.getParams();
     // SAPS manages the backbone's groups (embeddings, layers); the runtime
     // rounds per tensor, this per group: a byte or two per tensor apart.
-    if (saps && !w.getTask() && w.getGroup() != "head" &&
-        w.getGroup() != "gate") {
+    if (w.getTask() || w.getGroup() == "head" || w.getGroup() == "gate")
+      continue;
+    if (saps) {
       groups.sparse += w.getParams();
       groups.selected += saps->selected(w.getParams());
     }
+    if (ewc)
+      groups.protectedByEwc += w.getParams();
   }
   return groups;
 }
 
 int64_t mtp::fuseWorkspaceBeyondResults(
     FuseTaskGradsOp fuse, const CostModel &cost,
-    ArrayRef<std::pair<int64_t, int64_t>> regions, bool laterMicroBatch) {
+    ArrayRef<std::pair<int64_t, int64_t>> regions, bool laterMicroBatch,
+    std::optional<int64_t> workspaceOverride) {
   int64_t results = 0;
   for (Value v : fuse.getFused())
     results += CostModel::bytes(v.getType());
-  int64_t workspace = fuse.getWorkspace();
+  int64_t workspace = workspaceOverride.value_or(fuse.getWorkspace());
   if (fuse.getScope() == GradientScope::features) {
     if (laterMicroBatch) {
       // GFM's spectrum beside the processed copy of the widest gradient
@@ -96,7 +106,8 @@ MemoryBreakdown mtp::residentState(ModelOp model, const CostModel &cost,
   resident.parameters = CostModel::kWeightBytes * groups.total;
   resident.optimizer =
       CostModel::kOptimizerBytes * (groups.trainable - groups.sparse) +
-      mtprt::SapsConfig::kBytesPerSelected * groups.selected;
+      mtprt::SapsConfig::kBytesPerSelected * groups.selected +
+      mtprt::EwcConfig::kBytesPerParameter * groups.protectedByEwc;
   resident.exchange =
       cost.gradientExchange(
               llvm::to_vector(step.getBody().front().getOps<AllReduceOp>()))
@@ -206,6 +217,118 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
         StepTimeline(model, cost, order, /*sapsRerank=*/false)
             .peak(live, regions)
             .bytes;
+  // train { phases }: a phase's step runs without the other tasks' heads,
+  // losses and their gradients — the same step with their ops left out
+  // (their positions kept, empty), values living to their last kept use.
+  if (TrainOp train = model.getTrain(); train && train.getPhasesAttr())
+    for (PhaseAttr phase : train.getPhasesAttr().getAsRange<PhaseAttr>()) {
+      // The backward stops at the phase's top tap: the backbone's backward
+      // units and re-runs above it do not run, and what they would read
+      // stays held to the step's end (the forward still runs up to every
+      // task's tap; the trainer holds the taps, so their graphs, until the
+      // micro-batch ends).
+      int64_t top = 0;
+      for (TaskOp t : tasks)
+        if (llvm::any_of(phase.getTasks(), [&](FlatSymbolRefAttr n) {
+              return n.getValue() == t.getSymName();
+            }))
+          top = std::max<int64_t>(top, t.getTapLayer());
+      auto aboveTop = [&](Operation *op) {
+        if (auto bwd = dyn_cast<BwdOp>(op))
+          return !bwd.getTaskAttr() && int64_t(bwd.getLayer()) > top &&
+                 bwd.getUnit() != UnitKind::final_norm;
+        if (auto re = op->getParentOfType<RecomputeOp>())
+          op = re;
+        if (auto re = dyn_cast<RecomputeOp>(op)) {
+          bool above = true;
+          re.getBody().walk([&](FwdOp fwd) {
+            above = above && int64_t(fwd.getLayer()) > top;
+          });
+          return above;
+        }
+        return false;
+      };
+      llvm::DenseSet<Operation *> dropped, held;
+      for (Operation *op : order) {
+        std::optional<UnitRef> unit = getUnitRef(op);
+        bool drop = unit && unit->task &&
+                    !llvm::is_contained(phase.getTasks(), unit->task);
+        if (!drop && aboveTop(op)) {
+          drop = true;
+          held.insert(op);
+        }
+        if (isa<OffloadOp, PrefetchOp>(op))
+          drop = llvm::any_of(op->getOperands(), [&](Value v) {
+            return dropped.contains(v.getDefiningOp());
+          });
+        if (drop)
+          dropped.insert(op);
+      }
+      SmallVector<Operation *> kept(order.begin(), order.end());
+      for (Operation *&op : kept)
+        if (dropped.contains(op))
+          op = nullptr;
+      auto keptLastUse = [&](Value v, auto &self) -> unsigned {
+        unsigned last = position[v.getDefiningOp()];
+        for (Operation *user : v.getUsers()) {
+          if (held.contains(user))
+            last = unsigned(order.size() - 1);
+          if (dropped.contains(user))
+            continue;
+          last = std::max(last, position[user]);
+          if (auto yield = dyn_cast<YieldOp>(user))
+            for (auto [yv, r] : llvm::zip(yield.getValues(),
+                                          yield->getParentOp()->getResults()))
+              if (yv == v)
+                last = std::max(last, self(r, self));
+          if (auto bwd = dyn_cast<BwdOp>(user);
+              bwd && bwd.getAliases() && bwd.getGrads().front() == v)
+            for (Value g : bwd.getInputGrads().take_front(bwd.getAliases()))
+              last = std::max(last, self(g, self));
+        }
+        return last;
+      };
+      // The probe compares the phase's tasks alone; the pipeline's
+      // workspace is over their gradients.
+      CostModel phaseCost(model);
+      phaseCost.onlyTasks(phase.getTasks());
+      StepTimeline phaseTimeline(model, phaseCost, kept);
+      // Later micro-batches hold the gradients the phase makes, not every
+      // parameter's (the gate's own too).
+      int64_t gate = 0;
+      for (WeightsOp w : step.getBody().front().getOps<WeightsOp>())
+        if (w.getGroup() == "gate")
+          gate += CostModel::kGradientBytes * w.getParams();
+      phaseTimeline.onlyArrivingGradients(gate);
+      for (Operation *op : order)
+        if (auto fuse = dyn_cast<FuseTaskGradsOp>(op);
+            fuse && model.getStrategy()) {
+          StrategyOp s = model.getStrategy();
+          SmallVector<Type> present;
+          for (Value g : fuse.getGrads())
+            if (!dropped.contains(g.getDefiningOp()))
+              present.push_back(g.getType());
+          phaseTimeline.fuseWorkspace =
+              present.empty()
+                  ? 0
+                  : phaseCost
+                        .gradientPipeline(present, bool(s.getGfmKeep()),
+                                          s.getGradientScope(),
+                                          s.getScopeLayers(),
+                                          s.getClip() == ClipPolicy::per_task)
+                        .workspace;
+        }
+      StepTimeline::Live phaseLive = phaseTimeline.live();
+      for (Operation *op : order)
+        if (!dropped.contains(op))
+          for (Value result : op->getResults())
+            if (!aliasOf.count(result) && !isa<OffloadOp>(op))
+              phaseLive.add(position[op], keptLastUse(result, keptLastUse),
+                            CostModel::bytes(result.getType()),
+                            isForwardValue(result));
+      report.phasePeakBytes.push_back(
+          std::min(peak.bytes, phaseTimeline.peak(phaseLive, regions).bytes));
+    }
   analyzeEvaluation(model, order, report);
 
   // Saved activations and the tasks that need them.

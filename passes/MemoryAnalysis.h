@@ -52,6 +52,9 @@ struct MemoryReport {
   /// Under SAPS, the peak of a step that does not re-rank (peakBytes is a
   /// re-ranking step's); 0 without SAPS.
   int64_t steadyPeakBytes = 0;
+  /// train { phases }: each phase's step peak (its tasks alone; at most
+  /// peakBytes, which is every task's at once); empty without phases.
+  llvm::SmallVector<int64_t> phasePeakBytes;
   /// The op at which the peak occurs, and the breakdown there.
   mlir::Operation *peakOp = nullptr;
   MemoryBreakdown atPeak;
@@ -125,7 +128,8 @@ std::unique_ptr<mlir::Pass> createMemoryAnalysis(MemoryReportSink sink);
 int64_t fuseWorkspaceBeyondResults(
     FuseTaskGradsOp fuse, const CostModel &cost,
     llvm::ArrayRef<std::pair<int64_t, int64_t>> regions,
-    bool laterMicroBatch = false);
+    bool laterMicroBatch = false,
+    std::optional<int64_t> workspaceOverride = std::nullopt);
 
 /// The step's parameters, from its mtp.weights: all of them, and the
 /// trainable ones (a frozen group has no gradients and no optimizer state).
@@ -136,11 +140,15 @@ struct ParameterGroups {
   /// how many of their entries it selects: their state is compact and
   /// their dense gradients transient.
   int64_t sparse = 0, selected = 0;
+  /// The trainable backbone under EWC: its Fisher and remembered weights
+  /// are resident.
+  int64_t protectedByEwc = 0;
 };
 ParameterGroups parameterGroups(StepOp step);
 
 /// What is resident through every step and between steps: the fp32
-/// weights, AdamW's moments (SAPS's compact state for what it updates), the exchange's error-feedback residual, and the
+/// weights, AdamW's moments (SAPS's compact state for what it updates; EWC's
+/// Fisher and remembered weights), the exchange's error-feedback residual, and the
 /// step's batch beyond one micro-batch — the trainer moves the whole batch
 /// to the device at the step's start and holds it to the next (the step's
 /// inputs are one micro-batch's; with accumulation, or a dynamic batch's

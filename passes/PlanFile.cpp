@@ -195,11 +195,38 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         st.getTopk().convertToDouble(), st.getQuantBlock(),
         st.getQuantBits(), st.getResidualDecay().convertToDouble(),
         batchSchedule(st.getDynamicBatchAttr()),
-        saps(st.getSapsAttr()));
+        saps(st.getSapsAttr()),
+        st.getEwcAttr()
+            ? fb::CreateEwc(b, st.getEwcAttr().getConfig().lambda,
+                            st.getEwcAttr().getBatches())
+            : flatbuffers::Offset<fb::Ewc>());
   flatbuffers::Offset<fb::Train> train;
   std::string data = "synthetic";
   if (TrainOp tr = model.getTrain(); tr && tr.getDataPath())
     data = specRelative(source, *tr.getDataPath());
+  // Phases name their tasks by index into the plan's tasks.
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Phase>>>
+      phases;
+  if (TrainOp tr = model.getTrain(); tr && tr.getPhasesAttr()) {
+    SmallVector<StringRef> names;
+    for (TaskOp t : model.getTasks())
+      names.push_back(t.getSymName());
+    std::vector<flatbuffers::Offset<fb::Phase>> list;
+    const int64_t planned =
+        stepPlan ? stepPlan.getPlannedPeakBytes() : report.peakBytes;
+    for (auto [i, p] :
+         llvm::enumerate(tr.getPhasesAttr().getAsRange<PhaseAttr>())) {
+      std::vector<int64_t> tasks;
+      for (FlatSymbolRefAttr t : p.getTasks())
+        tasks.push_back(llvm::find(names, t.getValue()) - names.begin());
+      const int64_t peak = i < report.phasePeakBytes.size()
+                               ? std::min(planned, report.phasePeakBytes[i])
+                               : 0;
+      list.push_back(
+          fb::CreatePhase(b, p.getSteps(), b.CreateVector(tasks), peak));
+    }
+    phases = b.CreateVector(list);
+  }
   if (TrainOp tr = model.getTrain())
     train = fb::CreateTrain(
         b, tr.getSteps(), tr.getSeed(), b.CreateString(data),
@@ -209,7 +236,7 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         tr.getEvalPath()
             ? b.CreateString(specRelative(source, *tr.getEvalPath()))
             : flatbuffers::Offset<flatbuffers::String>(),
-        tr.getEvalEvery().value_or(0));
+        tr.getEvalEvery().value_or(0), phases);
 
   // Unplanned, the plan is the step as it stands: every activation kept.
   double addedSeconds =
@@ -298,6 +325,10 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
          << " for " << db->ramp_steps() << " steps, then x"
          << llvm::format("%g", db->decay()) << " every " << db->every()
          << " steps, floor " << db->floor() << "\n";
+    if (const fb::Ewc *ew = st->ewc())
+      os << "  ewc      lambda " << llvm::format("%g", ew->lambda())
+         << ", the Fisher on " << ew->fisher_batches()
+         << " batches at each phase's end\n";
     if (const fb::Saps *sp = st->saps())
       os << "  saps     top " << llvm::format("%g", 100 * sp->fraction())
          << "% of each backbone tensor by |w*g| + "
@@ -310,6 +341,21 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
     if (tr->lr())
       os << ", lr " << lr(tr->lr());
     os << ", log every " << tr->log_every() << "\n";
+    if (tr->phases()) {
+      os << "  phases  ";
+      for (const fb::Phase *p : *tr->phases()) {
+        os << " " << p->steps() << " steps on";
+        if (p->tasks())
+          for (int64_t t : *p->tasks())
+            os << " " << (plan->tasks() && t >= 0 && t < int64_t(plan->tasks()->size())
+                              ? str(plan->tasks()->Get(t)->name()).str()
+                              : "#" + std::to_string(t));
+        if (p->predicted_peak_bytes())
+          os << " (peak " << p->predicted_peak_bytes() << " B)";
+        os << ";";
+      }
+      os << "\n";
+    }
   }
   if (plan->units()) {
     os << "  units    (name, saved bytes, decision)\n";

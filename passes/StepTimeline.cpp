@@ -25,6 +25,9 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
   // compact gradient is resident state).
   allGradients = CostModel::kGradientBytes * (groups.trainable - groups.sparse);
   const bool sparse = groups.sparse > 0;
+  // EWC's penalty gradient: two temporaries of the largest protected tensor
+  // (θ − θ*, then times F) at the optimizer step.
+  int64_t largestProtected = 0;
   twoSweeps = cost.gradientsResidentThroughStep();
 
   // The params scope's per-task gradients, per head (FuseTaskGradients'
@@ -61,6 +64,9 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
         allGradients += perTask;
       }
       relief[pos] = {int64_t(bwd.getFreed()), int64_t(bwd.getPending())};
+      if (groups.protectedByEwc && !bwd.getTaskAttr())
+        largestProtected =
+            std::max(largestProtected, cost.gradientBytes(bwd));
       if (const int64_t bytes = cost.gradientBytes(bwd);
           bytes && sparse && !bwd.getTaskAttr()) {
         workspace[pos] += cost.sapsFoldTransient(bytes, sapsRerank);
@@ -75,6 +81,8 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
           gradientArrivals.push_back({int(pos), bytes});
       }
     }
+    if (isa<OptimizerStepOp>(op))
+      workspace[pos] += 2 * largestProtected;
     if (isa<OptimizerStepOp>(op) && deferred) {
       gradientArrivals.push_back({int(pos), deferred});
       deferred = 0;
@@ -118,13 +126,17 @@ StepTimeline::Peak
 StepTimeline::peak(const Live &live,
                    ArrayRef<std::pair<int64_t, int64_t>> regions) const {
   Peak first = sweep(
-      live, fuse ? fuseWorkspaceBeyondResults(fuse, cost, regions) : 0,
+      live,
+      fuse ? fuseWorkspaceBeyondResults(fuse, cost, regions, false,
+                                        fuseWorkspace)
+           : 0,
       /*later=*/false);
   if (!twoSweeps)
     return first;
   Peak later = sweep(live,
                      fuse ? fuseWorkspaceBeyondResults(fuse, cost, regions,
-                                                       /*laterMicroBatch=*/true)
+                                                       /*laterMicroBatch=*/true,
+                                                       fuseWorkspace)
                           : 0,
                      /*later=*/true);
   return later.bytes > first.bytes ? later : first;

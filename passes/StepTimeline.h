@@ -89,6 +89,21 @@ private:
   /// tensors and (first micro-batch) of its gradients (BwdOp freed/pending).
   std::vector<std::pair<int64_t, int64_t>> relief;
   FuseTaskGradsOp fuse;
+
+public:
+  /// The fuse op's workspace for a step that runs some tasks alone (a
+  /// phase's: CostModel::gradientPipeline over their gradients); none: the
+  /// op's own.
+  std::optional<int64_t> fuseWorkspace;
+  /// A step that makes only its units' gradients (a phase's): a later
+  /// micro-batch holds those (and `otherBytes`), not every parameter's.
+  void onlyArrivingGradients(int64_t otherBytes) {
+    allGradients = otherBytes;
+    for (const auto &arrival : gradientArrivals)
+      allGradients += arrival.second;
+  }
+
+private:
   int fusePosition = -1;
   bool twoSweeps = false;
 };

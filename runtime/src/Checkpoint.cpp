@@ -1,6 +1,7 @@
 //===- Checkpoint.cpp - training state on disk, crash-safe ----------------===//
 
 #include "mtprt/torch/Checkpoint.h"
+#include "mtprt/torch/Ewc.h"
 #include "mtprt/torch/Saps.h"
 
 #include "mtprt/Crc32.h"
@@ -121,6 +122,13 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
     for (size_t i = 0; i < state.size(); ++i)
       sparse.write(std::to_string(i), state[i]);
     ar.write("saps", sparse);
+  }
+  if (const ElasticConsolidation *ewc = core.consolidation()) {
+    torch::serialize::OutputArchive archive;
+    const std::vector<at::Tensor> state = ewc->state();
+    for (size_t i = 0; i < state.size(); ++i)
+      archive.write(std::to_string(i), state[i]);
+    ar.write("ewc", archive);
   }
   {
     torch::serialize::OutputArchive gate;
@@ -259,6 +267,26 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
       fail(path, "it was trained with sparse updates (strategy { saps }) and "
                  "the plan updates densely: resume it with the plan it was "
                  "trained with");
+    }
+    torch::serialize::InputArchive ewcArchive;
+    const bool hasEwc = ar.try_read("ewc", ewcArchive);
+    if (ElasticConsolidation *ewc = core.consolidation()) {
+      if (!hasEwc)
+        fail(path, "it was trained without ewc and the plan protects earlier "
+                   "phases (strategy { ewc }): resume it with the plan it was "
+                   "trained with");
+      std::vector<at::Tensor> state(2 * ewc->params().size() + 1);
+      for (size_t i = 0; i < state.size(); ++i)
+        if (!ewcArchive.try_read(std::to_string(i), state[i]))
+          fail(path, "its ewc state lacks tensor " + std::to_string(i));
+      try {
+        ewc->loadState(state);
+      } catch (const std::runtime_error &e) {
+        fail(path, e.what());
+      }
+    } else if (hasEwc) {
+      fail(path, "it was trained with ewc (strategy { ewc }) and the plan has "
+                 "none: resume it with the plan it was trained with");
     }
     torch::serialize::InputArchive opt;
     ar.read("optimizer", opt);

@@ -1459,6 +1459,29 @@ int train(const std::string &name, const Program &p, const Options &o) {
                                "; give a path in a writable directory");
   }
   bool profilerOn = false;
+  // The largest prediction of the steps run (phases and SAPS predict per
+  // step), for the summary.
+  int64_t runPredicted = -1;
+  // train { phases }: the phase of step `step` and the step it ends at
+  // (steps past the plan's — a larger --steps — continue the last phase).
+  auto phaseAt = [&](int64_t step) -> std::pair<int64_t, int64_t> {
+    int64_t end = 0;
+    for (size_t i = 0; i < p.phases.size(); ++i) {
+      end += p.phases[i].steps;
+      if (step < end || i + 1 == p.phases.size())
+        return {int64_t(i), i + 1 == p.phases.size() ? INT64_MAX : end};
+    }
+    return {-1, INT64_MAX};
+  };
+  // Only the phase's tasks keep their labels.
+  auto keepPhaseTasks = [&](Batch &b, int64_t phase) {
+    if (phase < 0)
+      return;
+    const std::vector<int64_t> &keep = p.phases[phase].tasks;
+    for (int64_t t = 0; t < int64_t(b.labels.size()); ++t)
+      if (std::find(keep.begin(), keep.end(), t) == keep.end())
+        b.labels[t] = at::Tensor();
+  };
   using torch::profiler::impl::ActivityType;
   const std::set<ActivityType> activities{ActivityType::CPU};
   while (core.stepsTaken() < o.steps) {
@@ -1470,6 +1493,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
     const int64_t local = stepBatch / d.worldSize;
     Batch global = schedule ? data->records(recordOffset, stepBatch)
                             : data->batch(position, o.batchSize);
+    const auto [phase, phaseEnd] = phaseAt(core.stepsTaken());
+    keepPhaseTasks(global, phase);
     trainer.setBatch(global.slice(d.rank * local, (d.rank + 1) * local));
     if (profiling && !profilerOn && core.stepsTaken() > first) {
       const torch::profiler::impl::ProfilerConfig config(
@@ -1496,6 +1521,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
     ++position;
     recordOffset += stepBatch;
     s.batchSize = stepBatch;
+    s.phase = phase;
     if (cpuFirst < 0) {
       cpuFirst = cpuSeconds();
       // The warm window: from the end of the first step (every kernel's code
@@ -1516,6 +1542,11 @@ int train(const std::string &name, const Program &p, const Options &o) {
                 !p.train.saps->rerankAt(s.step)
             ? p.predictedSteadyPeakBytes
             : p.predictedPeakBytes;
+    // A phase's steps run its tasks alone: their own prediction.
+    if (phase >= 0 && p.phases[phase].predictedPeakBytes > 0 &&
+        s.predictedPeakBytes > 0)
+      s.predictedPeakBytes = p.phases[phase].predictedPeakBytes;
+    runPredicted = std::max(runPredicted, s.predictedPeakBytes);
     s.samplesPerS *= d.worldSize; // the global batch went through
     // Read the Ctrl-C flag once: a signal landing after the ranks agreed
     // must wait for the next step's agreement, or one rank would stop while
@@ -1599,8 +1630,30 @@ int train(const std::string &name, const Program &p, const Options &o) {
     if (rank0 && metrics.is_open() &&
         (done % o.logEvery == 0 || done == o.steps))
       metrics << toJsonLine(s) << '\n' << std::flush;
-    if ((o.evalEvery > 0 && done % o.evalEvery == 0) || done == o.steps)
+    const bool phaseEnds = done == phaseEnd && done < o.steps;
+    if ((o.evalEvery > 0 && done % o.evalEvery == 0) || done == o.steps ||
+        phaseEnds)
       runEval(done);
+    // EWC (D14) at a phase's end: the Fisher on the batches that follow,
+    // with the ending phase's tasks' labels (read ahead, not consumed: the
+    // next phase trains on them with its own tasks').
+    if (phaseEnds && tc.ewc && nonFinite.empty()) {
+      for (int64_t j = 0; j < tc.ewc->fisherBatches; ++j) {
+        Batch b = schedule ? data->records(recordOffset + j * o.batchSize,
+                                           o.batchSize)
+                           : data->batch(position + j, o.batchSize);
+        keepPhaseTasks(b, phase);
+        core.addFisherSample(b, p.schedule);
+      }
+      core.consolidate();
+      if (rank0 && (tty || plain))
+        std::fprintf(stderr, "%sewc: phase %lld ends at step %lld; the Fisher "
+                             "of its tasks on %lld batches protects it from "
+                             "here on\n",
+                     tty ? "\n" : "", static_cast<long long>(phase + 1),
+                     static_cast<long long>(done),
+                     static_cast<long long>(tc.ewc->fisherBatches));
+    }
     if (rank0 && (tty || plain) &&
         (tty || done % plainEvery == 0 || done == o.steps)) {
       const double el = std::chrono::duration<double>(
@@ -1673,7 +1726,9 @@ int train(const std::string &name, const Program &p, const Options &o) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
     std::printf("%s\n", summary.paragraph(p.name, el, o.batchSize,
-                                          p.batchSize, p.predictedPeakBytes,
+                                          p.batchSize,
+                                          runPredicted > 0 ? runPredicted
+                                                           : p.predictedPeakBytes,
                                           d.worldSize, p.plannedProcesses)
                             .c_str());
     if (!lastEval.tasks.empty())

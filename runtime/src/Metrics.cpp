@@ -56,6 +56,10 @@ std::string toJsonLine(const StepStats &s) {
     j["loss_scale"] = jsonNumber(s.lossScale);
   if (s.skipped)
     j["skipped"] = true;
+  if (s.phase >= 0)
+    j["phase"] = s.phase;
+  if (s.ewcPenalty >= 0)
+    j["ewc_penalty"] = jsonNumber(s.ewcPenalty);
   return jsonLine(j);
 }
 

@@ -414,6 +414,37 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
         c.range("train.save_every", tr->save_every(), {0, INT64_MAX});
     if (tr->lr())
       plan.train.backboneLr = lrOf(c, "train.lr", tr->lr(), plan.steps);
+    if (const auto *phases = tr->phases()) {
+      int64_t total = 0;
+      for (flatbuffers::uoffset_t i = 0; i < phases->size(); ++i) {
+        const std::string at = "train.phases[" + std::to_string(i) + "]";
+        const auto *p = phases->Get(i);
+        Phase phase;
+        phase.steps = c.range(at + ".steps", p->steps(), limits::kSteps);
+        phase.predictedPeakBytes =
+            c.range(at + ".predicted_peak_bytes", p->predicted_peak_bytes(),
+                    {0, INT64_MAX});
+        if (!p->tasks() || p->tasks()->size() == 0)
+          c.field(at + ".tasks", "a phase trains at least one task");
+        else
+          for (int64_t t : *p->tasks()) {
+            if (t < 0 || t >= int64_t(plan.heads.size()))
+              c.field(at + ".tasks", std::to_string(t) +
+                                         " is not a task index (the plan has " +
+                                         std::to_string(plan.heads.size()) +
+                                         " tasks)");
+            if (std::count(phase.tasks.begin(), phase.tasks.end(), t))
+              c.field(at + ".tasks", "task " + std::to_string(t) + " twice");
+            phase.tasks.push_back(t);
+          }
+        total += phase.steps;
+        plan.phases.push_back(std::move(phase));
+      }
+      if (total != plan.steps)
+        c.field("train.phases", "take " + std::to_string(total) +
+                                    " steps, but train.steps is " +
+                                    std::to_string(plan.steps));
+    }
     plan.train.weightDecay =
         c.real("train.weight_decay", tr->weight_decay(), limits::kWeightDecay);
     plan.train.beta1 = c.real("train.beta1", tr->beta1(), limits::kBeta);
@@ -505,6 +536,16 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
                                  "scope, not params");
       plan.train.saps = s;
     }
+    if (const auto *ew = st->ewc()) {
+      EwcConfig e;
+      e.lambda = c.real("strategy.ewc.lambda", ew->lambda(), limits::kEwcLambda);
+      e.fisherBatches = c.range("strategy.ewc.fisher_batches",
+                                ew->fisher_batches(), limits::kEwcBatches);
+      plan.train.ewc = e;
+      if (plan.phases.size() < 2)
+        c.field("strategy.ewc", "protects earlier phases' learning: it needs "
+                                "two train.phases or more");
+    }
   }
 
   plan.predictedPeakBytes = c.range("predicted_peak_bytes",
@@ -584,6 +625,7 @@ Program programFromPlan(const Plan &plan) {
   p.data = plan.data;
   p.evalData = plan.evalData;
   p.evalEvery = plan.evalEvery;
+  p.phases = plan.phases;
   // GSC by default where the spec asks for it (auto: when processes share
   // the gradients; one process exchanges nothing).
   p.compress = plan.collective != Collective::None;

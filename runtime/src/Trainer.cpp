@@ -5,6 +5,7 @@
 #include "mtprt/Memory.h"
 #include "mtprt/Runtime.h"
 #include "mtprt/torch/Optimizer.h"
+#include "mtprt/torch/Ewc.h"
 #include "mtprt/torch/Saps.h"
 
 #include "Precision.h"
@@ -149,6 +150,12 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
     if (p.requires_grad())
       backbone.push_back(p);
   backboneTrains_ = !backbone.empty();
+  if (t.ewc) {
+    if (t.saps)
+      bad("TrainConfig.ewc", "with saps is not supported (the penalty's "
+                             "gradient is dense)");
+    ewc_ = std::make_unique<ElasticConsolidation>(backbone, *t.ewc);
+  }
   // SAPS (D12): the backbone's state is the sparse update's; its group stays
   // (empty) so group g is still head g - 1's.
   if (t.saps) {
@@ -188,7 +195,7 @@ std::vector<double> TrainerCore::computeAlpha(
   const bool measure =
       train_.cosineEvery > 0 && step_ % train_.cosineEvery == 0;
   at::Tensor gram;
-  if (measure) {
+  if (measure && !quiet_) {
     gram = gramMatrix(probe.empty() ? processed : probe);
     lastCosines_ = cosineMatrix(gram);
     stats.gradientCosineSimMatrix = lastCosines_;
@@ -201,7 +208,8 @@ std::vector<double> TrainerCore::computeAlpha(
     alpha = gate_->alpha(losses, norms, lastCosines_, present);
   }
   if (train_.gate && measure)
-    gate_->update(losses, norms, lastCosines_, present, gram);
+    if (!quiet_)
+      gate_->update(losses, norms, lastCosines_, present, gram);
   return alpha;
 }
 
@@ -831,6 +839,9 @@ void TrainerCore::optimizerStep() {
   if (!st.exchanged)
     exchangeGradients();
   st.updated = true;
+  // EWC's penalty (D14) on the final gradients, before the update.
+  if (ewc_)
+    st.stats.ewcPenalty = ewc_->addPenaltyGradient();
   Model &m = *model_;
   // TaskLRAdapter: each group's own schedule.
   auto &groups = optimizer_->param_groups();
@@ -906,6 +917,30 @@ StepStats TrainerCore::endStep(bool applyUpdate) {
 }
 
 void TrainerCore::abortStep() { state_.reset(); }
+
+void TrainerCore::addFisherSample(const Batch &batch, const Schedule &s) {
+  if (!ewc_)
+    throw std::logic_error("mtprt: addFisherSample: the trainer has no ewc");
+  // The step's gradients without its side effects: the gate neither learns
+  // nor measures (the training's steps alone do).
+  quiet_ = true;
+  try {
+    computeGradients(batch, s);
+  } catch (...) {
+    quiet_ = false;
+    throw;
+  }
+  quiet_ = false;
+  ewc_->addFisherSample();
+  for (const at::Tensor &p : model_->parameters())
+    p.mutable_grad() = at::Tensor();
+}
+
+void TrainerCore::consolidate() {
+  if (!ewc_)
+    throw std::logic_error("mtprt: consolidate: the trainer has no ewc");
+  ewc_->consolidate();
+}
 
 //===----------------------------------------------------------------------===//
 // The whole step as a Schedule says

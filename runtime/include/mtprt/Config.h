@@ -10,6 +10,7 @@
 #define MTPRT_CONFIG_H
 
 #include "mtprt/Defaults.h"
+#include "mtprt/Ewc.h"
 #include "mtprt/Saps.h"
 
 #include <cstdint>
@@ -146,6 +147,14 @@ struct LrConfig {
 };
 
 /// How one optimizer step trains (docs/contracts.md).
+/// A stretch of training on some tasks (train { phases }).
+struct Phase {
+  int64_t steps = 0;
+  std::vector<int64_t> tasks; ///< head indices
+  /// The plan's prediction for its steps (0: the plan's whole-step one).
+  int64_t predictedPeakBytes = 0;
+};
+
 struct TrainConfig {
   Precision precision = Precision::Fp32;
   int64_t microBatches = 1;
@@ -174,6 +183,8 @@ struct TrainConfig {
   double initialLossScale = 65536.0; ///< fp16 only
   /// SAPS (D12): sparse updates of the backbone; none = dense.
   std::optional<SapsConfig> saps;
+  /// EWC (D14) across phases; none = no protection.
+  std::optional<EwcConfig> ewc;
 };
 
 /// Where the step keeps, recomputes or offloads. Units are numbered along the
@@ -270,6 +281,10 @@ struct StepStats {
   int64_t batchSize = 0;
   double lossScale = 1.0; ///< fp16 only
   bool skipped = false;   ///< fp16 overflow: the step was skipped
+  /// train { phases }: the step's phase (0-based; -1: no phases).
+  int64_t phase = -1;
+  /// EWC's penalty λ·Σ F·(θ − θ*)² at the step's weights (-1: no ewc).
+  double ewcPenalty = -1.0;
 };
 
 /// The names the spec, the IR and the plan file use (flatc's tables for the

@@ -46,6 +46,9 @@ struct Program {
   std::string data = "synthetic";  ///< default for --data
   std::string evalData;            ///< default for --eval-data
   int64_t evalEvery = 0;           ///< default for --eval-every
+  /// Sequential training (empty: every task at every step): the tasks whose
+  /// labels each stretch of steps keeps.
+  std::vector<Phase> phases;
   int64_t predictedPeakBytes = -1; ///< the plan's prediction, logged
   /// SAPS: the prediction for steps that do not re-rank (0: the above).
   int64_t predictedSteadyPeakBytes = 0;

@@ -54,6 +54,8 @@ struct Plan {
   int64_t predictedPeakBytes = 0, keepPeakBytes = 0, uniformPeakBytes = -1;
   /// D15: the global batch per step (none: globalBatch, fixed).
   std::optional<BatchSchedule> dynamicBatch;
+  /// Sequential training (empty: every task at every step).
+  std::vector<Phase> phases;
   /// SAPS: the peak of a step that does not re-rank (0: predictedPeakBytes
   /// at every step).
   int64_t steadyPeakBytes = 0;

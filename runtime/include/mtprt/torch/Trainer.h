@@ -29,6 +29,7 @@ class AdamW;
 namespace mtprt {
 
 class SparseUpdate;
+class ElasticConsolidation;
 
 /// The learning rate of `c` at optimizer step `step` (0-based).
 double scheduledLr(const LrConfig &c, int64_t step);
@@ -114,6 +115,13 @@ public:
   /// SAPS's sparse update of the backbone (nullptr without it): its state
   /// replaces the backbone's AdamW state and dense gradients.
   SparseUpdate *sparseUpdate() { return saps_.get(); }
+  /// EWC's state (nullptr without it).
+  ElasticConsolidation *consolidation() { return ewc_.get(); }
+  /// EWC at a phase's end: the gradients of `batch` (the ending phase's
+  /// tasks' labels) join the Fisher estimate — no update, no gate learning;
+  /// then consolidate() makes F and θ* the penalty's.
+  void addFisherSample(const Batch &batch, const Schedule &schedule);
+  void consolidate();
   int64_t stepsTaken() const { return step_; }
 
   /// Called by endStep(applyUpdate = true) once every parameter's .grad is
@@ -165,6 +173,9 @@ private:
   std::unique_ptr<Gate> gate_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<SparseUpdate> saps_;
+  std::unique_ptr<ElasticConsolidation> ewc_;
+  /// A Fisher pass: the gate neither learns nor measures.
+  bool quiet_ = false;
   /// Some backbone parameter trains: a backbone frozen whole has no
   /// backward for a step program to call.
   bool backboneTrains_ = true;
