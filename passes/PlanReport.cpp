@@ -216,6 +216,27 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
        << " micro-batches of " << perStep << "); the plan is for " << most
        << " (gradients accumulate, the step's batch is held on the device)\n";
   }
+  if (TrainOp train = model.getTrain(); train && train.getPhasesAttr()) {
+    os << "  phases:";
+    for (auto [i, phase] :
+         llvm::enumerate(train.getPhasesAttr().getAsRange<PhaseAttr>())) {
+      os << (i ? ";" : "") << " " << phase.getSteps() << " steps on";
+      for (auto [j, t] : llvm::enumerate(phase.getTasks()))
+        os << (j ? ", " : " ") << t.getValue();
+      if (i < report.phasePeakBytes.size())
+        os << " (peak " << formatBytes(report.phasePeakBytes[i]) << ")";
+    }
+    os << "\n";
+  }
+  if (EwcAttr ewc = strategy ? strategy.getEwcAttr() : EwcAttr()) {
+    const ParameterGroups g = parameterGroups(model.getStep());
+    os << "  ewc (D14): lambda " << llvm::format("%g", ewc.getConfig().lambda)
+       << ", the Fisher on " << ewc.getBatches()
+       << " batches at each phase's end; F and the remembered weights of "
+       << g.protectedByEwc << " backbone parameters hold "
+       << formatBytes(mtprt::EwcConfig::kBytesPerParameter * g.protectedByEwc)
+       << "\n";
+  }
   if (SapsAttr saps = strategy ? strategy.getSapsAttr() : SapsAttr()) {
     const mtprt::SapsConfig c = saps.getConfig();
     const ParameterGroups g = parameterGroups(model.getStep());
@@ -468,6 +489,31 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
           {"floor", s.floor},
           {"largest_batch",
            s.largestBatch(budget.getMicroBatch() * budget.getGpus())}};
+    }
+    if (TrainOp train = model.getTrain(); train && train.getPhasesAttr()) {
+      Array phases;
+      for (auto [i, phase] :
+           llvm::enumerate(train.getPhasesAttr().getAsRange<PhaseAttr>())) {
+        Array names;
+        for (FlatSymbolRefAttr t : phase.getTasks())
+          names.push_back(t.getValue());
+        phases.push_back(Object{
+            {"steps", phase.getSteps()},
+            {"tasks", std::move(names)},
+            {"peak_bytes", i < report.phasePeakBytes.size()
+                               ? report.phasePeakBytes[i]
+                               : int64_t(0)}});
+      }
+      out["phases"] = std::move(phases);
+    }
+    if (StrategyOp st = model.getStrategy(); st && st.getEwcAttr()) {
+      const ParameterGroups g = parameterGroups(model.getStep());
+      out["ewc"] = Object{
+          {"lambda", st.getEwcAttr().getConfig().lambda},
+          {"batches", st.getEwcAttr().getBatches()},
+          {"protected_params", g.protectedByEwc},
+          {"state_bytes",
+           mtprt::EwcConfig::kBytesPerParameter * g.protectedByEwc}};
     }
     if (StrategyOp st = model.getStrategy(); st && st.getSapsAttr()) {
       const mtprt::SapsConfig c = st.getSapsAttr().getConfig();

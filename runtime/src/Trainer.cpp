@@ -922,15 +922,21 @@ void TrainerCore::addFisherSample(const Batch &batch, const Schedule &s) {
   if (!ewc_)
     throw std::logic_error("mtprt: addFisherSample: the trainer has no ewc");
   // The step's gradients without its side effects: the gate neither learns
-  // nor measures (the training's steps alone do).
+  // nor measures (the training's steps alone do), and the model runs in eval
+  // mode — no dropout, so the Fisher is the model's, and the random stream
+  // the training's dropout draws from is left as it was.
   quiet_ = true;
+  const bool training = model_->training();
+  model_->setTraining(false);
   try {
     computeGradients(batch, s);
   } catch (...) {
     quiet_ = false;
+    model_->setTraining(training);
     throw;
   }
   quiet_ = false;
+  model_->setTraining(training);
   ewc_->addFisherSample();
   for (const at::Tensor &p : model_->parameters())
     p.mutable_grad() = at::Tensor();

@@ -506,6 +506,10 @@ struct PlanFields {
   bool sparse = false;
   SapsConfig saps{/*fraction=*/0.2, /*every=*/1000, /*lambda=*/1.0};
   int64_t steady = 0;
+  /// Train.phases (none when empty) and Strategy.ewc, written when `ewcOn`.
+  std::vector<Phase> phases;
+  bool ewcOn = false;
+  EwcConfig ewc{/*lambda=*/1e6, /*fisherBatches=*/2};
   // Train
   int64_t steps = 3;
   uint64_t seed = 0;
@@ -589,7 +593,13 @@ std::string build(const PlanFields &f) {
                       f.schedule.floor)
                 : flatbuffers::Offset<fb::BatchSchedule>(),
       f.sparse ? fb::CreateSaps(b, f.saps.fraction, f.saps.every, f.saps.lambda)
-               : flatbuffers::Offset<fb::Saps>());
+               : flatbuffers::Offset<fb::Saps>(),
+      f.ewcOn ? fb::CreateEwc(b, f.ewc.lambda, f.ewc.fisherBatches)
+              : flatbuffers::Offset<fb::Ewc>());
+  std::vector<flatbuffers::Offset<fb::Phase>> phases;
+  for (const Phase &p : f.phases)
+    phases.push_back(fb::CreatePhase(b, p.steps, b.CreateVector(p.tasks),
+                                     p.predictedPeakBytes));
   auto train =
       fb::CreateTrain(b, f.steps, f.seed, b.CreateString(f.data),
                       lr(f.lrKind, f.lrPeak, f.lrWarmup), f.weightDecay,
@@ -597,7 +607,8 @@ std::string build(const PlanFields &f) {
                       f.evalData.empty()
                           ? flatbuffers::Offset<flatbuffers::String>()
                           : b.CreateString(f.evalData),
-                      f.evalEvery);
+                      f.evalEvery,
+                      f.phases.empty() ? 0 : b.CreateVector(phases));
   auto plan = fb::CreatePlan(
       b, unsigned(fb::PlanVersion::Current), b.CreateString(f.model),
       b.CreateString(f.source), target, backbone, b.CreateVector(tasks),
@@ -791,6 +802,17 @@ std::vector<Change> allChanges(const std::string &jsonl) {
     f.steps = 5;
   };
   const std::function<void(F &)> sparse = [](F &f) { f.sparse = true; };
+  // Two phases: cls for two steps, then tag and gen for three (the
+  // penalty is 0 at the second phase's first update, θ = θ*; λ shows in the
+  // last step's losses).
+  const std::function<void(F &)> phased = [](F &f) {
+    f.steps = 5;
+    f.phases = {{2, {0}}, {3, {1, 2}}};
+  };
+  const std::function<void(F &)> withEwc = [phased](F &f) {
+    phased(f);
+    f.ewcOn = true;
+  };
   const std::function<void(F &)> bert = [](F &f) {
     f.kind = "bert";
     f.typeVocab = 2;
@@ -1004,6 +1026,24 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       {"Saps.lambda", [](F &f) { f.saps.lambda = 1e6; }, Shows::Losses, "",
        sparse},
 
+      // Sequential training: each phase keeps its tasks' labels.
+      {"Train.phases", [](F &f) { f.phases = {{1, {0}}, {2, {1, 2}}}; },
+       Shows::Losses},
+      {"Phase.steps", [](F &f) { f.phases = {{1, {0}}, {4, {1, 2}}}; },
+       Shows::Losses, "", phased},
+      {"Phase.tasks", [](F &f) { f.phases[0].tasks = {1}; }, Shows::Losses,
+       "", phased},
+      {"Phase.predicted_peak_bytes",
+       [](F &f) { f.phases[1].predictedPeakBytes = 100000; },
+       Shows::Predicted, "", phased},
+      // EWC (D14): from the second phase the penalty pulls the backbone.
+      {"Strategy.ewc", [](F &f) { f.ewcOn = true; }, Shows::Losses, "",
+       phased},
+      {"Ewc.lambda", [](F &f) { f.ewc.lambda = 1e2; }, Shows::Losses, "",
+       withEwc},
+      {"Ewc.fisher_batches", [](F &f) { f.ewc.fisherBatches = 1; },
+       Shows::Losses, "", withEwc},
+
       {"Train.steps", [](F &f) { f.steps = 4; }, Shows::Records},
       {"Train.seed", [](F &f) { f.seed = 3; }, Shows::Losses},
       {"Train.data", [jsonl](F &f) { f.data = jsonl; }, Shows::Losses},
@@ -1160,8 +1200,12 @@ TEST(PlanFields, Strategy) {
   checkTable("Strategy");
   checkTable("BatchSchedule");
   checkTable("Saps");
+  checkTable("Ewc");
 }
-TEST(PlanFields, Train) { checkTable("Train"); }
+TEST(PlanFields, Train) {
+  checkTable("Train");
+  checkTable("Phase");
+}
 TEST(PlanFields, UnitRegionOffloadBucket) {
   checkTable("Unit");
   checkTable("Region");
