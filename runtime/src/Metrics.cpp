@@ -60,6 +60,8 @@ std::string toJsonLine(const StepStats &s) {
     j["phase"] = s.phase;
   if (s.ewcPenalty >= 0)
     j["ewc_penalty"] = jsonNumber(s.ewcPenalty);
+  if (s.sapsTurnover >= 0)
+    j["saps_turnover"] = jsonNumber(s.sapsTurnover);
   return jsonLine(j);
 }
 

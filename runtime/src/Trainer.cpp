@@ -842,6 +842,8 @@ void TrainerCore::optimizerStep() {
   // EWC's penalty (D14) on the final gradients, before the update.
   if (ewc_)
     st.stats.ewcPenalty = ewc_->addPenaltyGradient();
+  if (saps_ && saps_->config().rerankAt(step_))
+    st.stats.sapsTurnover = saps_->lastTurnover();
   Model &m = *model_;
   // TaskLRAdapter: each group's own schedule.
   auto &groups = optimizer_->param_groups();

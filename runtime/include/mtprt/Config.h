@@ -285,6 +285,9 @@ struct StepStats {
   int64_t phase = -1;
   /// EWC's penalty λ·Σ F·(θ − θ*)² at the step's weights (-1: no ewc).
   double ewcPenalty = -1.0;
+  /// SAPS at a re-ranking step: the share of the selection that is new
+  /// (-1: not a re-ranking step, or no saps).
+  double sapsTurnover = -1.0;
 };
 
 /// The names the spec, the IR and the plan file use (flatc's tables for the
