@@ -179,35 +179,51 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
       for (Value g : bwd.getInputGrads().take_front(bwd.getAliases()))
         aliasOf[g] = bwd.getGrads().front();
   }
-  auto lastUse = [&](Value v, auto &self) -> unsigned {
-    unsigned last = position[v.getDefiningOp()];
-    for (Operation *user : v.getUsers()) {
-      last = std::max(last, position[user]);
-      if (auto yield = dyn_cast<YieldOp>(user))
-        for (auto [yv, r] : llvm::zip(yield.getValues(),
-                                      yield->getParentOp()->getResults()))
-          if (yv == v)
-            last = std::max(last, self(r, self));
-      // An aliased input gradient is this incoming one (not a saved operand).
-      if (auto bwd = dyn_cast<BwdOp>(user);
-          bwd && bwd.getAliases() && bwd.getGrads().front() == v)
-        for (Value g : bwd.getInputGrads().take_front(bwd.getAliases()))
-          last = std::max(last, self(g, self));
-    }
-    return last;
-  };
   auto isForwardValue = [](Value v) {
     return isa_and_nonnull<FwdOp, InputOp, PrefetchOp>(v.getDefiningOp());
   };
   // Each device value lives from its op to its last use; host copies
-  // (mtp.offload) are not device memory.
+  // (mtp.offload) are not device memory. Ops in `skipped` do not run (a
+  // phase's other tasks): they neither make values nor use them; a use by
+  // one in `held` (a backward above a phase's top tap) holds the value to
+  // the step's end.
+  using OpSet = llvm::DenseSet<Operation *>;
+  auto liveOn = [&](const StepTimeline &timeline, const OpSet &skipped,
+                    const OpSet &held) {
+    auto lastUse = [&](Value v, auto &self) -> unsigned {
+      unsigned last = position[v.getDefiningOp()];
+      for (Operation *user : v.getUsers()) {
+        if (held.contains(user))
+          last = unsigned(order.size() - 1);
+        if (skipped.contains(user))
+          continue;
+        last = std::max(last, position[user]);
+        if (auto yield = dyn_cast<YieldOp>(user))
+          for (auto [yv, r] : llvm::zip(yield.getValues(),
+                                        yield->getParentOp()->getResults()))
+            if (yv == v)
+              last = std::max(last, self(r, self));
+        // An aliased input gradient is this incoming one (not a saved
+        // operand).
+        if (auto bwd = dyn_cast<BwdOp>(user);
+            bwd && bwd.getAliases() && bwd.getGrads().front() == v)
+          for (Value g : bwd.getInputGrads().take_front(bwd.getAliases()))
+            last = std::max(last, self(g, self));
+      }
+      return last;
+    };
+    StepTimeline::Live live = timeline.live();
+    for (Operation *op : order)
+      if (!skipped.contains(op))
+        for (Value result : op->getResults())
+          if (!aliasOf.count(result) && !isa<OffloadOp>(op))
+            live.add(position[op], lastUse(result, lastUse),
+                     CostModel::bytes(result.getType()),
+                     isForwardValue(result));
+    return live;
+  };
   StepTimeline timeline(model, cost, order);
-  StepTimeline::Live live = timeline.live();
-  for (Operation *op : order)
-    for (Value result : op->getResults())
-      if (!aliasOf.count(result) && !isa<OffloadOp>(op))
-        live.add(position[op], lastUse(result, lastUse),
-                 CostModel::bytes(result.getType()), isForwardValue(result));
+  StepTimeline::Live live = liveOn(timeline, OpSet(), OpSet());
   StepTimeline::Peak peak = timeline.peak(live, regions);
   report.peakBytes = peak.bytes;
   report.peakOp = peak.position >= 0 ? timeline.at(peak.position) : nullptr;
@@ -248,7 +264,7 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
         }
         return false;
       };
-      llvm::DenseSet<Operation *> dropped, held;
+      OpSet dropped, held;
       for (Operation *op : order) {
         std::optional<UnitRef> unit = getUnitRef(op);
         bool drop = unit && unit->task &&
@@ -258,7 +274,7 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
           held.insert(op);
         }
         if (isa<OffloadOp, PrefetchOp>(op))
-          drop = llvm::any_of(op->getOperands(), [&](Value v) {
+          drop = drop || llvm::any_of(op->getOperands(), [&](Value v) {
             return dropped.contains(v.getDefiningOp());
           });
         if (drop)
@@ -268,26 +284,6 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
       for (Operation *&op : kept)
         if (dropped.contains(op))
           op = nullptr;
-      auto keptLastUse = [&](Value v, auto &self) -> unsigned {
-        unsigned last = position[v.getDefiningOp()];
-        for (Operation *user : v.getUsers()) {
-          if (held.contains(user))
-            last = unsigned(order.size() - 1);
-          if (dropped.contains(user))
-            continue;
-          last = std::max(last, position[user]);
-          if (auto yield = dyn_cast<YieldOp>(user))
-            for (auto [yv, r] : llvm::zip(yield.getValues(),
-                                          yield->getParentOp()->getResults()))
-              if (yv == v)
-                last = std::max(last, self(r, self));
-          if (auto bwd = dyn_cast<BwdOp>(user);
-              bwd && bwd.getAliases() && bwd.getGrads().front() == v)
-            for (Value g : bwd.getInputGrads().take_front(bwd.getAliases()))
-              last = std::max(last, self(g, self));
-        }
-        return last;
-      };
       // The probe compares the phase's tasks alone; the pipeline's
       // workspace is over their gradients.
       CostModel phaseCost(model);
@@ -318,16 +314,10 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
                                           s.getClip() == ClipPolicy::per_task)
                         .workspace;
         }
-      StepTimeline::Live phaseLive = phaseTimeline.live();
-      for (Operation *op : order)
-        if (!dropped.contains(op))
-          for (Value result : op->getResults())
-            if (!aliasOf.count(result) && !isa<OffloadOp>(op))
-              phaseLive.add(position[op], keptLastUse(result, keptLastUse),
-                            CostModel::bytes(result.getType()),
-                            isForwardValue(result));
-      report.phasePeakBytes.push_back(
-          std::min(peak.bytes, phaseTimeline.peak(phaseLive, regions).bytes));
+      report.phasePeakBytes.push_back(std::min(
+          peak.bytes,
+          phaseTimeline.peak(liveOn(phaseTimeline, dropped, held), regions)
+              .bytes));
     }
   analyzeEvaluation(model, order, report);
 

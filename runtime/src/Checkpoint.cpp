@@ -24,6 +24,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <sys/stat.h>
@@ -35,6 +36,31 @@ namespace {
 
 [[noreturn]] void fail(const std::string &path, const std::string &what) {
   throw CheckpointError("mtprt: checkpoint " + path + ": " + what);
+}
+
+/// A list of tensors as the archive `key` (entries "0", "1", ...): the
+/// sparse update's and EWC's state.
+void writeTensors(torch::serialize::OutputArchive &ar, const std::string &key,
+                  const std::vector<at::Tensor> &tensors) {
+  torch::serialize::OutputArchive list;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    list.write(std::to_string(i), tensors[i]);
+  ar.write(key, list);
+}
+
+/// What writeTensors wrote under `key`; nullopt where the checkpoint has no
+/// such archive.
+std::optional<std::vector<at::Tensor>>
+readTensors(torch::serialize::InputArchive &ar, const std::string &path,
+            const std::string &key) {
+  torch::serialize::InputArchive list;
+  if (!ar.try_read(key, list))
+    return std::nullopt;
+  std::vector<at::Tensor> tensors(list.keys().size());
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (!list.try_read(std::to_string(i), tensors[i]))
+      fail(path, "its " + key + " state lacks tensor " + std::to_string(i));
+  return tensors;
 }
 
 /// LibTorch's message without the C++ backtrace c10 appends to it.
@@ -116,20 +142,10 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
     core.optimizer().save(opt);
     ar.write("optimizer", opt);
   }
-  if (const SparseUpdate *saps = core.sparseUpdate()) {
-    torch::serialize::OutputArchive sparse;
-    const std::vector<at::Tensor> state = saps->state();
-    for (size_t i = 0; i < state.size(); ++i)
-      sparse.write(std::to_string(i), state[i]);
-    ar.write("saps", sparse);
-  }
-  if (const ElasticConsolidation *ewc = core.consolidation()) {
-    torch::serialize::OutputArchive archive;
-    const std::vector<at::Tensor> state = ewc->state();
-    for (size_t i = 0; i < state.size(); ++i)
-      archive.write(std::to_string(i), state[i]);
-    ar.write("ewc", archive);
-  }
+  if (const SparseUpdate *saps = core.sparseUpdate())
+    writeTensors(ar, "saps", saps->state());
+  if (const ElasticConsolidation *ewc = core.consolidation())
+    writeTensors(ar, "ewc", ewc->state());
   {
     torch::serialize::OutputArchive gate;
     core.gate().save(gate);
@@ -245,49 +261,36 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
                        ", the model " + c10::str(p.sizes()));
       p.copy_(v);
     }
-    // SAPS's state before the optimizer's: a checkpoint of the other kind
-    // gets this message, not LibTorch's about group sizes.
-    torch::serialize::InputArchive sparse;
-    const bool hasSaps = ar.try_read("saps", sparse);
-    if (SparseUpdate *saps = core.sparseUpdate()) {
-      if (!hasSaps)
-        fail(path, "it was trained with dense updates and the plan updates "
-                   "the backbone sparsely (strategy { saps }): resume it "
-                   "with the plan it was trained with, or start afresh");
-      std::vector<at::Tensor> state(4 * saps->params().size());
-      for (size_t i = 0; i < state.size(); ++i)
-        if (!sparse.try_read(std::to_string(i), state[i]))
-          fail(path, "its saps state lacks tensor " + std::to_string(i));
+    // SAPS's and EWC's state before the optimizer's: a checkpoint of the
+    // other kind gets these messages, not LibTorch's about group sizes. The
+    // loaders check counts, shapes and values before changing anything.
+    auto restore = [&](auto *state, const std::string &key,
+                       const char *notTrainedWith, const char *planHasNone) {
+      std::optional<std::vector<at::Tensor>> saved =
+          readTensors(ar, path, key);
+      if (state && !saved)
+        fail(path, notTrainedWith);
+      if (!state && saved)
+        fail(path, planHasNone);
+      if (!state)
+        return;
       try {
-        saps->loadState(state);
+        state->loadState(*saved);
       } catch (const std::runtime_error &e) {
         fail(path, e.what());
       }
-    } else if (hasSaps) {
-      fail(path, "it was trained with sparse updates (strategy { saps }) and "
-                 "the plan updates densely: resume it with the plan it was "
-                 "trained with");
-    }
-    torch::serialize::InputArchive ewcArchive;
-    const bool hasEwc = ar.try_read("ewc", ewcArchive);
-    if (ElasticConsolidation *ewc = core.consolidation()) {
-      if (!hasEwc)
-        fail(path, "it was trained without ewc and the plan protects earlier "
-                   "phases (strategy { ewc }): resume it with the plan it was "
-                   "trained with");
-      std::vector<at::Tensor> state(2 * ewc->params().size() + 1);
-      for (size_t i = 0; i < state.size(); ++i)
-        if (!ewcArchive.try_read(std::to_string(i), state[i]))
-          fail(path, "its ewc state lacks tensor " + std::to_string(i));
-      try {
-        ewc->loadState(state);
-      } catch (const std::runtime_error &e) {
-        fail(path, e.what());
-      }
-    } else if (hasEwc) {
-      fail(path, "it was trained with ewc (strategy { ewc }) and the plan has "
-                 "none: resume it with the plan it was trained with");
-    }
+    };
+    restore(core.sparseUpdate(), "saps",
+            "it was trained with dense updates and the plan updates the "
+            "backbone sparsely (strategy { saps }): resume it with the plan it "
+            "was trained with, or start afresh",
+            "it was trained with sparse updates (strategy { saps }) and the "
+            "plan updates densely: resume it with the plan it was trained with");
+    restore(core.consolidation(), "ewc",
+            "it was trained without ewc and the plan protects earlier phases "
+            "(strategy { ewc }): resume it with the plan it was trained with",
+            "it was trained with ewc (strategy { ewc }) and the plan has none: "
+            "resume it with the plan it was trained with");
     torch::serialize::InputArchive opt;
     ar.read("optimizer", opt);
     core.optimizer().load(opt);

@@ -44,7 +44,9 @@ double ElasticConsolidation::addPenaltyGradient() {
   if (!active())
     return 0.0;
   at::NoGradGuard noGrad;
-  double penalty = 0.0;
+  // Summed on the device, read once (one synchronization a step, not one
+  // per tensor).
+  at::Tensor penalty;
   for (size_t i = 0; i < params_.size(); ++i) {
     // A tensor the phase's tasks do not reach has no gradient and AdamW
     // leaves it where it was: at θ*, since the phase began (nothing to add,
@@ -54,10 +56,11 @@ double ElasticConsolidation::addPenaltyGradient() {
       continue;
     at::Tensor d = params_[i].detach() - anchor_[i];
     at::Tensor fd = d.mul(fisher_[i]);
-    penalty += at::dot(fd.reshape({-1}), d.reshape({-1})).item<double>();
+    at::Tensor term = at::dot(fd.reshape({-1}), d.reshape({-1}));
+    penalty = penalty.defined() ? penalty.add_(term) : term;
     grad.add_(fd, 2.0 * config_.lambda);
   }
-  return config_.lambda * penalty;
+  return penalty.defined() ? config_.lambda * penalty.item<double>() : 0.0;
 }
 
 std::vector<at::Tensor> ElasticConsolidation::state() const {
