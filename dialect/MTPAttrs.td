@@ -258,6 +258,28 @@ def MTP_EwcAttr : AttrDef<MTP_Dialect, "Ewc"> {
   }];
 }
 
+def MTP_AdaptersAttr : AttrDef<MTP_Dialect, "Adapters"> {
+  let mnemonic = "adapters";
+  let summary = "NPD gated per-task adapters (docs/techniques.md D13)";
+  let description = [{
+    `#mtp.adapters<bottleneck 8, separation 1.0e-01>`: every task's head
+    reads its tap through its own bottleneck adapter (hidden -> bottleneck
+    -> hidden), mixed in by a per-channel gate of the task and the input;
+    `separation` weighs the gate-separation loss (mtprt::AdapterConfig).
+    `bottleneck auto` (about 0.1% of the backbone's parameters per task)
+    is resolved by --mtp-normalize-spec.
+  }];
+  let parameters = (ins "int64_t":$bottleneck,
+                        APFloatParameter<"gate-separation weight">:$separation);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    ::mtprt::AdapterConfig getConfig() const;
+    static AdaptersAttr get(::mlir::MLIRContext *context,
+                            const ::mtprt::AdapterConfig &c);
+  }];
+}
+
 def MTP_PhaseAttr : AttrDef<MTP_Dialect, "Phase"> {
   let mnemonic = "phase";
   let summary = "a stretch of training on some tasks (train { phases })";

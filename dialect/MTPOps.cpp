@@ -420,6 +420,62 @@ mtprt::EwcConfig EwcAttr::getConfig() const {
   return {getLambda().convertToDouble(), getBatches()};
 }
 
+//===----------------------------------------------------------------------===//
+// AdaptersAttr
+//===----------------------------------------------------------------------===//
+
+// <bottleneck 8 | auto, separation 1.0e-01>
+Attribute AdaptersAttr::parse(AsmParser &parser, Type) {
+  SMLoc loc = parser.getCurrentLocation();
+  int64_t bottleneck = 0;
+  double separation;
+  if (parser.parseLess() || parser.parseKeyword("bottleneck"))
+    return {};
+  if (failed(parser.parseOptionalKeyword("auto")) &&
+      parser.parseInteger(bottleneck))
+    return {};
+  if (parser.parseComma() || parser.parseKeyword("separation") ||
+      parser.parseFloat(separation) || parser.parseGreater())
+    return {};
+  return getChecked([&] { return parser.emitError(loc); },
+                    parser.getContext(), bottleneck, APFloat(separation));
+}
+
+void AdaptersAttr::print(AsmPrinter &printer) const {
+  printer << "<bottleneck ";
+  if (getBottleneck() == 0)
+    printer << "auto";
+  else
+    printer << getBottleneck();
+  printer << ", separation ";
+  printer.printFloat(getSeparation());
+  printer << '>';
+}
+
+LogicalResult
+AdaptersAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                     int64_t bottleneck, APFloat separation) {
+  if (bottleneck != 0 && !limits::kAdapterBottleneck.contains(bottleneck))
+    return emitError() << "adapters bottleneck must be auto or lie in ["
+                       << limits::kAdapterBottleneck.lo << ", "
+                       << limits::kAdapterBottleneck.hi << "], got "
+                       << bottleneck;
+  return checkReal(emitError, "adapters separation",
+                   separation.convertToDouble(), limits::kAdapterSeparation);
+}
+
+AdaptersAttr AdaptersAttr::get(MLIRContext *context,
+                               const mtprt::AdapterConfig &c) {
+  return get(context, c.bottleneck, APFloat(c.separation));
+}
+
+mtprt::AdapterConfig AdaptersAttr::getConfig() const {
+  mtprt::AdapterConfig c;
+  c.bottleneck = getBottleneck();
+  c.separation = getSeparation().convertToDouble();
+  return c;
+}
+
 mtprt::BatchSchedule BatchScheduleAttr::getSchedule() const {
   mtprt::BatchSchedule s;
   s.start = getStart();
@@ -1061,6 +1117,13 @@ LogicalResult StrategyOp::verify() {
         return emitOpError("gradient scope covers ")
                << getScopeLayers() << " layers but the backbone has "
                << backbone.getLayers();
+  if (AdaptersAttr adapters = getAdaptersAttr())
+    if (auto model = (*this)->getParentOfType<ModelOp>())
+      if (BackboneOp backbone = model.getBackbone())
+        if (adapters.getBottleneck() > int64_t(backbone.getHidden()))
+          return emitOpError("adapters bottleneck ")
+                 << adapters.getBottleneck() << " is wider than the hidden size "
+                 << backbone.getHidden();
   if (getSapsAttr() && getGradientScope() == GradientScope::params)
     return emitOpError("saps folds the backbone's gradients as autograd "
                        "makes them; the params scope needs them whole");

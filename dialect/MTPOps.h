@@ -50,6 +50,7 @@ inline llvm::hash_code hash_value(const PlanOffload &o) {
 }
 } // namespace mtp
 
+#include "mtprt/Adapters.h"      // AdaptersAttr::getConfig
 #include "mtprt/BatchSchedule.h" // BatchScheduleAttr::getSchedule
 #include "mtprt/Ewc.h"           // EwcAttr::getConfig
 #include "mtprt/Saps.h"          // SapsAttr::getConfig

@@ -328,7 +328,8 @@ def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
                        F64Attr:$residual_decay,
                        OptionalAttr<MTP_BatchScheduleAttr>:$dynamic_batch,
                        OptionalAttr<MTP_SapsAttr>:$saps,
-                       OptionalAttr<MTP_EwcAttr>:$ewc);
+                       OptionalAttr<MTP_EwcAttr>:$ewc,
+                       OptionalAttr<MTP_AdaptersAttr>:$adapters);
   let assemblyFormat = [{
     `checkpoint` $checkpoint `every` $checkpoint_every
         `threshold` $group_threshold
@@ -343,6 +344,7 @@ def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
     (`dynamic_batch` $dynamic_batch^)?
     (`saps` $saps^)?
     (`ewc` $ewc^)?
+    (`adapters` $adapters^)?
     attr-dict
   }];
   let hasVerifier = 1;

@@ -87,7 +87,8 @@ public:
         s.dynamicBatch ? BatchScheduleAttr::get(ctx(), *s.dynamicBatch)
                        : BatchScheduleAttr(),
         s.saps ? SapsAttr::get(ctx(), *s.saps) : SapsAttr(),
-        s.ewc ? EwcAttr::get(ctx(), *s.ewc) : EwcAttr());
+        s.ewc ? EwcAttr::get(ctx(), *s.ewc) : EwcAttr(),
+        s.adapters ? AdaptersAttr::get(ctx(), *s.adapters) : AdaptersAttr());
 
     const auto &tr = spec.train;
     auto phases = [&](ArrayRef<CheckedSpec::Phase> list) {

@@ -85,7 +85,6 @@ constexpr Deferred kDeferredStrategy[] = {
     {"cuda_graphs", "CUDA Graph capture (docs/techniques.md A3)"},
     {"pipeline", "task-aware pipeline parallelism (docs/techniques.md C9)"},
     {"search", "the memory-constrained search (docs/techniques.md C11)"},
-    {"adapters", "NPD gated adapters (docs/techniques.md D13)"},
     {"zero", "ZeRO-3 parameter offload (docs/techniques.md D16)"},
 };
 constexpr Deferred kDeferredBudget[] = {
@@ -121,7 +120,8 @@ constexpr StringRef kBudgetKeys[] = {
     "precision",    "hbm_bandwidth", "peak_tflops"};
 constexpr StringRef kStrategyKeys[] = {
     "checkpoint", "offload", "gfm",  "gradient_scope",
-    "dgfg",       "clip",    "lr",   "collective", "dynamic_batch", "saps", "ewc"};
+    "dgfg",       "clip",    "lr",   "collective", "dynamic_batch", "saps", "ewc",
+    "adapters"};
 constexpr StringRef kTrainKeys[] = {"steps",      "seed",      "data",
                                     "optimizer",  "log_every", "save_every",
                                     "eval",       "eval_every", "phases"};
@@ -1487,6 +1487,32 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
     }
   }
 
+  // adapters = none | source | npd(bottleneck = r, separation = 0.1)
+  if (const ast::Value *v = f.get("adapters")) {
+    static const StringRef kinds[] = {"none", "source", "npd"};
+    std::optional<StringRef> k = policy(*v, "adapters", kinds);
+    if (k && *k != "none") {
+      mtprt::AdapterConfig c; // bottleneck 0: about 0.1% of the backbone
+      out.adaptersLoc = v->loc;
+      if (*k == "npd" && v->kind == ast::Value::Kind::Call) {
+        Args a(*this, *v, {"bottleneck", "separation"});
+        if (const ast::Value *x = a.get("bottleneck"))
+          c.bottleneck =
+              integer(*x, "bottleneck", mtprt::limits::kAdapterBottleneck)
+                  .value_or(c.bottleneck);
+        if (const ast::Value *x = a.get("separation"))
+          c.separation =
+              real(*x, "separation", mtprt::limits::kAdapterSeparation)
+                  .value_or(c.separation);
+      } else if (v->kind == ast::Value::Kind::Call) {
+        Args a(*this, *v, {});
+      }
+      out.adapters = c;
+    } else if (k && v->kind == ast::Value::Kind::Call) {
+      Args a(*this, *v, {});
+    }
+  }
+
   // ewc = none | source | on(lambda = 1e4, batches = 8)
   if (const ast::Value *v = f.get("ewc")) {
     static const StringRef kinds[] = {"none", "source", "on"};
@@ -1732,6 +1758,10 @@ void Sema::crossChecks(CheckedSpec &spec) {
           << ") is not yet supported: each process would estimate its own "
              "Fisher; train on one, or drop ewc";
   }
+  if (s.adapters && s.adapters->bottleneck > bb.hidden)
+    error(s.adaptersLoc) << "adapters: bottleneck " << s.adapters->bottleneck
+                         << " is wider than the hidden size (" << bb.hidden
+                         << "); an adapter narrows it";
   if (s.saps) {
     if (s.scope == GradientScope::params) {
       auto diag = error(s.sapsLoc);

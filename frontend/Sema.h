@@ -13,6 +13,7 @@
 #include "dialect/MTPOps.h"
 #include "frontend/AST.h"
 #include "mtprt/BatchSchedule.h"
+#include "mtprt/Adapters.h"
 #include "mtprt/Ewc.h"
 #include "mtprt/Saps.h"
 #include "mtprt/Defaults.h"
@@ -119,6 +120,9 @@ struct CheckedSpec {
     /// D14: elastic weight consolidation across train { phases }.
     std::optional<mtprt::EwcConfig> ewc;
     ast::Location ewcLoc;
+    /// D13: per-task gated adapters (none: plain heads).
+    std::optional<mtprt::AdapterConfig> adapters;
+    ast::Location adaptersLoc;
     ast::Location loc;
   } strategy;
 

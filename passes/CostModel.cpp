@@ -538,6 +538,59 @@ UnitCost CostModel::headCost(TaskOp task) const {
   // The head's LayerNorm keeps its input: the tap (or, for classify, a view
   // of it — which keeps the whole tap alive just the same).
   cost.backwardNeedsInput = true;
+  // D13: the head reads its tap through the adapter (Model::adapt), which
+  // keeps its bottleneck's ReLU output, the up-projection's output u and
+  // the gate (its input's sequence mean m, g, 1 − g) for the backward; the
+  // head's first op then keeps the adapted y instead of a view of the tap.
+  // With the separation loss, Model::gateMean's own m and g live until the
+  // micro-batch's last head backward (counted here, with the head's).
+  const std::optional<mtprt::AdapterConfig> adapter = adapters();
+  const int64_t rows = task.getHead() == HeadKind::classify ? 1 : s;
+  const int64_t r = adapter ? adapter->bottleneck : 0;
+  AdapterCost ad;
+  if (adapter) {
+    auto keep = [&](std::string name, RankedTensorType type) {
+      ad.saved.push_back({std::move(name), type});
+    };
+    if (autocast) {
+      // Autocast's bf16 copy of the input for the down-projection, and the
+      // cast weights of both projections.
+      keep("adapter.input", tensor({b, rows, h}, act));
+      for (auto [out, in] : {std::pair<int64_t, int64_t>{r, h}, {h, r}}) {
+        keep("adapter.weight", tensor({out, in}, act));
+        keep("adapter.bias", tensor({out}, act));
+      }
+    }
+    if (rows > 1)
+      keep("adapter.mean", tensor({b, h}, f32));
+    keep("adapter.gate", tensor({b, h}, f32));
+    keep("adapter.open", tensor({b, h}, f32)); // 1 − g
+    keep("adapter.relu", tensor({b, rows, r}, act));
+    keep("adapter.up", tensor({b, rows, h}, act));
+    keep("adapter.adapted", tensor({b, rows, h}, f32));
+    if (adapter->separation > 0) {
+      if (rows > 1)
+        keep("adapter.summary_mean", tensor({b, h}, f32));
+      keep("adapter.summary_gate", tensor({b, h}, f32));
+    }
+    const int64_t bsh = b * rows * h;
+    ad.params = mtprt::AdapterConfig::parameters(h, r);
+    ad.fwdFlops = 4 * b * rows * h * r + 6 * bsh;
+    // Forward: (1 − g)·u beside y as the sum is made. Backward, beside y's
+    // gradient (the tap's, where it has one): u's gradient and the full
+    // product for 1 − g's before autograd sums it to [B, 1, H]; then the
+    // down-projection's input gradient beside the ReLU's.
+    ad.fwdWorkspace = 4 * bsh;
+    ad.bwdWorkspace = 4 * 2 * bsh + e * b * rows * r;
+  }
+  auto withAdapter = [&](UnitCost c) {
+    c.saved.append(ad.saved.begin(), ad.saved.end());
+    c.fwdFlops += ad.fwdFlops;
+    c.bwdFlops += 2 * ad.fwdFlops;
+    c.fwdWorkspace = std::max(c.fwdWorkspace, ad.fwdWorkspace);
+    c.bwdWorkspace = std::max(c.bwdWorkspace, ad.bwdWorkspace);
+    return c;
+  };
   switch (task.getHead()) {
   case HeadKind::classify: {
     int64_t c = *task.getClasses();
@@ -551,7 +604,7 @@ UnitCost CostModel::headCost(TaskOp task) const {
     cost.fwdFlops = 2 * b * h * h + 2 * b * h * c + 12 * b * h;
     cost.bwdFlops = 2 * cost.fwdFlops;
     cost.fwdWorkspace = e * b * h; // the pooler's pre-tanh output
-    return cost;
+    return withAdapter(std::move(cost));
   }
   case HeadKind::tag:
   case HeadKind::span: {
@@ -564,7 +617,7 @@ UnitCost CostModel::headCost(TaskOp task) const {
     weights(c, h);
     cost.fwdFlops = 2 * b * s * h * c + 8 * b * s * h;
     cost.bwdFlops = 2 * cost.fwdFlops;
-    return cost;
+    return withAdapter(std::move(cost));
   }
   case HeadKind::decoder: {
     // A pre-norm decoder on T teacher-forced tokens: per layer a causal
@@ -598,6 +651,13 @@ UnitCost CostModel::headCost(TaskOp task) const {
         add(std::move(name), type);
     };
     const int64_t bth = b * t * h, norm = 2 * h;
+    // The adapter runs first and its backward last (every layer's
+    // cross-attention reads the adapted tap, which it keeps to the end).
+    if (adapter) {
+      for (const SavedTensor &t : ad.saved)
+        add(t.name, t.type);
+      endPhase(ad.params, ad.bwdWorkspace, 0);
+    }
     add("inputs", tensor({b, t}, builder.getI64Type()));
     add("embedded", tensor({b, t, h}, act));
     if (dropout)
@@ -680,7 +740,7 @@ UnitCost CostModel::headCost(TaskOp task) const {
     add("final.rstd", tensor({b, t, 1}, f32));
     addUnfused("final.normed", tensor({b, t, h}, act));
     endPhase(norm + h * v + v, 0, 0);
-    cost.fwdFlops = flops + 2 * b * t * h * v;
+    cost.fwdFlops = flops + 2 * b * t * h * v + ad.fwdFlops;
     cost.bwdFlops = 2 * cost.fwdFlops;
     // The forward's widest transient: the cross K/V's projection beside the
     // kernel's buffers, or (math) the cross-attention scores.
@@ -695,6 +755,7 @@ UnitCost CostModel::headCost(TaskOp task) const {
     for (const Phase &ph : phases)
       widest = std::max(widest, ph.saved);
     cost.noGradWorkspace = widest + cost.fwdWorkspace - e * 2 * b * s * h;
+    cost.fwdWorkspace = std::max(cost.fwdWorkspace, ad.fwdWorkspace);
     // The backward's peak: the phase (run last to first) with the most
     // alive — what earlier phases saved, its own saved tensors but its
     // output, the gradients created so far, its workspace.
@@ -911,6 +972,14 @@ int64_t CostModel::layerParameters() const {
 }
 
 int64_t CostModel::headParameters(TaskOp task) const {
+  int64_t h = backbone.getHidden();
+  const int64_t adapter =
+      adapters() ? mtprt::AdapterConfig::parameters(h, adapters()->bottleneck)
+                 : 0;
+  return adapter + plainHeadParameters(task);
+}
+
+int64_t CostModel::plainHeadParameters(TaskOp task) const {
   int64_t h = backbone.getHidden(), norm = 2 * h;
   switch (task.getHead()) {
   case HeadKind::classify: // norm, tanh pooler, classifier
@@ -1179,6 +1248,20 @@ double CostModel::transferSeconds(int64_t bytes) const {
 
 int64_t CostModel::usableBytes() const {
   return budget ? budget.getUsableBytes() : INT64_MAX;
+}
+
+std::optional<mtprt::AdapterConfig> CostModel::adapters() const {
+  StrategyOp s = model.getStrategy();
+  AdaptersAttr attr = s ? s.getAdaptersAttr() : AdaptersAttr();
+  if (!attr)
+    return std::nullopt;
+  mtprt::AdapterConfig c = attr.getConfig();
+  // `auto` before --mtp-normalize-spec resolved it.
+  c.bottleneck = c.bottleneckFor(
+      backbone.getHidden(), embeddingParameters() +
+                                backbone.getLayers() * layerParameters() +
+                                finalNormParameters());
+  return c;
 }
 
 std::optional<mtprt::SapsConfig> CostModel::saps() const {

@@ -203,6 +203,7 @@ public:
   int64_t layerParameters() const;
   /// The final LayerNorm's (weight + bias), where the backbone has one.
   int64_t finalNormParameters() const;
+  /// A task's head's, its adapter's included (D13).
   int64_t headParameters(TaskOp task) const;
   ParameterCount parameters() const;
   /// Parameters the optimizer updates: all but the frozen layers'.
@@ -217,6 +218,8 @@ public:
   /// AdamW's two moments.
   static constexpr int64_t kWeightBytes = 4, kGradientBytes = 4,
                            kOptimizerBytes = 8;
+  /// D13's adapters, the bottleneck resolved (none: plain heads).
+  std::optional<mtprt::AdapterConfig> adapters() const;
   /// SAPS (D12; none: dense updates).
   std::optional<mtprt::SapsConfig> saps() const;
   /// What folding a backbone unit's dense gradient of `gradientBytes` into
@@ -333,6 +336,13 @@ private:
   mlir::RankedTensorType tensor(llvm::ArrayRef<int64_t> shape,
                                 mlir::Type element) const;
   UnitCost headCost(TaskOp task) const;
+  /// The head without its adapter.
+  int64_t plainHeadParameters(TaskOp task) const;
+  /// What a task's adapter adds to its head unit (see headCost).
+  struct AdapterCost {
+    llvm::SmallVector<SavedTensor> saved;
+    int64_t params = 0, fwdFlops = 0, fwdWorkspace = 0, bwdWorkspace = 0;
+  };
   UnitCost unfrozenUnit(UnitKind kind, TaskOp task) const;
   /// `cost` under NoGradGuard (see unit()).
   static UnitCost withoutBackward(UnitCost cost);

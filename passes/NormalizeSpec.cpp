@@ -20,6 +20,7 @@ struct NormalizeSpecPass
   void runOnOperation() override;
   LogicalResult resolveAttention(ModelOp model);
   LogicalResult resolvePointwise(ModelOp model);
+  void resolveAdapters(ModelOp model);
 };
 } // namespace
 
@@ -82,7 +83,22 @@ void NormalizeSpecPass::runOnOperation() {
     op->moveBefore(&body, body.end());
 
   if (failed(resolveAttention(model)) || failed(resolvePointwise(model)))
-    signalPassFailure();
+    return signalPassFailure();
+  resolveAdapters(model);
+}
+
+/// `bottleneck auto`: the width whose adapter is nearest 0.1% of the
+/// backbone's parameters (mtprt::AdapterConfig::bottleneckFor).
+void NormalizeSpecPass::resolveAdapters(ModelOp model) {
+  StrategyOp strategy = model.getStrategy();
+  AdaptersAttr adapters = strategy ? strategy.getAdaptersAttr() : AdaptersAttr();
+  if (!adapters || adapters.getBottleneck() != 0)
+    return;
+  mtprt::AdapterConfig c = adapters.getConfig();
+  const CostModel cost(model);
+  c.bottleneck = c.bottleneckFor(model.getBackbone().getHidden(),
+                                 cost.parameters().backbone);
+  strategy.setAdaptersAttr(AdaptersAttr::get(model.getContext(), c));
 }
 
 /// The attention kind, picked where the spec left it out: fused wherever a

@@ -199,7 +199,12 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         st.getEwcAttr()
             ? fb::CreateEwc(b, st.getEwcAttr().getConfig().lambda,
                             st.getEwcAttr().getBatches())
-            : flatbuffers::Offset<fb::Ewc>());
+            : flatbuffers::Offset<fb::Ewc>(),
+        st.getAdaptersAttr()
+            ? fb::CreateAdapters(
+                  b, st.getAdaptersAttr().getBottleneck(),
+                  st.getAdaptersAttr().getConfig().separation)
+            : flatbuffers::Offset<fb::Adapters>());
   flatbuffers::Offset<fb::Train> train;
   std::string data = "synthetic";
   if (TrainOp tr = model.getTrain(); tr && tr.getDataPath())
@@ -325,6 +330,10 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
          << " for " << db->ramp_steps() << " steps, then x"
          << llvm::format("%g", db->decay()) << " every " << db->every()
          << " steps, floor " << db->floor() << "\n";
+    if (const fb::Adapters *ad = st->adapters())
+      os << "  adapters bottleneck " << ad->bottleneck()
+         << " per task at its tap, gate separation "
+         << llvm::format("%g", ad->separation()) << "\n";
     if (const fb::Ewc *ew = st->ewc())
       os << "  ewc      lambda " << llvm::format("%g", ew->lambda())
          << ", the Fisher on " << ew->fisher_batches()

@@ -62,6 +62,8 @@ std::string toJsonLine(const StepStats &s) {
     j["ewc_penalty"] = jsonNumber(s.ewcPenalty);
   if (s.sapsTurnover >= 0)
     j["saps_turnover"] = jsonNumber(s.sapsTurnover);
+  if (s.gateSeparation >= 0)
+    j["gate_separation"] = jsonNumber(s.gateSeparation);
   return jsonLine(j);
 }
 

@@ -412,6 +412,27 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
       h.out = init.linear(n + ".out", hdim, hc.targetVocab);
       break;
     }
+    if (const std::optional<AdapterConfig> &ad = c.adapters) {
+      // Made after the head's own parameters, so a model without adapters
+      // draws the same initialization. up starts at zero: a fresh adapter
+      // is the identity. The gate's bias is spread (N(0, 1)) so that tasks'
+      // gates differ from the start: identical gates are a stationary point
+      // of the separation loss.
+      const int64_t r = ad->bottleneck;
+      if (r < 1 || r > hdim)
+        bad("ModelConfig.adapters.bottleneck",
+            "must lie in [1, hidden = " + std::to_string(hdim) + "], got " +
+                std::to_string(r));
+      h.adapter.down = init.linear(n + ".adapter.down", hdim, r);
+      h.adapter.up = {init.leaf(n + ".adapter.up.weight",
+                                at::zeros({hdim, r}, at::kFloat)),
+                      init.leaf(n + ".adapter.up.bias",
+                                at::zeros({hdim}, at::kFloat))};
+      at::Tensor a = at::empty({hdim}, at::kFloat);
+      a.normal_(0.0, 1.0, init.gen);
+      h.adapter.gateBias = init.leaf(n + ".adapter.gate.bias", a);
+      h.adapter.gateWeight = init.normal(n + ".adapter.gate.weight", {hdim});
+    }
     heads_.push_back(std::move(h));
   }
   if (!c.weights.empty()) {
@@ -822,6 +843,50 @@ at::Tensor Model::decoderHead(const Head &p, const HeadConfig &c,
   return normLinear(p.norm, p.out, h);
 }
 
+at::Tensor Model::headInput(const HeadConfig &c, const at::Tensor &tap) {
+  return c.kind == HeadKind::Classify ? tap.select(1, 0) : tap;
+}
+
+at::Tensor Model::adapt(const Head &p, const at::Tensor &x) const {
+  const Adapter &ad = p.adapter;
+  if (!ad.down.weight.defined())
+    return x;
+  // mean over the sequence for [B, S, H]; a classify head's [B, H] is its own.
+  at::Tensor g = at::sigmoid(ad.gateBias +
+                             ad.gateWeight * (x.dim() == 3 ? x.mean(1) : x));
+  at::Tensor u = linear(ad.up, at::relu(linear(ad.down, x)));
+  if (x.dim() == 3)
+    g = g.unsqueeze(1);
+  return x + (1 - g) * u;
+}
+
+at::Tensor Model::gateMean(int64_t h, const at::Tensor &tap) const {
+  const Adapter &ad = heads_.at(h).adapter;
+  if (!ad.down.weight.defined())
+    return {};
+  at::Tensor x = headInput(headConfigs_[h], tap);
+  at::Tensor m = (x.dim() == 3 ? x.mean(1) : x).detach();
+  return at::sigmoid(ad.gateBias + ad.gateWeight * m).mean(0);
+}
+
+at::Tensor Model::gateSeparation(const std::vector<at::Tensor> &gates) {
+  const int64_t n = static_cast<int64_t>(gates.size());
+  if (n < 2)
+    throw std::invalid_argument(
+        "mtprt: the gate-separation loss needs two tasks' gates or more");
+  at::Tensor g = at::stack(gates); // [T, H]
+  at::Tensor unit = g / g.norm(2, -1, true).clamp_min(1e-12);
+  at::Tensor cos = at::matmul(unit, unit.t());
+  return at::triu(cos, 1).sum() / static_cast<double>(n * (n - 1) / 2);
+}
+
+std::vector<at::Tensor> Model::gateParameters(int64_t h) const {
+  const Adapter &ad = heads_.at(h).adapter;
+  if (!ad.down.weight.defined())
+    return {};
+  return {ad.gateBias, ad.gateWeight};
+}
+
 std::vector<at::Tensor> Model::head(int64_t h, const at::Tensor &tap,
                                     const at::Tensor &labels) const {
   if (h < 0 || h >= numHeads())
@@ -831,17 +896,18 @@ std::vector<at::Tensor> Model::head(int64_t h, const at::Tensor &tap,
   const HeadConfig &c = headConfigs_[h];
   switch (c.kind) {
   case HeadKind::Classify: {
-    at::Tensor pooled = at::tanh(normLinear(p.norm, p.pool, tap.select(1, 0)));
+    at::Tensor pooled =
+        at::tanh(normLinear(p.norm, p.pool, adapt(p, headInput(c, tap))));
     return {linear(p.out, pooled)};
   }
   case HeadKind::Tag:
-    return {normLinear(p.norm, p.out, tap)};
+    return {normLinear(p.norm, p.out, adapt(p, tap))};
   case HeadKind::Span: {
-    at::Tensor logits = normLinear(p.norm, p.out, tap);
+    at::Tensor logits = normLinear(p.norm, p.out, adapt(p, tap));
     return {logits.select(-1, 0), logits.select(-1, 1)};
   }
   case HeadKind::Decoder:
-    return {decoderHead(p, c, tap, labels)};
+    return {decoderHead(p, c, adapt(p, tap), labels)};
   }
   return {};
 }

@@ -536,6 +536,14 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
                                  "scope, not params");
       plan.train.saps = s;
     }
+    if (const auto *ad = st->adapters()) {
+      AdapterConfig a;
+      a.bottleneck = c.range("strategy.adapters.bottleneck", ad->bottleneck(),
+                             {1, plan.model.hidden});
+      a.separation = c.real("strategy.adapters.separation", ad->separation(),
+                            limits::kAdapterSeparation);
+      plan.model.adapters = a;
+    }
     if (const auto *ew = st->ewc()) {
       EwcConfig e;
       e.lambda = c.real("strategy.ewc.lambda", ew->lambda(), limits::kEwcLambda);

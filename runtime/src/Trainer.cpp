@@ -240,6 +240,12 @@ struct TrainerCore::StepState {
   std::vector<at::Tensor> loss;   ///< per task, weighted and scaled
   std::vector<GradList> taskGrads;
   std::vector<bool> headForward, headBackward;
+  /// D13: each present task's batch-mean gate (Model::gateMean), until the
+  /// micro-batch's last head backward takes the separation loss over them.
+  std::vector<at::Tensor> gates;
+  /// The separation loss (unweighted) summed over micro-batches by their
+  /// share of the batch; -1 while none was taken.
+  double separation = -1.0;
   bool backboneDone = false;
   /// fuseTaskGradients ran: the backbone backward's roots and their
   /// gradients (features: the taps and Σ α_t ĝ_t; sum / params: one loss).
@@ -380,6 +386,7 @@ void TrainerCore::beginMicroBatch(int64_t mb) {
   st.taskGrads.assign(nt, {});
   st.headForward.assign(nt, false);
   st.headBackward.assign(nt, false);
+  st.gates.assign(nt, at::Tensor());
   st.backboneDone = false;
   st.fused = false;
   st.rootOuts.clear();
@@ -548,6 +555,8 @@ void TrainerCore::forwardHead(int64_t t, bool offload) {
     loss = m.loss(t, m.head(t, tap, st.b.labels[t]), st.b.labels[t],
                     partial);
   }
+  if (!quiet_ && m.config().adapters && m.config().adapters->separation > 0)
+    st.gates[t] = m.gateMean(t, tap);
   st.losses[t] += loss.item<double>() * st.weight;
   // The spec's loss weight scales what the task back-propagates.
   st.loss[t] = loss * (st.weight * st.scale * hc.weight);
@@ -565,6 +574,7 @@ void TrainerCore::backwardHead(int64_t t) {
     throw std::logic_error("mtprt: backwardHead: head \"" + m.heads()[t].name +
                            "\" has not run forward in this micro-batch");
   st.headBackward[t] = true;
+  separateGates();
   if (train_.scope == GradScope::Sum)
     return; // summed into one backward by backwardBackbone
   std::vector<at::Tensor> inputs;
@@ -599,6 +609,34 @@ void TrainerCore::backwardHead(int64_t t) {
       g = at::zeros_like(inputs[j], inputs[j].options().dtype(at::kFloat));
     st.taskGrads[t].push_back(st.scale != 1.0 ? g / st.scale : g);
   }
+}
+
+void TrainerCore::separateGates() {
+  StepState &st = state("separateGates", true);
+  Model &m = *model_;
+  std::vector<at::Tensor> gates;
+  std::vector<at::Tensor> params;
+  for (int64_t t = 0; t < m.numHeads(); ++t) {
+    if (st.present[t] && !st.headBackward[t])
+      return; // not the micro-batch's last head yet
+    if (st.gates[t].defined()) {
+      gates.push_back(st.gates[t]);
+      for (const at::Tensor &p : m.gateParameters(t))
+        params.push_back(p);
+    }
+  }
+  st.gates.assign(m.numHeads(), at::Tensor());
+  if (gates.size() < 2)
+    return;
+  // Its own small graph (the gates' parameters from the tap taken as a
+  // constant): its gradient goes to the gates, scaled like a task loss.
+  at::Tensor sep = Model::gateSeparation(gates);
+  const double w = m.config().adapters->separation;
+  auto grads = torch::autograd::grad({sep * (w * st.weight * st.scale)}, params,
+                                     {}, false, false, /*allow_unused=*/true);
+  for (size_t j = 0; j < params.size(); ++j)
+    accumulateGrad(params[j], grads[j]);
+  st.separation = std::max(st.separation, 0.0) + sep.item<double>() * st.weight;
 }
 
 void TrainerCore::fuseTaskGradients() {
@@ -819,6 +857,7 @@ void TrainerCore::finalizeGradients() {
     stats.present.push_back(st.present[t]);
     stats.gradNorm.push_back(st.gradNorms[t]);
   }
+  stats.gateSeparation = st.separation;
 }
 
 void TrainerCore::exchangeGradients() {

@@ -510,6 +510,9 @@ struct PlanFields {
   std::vector<Phase> phases;
   bool ewcOn = false;
   EwcConfig ewc{/*lambda=*/1e6, /*fisherBatches=*/2};
+  /// Strategy.adapters, written when `adapted`.
+  bool adapted = false;
+  AdapterConfig adapters{/*bottleneck=*/4, /*separation=*/10.0};
   // Train
   int64_t steps = 3;
   uint64_t seed = 0;
@@ -595,7 +598,10 @@ std::string build(const PlanFields &f) {
       f.sparse ? fb::CreateSaps(b, f.saps.fraction, f.saps.every, f.saps.lambda)
                : flatbuffers::Offset<fb::Saps>(),
       f.ewcOn ? fb::CreateEwc(b, f.ewc.lambda, f.ewc.fisherBatches)
-              : flatbuffers::Offset<fb::Ewc>());
+              : flatbuffers::Offset<fb::Ewc>(),
+      f.adapted ? fb::CreateAdapters(b, f.adapters.bottleneck,
+                                     f.adapters.separation)
+                : flatbuffers::Offset<fb::Adapters>());
   std::vector<flatbuffers::Offset<fb::Phase>> phases;
   for (const Phase &p : f.phases)
     phases.push_back(fb::CreatePhase(b, p.steps, b.CreateVector(p.tasks),
@@ -813,6 +819,7 @@ std::vector<Change> allChanges(const std::string &jsonl) {
     phased(f);
     f.ewcOn = true;
   };
+  const std::function<void(F &)> adapted = [](F &f) { f.adapted = true; };
   const std::function<void(F &)> bert = [](F &f) {
     f.kind = "bert";
     f.typeVocab = 2;
@@ -1043,6 +1050,14 @@ std::vector<Change> allChanges(const std::string &jsonl) {
        withEwc},
       {"Ewc.fisher_batches", [](F &f) { f.ewc.fisherBatches = 1; },
        Shows::Losses, "", withEwc},
+
+      // Adapters (D13): the heads read their taps through them; the
+      // separation loss moves the gates, so the later losses.
+      {"Strategy.adapters", [](F &f) { f.adapted = true; }, Shows::Losses},
+      {"Adapters.bottleneck", [](F &f) { f.adapters.bottleneck = 8; },
+       Shows::Losses, "", adapted},
+      {"Adapters.separation", [](F &f) { f.adapters.separation = 1e3; },
+       Shows::Losses, "", adapted},
 
       {"Train.steps", [](F &f) { f.steps = 4; }, Shows::Records},
       {"Train.seed", [](F &f) { f.seed = 3; }, Shows::Losses},

@@ -10,6 +10,7 @@
 #define MTPRT_CONFIG_H
 
 #include "mtprt/Defaults.h"
+#include "mtprt/Adapters.h"
 #include "mtprt/Ewc.h"
 #include "mtprt/Saps.h"
 
@@ -94,6 +95,10 @@ struct ModelConfig {
   /// state. Frozen from the embeddings up they run without autograd.
   /// -1: none.
   int64_t freezeFirst = -1, freezeLast = -1;
+
+  /// D13: every head reads its tap through its own gated adapter
+  /// (mtprt/Adapters.h; bottleneck resolved, > 0); none: plain heads.
+  std::optional<AdapterConfig> adapters;
 
   bool frozen(int64_t layer) const {
     return freezeFirst >= 0 && layer >= freezeFirst && layer <= freezeLast;
@@ -288,6 +293,10 @@ struct StepStats {
   /// SAPS at a re-ranking step: the share of the selection that is new
   /// (-1: not a re-ranking step, or no saps).
   double sapsTurnover = -1.0;
+  /// D13: the gate-separation loss (mean pairwise cosine of the tasks'
+  /// gates, before its weight) over the step's micro-batches (-1: no
+  /// adapters, or fewer than two tasks with labels).
+  double gateSeparation = -1.0;
 };
 
 /// The names the spec, the IR and the plan file use (flatc's tables for the

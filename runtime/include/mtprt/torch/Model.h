@@ -153,6 +153,18 @@ public:
   /// decoder labels for teacher forcing).
   std::vector<at::Tensor> head(int64_t h, const at::Tensor &tap,
                                const at::Tensor &labels = {}) const;
+  /// D13: task h's gate averaged over the batch, G_h [H] =
+  /// mean_b σ(a_h + w_h ⊙ mean_seq(x)) with x what the head reads from `tap`
+  /// taken as a constant — the gate-separation loss's input, whose gradient
+  /// reaches a_h and w_h only. Undefined without adapters.
+  at::Tensor gateMean(int64_t h, const at::Tensor &tap) const;
+  /// The gate-separation loss over `gates` (gateMean of two tasks or more):
+  /// the mean over pairs i < j of cos(G_i, G_j), unweighted.
+  static at::Tensor gateSeparation(const std::vector<at::Tensor> &gates);
+  /// Task h's adapter and gate parameters (empty without adapters); they are
+  /// among headParameters(h).
+  std::vector<at::Tensor> gateParameters(int64_t h) const;
+
   /// Unit "loss.<name>": mean loss (fp32 scalar) over the scored labels
   /// (not kIgnoreLabel, not NaN). `partial`: some records of the batch lack
   /// the task's labels, so a micro-batch may have none scored; the mean
@@ -184,7 +196,13 @@ private:
     LinearParams crossQ, crossKv, crossOut;
     MlpParams mlp;
   };
+  /// D13: a task's adapter on what its head reads and the adapter's gate.
+  struct Adapter {
+    LinearParams down, up;
+    at::Tensor gateBias, gateWeight; ///< a_t, w_t [H]
+  };
   struct Head {
+    Adapter adapter; ///< undefined without adapters
     NormParams norm;
     LinearParams pool, out;           ///< pool: classify only
     at::Tensor tokEmb, posEmb;        ///< decoder only
@@ -222,6 +240,12 @@ private:
                             const Sink *sink = nullptr) const;
   at::Tensor mlpBlock(const MlpParams &p, const at::Tensor &x,
                       const Sink *sink = nullptr) const;
+  /// What a head reads from its tap: the first token for classify, else
+  /// the tap itself.
+  static at::Tensor headInput(const HeadConfig &c, const at::Tensor &tap);
+  /// x + (1 − g)·up(relu(down(x))), g = σ(a + w ⊙ mean_seq(x)); x itself
+  /// without adapters.
+  at::Tensor adapt(const Head &p, const at::Tensor &x) const;
   at::Tensor decoderHead(const Head &p, const HeadConfig &c,
                          const at::Tensor &memory,
                          const at::Tensor &targets) const;

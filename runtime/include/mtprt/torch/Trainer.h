@@ -151,6 +151,9 @@ public:
   std::vector<at::Tensor> lastParamsScopeParams;
 
 private:
+  /// D13: after the micro-batch's last head backward, the gate-separation
+  /// loss over the present tasks' gates, back-propagated to the gates.
+  void separateGates();
   struct StepState;
   StepState &state(const char *phase, bool needMicroBatch);
   /// The backbone's forward as `s` says; `afterChunk(last)` runs after each

@@ -1,0 +1,71 @@
+//===- Adapters.h - NPD gated per-task adapters (D13) -----------*- C++ -*-===//
+//
+// `strategy { adapters = ... }`: every task gets its own bottleneck adapter
+// on what its head reads (the tap; a classify head's first token), mixed in
+// by a gate of the task and the input (docs/techniques.md D13):
+//
+//   u = up(relu(down(x)))                 down: H -> r, up: r -> H (zero-init)
+//   g = σ(a_t + w_t ⊙ mean_seq(x))        a_t, w_t ∈ R^H, one gate per channel
+//   y = g·x + (1 − g)·(x + u) = x + (1 − g)·u
+//
+// — the source's y = g(x)·f_base(x) + (1 − g(x))·f_adapter(x) with f_base the
+// backbone's output at the tap and f_adapter a residual bottleneck on it. The
+// up-projection starts at zero, so a fresh adapter is the identity and
+// training starts from the plain head's function. The gate-separation loss
+// pushes the tasks' gates apart: with G_t the batch mean of task t's gate,
+// separation · mean over pairs i < j of cos(G_i, G_j) is added to the loss
+// (its gradient reaches the gates' own parameters only; the source's code
+// divides the upper triangle's sum by T², a constant the weight absorbs).
+//
+// The adapter and its gate are the task's head's parameters (trained,
+// clipped and checkpointed with it). One definition for the compiler (which
+// plans them) and the runtime. Torch-free and LLVM-free.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPRT_ADAPTERS_H
+#define MTPRT_ADAPTERS_H
+
+#include "mtprt/Limits.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace mtprt {
+
+struct AdapterConfig {
+  /// The bottleneck width r; 0: about kSourceShare of the backbone's
+  /// parameters per task (bottleneckFor).
+  int64_t bottleneck = 0;
+  /// Weight of the gate-separation loss (ours: the source names none).
+  double separation = 0.1;
+
+  /// The source's "about 0.1% of the parameters" per adapter.
+  static constexpr double kSourceShare = 1e-3;
+
+  /// Parameters of one task's adapter and gate at hidden `h`, bottleneck r:
+  /// down (h·r + r), up (r·h + h), the gate's a and w (2h).
+  static int64_t parameters(int64_t h, int64_t r) {
+    return h * r + r + r * h + h + 2 * h;
+  }
+  /// The bottleneck this config gives a backbone of `backboneParameters`
+  /// at hidden `h`: the explicit one, else the width whose adapter is
+  /// nearest kSourceShare of the backbone, in [1, h].
+  int64_t bottleneckFor(int64_t h, int64_t backboneParameters) const {
+    if (bottleneck > 0)
+      return bottleneck;
+    const double r = (kSourceShare * double(backboneParameters) - 3.0 * h) /
+                     (2.0 * h + 1.0);
+    return std::clamp<int64_t>(int64_t(std::nearbyint(r)), 1, std::max<int64_t>(h, 1));
+  }
+};
+
+namespace limits {
+inline constexpr Range kAdapterBottleneck{1, int64_t(1) << 20};
+inline constexpr RealRange kAdapterSeparation{0.0, 1e6};
+} // namespace limits
+
+} // namespace mtprt
+
+#endif // MTPRT_ADAPTERS_H
