@@ -228,6 +228,18 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
     }
     os << "\n";
   }
+  if (std::optional<mtprt::AdapterConfig> ad = cost.adapters()) {
+    const int64_t per = mtprt::AdapterConfig::parameters(
+                      model.getBackbone().getHidden(), ad->bottleneck),
+                  backboneParams = cost.parameters().backbone;
+    os << "  adapters (D13): bottleneck " << ad->bottleneck << ", " << per
+       << " parameters per task ("
+       << llvm::format("%.2f", 100.0 * double(per) / double(backboneParams))
+       << "% of the backbone's), " << numTasks * per
+       << " in all (planned with the heads: weights, gradients, AdamW state); gate "
+          "separation weight "
+       << llvm::format("%g", ad->separation) << "\n";
+  }
   if (EwcAttr ewc = strategy ? strategy.getEwcAttr() : EwcAttr()) {
     const ParameterGroups g = parameterGroups(model.getStep());
     os << "  ewc (D14): lambda " << llvm::format("%g", ewc.getConfig().lambda)
@@ -505,6 +517,15 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
                                : int64_t(0)}});
       }
       out["phases"] = std::move(phases);
+    }
+    if (std::optional<mtprt::AdapterConfig> ad = CostModel(model).adapters()) {
+      const int64_t per = mtprt::AdapterConfig::parameters(
+          model.getBackbone().getHidden(), ad->bottleneck);
+      out["adapters"] = Object{{"bottleneck", ad->bottleneck},
+                               {"separation", ad->separation},
+                               {"params_per_task", per},
+                               {"params", per * int64_t(llvm::range_size(
+                                                    model.getTasks()))}};
     }
     if (StrategyOp st = model.getStrategy(); st && st.getEwcAttr()) {
       const ParameterGroups g = parameterGroups(model.getStep());

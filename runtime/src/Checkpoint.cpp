@@ -253,6 +253,23 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
     at::NoGradGuard noGrad;
     torch::serialize::InputArchive model;
     ar.read("model", model);
+    {
+      // Adapters (D13) either way: not LibTorch's "no such tensor", and not
+      // a silent resume that drops what the adapters learned.
+      const std::string probe =
+          "head." + core.model().heads().at(0).name + ".adapter.down.weight";
+      at::Tensor v;
+      const bool saved = model.try_read(probe, v);
+      const bool planned = core.model().config().adapters.has_value();
+      if (planned && !saved)
+        fail(path, "it was trained without adapters and the plan has them "
+                   "(strategy { adapters }): resume it with the plan it was "
+                   "trained with, or start afresh");
+      if (!planned && saved)
+        fail(path, "it was trained with adapters (strategy { adapters }) and "
+                   "the plan has none: resume it with the plan it was trained "
+                   "with");
+    }
     for (auto &[name, p] : core.model().namedParameters()) {
       at::Tensor v;
       model.read(name, v);

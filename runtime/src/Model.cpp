@@ -412,12 +412,18 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
       h.out = init.linear(n + ".out", hdim, hc.targetVocab);
       break;
     }
-    if (const std::optional<AdapterConfig> &ad = c.adapters) {
-      // Made after the head's own parameters, so a model without adapters
-      // draws the same initialization. up starts at zero: a fresh adapter
-      // is the identity. The gate's bias is spread (N(0, 1)) so that tasks'
-      // gates differ from the start: identical gates are a stationary point
-      // of the separation loss.
+    heads_.push_back(std::move(h));
+  }
+  // Made after every head's own parameters, so a model without adapters
+  // draws the same initialization. up starts at zero: a fresh adapter is
+  // the identity. The gate's bias is spread (N(0, 1)) so that tasks' gates
+  // differ from the start: identical gates are a stationary point of the
+  // separation loss.
+  if (const std::optional<AdapterConfig> &ad = c.adapters)
+    for (size_t i = 0; i < headConfigs_.size(); ++i) {
+      const std::string n = "head." + headConfigs_[i].name;
+      init.group = &groups_[1 + i];
+      Head &h = heads_[i];
       const int64_t r = ad->bottleneck;
       if (r < 1 || r > hdim)
         bad("ModelConfig.adapters.bottleneck",
@@ -433,8 +439,6 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
       h.adapter.gateBias = init.leaf(n + ".adapter.gate.bias", a);
       h.adapter.gateWeight = init.normal(n + ".adapter.gate.weight", {hdim});
     }
-    heads_.push_back(std::move(h));
-  }
   if (!c.weights.empty()) {
     PretrainedLoad load = loadPretrained(*this, c.weights);
     pretrained_ = "loaded " + std::to_string(load.tensors) +

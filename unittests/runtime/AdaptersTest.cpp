@@ -1,0 +1,156 @@
+//===- AdaptersTest.cpp - NPD gated adapters and their gates (D13) ---------===//
+
+#include "Fixtures.h"
+
+#include "mtprt/torch/Model.h"
+#include "mtprt/torch/Trainer.h"
+
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <gtest/gtest.h>
+
+using namespace mtprt;
+using namespace fixtures;
+
+namespace {
+ModelConfig adapted(int64_t bottleneck) {
+  ModelConfig c = tinyModel();
+  c.adapters = AdapterConfig{bottleneck, 0.5};
+  return c;
+}
+
+at::Tensor named(const Model &m, const std::string &name) {
+  for (const auto &[n, p] : m.namedParameters())
+    if (n == name)
+      return p;
+  ADD_FAILURE() << "no parameter " << name;
+  return {};
+}
+} // namespace
+
+TEST(Adapters, BottleneckAndParameterCount) {
+  AdapterConfig c;
+  c.bottleneck = 7;
+  EXPECT_EQ(c.bottleneckFor(64, 1000000), 7);
+  EXPECT_EQ(AdapterConfig::parameters(64, 7), 64 * 7 + 7 + 7 * 64 + 64 + 128);
+  c.bottleneck = 0; // about 0.1% of the backbone per task, at least 1
+  const int64_t r = c.bottleneckFor(768, 85000000);
+  EXPECT_NEAR(double(AdapterConfig::parameters(768, r)), 85000.0, 768.0 * 2);
+  EXPECT_EQ(c.bottleneckFor(64, 1000), 1);
+  EXPECT_EQ(c.bottleneckFor(8, int64_t(1) << 40), 8);
+}
+
+// A fresh adapter is the identity (up starts at zero), drawn after every
+// head's own parameters: the plain model's initialization and outputs.
+TEST(Adapters, FreshAdapterIsTheIdentityAndLeavesTheInitialization) {
+  Model plain(tinyModel(), twoHeads()), with(adapted(4), twoHeads());
+  for (const auto &[n, p] : plain.namedParameters())
+    EXPECT_TRUE(at::equal(p, named(with, n))) << n;
+  EXPECT_EQ(with.numParameters() - plain.numParameters(),
+            2 * AdapterConfig::parameters(16, 4));
+  plain.setTraining(false);
+  with.setTraining(false);
+  Batch b = plain.syntheticBatch(3, 5);
+  at::Tensor tap1 = plain.runUnits(0, Model::tapUnit(1), b.tokens);
+  at::Tensor tap2 = plain.runUnits(0, Model::tapUnit(2), b.tokens);
+  EXPECT_TRUE(at::equal(plain.head(0, tap1)[0], with.head(0, tap1)[0]));
+  EXPECT_TRUE(at::equal(plain.head(1, tap2)[0], with.head(1, tap2)[0]));
+}
+
+// y = x + (1 − g)·up(relu(down(x))), g = σ(a + w ⊙ mean_seq(x)), against
+// the formula written out, for a tag head (x = the tap) and a classify head
+// (x = the first token, its own mean).
+TEST(Adapters, GateFormulaAgainstADirectComputation) {
+  Model m(adapted(3), twoHeads());
+  m.setTraining(false);
+  at::manual_seed(7);
+  {
+    torch::autograd::AutoGradMode g(false);
+    for (const auto &[n, p] : m.namedParameters())
+      if (n.find(".adapter.") != std::string::npos)
+        p.copy_(at::randn(p.sizes()) * 0.5);
+  }
+  at::Tensor x = at::randn({2, 8, 16});
+  for (int64_t h : {0, 1}) {
+    const std::string n = "head." + m.heads()[h].name + ".adapter.";
+    at::Tensor xin = h == 0 ? x.select(1, 0) : x;
+    at::Tensor mean = h == 0 ? xin : xin.mean(1);
+    at::Tensor g = at::sigmoid(named(m, n + "gate.bias") +
+                               named(m, n + "gate.weight") * mean);
+    at::Tensor u = at::linear(
+        at::relu(at::linear(xin, named(m, n + "down.weight"),
+                            named(m, n + "down.bias"))),
+        named(m, n + "up.weight"), named(m, n + "up.bias"));
+    at::Tensor y = xin + (1 - (h == 0 ? g : g.unsqueeze(1))) * u;
+    // The plain head on y: a model without adapters, same head weights.
+    Model plain(tinyModel(), twoHeads());
+    {
+      torch::autograd::AutoGradMode guard(false);
+      for (const auto &[pn, p] : plain.namedParameters())
+        p.copy_(named(m, pn));
+    }
+    plain.setTraining(false);
+    at::Tensor want =
+        h == 0 ? plain.head(0, at::cat({y.unsqueeze(1), x.narrow(1, 1, 7)}, 1))[0]
+               : plain.head(1, y)[0];
+    EXPECT_TRUE(at::allclose(m.head(h, x)[0], want, 1e-5, 1e-6)) << h;
+    // gateMean: the batch mean of g, its gradient on the gate only.
+    at::Tensor gm = m.gateMean(h, x);
+    EXPECT_TRUE(at::allclose(gm, g.mean(0), 1e-6, 1e-7));
+    EXPECT_FALSE(x.requires_grad());
+    EXPECT_TRUE(gm.requires_grad());
+  }
+}
+
+// The separation loss: the mean of the upper triangle's cosines, as the
+// source's gate_loss but over the T(T−1)/2 pairs.
+TEST(Adapters, SeparationAgainstADirectComputation) {
+  at::manual_seed(3);
+  std::vector<at::Tensor> gates = {at::rand({5}), at::rand({5}), at::rand({5})};
+  double sum = 0;
+  for (int i = 0; i < 3; ++i)
+    for (int j = i + 1; j < 3; ++j)
+      sum += at::cosine_similarity(gates[i], gates[j], 0).item<double>();
+  EXPECT_NEAR(Model::gateSeparation(gates).item<double>(), sum / 3, 1e-6);
+  EXPECT_NEAR(Model::gateSeparation({gates[0], gates[0]}).item<double>(), 1.0,
+              1e-6);
+  EXPECT_THROW(Model::gateSeparation({gates[0]}), std::invalid_argument);
+}
+
+// In the trainer: the step records the separation; its gradient reaches
+// only the gates, and with the backbone frozen only heads and adapters move.
+TEST(Adapters, TrainerSeparatesTheGatesOnly) {
+  auto gates = [](double separation, bool frozen) {
+    ModelConfig c = adapted(4);
+    c.adapters->separation = separation;
+    if (frozen)
+      c.freezeFirst = 0, c.freezeLast = c.layers;
+    TrainConfig tc;
+    tc.cosineEvery = 0;
+    TrainerCore core(c, twoHeads(), tc);
+    Batch b = core.model().syntheticBatch(8, 1);
+    std::vector<at::Tensor> before;
+    for (const at::Tensor &p : core.model().backboneParameters())
+      before.push_back(p.detach().clone());
+    std::vector<double> sep;
+    for (int i = 0; i < 4; ++i)
+      sep.push_back(core.step(b, Schedule{}).gateSeparation);
+    bool backboneMoved = false;
+    const std::vector<at::Tensor> now = core.model().backboneParameters();
+    for (size_t i = 0; i < now.size(); ++i)
+      backboneMoved |= !at::equal(now[i], before[i]);
+    return std::make_tuple(sep, backboneMoved,
+                           core.model().gateParameters(0)[0].detach().clone());
+  };
+  auto [sep0, moved0, bias0] = gates(0.0, false);
+  auto [sep, moved, bias] = gates(50.0, false);
+  EXPECT_EQ(sep0[0], -1.0); // weight 0: no gate means, nothing recorded
+  ASSERT_GT(sep[0], 0.0);
+  EXPECT_LT(sep.back(), sep[0]); // the gates part
+  EXPECT_TRUE(moved);
+  EXPECT_FALSE(at::equal(bias0, bias));
+  auto [sepF, movedF, biasF] = gates(50.0, true);
+  EXPECT_FALSE(movedF);
+  EXPECT_LT(sepF.back(), sepF[0]);
+}
