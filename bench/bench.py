@@ -34,7 +34,8 @@ Sections (all by default; `--only a,b`):
             (and M with a 32k vocabulary), fine-tuning quality from a
             pre-trained backbone against dense and heads-only
   forgetting  two-phase continual learning (A, then B): A's held-out
-            metric before and after B, plain and with EWC (D14)
+            metric before and after B, plain, with EWC (D14), with adapters
+            (D13) on a trainable and a frozen base
 
 `--quick` runs a subset in under 3 minutes on the 2-core build machine; the
 full run takes under 20. Nothing here is a test: the numbers depend on the
@@ -1026,8 +1027,8 @@ def section_forgetting(args, b, r, out):
     """D14: two-phase continual learning on synthetic tasks — phase A trains
     `pos` and `topic`, phase B `chunk` and `ner` — and A's held-out metrics
     before and after B (forgetting), plain and with EWC at several λ, seeds.
-    The source: forgetting 38% → 4.7% (with its adapters, D13: not built
-    yet, so neither are its 'adapters' and 'both' rows)."""
+    The source: forgetting 38% → 4.7% with its adapters (D13): the
+    'adapters' rows (a trainable base; both, with EWC; a frozen base)."""
     steps = 150 if args.quick else 300
     seeds = [0] if args.quick else [0, 1, 2]
     m = {"layers": 4, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 512, "seq": 32,
@@ -1039,19 +1040,27 @@ def section_forgetting(args, b, r, out):
     metric = {"pos": "token_accuracy", "topic": "accuracy", "chunk": "token_accuracy",
               "ner": "token_accuracy"}
     first, second = ["pos", "topic"], ["chunk", "ner"]
-    configs = [("plain", None), ("ewc λ 1e4 (source)", "source"),
-               ("ewc λ 1e6", "on(lambda = 1e6, batches = 8)"),
-               ("ewc λ 1e8", "on(lambda = 1e8, batches = 8)")]
+    adapters = "npd(bottleneck = 16, separation = 0.1)"
+    configs = [("plain", None, None, ""), ("ewc λ 1e4 (source)", "source", None, ""),
+               ("ewc λ 1e6", "on(lambda = 1e6, batches = 8)", None, ""),
+               ("ewc λ 1e8", "on(lambda = 1e8, batches = 8)", None, ""),
+               ("adapters (bottleneck 16)", None, adapters, ""),
+               ("adapters + ewc λ 1e6", "on(lambda = 1e6, batches = 8)", adapters, ""),
+               ("adapters, base frozen", None, adapters, "  freeze = all")]
     rows, res = [], {}
-    for name, ewc in configs:
+    for name, ewc, adapt, extra in configs:
         strat = {"checkpoint": "none", "offload": "none", "gfm": "none", "dgfg": "none",
                  "clip": "none", "lr": "constant(3e-3)"}
         if ewc:
             strat["ewc"] = ewc
+        if adapt:
+            strat["adapters"] = adapt
         train = {"seed": 7, "log_every": 1,
                  "phases": "sequence(phase(%s, steps = %d), phase(%s, steps = %d))"
                            % (", ".join(first), steps, ", ".join(second), steps)}
-        text = spec_text("bench_cl", m, tasks, strat, budget_block(args, 2 << 30), train)
+        text = spec_text("bench_cl", m, tasks, strat, budget_block(args, 2 << 30), train,
+                         backbone_line="backbone transformer { " + "  ".join(
+                             "%s = %s" % kv for kv in m.items()) + extra + " }")
         binary = b.build(text)
         runs = []
         for seed in seeds:
@@ -1076,7 +1085,7 @@ def section_forgetting(args, b, r, out):
                                         100 * statistics.pstdev(x["forgetting"] for x in runs)),
                      "%.3f" % mean("b_after"), fmt_bytes(mean("peak")),
                      "%+.1f%%" % (100 * (mean("peak") / mean("predicted") - 1))])
-    out.append("### Forgetting: two phases, EWC (D14)\n")
+    out.append("### Forgetting: two phases, EWC (D14) and adapters (D13)\n")
     out.append("A transformer (4 layers, hidden 64, vocab 512, seq 32, dropout 0.1), %d steps of "
                "phase A (`pos` tag 12 at layer 2, `topic` classify 4 pooled), then %d of phase B "
                "(`chunk` tag 8 at layer 4, `ner` tag 9 at layer 3), constant lr 3e-3, unrelated tasks "
@@ -1084,8 +1093,10 @@ def section_forgetting(args, b, r, out):
                "A's metric: the mean of pos's token accuracy and topic's accuracy on 512 "
                "held-out records, at the end of phase A and of phase B; forgetting: its "
                "relative drop. B's metric: chunk's and ner's token accuracy at the end. EWC's "
-               "Fisher on 8 batches at phase A's end. The source claims forgetting 38%% → "
-               "4.7%% with its adapters (D13), which mtpc does not have yet.\n"
+               "Fisher on 8 batches at phase A's end. Adapters: bottleneck 16 per task at its "
+               "tap, gate separation 0.1; 'base frozen' trains heads and adapters alone "
+               "(`freeze = all`) on the random initial backbone. The source claims forgetting "
+               "38%% → 4.7%% with its adapters.\n"
                % (steps, steps, ", ".join(map(str, seeds))))
     out.append(table(["configuration", "A's metric (before → after B)", "forgetting",
                       "B's metric", "tracked peak", "vs predicted"], rows))

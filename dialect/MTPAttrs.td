@@ -245,10 +245,13 @@ def MTP_EwcAttr : AttrDef<MTP_Dialect, "Ewc"> {
     `#mtp.ewc<lambda 1.0e+04, batches 8>`: at the end of every phase but the
     last, the Fisher diagonal of the trainable backbone is estimated on
     `batches` batches of the phase's tasks; later steps add
-    λ·Σ F·(θ − θ*)² to the loss (mtprt::EwcConfig).
+    λ·Σ F·(θ − θ*)² to the loss (mtprt::EwcConfig). With `threshold T`, the
+    conflict detector protects a phase only where a gradient cosine between
+    its tasks and the next phase's exceeds T.
   }];
   let parameters = (ins APFloatParameter<"penalty weight">:$lambda,
-                        "int64_t":$batches);
+                        "int64_t":$batches,
+                        APFloatParameter<"conflict threshold (-2: none)">:$threshold);
   let hasCustomAssemblyFormat = 1;
   let genVerifyDecl = 1;
   let extraClassDeclaration = [{

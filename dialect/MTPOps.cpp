@@ -382,42 +382,61 @@ mtprt::SapsConfig SapsAttr::getConfig() const {
 // EwcAttr
 //===----------------------------------------------------------------------===//
 
-// <lambda 1.0e+04, batches 8>
+// <lambda 1.0e+04, batches 8[, threshold 6.0e-01]>
 Attribute EwcAttr::parse(AsmParser &parser, Type) {
   SMLoc loc = parser.getCurrentLocation();
-  double lambda;
+  double lambda, threshold = mtprt::EwcConfig::kAlways;
   int64_t batches;
   if (parser.parseLess() || parser.parseKeyword("lambda") ||
       parser.parseFloat(lambda) || parser.parseComma() ||
-      parser.parseKeyword("batches") || parser.parseInteger(batches) ||
-      parser.parseGreater())
+      parser.parseKeyword("batches") || parser.parseInteger(batches))
+    return {};
+  if (succeeded(parser.parseOptionalComma()) &&
+      (parser.parseKeyword("threshold") || parser.parseFloat(threshold)))
+    return {};
+  if (parser.parseGreater())
     return {};
   return getChecked([&] { return parser.emitError(loc); },
-                    parser.getContext(), APFloat(lambda), batches);
+                    parser.getContext(), APFloat(lambda), batches,
+                    APFloat(threshold));
 }
 
 void EwcAttr::print(AsmPrinter &printer) const {
   printer << "<lambda ";
   printer.printFloat(getLambda());
-  printer << ", batches " << getBatches() << '>';
+  printer << ", batches " << getBatches();
+  if (getConfig().detects()) {
+    printer << ", threshold ";
+    printer.printFloat(getThreshold());
+  }
+  printer << '>';
 }
 
 LogicalResult EwcAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                              APFloat lambda, int64_t batches) {
+                              APFloat lambda, int64_t batches,
+                              APFloat threshold) {
   if (!limits::kEwcBatches.contains(batches))
     return emitError() << "ewc batches must lie in [" << limits::kEwcBatches.lo
                        << ", " << limits::kEwcBatches.hi << "], got "
                        << batches;
+  if (threshold.convertToDouble() != mtprt::EwcConfig::kAlways &&
+      failed(checkReal(emitError, "ewc threshold", threshold.convertToDouble(),
+                       limits::kEwcThreshold)))
+    return failure();
   return checkReal(emitError, "ewc lambda", lambda.convertToDouble(),
                    limits::kEwcLambda);
 }
 
 EwcAttr EwcAttr::get(MLIRContext *context, const mtprt::EwcConfig &c) {
-  return get(context, APFloat(c.lambda), c.fisherBatches);
+  return get(context, APFloat(c.lambda), c.fisherBatches, APFloat(c.threshold));
 }
 
 mtprt::EwcConfig EwcAttr::getConfig() const {
-  return {getLambda().convertToDouble(), getBatches()};
+  mtprt::EwcConfig c;
+  c.lambda = getLambda().convertToDouble();
+  c.fisherBatches = getBatches();
+  c.threshold = getThreshold().convertToDouble();
+  return c;
 }
 
 //===----------------------------------------------------------------------===//

@@ -1513,15 +1513,20 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
     }
   }
 
-  // ewc = none | source | on(lambda = 1e4, batches = 8)
+  // ewc = none | source | on(lambda = 1e4, batches = 8, threshold = T)
   if (const ast::Value *v = f.get("ewc")) {
     static const StringRef kinds[] = {"none", "source", "on"};
     std::optional<StringRef> k = policy(*v, "ewc", kinds);
     if (k && *k != "none") {
       mtprt::EwcConfig c; // the source's λ
+      if (*k == "source")
+        c.threshold = mtprt::EwcConfig::kSourceThreshold;
       out.ewcLoc = v->loc;
       if (*k == "on" && v->kind == ast::Value::Kind::Call) {
-        Args a(*this, *v, {"lambda", "batches"});
+        Args a(*this, *v, {"lambda", "batches", "threshold"});
+        if (const ast::Value *x = a.get("threshold"))
+          c.threshold = real(*x, "threshold", mtprt::limits::kEwcThreshold)
+                            .value_or(c.threshold);
         if (const ast::Value *x = a.get("lambda"))
           c.lambda = real(*x, "lambda", mtprt::limits::kEwcLambda)
                          .value_or(c.lambda);

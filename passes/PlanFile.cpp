@@ -198,7 +198,8 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         saps(st.getSapsAttr()),
         st.getEwcAttr()
             ? fb::CreateEwc(b, st.getEwcAttr().getConfig().lambda,
-                            st.getEwcAttr().getBatches())
+                            st.getEwcAttr().getBatches(),
+                            st.getEwcAttr().getConfig().threshold)
             : flatbuffers::Offset<fb::Ewc>(),
         st.getAdaptersAttr()
             ? fb::CreateAdapters(
@@ -337,7 +338,12 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
     if (const fb::Ewc *ew = st->ewc())
       os << "  ewc      lambda " << llvm::format("%g", ew->lambda())
          << ", the Fisher on " << ew->fisher_batches()
-         << " batches at each phase's end\n";
+         << " batches at each phase's end"
+         << (ew->threshold() >= -1
+                 ? (" where a task similarity to the next phase's exceeds " +
+                    llvm::formatv("{0}", ew->threshold()).str())
+                 : std::string())
+         << "\n";
     if (const fb::Saps *sp = st->saps())
       os << "  saps     top " << llvm::format("%g", 100 * sp->fraction())
          << "% of each backbone tensor by |w*g| + "

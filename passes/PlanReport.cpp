@@ -244,7 +244,14 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
     const ParameterGroups g = parameterGroups(model.getStep());
     os << "  ewc (D14): lambda " << llvm::format("%g", ewc.getConfig().lambda)
        << ", the Fisher on " << ewc.getBatches()
-       << " batches at each phase's end; F and the remembered weights of "
+       << " batches at each phase's end"
+       << (ewc.getConfig().detects()
+               ? llvm::formatv(" where a task's gradient similarity to the "
+                               "next phase's exceeds {0}",
+                               ewc.getConfig().threshold)
+                     .str()
+               : std::string())
+       << "; F and the remembered weights of "
        << g.protectedByEwc << " backbone parameters hold "
        << formatBytes(mtprt::EwcConfig::kBytesPerParameter * g.protectedByEwc)
        << "\n";
@@ -532,6 +539,10 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
       out["ewc"] = Object{
           {"lambda", st.getEwcAttr().getConfig().lambda},
           {"batches", st.getEwcAttr().getBatches()},
+          {"threshold", st.getEwcAttr().getConfig().detects()
+                            ? llvm::json::Value(
+                                  st.getEwcAttr().getConfig().threshold)
+                            : llvm::json::Value(nullptr)},
           {"protected_params", g.protectedByEwc},
           {"state_bytes",
            mtprt::EwcConfig::kBytesPerParameter * g.protectedByEwc}};

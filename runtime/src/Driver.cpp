@@ -1637,7 +1637,63 @@ int train(const std::string &name, const Program &p, const Options &o) {
     // EWC (D14) at a phase's end: the Fisher on the batches that follow,
     // with the ending phase's tasks' labels (read ahead, not consumed: the
     // next phase trains on them with its own tasks').
-    if (phaseEnds && tc.ewc && nonFinite.empty()) {
+    bool protect = phaseEnds && tc.ewc && nonFinite.empty();
+    if (protect && tc.ewc->detects()) {
+      // The conflict detector: the ending phase's tasks against the next
+      // one's, on the next batch with every task's labels.
+      const std::vector<int64_t> &ending = p.phases[phase].tasks,
+                                 &next = p.phases[phase + 1].tasks;
+      std::vector<int64_t> tasks = ending;
+      for (int64_t t : next)
+        if (std::find(tasks.begin(), tasks.end(), t) == tasks.end())
+          tasks.push_back(t);
+      Batch b = schedule ? data->records(recordOffset, o.batchSize)
+                         : data->batch(position, o.batchSize);
+      int64_t layer = 0;
+      const std::vector<std::vector<double>> cos =
+          core.taskSimilarity(b, p.schedule, tasks, &layer);
+      double largest = std::numeric_limits<double>::quiet_NaN();
+      std::string pair;
+      for (size_t i = 0; i < cos.size() && i < ending.size(); ++i)
+        for (size_t j = ending.size(); j < cos.size(); ++j)
+          if (std::isfinite(cos[i][j]) &&
+              !(cos[i][j] <= largest)) { // NaN-safe: the first finite wins
+            largest = cos[i][j];
+            pair = s.tasks[tasks[i]] + " ~ " + s.tasks[tasks[j]];
+          }
+      // A task in both phases is its own pair (similarity 1): protected.
+      for (int64_t t : next)
+        if (std::find(ending.begin(), ending.end(), t) != ending.end())
+          largest = 1.0, pair = s.tasks[t] + " (in both)";
+      const bool measured = std::isfinite(largest);
+      protect = !measured || largest > tc.ewc->threshold;
+      std::vector<std::string> names;
+      for (int64_t t : tasks)
+        names.push_back(s.tasks[t]);
+      const std::string ev = conflictJsonLine(done, phase, names, cos, largest,
+                                              tc.ewc->threshold, protect);
+      if (rank0) {
+        if (metrics.is_open())
+          metrics << ev << '\n' << std::flush;
+        if (tty || plain) {
+          if (!measured)
+            std::fprintf(stderr, "%sewc: phase %lld's tasks and the next's "
+                                 "share no trainable layer to compare "
+                                 "gradients on; protected regardless\n",
+                         tty ? "\n" : "", static_cast<long long>(phase + 1));
+          else
+            std::fprintf(stderr,
+                         "%sewc: at phase %lld's end the largest gradient "
+                         "similarity to the next phase's tasks is %.3f (%s, "
+                         "layer %lld) %s the threshold %g: %s\n",
+                         tty ? "\n" : "", static_cast<long long>(phase + 1),
+                         largest, pair.c_str(), static_cast<long long>(layer),
+                         protect ? "above" : "not above", tc.ewc->threshold,
+                         protect ? "protected" : "not protected");
+        }
+      }
+    }
+    if (protect) {
       for (int64_t j = 0; j < tc.ewc->fisherBatches; ++j) {
         Batch b = schedule ? data->records(recordOffset + j * o.batchSize,
                                            o.batchSize)

@@ -90,6 +90,29 @@ bool needsGateRecalibration(const StepStats &s, double reuseThreshold,
          sd > stdThreshold;
 }
 
+std::string conflictJsonLine(int64_t step, int64_t phase,
+                             const std::vector<std::string> &tasks,
+                             const std::vector<std::vector<double>> &cosines,
+                             double largest, double threshold, bool protect) {
+  Json j;
+  j["event"] = "ewc_conflict";
+  j["step"] = step;
+  j["phase"] = phase;
+  j["tasks"] = tasks;
+  Json rows = Json::array();
+  for (const std::vector<double> &row : cosines) {
+    Json r = Json::array();
+    for (double v : row)
+      r.push_back(jsonNumber(v));
+    rows.push_back(r);
+  }
+  j["similarity"] = rows;
+  j["largest"] = jsonNumber(largest);
+  j["threshold"] = jsonNumber(threshold);
+  j["protect"] = protect;
+  return jsonLine(j);
+}
+
 std::string recalibrationJsonLine(const StepStats &s) {
   Json j;
   j["event"] = "dgfg_recalibrated";

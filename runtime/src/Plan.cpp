@@ -549,6 +549,9 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
       e.lambda = c.real("strategy.ewc.lambda", ew->lambda(), limits::kEwcLambda);
       e.fisherBatches = c.range("strategy.ewc.fisher_batches",
                                 ew->fisher_batches(), limits::kEwcBatches);
+      if (ew->threshold() != EwcConfig::kAlways)
+        e.threshold = c.real("strategy.ewc.threshold", ew->threshold(),
+                             limits::kEwcThreshold);
       plan.train.ewc = e;
       if (plan.phases.size() < 2)
         c.field("strategy.ewc", "protects earlier phases' learning: it needs "

@@ -983,6 +983,77 @@ void TrainerCore::addFisherSample(const Batch &batch, const Schedule &s) {
     p.mutable_grad() = at::Tensor();
 }
 
+std::vector<std::vector<double>>
+TrainerCore::taskSimilarity(const Batch &batch, const Schedule &s,
+                            const std::vector<int64_t> &tasks, int64_t *layer) {
+  Model &m = *model_;
+  const int64_t n = static_cast<int64_t>(tasks.size());
+  int64_t common = m.config().layers;
+  for (int64_t t : tasks) {
+    if (t < 0 || t >= m.numHeads())
+      bad("taskSimilarity", "head " + std::to_string(t) + " out of range");
+    common = std::min(common, m.heads()[t].tap);
+  }
+  common = std::max<int64_t>(common, 1);
+  if (layer)
+    *layer = common;
+  if (n < 2 || m.config().frozen(common))
+    return {};
+  const std::vector<at::Tensor> probe = m.layerParameters(common);
+  // Like the Fisher's pass: eval mode (no dropout), quiet, nothing kept.
+  const bool training = m.training();
+  m.setTraining(false);
+  quiet_ = true;
+  struct Restore {
+    TrainerCore &core;
+    Model &m;
+    bool training;
+    ~Restore() {
+      core.quiet_ = false;
+      *core.probing_ = false;
+      m.setTraining(training);
+      core.state_.reset();
+      for (const at::Tensor &p : m.parameters())
+        p.mutable_grad() = at::Tensor();
+    }
+  } restore{*this, m, training};
+  beginStep(batch);
+  beginMicroBatch(0);
+  StepState &st = *state_;
+  runBackbone(s);
+  *probing_ = true; // the backbone's prefetch hooks are for its backward
+  PrecisionGuard precision(train_.precision, m.device());
+  std::vector<at::Tensor> flat(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = tasks[i];
+    if (!st.b.labels[t].defined())
+      continue;
+    const bool partial = t < int64_t(st.b.partial.size()) && st.b.partial[t];
+    const at::Tensor &tap = st.taps[m.heads()[t].tap];
+    at::Tensor loss = m.loss(t, m.head(t, tap, st.b.labels[t]), st.b.labels[t],
+                             partial);
+    std::vector<at::Tensor> g =
+        torch::autograd::grad({loss}, probe, {}, /*retain_graph=*/true, false,
+                              /*allow_unused=*/true);
+    std::vector<at::Tensor> parts;
+    for (size_t j = 0; j < g.size(); ++j)
+      parts.push_back(g[j].defined() ? g[j].reshape(-1).to(at::kDouble)
+                                     : at::zeros({probe[j].numel()},
+                                                 probe[j].options().dtype(
+                                                     at::kDouble)));
+    flat[i] = at::cat(parts);
+  }
+  std::vector<std::vector<double>> cos(
+      n, std::vector<double>(n, std::numeric_limits<double>::quiet_NaN()));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      if (flat[i].defined() && flat[j].defined()) {
+        const double d = (flat[i].norm() * flat[j].norm()).item<double>();
+        cos[i][j] = d > 0 ? (flat[i] * flat[j]).sum().item<double>() / d : 0.0;
+      }
+  return cos;
+}
+
 void TrainerCore::consolidate() {
   if (!ewc_)
     throw std::logic_error("mtprt: consolidate: the trainer has no ewc");

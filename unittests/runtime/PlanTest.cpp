@@ -597,7 +597,8 @@ std::string build(const PlanFields &f) {
                 : flatbuffers::Offset<fb::BatchSchedule>(),
       f.sparse ? fb::CreateSaps(b, f.saps.fraction, f.saps.every, f.saps.lambda)
                : flatbuffers::Offset<fb::Saps>(),
-      f.ewcOn ? fb::CreateEwc(b, f.ewc.lambda, f.ewc.fisherBatches)
+      f.ewcOn ? fb::CreateEwc(b, f.ewc.lambda, f.ewc.fisherBatches,
+                              f.ewc.threshold)
               : flatbuffers::Offset<fb::Ewc>(),
       f.adapted ? fb::CreateAdapters(b, f.adapters.bottleneck,
                                      f.adapters.separation)
@@ -1050,6 +1051,9 @@ std::vector<Change> allChanges(const std::string &jsonl) {
        withEwc},
       {"Ewc.fisher_batches", [](F &f) { f.ewc.fisherBatches = 1; },
        Shows::Losses, "", withEwc},
+      // No pair of tasks is more similar than 1: never protected.
+      {"Ewc.threshold", [](F &f) { f.ewc.threshold = 1.0; }, Shows::Losses,
+       "", withEwc},
 
       // Adapters (D13): the heads read their taps through them; the
       // separation loss moves the gates, so the later losses.

@@ -28,6 +28,14 @@ namespace mtprt {
 struct EwcConfig {
   double lambda = 1e4;       ///< the source's
   int64_t fisherBatches = 8; ///< batches the Fisher is estimated on
+  /// The conflict detector (the source's "similarity > 0.6 turns the
+  /// protection on"): at a phase's end, the gradient cosines between the
+  /// ending phase's tasks and the next one's, on the next batch; the phase
+  /// is protected only where some pair exceeds this. kAlways: no detector.
+  double threshold = kAlways;
+  static constexpr double kAlways = -2.0;
+  static constexpr double kSourceThreshold = 0.6;
+  bool detects() const { return threshold >= -1.0; }
 
   /// F and θ*, fp32 each.
   static constexpr int64_t kBytesPerParameter = 8;
@@ -36,6 +44,7 @@ struct EwcConfig {
 namespace limits {
 inline constexpr RealRange kEwcLambda{0.0, 1e12};
 inline constexpr Range kEwcBatches{1, 4096};
+inline constexpr RealRange kEwcThreshold{-1.0, 1.0};
 } // namespace limits
 
 } // namespace mtprt

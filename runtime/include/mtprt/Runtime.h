@@ -115,6 +115,14 @@ bool needsGateRecalibration(const StepStats &stats,
                             double stdThreshold = defaults::kSimStdThreshold);
 /// The event record the driver logs when it recalibrates.
 std::string recalibrationJsonLine(const StepStats &stats);
+/// EWC's conflict detector at a phase's end (D14): the event record
+/// {"event":"ewc_conflict","step":S,"phase":P,"tasks":[..],"similarity":
+/// [[..]],"largest":C,"threshold":T,"protect":B} (largest: null where the
+/// tasks share no trainable layer and the phase is protected regardless).
+std::string conflictJsonLine(int64_t step, int64_t phase,
+                             const std::vector<std::string> &tasks,
+                             const std::vector<std::vector<double>> &cosines,
+                             double largest, double threshold, bool protect);
 
 } // namespace mtprt
 

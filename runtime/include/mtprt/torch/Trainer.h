@@ -122,6 +122,16 @@ public:
   /// then consolidate() makes F and θ* the penalty's.
   void addFisherSample(const Batch &batch, const Schedule &schedule);
   void consolidate();
+  /// EWC's conflict detector (D14): the cosines between `tasks`' gradients
+  /// (each task's loss alone on `batch`'s first micro-batch, eval mode) on
+  /// the parameters of the topmost backbone layer every one of them reads
+  /// through — the layer the DGFG gate's cosine matrix uses. Row and column
+  /// i are tasks[i]; a task without labels in the batch gets NaN. Empty
+  /// when that layer is frozen (nothing shared trains) or the tasks are
+  /// fewer than two. No gradient, statistic or step count changes.
+  std::vector<std::vector<double>> taskSimilarity(
+      const Batch &batch, const Schedule &schedule,
+      const std::vector<int64_t> &tasks, int64_t *layer = nullptr);
   int64_t stepsTaken() const { return step_; }
 
   /// Called by endStep(applyUpdate = true) once every parameter's .grad is
