@@ -4,7 +4,55 @@
 
 #include "llvm/Support/FormatVariadic.h"
 
+#include <algorithm>
+
 using namespace mtp::ast;
+
+namespace {
+void collectRanges(Value &v, const std::string &where,
+                   std::vector<RangeSite> &out) {
+  if (v.kind == Value::Kind::Range)
+    out.push_back({&v, where});
+  for (Arg &a : v.args)
+    collectRanges(a.value, where + (v.name.empty() ? "" : "." + v.name) + "." +
+                               (a.key.empty() ? "<arg>" : a.key),
+                  out);
+  for (Entry &e : v.entries)
+    collectRanges(e.value, where + "." + e.key, out);
+}
+} // namespace
+
+std::vector<RangeSite> mtp::ast::searchRanges(Model &model) {
+  std::vector<RangeSite> out;
+  for (Backbone &b : model.backbones) {
+    if (b.source)
+      collectRanges(*b.source, "backbone", out);
+    for (Entry &e : b.entries)
+      collectRanges(e.value, "backbone." + e.key, out);
+  }
+  for (Task &t : model.tasks) {
+    for (Arg &a : t.head.args)
+      collectRanges(a.value, "task " + t.name + ": " + t.head.name + "." +
+                                 (a.key.empty() ? "<arg>" : a.key),
+                    out);
+    for (auto &[tap, loc] : t.taps)
+      if (tap.layer)
+        collectRanges(*tap.layer, "task " + t.name + ": from layer", out);
+    for (auto &[w, loc] : t.weights)
+      collectRanges(w, "task " + t.name + ": weight", out);
+  }
+  for (Correlation &c : model.correlations)
+    collectRanges(c.value, "correlate " + c.a + " ~ " + c.b, out);
+  for (Section &s : model.sections)
+    for (Entry &e : s.entries)
+      collectRanges(e.value, s.name + "." + e.key, out);
+  std::stable_sort(out.begin(), out.end(),
+                   [](const RangeSite &a, const RangeSite &b) {
+                     return std::make_pair(a.value->loc.line, a.value->loc.col) <
+                            std::make_pair(b.value->loc.line, b.value->loc.col);
+                   });
+  return out;
+}
 
 llvm::StringRef Value::kindName() const {
   switch (kind) {
@@ -18,6 +66,8 @@ llvm::StringRef Value::kindName() const {
     return "a call";
   case Kind::Block:
     return "a block";
+  case Kind::Range:
+    return "a search range";
   }
   return "a value";
 }
@@ -52,6 +102,9 @@ struct Dumper {
       break;
     case Value::Kind::Block:
       os << "block";
+      break;
+    case Value::Kind::Range:
+      os << "range " << v.integer << ".." << v.rangeHi << " by " << v.rangeStep;
       break;
     }
     os << '\n';

@@ -30,7 +30,7 @@ struct Arg;
 
 /// A value on the right of `key =`, or an argument.
 struct Value {
-  enum class Kind { Number, String, Ident, Call, Block };
+  enum class Kind { Number, String, Ident, Call, Block, Range };
   Kind kind = Kind::Ident;
   Location loc;
   /// Number: its value, whether it was written as an integer, its spelling,
@@ -41,6 +41,10 @@ struct Value {
   std::string spelling;
   std::string unit;
   Location unitLoc;
+  /// Range (a search range, `lo..hi by step`): `integer` is lo; `spelling`
+  /// its text; `end` the column just after it (on loc's line).
+  int64_t rangeHi = 0, rangeStep = 1;
+  Location end;
   /// String contents, identifier, or call name.
   std::string name;
   /// Call arguments.
@@ -114,6 +118,16 @@ struct Model {
   std::vector<Correlation> correlations;
   std::vector<Section> sections;
 };
+
+/// A search range (`lo..hi by step`) in a spec, and where: `backbone.layers`,
+/// `budget.micro_batch`, `task pos: from layer`, `task mt: decoder.layers`.
+struct RangeSite {
+  Value *value;
+  std::string where;
+};
+/// Every search range in `model`, in source order (mtpc search; Sema
+/// refuses them).
+std::vector<RangeSite> searchRanges(Model &model);
 
 /// `--emit=ast`: an indented tree with locations.
 void dump(const Model &model, llvm::raw_ostream &os);

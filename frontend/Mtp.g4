@@ -30,7 +30,7 @@ taskClause  : FROM tap                          # fromClause
             ;
 
 tap         : POOLED (LAYER layer=number)?      # pooledTap
-            | LAYER layer=number                # layerTap
+            | LAYER (layer=number | span=range) # layerTap
             | EMBEDDINGS                        # embeddingsTap
             ;
 
@@ -45,6 +45,7 @@ block       : LBRACE entry* RBRACE ;
 entry       : key=ident ASSIGN value COMMA? ;
 
 value       : number unit?                      # numberValue
+            | range                             # rangeValue
             | STRING                            # stringValue
             | call block?                       # callValue
             | ident block?                      # identValue
@@ -60,9 +61,12 @@ unit        : ident (SLASH ident)? ;
 
 number      : (PLUS | MINUS)? NUMBER ;
 
+// A search range (mtpc search): 4..12, 64..512 by 64.
+range       : RANGE (BY step=NUMBER)? ;
+
 // Keywords stay usable as names and keys.
 ident       : ID | MODEL | BACKBONE | TASK | CORRELATE | FROM | LOSS | WEIGHT
-            | POOLED | LAYER | EMBEDDINGS ;
+            | POOLED | LAYER | EMBEDDINGS | BY ;
 
 MODEL       : 'model' ;
 BACKBONE    : 'backbone' ;
@@ -74,6 +78,7 @@ WEIGHT      : 'weight' ;
 POOLED      : 'pooled' ;
 LAYER       : 'layer' ;
 EMBEDDINGS  : 'embeddings' ;
+BY          : 'by' ;
 
 LBRACE      : '{' ;
 RBRACE      : '}' ;
@@ -86,6 +91,9 @@ TILDE       : '~' ;
 SLASH       : '/' ;
 PLUS        : '+' ;
 MINUS       : '-' ;
+
+// 4..12: longer than the NUMBER "4." it starts with, so it wins.
+RANGE       : DIGITS '..' DIGITS ;
 
 // 7, 1_000, 0.30, .5, 3e-4, 1.2E+3
 NUMBER      : DIGITS ('.' DIGITS?)? EXPONENT?

@@ -300,7 +300,7 @@ private:
         } else if (auto *layer = dynamic_cast<MtpParser::LayerTapContext *>(
                        from->tap())) {
           tap.kind = ast::Tap::Kind::Layer;
-          tap.layer = number(layer->layer, nullptr);
+          tap.layer = layer->span ? range(layer->span) : number(layer->layer, nullptr);
         } else {
           tap.kind = ast::Tap::Kind::Embeddings;
         }
@@ -340,6 +340,8 @@ private:
   ast::Value value(MtpParser::ValueContext *ctx) {
     if (auto *num = dynamic_cast<MtpParser::NumberValueContext *>(ctx))
       return number(num->number(), num->unit());
+    if (auto *r = dynamic_cast<MtpParser::RangeValueContext *>(ctx))
+      return range(r->range());
     if (auto *str = dynamic_cast<MtpParser::StringValueContext *>(ctx)) {
       ast::Value v;
       v.kind = ast::Value::Kind::String;
@@ -383,6 +385,58 @@ private:
     for (MtpParser::ArgContext *arg : ctx->arg())
       v.args.push_back({arg->key ? arg->key->getText() : std::string(),
                         loc(arg), value(arg->value())});
+    return v;
+  }
+
+  /// lo..hi [by step]: integers, lo <= hi, step >= 1 (each mistake located).
+  ast::Value range(MtpParser::RangeContext *ctx) {
+    ast::Value v;
+    v.kind = ast::Value::Kind::Range;
+    v.loc = loc(ctx);
+    antlr4::Token *stop = ctx->getStop();
+    v.end = loc(stop);
+    v.end.col += stop->getText().size();
+    std::string text = ctx->RANGE()->getText();
+    v.spelling = text;
+    auto parse = [&](StringRef digits, ast::Location at, int64_t &out) {
+      std::string clean;
+      for (char c : digits)
+        if (c != '_')
+          clean.push_back(c);
+      uint64_t magnitude;
+      if (StringRef(clean).getAsInteger(10, magnitude) ||
+          magnitude > uint64_t(INT64_MAX)) {
+        reporter.error(at) << "integer " << digits << " is too large";
+        return false;
+      }
+      out = int64_t(magnitude);
+      return true;
+    };
+    const size_t dots = text.find("..");
+    int64_t lo = 0, hi = 0;
+    if (!parse(StringRef(text).take_front(dots), v.loc, lo) ||
+        !parse(StringRef(text).drop_front(dots + 2), v.loc, hi))
+      return v;
+    v.integer = lo;
+    v.number = double(lo);
+    v.isInteger = true;
+    v.rangeHi = hi;
+    if (ctx->step) {
+      v.spelling += " by " + ctx->step->getText();
+      StringRef step = ctx->step->getText();
+      ast::Location stepLoc = loc(ctx->step);
+      if (step.find_first_of(".eE") != StringRef::npos) {
+        reporter.error(stepLoc) << "a range's step is a whole number, got "
+                                << step;
+      } else if (parse(step, stepLoc, v.rangeStep) && v.rangeStep < 1) {
+        reporter.error(stepLoc) << "a range's step must be at least 1";
+        v.rangeStep = 1;
+      }
+    }
+    if (lo > hi)
+      reporter.error(v.loc) << "range " << text << " is empty: its first value "
+                            << lo << " is above its last " << hi
+                            << " (write " << hi << ".." << lo << ")";
     return v;
   }
 

@@ -1866,7 +1866,24 @@ std::optional<CheckedSpec> mtp::checkSpec(const ast::Model &model,
       held.push_back(std::move(diag));
       return mlir::success();
     });
-    result = Sema(filename, context, maxErrors).run(model);
+    // Search ranges are mtpc search's: each is refused here, and the rest is
+    // checked with its first value so that no other error follows from it.
+    ast::Model clean = model;
+    bool ranged = false;
+    for (const ast::RangeSite &site : ast::searchRanges(clean)) {
+      ranged = true;
+      mlir::emitError(mlir::FileLineColLoc::get(context, filename,
+                                                site.value->loc.line,
+                                                site.value->loc.col))
+          << "'" << site.value->spelling << "' is a search range ("
+          << site.where << "): `mtpc search` picks one of its values; check, "
+          << "plan and build need one written";
+      site.value->kind = ast::Value::Kind::Number;
+      site.value->spelling = std::to_string(site.value->integer);
+    }
+    result = Sema(filename, context, maxErrors).run(clean);
+    if (ranged)
+      result.reset();
   }
   auto key = [](const mlir::Diagnostic &diag) {
     if (StringRef(diag.str()).starts_with("too many errors"))
