@@ -80,7 +80,12 @@ def PlanMemory : Pass<"mtp-plan-memory", "::mtp::ModelOp"> {
            "branch-and-bound nodes before the search keeps its best plan">,
     Option<"costs", "costs", "std::string", /*default=*/"",
            "segment costs measured on the target (mtpc profile's JSON); "
-           "default: the cost model's roofline">
+           "default: the cost model's roofline">,
+    Option<"exactFloor", "exact-floor", "bool", /*default=*/"true",
+           "where no plan fits, search for the smallest reachable peak the "
+           "error names (false: where even the bound on every plan is over "
+           "the budget, stop at once with the most frugal plan's peak — "
+           "mtpc search)">
   ];
 }
 

@@ -28,6 +28,7 @@ void mtp::buildPlanPipeline(OpPassManager &pm,
   if (options.planMemory) {
     PlanMemoryOptions plan;
     plan.costs = options.costs;
+    plan.exactFloor = options.exactFloor;
     model.addPass(createPlanMemory(plan));
   }
   // The plan table reads what each unit would keep; a materialized step

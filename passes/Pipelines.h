@@ -29,6 +29,11 @@ struct PlanPipelineOptions
       llvm::cl::desc("Write the plan into the step (checkpoint regions, "
                      "offload ops) before the final analysis"),
       llvm::cl::init(false)};
+  Option<bool> exactFloor{
+      *this, "exact-floor",
+      llvm::cl::desc("Where no plan fits, search for the smallest reachable "
+                     "peak the error names"),
+      llvm::cl::init(true)};
   Option<std::string> costs{
       *this, "costs",
       llvm::cl::desc("Plan with the segment costs measured on the target "

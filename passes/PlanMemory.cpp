@@ -1145,6 +1145,17 @@ PlanResult MemoryPlanner::solve(const SolveOptions &options) {
   const bool exhaustive = n * size_t(impl->numOps) < 4000000;
   result.minimalPeak = impl->simulate(impl->frugal(exhaustive));
 
+  // Where even the bound on every plan (nothing decided: what no decision
+  // frees) is over the budget, no search can fit: the most frugal plan, at
+  // once (mtpc search plans many such candidates).
+  if (!options.exactFloor && exhaustive &&
+      impl->simulate(keep, std::vector<char>(n, 0)) > impl->usable) {
+    result.decisions = impl->frugal(exhaustive);
+    finish(*this, result, regionsOf);
+    result.minimalPeak = std::min(result.minimalPeak, result.peakBytes);
+    return result;
+  }
+
   // From everything kept (or the uniform policy's recompute) to a plan
   // that fits: the ranked prefix on large instances, greedy moves on small.
   std::vector<Decision> current(n, Decision::Keep);
@@ -1323,6 +1334,7 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
     MemoryPlanner planner(model, measured ? &*measured : nullptr);
     SolveOptions options;
     options.maxNodes = std::max<int64_t>(0, maxNodes);
+    options.exactFloor = exactFloor;
     PlanResult result = planner.solve(options);
     if (!result.fits) {
       BudgetOp budget = model.getBudget();

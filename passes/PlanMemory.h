@@ -94,6 +94,9 @@ struct SolveOptions {
   /// far (a count, not a time, so plans are the same on every machine).
   /// Each node is three simulations; 0: the heuristic alone.
   int64_t maxNodes = 40000;
+  /// Where no plan fits, search for the smallest reachable peak; false: a
+  /// budget under the bound on every plan stops at the most frugal plan.
+  bool exactFloor = true;
 };
 
 class MemoryPlanner {

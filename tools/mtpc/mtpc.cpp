@@ -37,6 +37,7 @@
 #include "passes/Passes.h"
 #include "passes/Pipelines.h"
 #include "Report.h"
+#include "Search.h"
 
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -66,7 +67,9 @@ using namespace mlir;
 namespace cl = llvm::cl;
 
 namespace {
-enum class Command { Compile, Check, Plan, Inspect, Build, Profile, Prepare };
+enum class Command {
+  Compile, Check, Plan, Inspect, Build, Profile, Prepare, Search
+};
 enum class Emit { AST, MLIR, Step, Cpp, Cuda, Plan };
 enum class Format { Text, Json, Fb };
 enum ExitCode { kOk = 0, kSpecError = 1, kUsageError = 2 };
@@ -125,6 +128,35 @@ cl::opt<std::string> profileThreads(
     cl::desc("profile: intra-op threads the program times its segments with "
              "(default: the runtime's)"),
     cl::value_desc("N"), cl::init(""));
+cl::opt<int64_t> searchMaxCandidates(
+    "max-candidates",
+    cl::desc("search: plan every candidate up to this many, else a seeded "
+             "sample and a local search of this many"),
+    cl::value_desc("N"), cl::init(1000));
+cl::opt<double> searchTimeLimit(
+    "time-limit", cl::desc("search: stop planning after this many seconds"),
+    cl::value_desc("S"), cl::init(300));
+cl::opt<uint64_t> searchSeed("seed",
+                             cl::desc("search: the sample's seed (a large "
+                                      "space's candidates)"),
+                             cl::value_desc("N"), cl::init(0));
+cl::opt<int64_t> searchTop("top", cl::desc("search: rows of the table"),
+                           cl::value_desc("N"), cl::init(10));
+cl::opt<int64_t> searchTrainSteps(
+    "train-steps",
+    cl::desc("search: rank the fastest fitting candidates by held-out loss "
+             "after short runs of mtprt-run (successive halving; the last "
+             "round N steps)"),
+    cl::value_desc("N"), cl::init(0));
+cl::opt<int64_t> searchTrainCandidates(
+    "train-candidates",
+    cl::desc("search: how many of the fastest fitting candidates train"),
+    cl::value_desc("K"), cl::init(8));
+cl::opt<std::string> searchEvalData(
+    "eval-data",
+    cl::desc("search: the held-out data of the proxy runs (default: "
+             "synthetic:256)"),
+    cl::value_desc("PATH"), cl::init(""));
 cl::opt<bool> verbose("v", cl::desc("check: print every task, correlation "
                                     "and the budget, not only the summary"));
 
@@ -576,6 +608,7 @@ int main(int argc, char **argv) {
             .Case("inspect", Command::Inspect)
             .Case("build", Command::Build)
             .Case("profile", Command::Profile)
+            .Case("search", Command::Search)
             .Default(std::nullopt);
     if (sub && command != Command::Prepare) {
       command = *sub;
@@ -601,6 +634,13 @@ int main(int argc, char **argv) {
           "  mtpc profile FILE -o COSTS [--profile-threads N]\n"
           "                                  its segments timed on this machine,\n"
           "                                  for mtpc plan FILE --costs COSTS\n"
+          "  mtpc search FILE [-o BEST.mtp] [--max-candidates N] "
+          "[--time-limit S]\n"
+          "              [--seed N] [--train-steps N [--train-candidates K]]\n"
+          "                                  the fastest candidate of its "
+          "search\n"
+          "                                  ranges (layers = 4..12) that "
+          "fits\n"
           "  mtpc prepare FILE DATA -o OUT.shard [...]\n"
           "                                  text data tokenized into a shard\n"
           "                                  (mtpc prepare FILE --help)\n"
@@ -651,6 +691,31 @@ int main(int argc, char **argv) {
     return kOk;
   }
   bool isMlir = llvm::sys::path::extension(inputFilename) == ".mlir";
+  if (command == Command::Search) {
+    if (isMlir) {
+      usageError() << "search reads a .mtp spec with search ranges; "
+                   << inputFilename << " is IR\n";
+      return kUsageError;
+    }
+    if (searchMaxCandidates < 1 || searchTop < 1 || searchTrainSteps < 0 ||
+        searchTrainCandidates < 1 || !(searchTimeLimit > 0)) {
+      usageError() << "search: --max-candidates, --top and "
+                      "--train-candidates must be at least 1, --train-steps "
+                      "at least 0, --time-limit positive\n";
+      return kUsageError;
+    }
+    mtp::SearchOptions o;
+    o.output = outputFilename == "-" ? "" : outputFilename.getValue();
+    o.maxCandidates = searchMaxCandidates;
+    o.timeLimit = searchTimeLimit;
+    o.seed = searchSeed;
+    o.top = searchTop;
+    o.trainSteps = searchTrainSteps;
+    o.trainCandidates = searchTrainCandidates;
+    o.evalData = searchEvalData;
+    o.runtimeDir = runtimeBuildDir();
+    return mtp::runSearch(inputFilename, input->getBuffer(), o, llvm::outs());
+  }
   if (isMlir && emitAction == Emit::AST) {
     usageError() << "--emit=ast needs a .mtp spec; " << inputFilename
                  << " is IR\n";
@@ -839,6 +904,7 @@ int main(int argc, char **argv) {
     }
     break;
   case Command::Inspect: // handled before parsing
+  case Command::Search:
     break;
   case Command::Prepare:
     return prepare(*module, prepareArgs);

@@ -1,0 +1,647 @@
+//===- Search.cpp - `mtpc search`: the best shape that fits ---------------===//
+//
+// Candidates are specs: the input's text with every search range replaced by
+// one of its values (padded to the range's width, so each candidate's
+// diagnostics point at the user's file). Each is parsed, checked and planned
+// by the same pipeline as `mtpc plan` in one MLIR context; a candidate fits
+// where the plan succeeds within the budget. docs/search.md.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Search.h"
+
+#include "dialect/MTPDialect.h"
+#include "dialect/MTPOps.h"
+#include "frontend/AST.h"
+#include "frontend/MLIRGen.h"
+#include "frontend/Parser.h"
+#include "frontend/Sema.h"
+#include "passes/CostModel.h"
+#include "passes/MemoryAnalysis.h"
+#include "passes/PlanFile.h"
+#include "passes/Pipelines.h"
+
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/WithColor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+using namespace mlir;
+using llvm::StringRef;
+
+namespace {
+
+enum ExitCode { kOk = 0, kSpecError = 1, kUsageError = 2 };
+
+using Clock = std::chrono::steady_clock;
+
+/// One search range of the spec: its place in the text and its values.
+struct Site {
+  std::string where, spelling;
+  std::string label; ///< the table's column: `layers`, `a: layer`
+  size_t begin = 0, end = 0; ///< byte offsets in the spec's text
+  std::vector<int64_t> values;
+};
+
+struct Candidate {
+  std::vector<size_t> index; ///< per site, into its values
+  bool fits = false;
+  std::string reason; ///< why not: the first error
+  int64_t peak = 0, usable = 0, params = 0, regions = 0, offloads = 0;
+  double stepSeconds = 0, samplesPerSecond = 0;
+  std::string planBytes;
+  double evalLoss = std::numeric_limits<double>::quiet_NaN();
+  int64_t trainedSteps = 0;
+};
+
+std::string humanBytes(int64_t b) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(b);
+  int u = 0;
+  while (v >= 1024 && u < 4)
+    v /= 1024, ++u;
+  return u == 0 ? llvm::formatv("{0} B", b).str()
+                : llvm::formatv("{0:f2} {1}", v, units[u]).str();
+}
+
+std::string humanCount(int64_t n) {
+  if (n >= 1000000000)
+    return llvm::formatv("{0:f2} G", n / 1e9).str();
+  if (n >= 1000000)
+    return llvm::formatv("{0:f2} M", n / 1e6).str();
+  if (n >= 10000)
+    return llvm::formatv("{0:f1} k", n / 1e3).str();
+  return std::to_string(n);
+}
+
+class Search {
+public:
+  Search(StringRef filename, StringRef text, const mtp::SearchOptions &o)
+      : filename(filename.str()), text(text.str()), o(o) {
+    DialectRegistry registry;
+    registry.insert<mtp::MTPDialect>();
+    context.appendDialectRegistry(registry);
+    context.loadAllAvailableDialects();
+    context.printOpOnDiagnostic(false);
+  }
+
+  int run(llvm::raw_ostream &os);
+
+private:
+  std::string candidateText(const std::vector<size_t> &index, bool pad) const;
+  std::string assignment(const Candidate &c) const;
+  void evaluate(Candidate &c);
+  void train(std::vector<Candidate *> &pool);
+  double trainOne(Candidate &c, int64_t steps);
+  /// Whether candidate a is at least as good as b on every axis and better
+  /// on one (peak, step time, and held-out loss where both were trained).
+  static bool dominates(const Candidate &a, const Candidate &b);
+
+  std::string filename, text;
+  const mtp::SearchOptions &o;
+  MLIRContext context;
+  std::vector<Site> sites;
+};
+
+std::string Search::candidateText(const std::vector<size_t> &index,
+                                  bool pad) const {
+  std::string out;
+  size_t at = 0;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    const Site &s = sites[i];
+    out += text.substr(at, s.begin - at);
+    std::string v = std::to_string(s.values[index[i]]);
+    if (pad && v.size() < s.end - s.begin)
+      v.resize(s.end - s.begin, ' ');
+    out += v;
+    at = s.end;
+  }
+  out += text.substr(at);
+  return out;
+}
+
+std::string Search::assignment(const Candidate &c) const {
+  std::string out;
+  for (size_t i = 0; i < sites.size(); ++i)
+    out += (i ? ", " : "") + sites[i].where + " = " +
+           std::to_string(sites[i].values[c.index[i]]);
+  return out;
+}
+
+void Search::evaluate(Candidate &c) {
+  const std::string spec = candidateText(c.index, /*pad=*/true);
+  llvm::SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(
+      llvm::MemoryBuffer::getMemBufferCopy(spec, filename), llvm::SMLoc());
+  std::string first;
+  ScopedDiagnosticHandler handler(&context, [&](Diagnostic &d) {
+    if (d.getSeverity() == DiagnosticSeverity::Error && first.empty()) {
+      std::string where;
+      if (auto loc = dyn_cast<FileLineColLoc>(d.getLocation()))
+        where = llvm::formatv("{0}:{1}: ", loc.getLine(), loc.getColumn());
+      first = where + d.str();
+    }
+    return success();
+  });
+  auto fail = [&] {
+    c.fits = false;
+    c.reason = first.empty() ? "the plan failed" : first;
+  };
+  std::optional<mtp::ast::Model> ast = mtp::parseSpec(sourceMgr, &context);
+  if (!ast)
+    return fail();
+  std::optional<mtp::CheckedSpec> checked =
+      mtp::checkSpec(*ast, filename, &context);
+  if (!checked)
+    return fail();
+  OwningOpRef<ModuleOp> module = mtp::mlirGen(*checked, filename, &context);
+  if (!module)
+    return fail();
+  auto models = module->getOps<mtp::ModelOp>();
+  if (models.empty() || !(*models.begin()).getBudget()) {
+    first = "a search needs a budget { ... } to fit";
+    return fail();
+  }
+  std::optional<mtp::MemoryReport> report;
+  PassManager pm(&context);
+  mtp::PlanPipelineOptions options;
+  options.planMemory = true;
+  options.materialize = false;
+  options.exactFloor = false; // a hopeless candidate stops at once
+  mtp::buildPlanPipeline(pm, options,
+                         [&](mtp::ModelOp, const mtp::MemoryReport &r) {
+                           report = r;
+                         });
+  if (failed(pm.run(*module)) || !report)
+    return fail();
+  mtp::ModelOp model = *module->getOps<mtp::ModelOp>().begin();
+  mtp::StepPlanAttr plan = model.getStep().getPlanAttr();
+  c.fits = true;
+  // The planned peak (the report analyses the step before the plan).
+  c.peak = plan ? plan.getPlannedPeakBytes() : report->peakBytes;
+  const mtp::CostModel cost(model);
+  c.usable = cost.usableBytes();
+  c.params = cost.parameters().total();
+  if (plan) {
+    c.stepSeconds = plan.getKeepStepSeconds().convertToDouble() +
+                    plan.getAddedSeconds().convertToDouble();
+    c.regions = plan.getRegions().size();
+    c.offloads = plan.getOffloads().size();
+  }
+  const double batch = double(model.getBudget().getGlobalBatch());
+  c.samplesPerSecond = c.stepSeconds > 0 ? batch / c.stepSeconds : 0;
+  if (o.trainSteps > 0)
+    c.planBytes = mtp::serializePlan(model, *report, filename);
+}
+
+bool Search::dominates(const Candidate &a, const Candidate &b) {
+  // Losses compare only after runs of the same length.
+  const bool trained = !std::isnan(a.evalLoss) && !std::isnan(b.evalLoss) &&
+                       a.trainedSteps == b.trainedSteps;
+  const bool noWorse = a.peak <= b.peak && a.stepSeconds <= b.stepSeconds &&
+                       (!trained || a.evalLoss <= b.evalLoss);
+  const bool better = a.peak < b.peak || a.stepSeconds < b.stepSeconds ||
+                      (trained && a.evalLoss < b.evalLoss);
+  return noWorse && better;
+}
+
+double Search::trainOne(Candidate &c, int64_t steps) {
+  llvm::SmallString<128> dir;
+  if (llvm::sys::fs::createUniqueDirectory("mtpc-search", dir))
+    return std::numeric_limits<double>::quiet_NaN();
+  const std::string plan = (dir + "/candidate.mtpplan").str(),
+                    metrics = (dir + "/metrics.jsonl").str(),
+                    log = (dir + "/run.log").str();
+  {
+    std::ofstream f(plan, std::ios::binary);
+    f << c.planBytes;
+  }
+  const std::string runner = o.runtimeDir + "/tools/mtprt-run";
+  const std::string stepsText = std::to_string(steps);
+  const std::string eval = o.evalData.empty() ? "synthetic:256" : o.evalData;
+  std::vector<StringRef> args = {runner,      "--plan",      plan,
+                                 "--steps",   stepsText,     "--threads",
+                                 "1",         "--progress",  "off",
+                                 "--metrics", metrics,       "--log-every",
+                                 stepsText,   "--eval-data", eval};
+  std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log),
+                                          StringRef(log)};
+  std::string message;
+  const int rc = llvm::sys::ExecuteAndWait(runner, args, std::nullopt,
+                                           redirects, 0, 0, &message);
+  double loss = std::numeric_limits<double>::quiet_NaN();
+  if (rc == 0) {
+    std::ifstream in(metrics);
+    std::string line, last;
+    while (std::getline(in, line))
+      if (line.find("\"eval\"") != std::string::npos)
+        last = line;
+    if (llvm::Expected<llvm::json::Value> v = llvm::json::parse(last)) {
+      double sum = 0;
+      int n = 0;
+      const llvm::json::Object *root = v->getAsObject();
+      if (auto *evals = root ? root->getObject("eval") : nullptr)
+        for (auto &[task, m] : *evals)
+          if (auto *mo = m.getAsObject())
+            if (std::optional<double> l = mo->getNumber("loss"))
+              sum += *l, ++n;
+      if (n)
+        loss = sum / n;
+    } else {
+      llvm::consumeError(v.takeError());
+    }
+  } else {
+    c.reason = "mtprt-run failed (" + std::to_string(rc) + "): see " + log;
+  }
+  if (rc == 0)
+    llvm::sys::fs::remove_directories(dir);
+  return loss;
+}
+
+void Search::train(std::vector<Candidate *> &pool) {
+  // Successive halving: every candidate trains a short run, the better half
+  // a run twice as long, ... the last round o.trainSteps. Each run starts
+  // from the candidate's initialization (the spec's seed).
+  // Rounds until two are left for the last (ceil(log2 K), at least 1).
+  int rounds = 1;
+  while ((int64_t(2) << (rounds - 1)) < int64_t(pool.size()))
+    ++rounds;
+  std::vector<Candidate *> alive = pool;
+  for (int r = 0; r < rounds && !alive.empty(); ++r) {
+    const int64_t steps =
+        std::max<int64_t>(1, o.trainSteps >> (rounds - 1 - r));
+    llvm::errs() << llvm::formatv(
+        "mtpc search: proxy training round {0}/{1}: {2} candidate(s), {3} "
+        "steps each\n",
+        r + 1, rounds, alive.size(), steps);
+    for (Candidate *c : alive) {
+      c->evalLoss = trainOne(*c, steps);
+      c->trainedSteps = steps;
+    }
+    std::stable_sort(alive.begin(), alive.end(),
+                     [](const Candidate *a, const Candidate *b) {
+                       const double x = std::isnan(a->evalLoss)
+                                            ? INFINITY
+                                            : a->evalLoss,
+                                    y = std::isnan(b->evalLoss)
+                                            ? INFINITY
+                                            : b->evalLoss;
+                       return x < y;
+                     });
+    if (r + 1 < rounds)
+      alive.resize(std::max<size_t>(1, (alive.size() + 1) / 2));
+  }
+}
+
+int Search::run(llvm::raw_ostream &os) {
+  // The ranges, from one parse of the spec (its own syntax errors stop here).
+  {
+    llvm::SourceMgr sourceMgr;
+    sourceMgr.AddNewSourceBuffer(
+        llvm::MemoryBuffer::getMemBufferCopy(text, filename), llvm::SMLoc());
+    SourceMgrDiagnosticHandler handler(sourceMgr, &context);
+    std::optional<mtp::ast::Model> ast = mtp::parseSpec(sourceMgr, &context);
+    if (!ast)
+      return kSpecError;
+    std::vector<size_t> lineStart = {0};
+    for (size_t i = 0; i < text.size(); ++i)
+      if (text[i] == '\n')
+        lineStart.push_back(i + 1);
+    for (const mtp::ast::RangeSite &r : mtp::ast::searchRanges(*ast)) {
+      const mtp::ast::Value &v = *r.value;
+      Site s;
+      s.where = r.where;
+      // The column: the key after the last dot; a tap: the task's name.
+      StringRef w = r.where;
+      if (w.starts_with("task ") && w.ends_with(": from layer"))
+        s.label = (w.drop_front(5).split(':').first + ": layer").str();
+      else
+        s.label = w.rsplit('.').second.empty() ? w.str()
+                                               : w.rsplit('.').second.str();
+      s.spelling = v.spelling;
+      s.begin = lineStart[v.loc.line - 1] + v.loc.col - 1;
+      s.end = lineStart[v.end.line - 1] + v.end.col - 1;
+      for (int64_t x = v.integer; x <= v.rangeHi; x += v.rangeStep)
+        s.values.push_back(x);
+      sites.push_back(std::move(s));
+    }
+  }
+  if (sites.empty()) {
+    llvm::WithColor::error(llvm::errs(), filename)
+        << "no search range to search; write one where a value may vary, "
+           "e.g. layers = 4..12, micro_batch = 4..32 by 4, from layer 2..6 "
+           "(docs/search.md)\n";
+    return kSpecError;
+  }
+
+  // The space, and the candidates: all of it where it is small enough,
+  // else a seeded sample followed by a local search around the best.
+  double spaceSize = 1;
+  for (const Site &s : sites)
+    spaceSize *= double(s.values.size());
+  const bool exhaustive = spaceSize <= double(o.maxCandidates);
+  std::mt19937_64 rng(o.seed);
+  std::vector<Candidate> all;
+  std::set<std::vector<size_t>> seen;
+  auto decode = [&](uint64_t n) {
+    std::vector<size_t> index(sites.size());
+    for (size_t i = sites.size(); i-- > 0;) {
+      index[i] = n % sites[i].values.size();
+      n /= sites[i].values.size();
+    }
+    return index;
+  };
+  const auto start = Clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  bool timedOut = false;
+  int64_t lastReport = 0;
+  auto tryCandidate = [&](std::vector<size_t> index) -> Candidate * {
+    if (!seen.insert(index).second)
+      return nullptr;
+    if (elapsed() > o.timeLimit) {
+      timedOut = true;
+      return nullptr;
+    }
+    all.push_back({});
+    all.back().index = std::move(index);
+    evaluate(all.back());
+    if (int64_t(all.size()) - lastReport >= 100) {
+      lastReport = all.size();
+      llvm::errs() << llvm::formatv("mtpc search: {0} candidates planned in "
+                                    "{1:f1} s\n",
+                                    all.size(), elapsed());
+    }
+    return &all.back();
+  };
+  all.reserve(size_t(std::min<double>(spaceSize, double(o.maxCandidates))) +
+              16 * sites.size() + 1);
+  if (exhaustive) {
+    for (uint64_t n = 0; n < uint64_t(spaceSize) && !timedOut; ++n)
+      tryCandidate(decode(n));
+  } else {
+    const int64_t sampled = o.maxCandidates / 2;
+    std::uniform_int_distribution<uint64_t> pick(
+        0, uint64_t(std::min(spaceSize, 1.8e19)) - 1);
+    for (int64_t k = 0; k < sampled * 4 && int64_t(all.size()) < sampled &&
+                        !timedOut;
+         ++k) {
+      std::vector<size_t> index(sites.size());
+      for (size_t i = 0; i < sites.size(); ++i)
+        index[i] = std::uniform_int_distribution<size_t>(
+            0, sites[i].values.size() - 1)(rng);
+      tryCandidate(index);
+    }
+    (void)pick;
+    // Hill-climbing from the fastest fitting candidate: one range a step.
+    while (!timedOut && int64_t(all.size()) < o.maxCandidates) {
+      const Candidate *best = nullptr;
+      for (const Candidate &c : all)
+        if (c.fits && (!best || c.samplesPerSecond > best->samplesPerSecond))
+          best = &c;
+      if (!best)
+        break;
+      const std::vector<size_t> from = best->index;
+      const double bar = best->samplesPerSecond;
+      bool improved = false;
+      for (size_t i = 0; i < sites.size() && !timedOut; ++i)
+        for (int d : {-1, 1}) {
+          if ((d < 0 && from[i] == 0) ||
+              (d > 0 && from[i] + 1 >= sites[i].values.size()))
+            continue;
+          std::vector<size_t> next = from;
+          next[i] += d;
+          if (Candidate *c = tryCandidate(next))
+            improved |= c->fits && c->samplesPerSecond > bar;
+        }
+      if (!improved)
+        break;
+    }
+  }
+  const double searchSeconds = elapsed();
+
+  std::vector<Candidate *> fitting;
+  std::map<std::string, int64_t> reasons;
+  for (Candidate &c : all) {
+    if (c.fits) {
+      fitting.push_back(&c);
+    } else {
+      std::string r = c.reason.substr(0, c.reason.find('\n'));
+      // line:col: of the user's file (the same for every value).
+      if (size_t colon = r.find(": "); colon != std::string::npos &&
+                                       colon < 16 &&
+                                       std::isdigit(static_cast<unsigned char>(r[0])))
+        r = r.substr(colon + 2);
+      // The same error at other values reads alike: group by its text
+      // without the numbers that differ.
+      std::string key;
+      for (char ch : r)
+        if (!std::isdigit(static_cast<unsigned char>(ch)) || key.empty() ||
+            !std::isdigit(static_cast<unsigned char>(key.back())))
+          key += std::isdigit(static_cast<unsigned char>(ch)) ? 'N' : ch;
+      ++reasons[key];
+    }
+  }
+  std::stable_sort(fitting.begin(), fitting.end(),
+                   [](const Candidate *a, const Candidate *b) {
+                     return a->samplesPerSecond > b->samplesPerSecond;
+                   });
+
+  os << "search over " << filename << ": ";
+  llvm::interleave(
+      sites, os,
+      [&](const Site &s) {
+        os << s.where << " in " << s.spelling << " (" << s.values.size()
+           << ")";
+      },
+      ", ");
+  os << "\n  " << llvm::formatv("{0}", int64_t(spaceSize))
+     << " candidates in the space; "
+     << (exhaustive ? "every one planned"
+                    : llvm::formatv("{0} planned (a sample of seed {1}, then "
+                                    "a local search from the fastest)",
+                                    all.size(), o.seed)
+                          .str())
+     << (timedOut ? llvm::formatv(", stopped at the time limit ({0} s)",
+                                  o.timeLimit)
+                        .str()
+                  : std::string())
+     << llvm::formatv(" in {0:f2} s ({1:f1} ms each)\n", searchSeconds,
+                      all.empty() ? 0.0 : 1e3 * searchSeconds / all.size());
+  os << "  " << fitting.size() << " fit the budget";
+  if (!fitting.empty())
+    os << " (" << humanBytes(fitting.front()->usable) << " usable)";
+  os << ", " << all.size() - fitting.size() << " do not\n";
+  for (const auto &[why, n] : reasons)
+    os << "    " << n << " x " << why << "\n";
+  if (fitting.empty()) {
+    llvm::WithColor::error(llvm::errs(), filename)
+        << "no candidate fits the budget; widen a range toward smaller "
+           "values or raise budget { memory }\n";
+    return kSpecError;
+  }
+
+  if (o.trainSteps > 0) {
+    // What training decides is capacity against speed: the candidates no
+    // other beats on both step time and parameters, evenly spaced along
+    // that front when there are more than K, else filled with the fastest.
+    std::vector<Candidate *> front;
+    for (Candidate *c : fitting) {
+      bool beaten = false;
+      for (Candidate *d : fitting)
+        if (d != c && d->stepSeconds <= c->stepSeconds &&
+            d->params >= c->params &&
+            (d->stepSeconds < c->stepSeconds || d->params > c->params)) {
+          beaten = true;
+          break;
+        }
+      if (!beaten)
+        front.push_back(c);
+    }
+    std::stable_sort(front.begin(), front.end(),
+                     [](const Candidate *a, const Candidate *b) {
+                       return a->stepSeconds < b->stepSeconds;
+                     });
+    const size_t k = std::min<size_t>(fitting.size(), o.trainCandidates);
+    std::vector<Candidate *> pool;
+    if (front.size() > k) {
+      for (size_t i = 0; i < k; ++i)
+        pool.push_back(front[k == 1 ? 0 : i * (front.size() - 1) / (k - 1)]);
+    } else {
+      pool = front;
+      for (Candidate *c : fitting)
+        if (pool.size() < k && !llvm::is_contained(pool, c))
+          pool.push_back(c);
+    }
+    train(pool);
+  }
+
+  // The chosen one: the best held-out loss where trained (among those that
+  // reached the last round), else the highest predicted throughput.
+  Candidate *chosen = fitting.front();
+  int64_t longest = 0;
+  for (Candidate *c : fitting)
+    longest = std::max(longest, c->trainedSteps);
+  if (o.trainSteps > 0)
+    for (Candidate *c : fitting)
+      if (c->trainedSteps == longest && !std::isnan(c->evalLoss) &&
+          (chosen->trainedSteps != longest || std::isnan(chosen->evalLoss) ||
+           c->evalLoss < chosen->evalLoss))
+        chosen = c;
+
+  // The table: the fastest, every trained one, and the chosen.
+  std::vector<Candidate *> rows;
+  int64_t fastest = 0;
+  for (Candidate *c : fitting)
+    if (fastest++ < o.top || c->trainedSteps > 0 || c == chosen)
+      rows.push_back(c);
+  os << "\n  " << llvm::formatv("{0,-4}", "");
+  std::vector<size_t> width;
+  for (const Site &s : sites) {
+    width.push_back(std::max<size_t>(s.label.size(), 6));
+    os << " " << std::string(width.back() - s.label.size(), ' ') << s.label;
+  }
+  os << llvm::formatv(" {0,11} {1,11} {2,6} {3,10} {4,10} {5,12}",
+                      "params", "peak", "budget", "step", "samples/s",
+                      "plan");
+  if (o.trainSteps > 0)
+    os << llvm::formatv(" {0,10} {1,6}", "eval loss", "steps");
+  os << "\n";
+  for (Candidate *c : rows) {
+    bool pareto = true;
+    for (Candidate *d : fitting)
+      if (d != c && dominates(*d, *c)) {
+        pareto = false;
+        break;
+      }
+    os << "  " << (c == chosen ? "=>" : "  ") << (pareto ? "* " : "  ");
+    for (size_t i = 0; i < sites.size(); ++i) {
+      const std::string v = std::to_string(sites[i].values[c->index[i]]);
+      os << " " << std::string(width[i] - std::min(width[i], v.size()), ' ')
+         << v;
+    }
+    std::string plan =
+        c->regions == 0 && c->offloads == 0
+            ? "keep all"
+            : llvm::formatv("{0} ckpt, {1} offl", c->regions, c->offloads)
+                  .str();
+    os << llvm::formatv(" {0,11} {1,11} {2,5:f0}% {3,8:f2}ms {4,10:f1} {5,12}",
+                        humanCount(c->params), humanBytes(c->peak),
+                        100.0 * double(c->peak) / double(c->usable),
+                        1e3 * c->stepSeconds, c->samplesPerSecond, plan);
+    if (o.trainSteps > 0) {
+      if (c->trainedSteps > 0)
+        os << llvm::formatv(" {0,10:f4} {1,6}", c->evalLoss, c->trainedSteps);
+      else
+        os << llvm::formatv(" {0,10} {1,6}", "-", "-");
+    }
+    os << "\n";
+  }
+  os << "  (* on the Pareto front of peak, step time"
+     << (o.trainSteps > 0 ? " and held-out loss" : "")
+     << "; => the chosen; step and samples/s: the plan's prediction)\n";
+
+  os << "\nchosen: " << assignment(*chosen) << "\n  ";
+  if (o.trainSteps > 0 && chosen->trainedSteps == longest &&
+      !std::isnan(chosen->evalLoss))
+    os << llvm::formatv("the lowest held-out loss ({0:f4}) after {1} steps "
+                        "of the {2} fitting candidates trained (the front of "
+                        "step time against parameters), by successive "
+                        "halving; ",
+                        chosen->evalLoss, chosen->trainedSteps,
+                        std::min<size_t>(fitting.size(), o.trainCandidates));
+  else
+    os << llvm::formatv("the highest predicted throughput of the {0} that "
+                        "fit; ",
+                        fitting.size());
+  os << llvm::formatv("{0:f1} samples/s, peak {1} ({2:f0}% of the usable "
+                      "budget), {3} parameters\n",
+                      chosen->samplesPerSecond, humanBytes(chosen->peak),
+                      100.0 * double(chosen->peak) / double(chosen->usable),
+                      humanCount(chosen->params));
+  if (o.trainSteps == 0)
+    os << "  (throughput alone favours the smallest model that fits; "
+          "--train-steps N ranks the fastest by held-out loss)\n";
+
+  if (!o.output.empty()) {
+    std::error_code ec;
+    llvm::ToolOutputFile out(o.output, ec, llvm::sys::fs::OF_Text);
+    if (ec) {
+      llvm::WithColor::error(llvm::errs(), "mtpc search")
+          << o.output << ": " << ec.message() << "\n";
+      return kUsageError;
+    }
+    out.os() << candidateText(chosen->index, /*pad=*/false);
+    out.keep();
+    os << "wrote " << o.output << "\n";
+  }
+  return kOk;
+}
+
+} // namespace
+
+int mtp::runSearch(StringRef filename, StringRef text,
+                   const SearchOptions &options, llvm::raw_ostream &os) {
+  Search search(filename, text, options);
+  return search.run(os);
+}
