@@ -189,6 +189,7 @@ std::string humanize(std::string message) {
   static const std::pair<const char *, const char *> names[] = {
       {"<EOF>", "end of file"},     {"ID", "a name"},
       {"NUMBER", "a number"},       {"STRING", "a string"},
+      {"RANGE", "a search range"},
       {"STRAY", "a stray character"}};
   for (auto [from, to] : names) {
     // Whole words only: token names appear bare in expected-sets.

@@ -84,7 +84,6 @@ struct Deferred {
 constexpr Deferred kDeferredStrategy[] = {
     {"cuda_graphs", "CUDA Graph capture (docs/techniques.md A3)"},
     {"pipeline", "task-aware pipeline parallelism (docs/techniques.md C9)"},
-    {"search", "the memory-constrained search (docs/techniques.md C11)"},
     {"zero", "ZeRO-3 parameter offload (docs/techniques.md D16)"},
 };
 constexpr Deferred kDeferredBudget[] = {
@@ -390,6 +389,14 @@ public:
       }
       if (llvm::is_contained(keys, entry.key)) {
         byKey[entry.key] = &entry;
+        continue;
+      }
+      if (entry.key == "search" && where == "strategy { }") {
+        auto diag = sema.error(entry.loc);
+        diag << "'search' is not a strategy knob: write the values to search "
+                "as ranges where they are set (layers = 4..12, micro_batch = "
+                "4..32 by 4, from layer 2..6) and run `mtpc search` "
+                "(docs/search.md)";
         continue;
       }
       if (const Deferred *d = llvm::find_if(
