@@ -424,9 +424,9 @@ private:
     v.rangeHi = hi;
     if (ctx->step) {
       v.spelling += " by " + ctx->step->getText();
-      StringRef step = ctx->step->getText();
+      const std::string step = ctx->step->getText();
       ast::Location stepLoc = loc(ctx->step);
-      if (step.find_first_of(".eE") != StringRef::npos) {
+      if (step.find_first_of(".eE") != std::string::npos) {
         reporter.error(stepLoc) << "a range's step is a whole number, got "
                                 << step;
       } else if (parse(step, stepLoc, v.rangeStep) && v.rangeStep < 1) {
