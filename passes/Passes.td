@@ -84,8 +84,9 @@ def PlanMemory : Pass<"mtp-plan-memory", "::mtp::ModelOp"> {
     Option<"exactFloor", "exact-floor", "bool", /*default=*/"true",
            "where no plan fits, search for the smallest reachable peak the "
            "error names (false: where even the bound on every plan is over "
-           "the budget, stop at once with the most frugal plan's peak — "
-           "mtpc search)">
+           "the budget, stop at once with the most frugal plan's peak; "
+           "where everything kept fits, keep it without looking for the "
+           "floor — mtpc search)">
   ];
 }
 

@@ -29,6 +29,8 @@ void mtp::buildPlanPipeline(OpPassManager &pm,
     PlanMemoryOptions plan;
     plan.costs = options.costs;
     plan.exactFloor = options.exactFloor;
+    if (options.maxNodes >= 0)
+      plan.maxNodes = options.maxNodes;
     model.addPass(createPlanMemory(plan));
   }
   // The plan table reads what each unit would keep; a materialized step

@@ -31,9 +31,16 @@ struct PlanPipelineOptions
       llvm::cl::init(false)};
   Option<bool> exactFloor{
       *this, "exact-floor",
-      llvm::cl::desc("Where no plan fits, search for the smallest reachable "
-                     "peak the error names"),
+      llvm::cl::desc("Search for the smallest reachable peak (the error's "
+                     "and the report's floor); off: mtpc search's quick "
+                     "plans"),
       llvm::cl::init(true)};
+  Option<int64_t> maxNodes{
+      *this, "max-nodes",
+      llvm::cl::desc("Branch-and-bound nodes before the planner keeps its "
+                     "best plan (-1: the planner's own; mtpc search plans "
+                     "each candidate with fewer first)"),
+      llvm::cl::init(-1)};
   Option<std::string> costs{
       *this, "costs",
       llvm::cl::desc("Plan with the segment costs measured on the target "

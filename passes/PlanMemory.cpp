@@ -1140,6 +1140,17 @@ PlanResult MemoryPlanner::solve(const SolveOptions &options) {
   result.keepStepSeconds = impl->keepStepSeconds;
   result.measuredCosts = impl->measured != nullptr;
 
+  // Everything kept fits: nothing is cheaper. Without the exact floor (mtpc
+  // search) the smallest reachable peak is not worth its search here.
+  if (!options.exactFloor && !impl->fixedRecompute &&
+      result.keepPeak <= impl->usable && impl->latencyOk(keep)) {
+    result.decisions = keep;
+    result.optimal = true;
+    finish(*this, result, regionsOf);
+    result.minimalPeak = result.peakBytes;
+    return result;
+  }
+
   // The smallest reachable peak: every candidate at its most frugal choice
   // (tried one at a time on small instances).
   const bool exhaustive = n * size_t(impl->numOps) < 4000000;

@@ -95,7 +95,9 @@ struct SolveOptions {
   /// Each node is three simulations; 0: the heuristic alone.
   int64_t maxNodes = 40000;
   /// Where no plan fits, search for the smallest reachable peak; false: a
-  /// budget under the bound on every plan stops at the most frugal plan.
+  /// budget under the bound on every plan stops at the most frugal plan,
+  /// and a budget everything kept fits is planned so at once (the floor
+  /// reported is then that peak).
   bool exactFloor = true;
 };
 

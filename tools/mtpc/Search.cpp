@@ -3,8 +3,9 @@
 // Candidates are specs: the input's text with every search range replaced by
 // one of its values (padded to the range's width, so each candidate's
 // diagnostics point at the user's file). Each is parsed, checked and planned
-// by the same pipeline as `mtpc plan` in one MLIR context; a candidate fits
-// where the plan succeeds within the budget. docs/search.md.
+// by the same pipeline as `mtpc plan`, on --jobs workers with an MLIR
+// context each; a candidate fits where the plan succeeds within the budget.
+// docs/search.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -37,13 +38,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <atomic>
 #include <cmath>
+#include <deque>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
+#include <mutex>
 
 using namespace mlir;
 using llvm::StringRef;
@@ -66,11 +71,13 @@ struct Candidate {
   std::vector<size_t> index; ///< per site, into its values
   bool fits = false;
   std::string reason; ///< why not: the first error
-  int64_t peak = 0, usable = 0, params = 0, regions = 0, offloads = 0;
+  int64_t peak = 0, usable = 0, params = 0, regions = 0, offloads = 0,
+          partial = 0; ///< units re-run at tensor grain
   double stepSeconds = 0, samplesPerSecond = 0;
   std::string planBytes;
   double evalLoss = std::numeric_limits<double>::quiet_NaN();
   int64_t trainedSteps = 0;
+  bool planned = false; ///< false: the time limit came first
 };
 
 std::string humanBytes(int64_t b) {
@@ -99,9 +106,15 @@ public:
       : filename(filename.str()), text(text.str()), o(o) {
     DialectRegistry registry;
     registry.insert<mtp::MTPDialect>();
-    context.appendDialectRegistry(registry);
-    context.loadAllAvailableDialects();
-    context.printOpOnDiagnostic(false);
+    unsigned jobs = o.jobs > 0 ? unsigned(o.jobs)
+                               : std::max(1u, std::thread::hardware_concurrency());
+    for (unsigned w = 0; w < jobs; ++w) {
+      // The workers are the parallelism: no pool inside each context.
+      contexts.push_back(
+          std::make_unique<MLIRContext>(registry, MLIRContext::Threading::DISABLED));
+      contexts.back()->loadAllAvailableDialects();
+      contexts.back()->printOpOnDiagnostic(false);
+    }
   }
 
   int run(llvm::raw_ostream &os);
@@ -109,16 +122,26 @@ public:
 private:
   std::string candidateText(const std::vector<size_t> &index, bool pad) const;
   std::string assignment(const Candidate &c) const;
-  void evaluate(Candidate &c);
+  /// Plans one candidate in `context` (a worker's own) with the planner's
+  /// branch and bound stopped after `maxNodes` (-1: the planner's own).
+  void evaluate(Candidate &c, MLIRContext &context, int64_t maxNodes);
   void train(std::vector<Candidate *> &pool);
   double trainOne(Candidate &c, int64_t steps);
   /// Whether candidate a is at least as good as b on every axis and better
-  /// on one (peak, step time, and held-out loss where both were trained).
+  /// on one (parameters, peak, throughput, and held-out loss where both
+  /// were trained).
   static bool dominates(const Candidate &a, const Candidate &b);
+  /// The order without training: throughput, or parameters then throughput.
+  bool ranksAbove(const Candidate &a, const Candidate &b) const {
+    if (o.capacity && a.params != b.params)
+      return a.params > b.params;
+    return a.samplesPerSecond > b.samplesPerSecond;
+  }
 
   std::string filename, text;
   const mtp::SearchOptions &o;
-  MLIRContext context;
+  /// One per worker: candidates are planned side by side.
+  std::vector<std::unique_ptr<MLIRContext>> contexts;
   std::vector<Site> sites;
 };
 
@@ -147,7 +170,13 @@ std::string Search::assignment(const Candidate &c) const {
   return out;
 }
 
-void Search::evaluate(Candidate &c) {
+void Search::evaluate(Candidate &c, MLIRContext &context, int64_t maxNodes) {
+  {
+    Candidate fresh;
+    fresh.index = std::move(c.index);
+    fresh.planned = c.planned;
+    c = std::move(fresh);
+  }
   const std::string spec = candidateText(c.index, /*pad=*/true);
   llvm::SourceMgr sourceMgr;
   sourceMgr.AddNewSourceBuffer(
@@ -187,6 +216,7 @@ void Search::evaluate(Candidate &c) {
   options.planMemory = true;
   options.materialize = false;
   options.exactFloor = false; // a hopeless candidate stops at once
+  options.maxNodes = maxNodes;
   mtp::buildPlanPipeline(pm, options,
                          [&](mtp::ModelOp, const mtp::MemoryReport &r) {
                            report = r;
@@ -206,6 +236,10 @@ void Search::evaluate(Candidate &c) {
                     plan.getAddedSeconds().convertToDouble();
     c.regions = plan.getRegions().size();
     c.offloads = plan.getOffloads().size();
+    // Tensor grain: a block's projection chain re-run at its backward.
+    for (mtp::FwdOp fwd : model.getStep().getBody().front().getOps<mtp::FwdOp>())
+      if (fwd.getDecision() == mtp::Decision::Recompute && !fwd.getRegion())
+        ++c.partial;
   }
   const double batch = double(model.getBudget().getGlobalBatch());
   c.samplesPerSecond = c.stepSeconds > 0 ? batch / c.stepSeconds : 0;
@@ -217,9 +251,12 @@ bool Search::dominates(const Candidate &a, const Candidate &b) {
   // Losses compare only after runs of the same length.
   const bool trained = !std::isnan(a.evalLoss) && !std::isnan(b.evalLoss) &&
                        a.trainedSteps == b.trainedSteps;
-  const bool noWorse = a.peak <= b.peak && a.stepSeconds <= b.stepSeconds &&
+  // Throughput, not step time: a candidate's batch may differ.
+  const bool noWorse = a.params >= b.params && a.peak <= b.peak &&
+                       a.samplesPerSecond >= b.samplesPerSecond &&
                        (!trained || a.evalLoss <= b.evalLoss);
-  const bool better = a.peak < b.peak || a.stepSeconds < b.stepSeconds ||
+  const bool better = a.params > b.params || a.peak < b.peak ||
+                      a.samplesPerSecond > b.samplesPerSecond ||
                       (trained && a.evalLoss < b.evalLoss);
   return noWorse && better;
 }
@@ -318,8 +355,9 @@ int Search::run(llvm::raw_ostream &os) {
     llvm::SourceMgr sourceMgr;
     sourceMgr.AddNewSourceBuffer(
         llvm::MemoryBuffer::getMemBufferCopy(text, filename), llvm::SMLoc());
-    SourceMgrDiagnosticHandler handler(sourceMgr, &context);
-    std::optional<mtp::ast::Model> ast = mtp::parseSpec(sourceMgr, &context);
+    SourceMgrDiagnosticHandler handler(sourceMgr, contexts[0].get());
+    std::optional<mtp::ast::Model> ast =
+        mtp::parseSpec(sourceMgr, contexts[0].get());
     if (!ast)
       return kSpecError;
     std::vector<size_t> lineStart = {0};
@@ -360,7 +398,7 @@ int Search::run(llvm::raw_ostream &os) {
     spaceSize *= double(s.values.size());
   const bool exhaustive = spaceSize <= double(o.maxCandidates);
   std::mt19937_64 rng(o.seed);
-  std::vector<Candidate> all;
+  std::deque<Candidate> all;
   std::set<std::vector<size_t>> seen;
   auto decode = [&](uint64_t n) {
     std::vector<size_t> index(sites.size());
@@ -374,70 +412,122 @@ int Search::run(llvm::raw_ostream &os) {
   auto elapsed = [&] {
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
-  bool timedOut = false;
-  int64_t lastReport = 0;
-  auto tryCandidate = [&](std::vector<size_t> index) -> Candidate * {
-    if (!seen.insert(index).second)
-      return nullptr;
-    if (elapsed() > o.timeLimit) {
-      timedOut = true;
-      return nullptr;
-    }
-    all.push_back({});
-    all.back().index = std::move(index);
-    evaluate(all.back());
-    if (int64_t(all.size()) - lastReport >= 100) {
-      lastReport = all.size();
-      llvm::errs() << llvm::formatv("mtpc search: {0} candidates planned in "
-                                    "{1:f1} s\n",
-                                    all.size(), elapsed());
-    }
-    return &all.back();
+  std::atomic<bool> timedOut = false;
+  std::atomic<int64_t> planned = 0;
+  std::mutex progress;
+  // Candidates planned on every worker (each with its own context); the
+  // batches and their order are the seed's, so the result does not depend
+  // on how many workers there are.
+  auto planAll = [&](const std::vector<Candidate *> &batch, int64_t nodes) {
+    std::atomic<size_t> next = 0;
+    auto work = [&](MLIRContext &ctx) {
+      for (size_t i; (i = next++) < batch.size();) {
+        if (elapsed() > o.timeLimit) {
+          timedOut = true;
+          return;
+        }
+        evaluate(*batch[i], ctx, nodes);
+        batch[i]->planned = true;
+        if (const int64_t n = ++planned; n % 100 == 0) {
+          std::lock_guard<std::mutex> lock(progress);
+          llvm::errs() << llvm::formatv("mtpc search: {0} plans in {1:f1} s\n",
+                                        n, elapsed());
+        }
+      }
+    };
+    std::vector<std::thread> threads;
+    for (size_t w = 1; w < contexts.size() && w < batch.size(); ++w)
+      threads.emplace_back(work, std::ref(*contexts[w]));
+    work(*contexts[0]);
+    for (std::thread &t : threads)
+      t.join();
   };
-  all.reserve(size_t(std::min<double>(spaceSize, double(o.maxCandidates))) +
-              16 * sites.size() + 1);
+  // New candidates, each planned quickly (o.planNodes).
+  auto tryBatch = [&](std::vector<std::vector<size_t>> indices) {
+    std::vector<Candidate *> batch;
+    for (std::vector<size_t> &index : indices) {
+      if (!seen.insert(index).second ||
+          int64_t(all.size()) >= o.maxCandidates)
+        continue;
+      all.push_back({});
+      all.back().index = std::move(index);
+      batch.push_back(&all.back());
+    }
+    planAll(batch, o.planNodes);
+    return batch;
+  };
   if (exhaustive) {
-    for (uint64_t n = 0; n < uint64_t(spaceSize) && !timedOut; ++n)
-      tryCandidate(decode(n));
+    std::vector<std::vector<size_t>> every;
+    for (uint64_t n = 0; n < uint64_t(spaceSize); ++n)
+      every.push_back(decode(n));
+    tryBatch(std::move(every));
   } else {
     const int64_t sampled = o.maxCandidates / 2;
-    std::uniform_int_distribution<uint64_t> pick(
-        0, uint64_t(std::min(spaceSize, 1.8e19)) - 1);
-    for (int64_t k = 0; k < sampled * 4 && int64_t(all.size()) < sampled &&
-                        !timedOut;
+    std::vector<std::vector<size_t>> sample;
+    std::set<std::vector<size_t>> drawn;
+    for (int64_t k = 0; k < sampled * 4 && int64_t(sample.size()) < sampled;
          ++k) {
       std::vector<size_t> index(sites.size());
       for (size_t i = 0; i < sites.size(); ++i)
         index[i] = std::uniform_int_distribution<size_t>(
             0, sites[i].values.size() - 1)(rng);
-      tryCandidate(index);
+      if (drawn.insert(index).second)
+        sample.push_back(std::move(index));
     }
-    (void)pick;
-    // Hill-climbing from the fastest fitting candidate: one range a step.
+    tryBatch(std::move(sample));
+    // Hill-climbing from the best fitting candidate: its neighbours (one
+    // range a step up or down) planned together, until none is better.
     while (!timedOut && int64_t(all.size()) < o.maxCandidates) {
       const Candidate *best = nullptr;
       for (const Candidate &c : all)
-        if (c.fits && (!best || c.samplesPerSecond > best->samplesPerSecond))
+        if (c.planned && c.fits && (!best || ranksAbove(c, *best)))
           best = &c;
       if (!best)
         break;
-      const std::vector<size_t> from = best->index;
-      const double bar = best->samplesPerSecond;
-      bool improved = false;
-      for (size_t i = 0; i < sites.size() && !timedOut; ++i)
+      const Candidate bar = *best;
+      std::vector<std::vector<size_t>> neighbours;
+      for (size_t i = 0; i < sites.size(); ++i)
         for (int d : {-1, 1}) {
-          if ((d < 0 && from[i] == 0) ||
-              (d > 0 && from[i] + 1 >= sites[i].values.size()))
+          if ((d < 0 && bar.index[i] == 0) ||
+              (d > 0 && bar.index[i] + 1 >= sites[i].values.size()))
             continue;
-          std::vector<size_t> next = from;
+          std::vector<size_t> next = bar.index;
           next[i] += d;
-          if (Candidate *c = tryCandidate(next))
-            improved |= c->fits && c->samplesPerSecond > bar;
+          neighbours.push_back(std::move(next));
         }
+      bool improved = false;
+      for (Candidate *c : tryBatch(std::move(neighbours)))
+        improved |= c->planned && c->fits && ranksAbove(*c, bar);
       if (!improved)
         break;
     }
   }
+  // The quick plans' node budget can miss a plan that fits, or a cheaper
+  // one: those that did not fit for want of a plan, and the best that did,
+  // planned again as `mtpc plan` would.
+  int64_t replanned = 0;
+  if (!timedOut && o.planNodes >= 0) {
+    std::vector<Candidate *> again, best;
+    for (Candidate &c : all)
+      if (c.planned && !c.fits &&
+          c.reason.find("no plan fits the budget") != std::string::npos)
+        again.push_back(&c);
+      else if (c.planned && c.fits)
+        best.push_back(&c);
+    std::stable_sort(best.begin(), best.end(),
+                     [&](const Candidate *a, const Candidate *b) {
+                       return ranksAbove(*a, *b);
+                     });
+    best.resize(std::min<size_t>(
+        best.size(), size_t(o.top + (o.trainSteps > 0 ? o.trainCandidates : 0))));
+    again.insert(again.end(), best.begin(), best.end());
+    replanned = again.size();
+    planAll(again, /*nodes=*/-1);
+  }
+  // What the time limit left unplanned is not a candidate.
+  all.erase(std::remove_if(all.begin(), all.end(),
+                           [](const Candidate &c) { return !c.planned; }),
+            all.end());
   const double searchSeconds = elapsed();
 
   std::vector<Candidate *> fitting;
@@ -463,8 +553,8 @@ int Search::run(llvm::raw_ostream &os) {
     }
   }
   std::stable_sort(fitting.begin(), fitting.end(),
-                   [](const Candidate *a, const Candidate *b) {
-                     return a->samplesPerSecond > b->samplesPerSecond;
+                   [&](const Candidate *a, const Candidate *b) {
+                     return ranksAbove(*a, *b);
                    });
 
   os << "search over " << filename << ": ";
@@ -479,15 +569,21 @@ int Search::run(llvm::raw_ostream &os) {
      << " candidates in the space; "
      << (exhaustive ? "every one planned"
                     : llvm::formatv("{0} planned (a sample of seed {1}, then "
-                                    "a local search from the fastest)",
+                                    "a local search from the best)",
                                     all.size(), o.seed)
                           .str())
      << (timedOut ? llvm::formatv(", stopped at the time limit ({0} s)",
                                   o.timeLimit)
                         .str()
                   : std::string())
-     << llvm::formatv(" in {0:f2} s ({1:f1} ms each)\n", searchSeconds,
+     << llvm::formatv(" in {0:f2} s ({1:f1} ms each)", searchSeconds,
                       all.empty() ? 0.0 : 1e3 * searchSeconds / all.size());
+  if (replanned)
+    os << llvm::formatv("; {0} planned again with mtpc plan's full search "
+                        "(the best, and those the quick plan of {1} nodes "
+                        "did not fit)",
+                        replanned, o.planNodes);
+  os << "\n";
   os << "  " << fitting.size() << " fit the budget";
   if (!fitting.empty())
     os << " (" << humanBytes(fitting.front()->usable) << " usable)";
@@ -503,15 +599,16 @@ int Search::run(llvm::raw_ostream &os) {
 
   if (o.trainSteps > 0) {
     // What training decides is capacity against speed: the candidates no
-    // other beats on both step time and parameters, evenly spaced along
-    // that front when there are more than K, else filled with the fastest.
+    // other beats on both throughput and parameters, evenly spaced along
+    // that front when there are more than K, else filled in rank order.
     std::vector<Candidate *> front;
     for (Candidate *c : fitting) {
       bool beaten = false;
       for (Candidate *d : fitting)
-        if (d != c && d->stepSeconds <= c->stepSeconds &&
+        if (d != c && d->samplesPerSecond >= c->samplesPerSecond &&
             d->params >= c->params &&
-            (d->stepSeconds < c->stepSeconds || d->params > c->params)) {
+            (d->samplesPerSecond > c->samplesPerSecond ||
+             d->params > c->params)) {
           beaten = true;
           break;
         }
@@ -520,7 +617,7 @@ int Search::run(llvm::raw_ostream &os) {
     }
     std::stable_sort(front.begin(), front.end(),
                      [](const Candidate *a, const Candidate *b) {
-                       return a->stepSeconds < b->stepSeconds;
+                       return a->samplesPerSecond > b->samplesPerSecond;
                      });
     const size_t k = std::min<size_t>(fitting.size(), o.trainCandidates);
     std::vector<Candidate *> pool;
@@ -561,7 +658,7 @@ int Search::run(llvm::raw_ostream &os) {
     width.push_back(std::max<size_t>(s.label.size(), 6));
     os << " " << std::string(width.back() - s.label.size(), ' ') << s.label;
   }
-  os << llvm::formatv(" {0,11} {1,11} {2,6} {3,10} {4,10} {5,12}",
+  os << llvm::formatv(" {0,11} {1,11} {2,6} {3,10} {4,10} {5,18}",
                       "params", "peak", "budget", "step", "samples/s",
                       "plan");
   if (o.trainSteps > 0)
@@ -580,12 +677,17 @@ int Search::run(llvm::raw_ostream &os) {
       os << " " << std::string(width[i] - std::min(width[i], v.size()), ' ')
          << v;
     }
-    std::string plan =
-        c->regions == 0 && c->offloads == 0
-            ? "keep all"
-            : llvm::formatv("{0} ckpt, {1} offl", c->regions, c->offloads)
-                  .str();
-    os << llvm::formatv(" {0,11} {1,11} {2,5:f0}% {3,8:f2}ms {4,10:f1} {5,12}",
+    // What the plan does beyond keeping: checkpoint regions, units re-run
+    // at tensor grain, offloaded units.
+    std::string plan;
+    for (auto [n, what] : {std::pair{c->regions, "ckpt"},
+                           std::pair{c->partial, "part"},
+                           std::pair{c->offloads, "offl"}})
+      if (n)
+        plan += (plan.empty() ? "" : " ") + std::to_string(n) + " " + what;
+    if (plan.empty())
+      plan = "keep all";
+    os << llvm::formatv(" {0,11} {1,11} {2,5:f0}% {3,8:f2}ms {4,10:f1} {5,18}",
                         humanCount(c->params), humanBytes(c->peak),
                         100.0 * double(c->peak) / double(c->usable),
                         1e3 * c->stepSeconds, c->samplesPerSecond, plan);
@@ -597,19 +699,24 @@ int Search::run(llvm::raw_ostream &os) {
     }
     os << "\n";
   }
-  os << "  (* on the Pareto front of peak, step time"
+  os << "  (* on the Pareto front of parameters, peak, throughput"
      << (o.trainSteps > 0 ? " and held-out loss" : "")
-     << "; => the chosen; step and samples/s: the plan's prediction)\n";
+     << "; => the chosen; step and samples/s: the plan's prediction; plan: "
+        "checkpoint regions, units re-run at tensor grain, offloaded units)\n";
 
   os << "\nchosen: " << assignment(*chosen) << "\n  ";
   if (o.trainSteps > 0 && chosen->trainedSteps == longest &&
       !std::isnan(chosen->evalLoss))
     os << llvm::formatv("the lowest held-out loss ({0:f4}) after {1} steps "
                         "of the {2} fitting candidates trained (the front of "
-                        "step time against parameters), by successive "
+                        "throughput against parameters), by successive "
                         "halving; ",
                         chosen->evalLoss, chosen->trainedSteps,
                         std::min<size_t>(fitting.size(), o.trainCandidates));
+  else if (o.capacity)
+    os << llvm::formatv("the most parameters of the {0} that fit, the "
+                        "fastest of those; ",
+                        fitting.size());
   else
     os << llvm::formatv("the highest predicted throughput of the {0} that "
                         "fit; ",
@@ -619,9 +726,10 @@ int Search::run(llvm::raw_ostream &os) {
                       chosen->samplesPerSecond, humanBytes(chosen->peak),
                       100.0 * double(chosen->peak) / double(chosen->usable),
                       humanCount(chosen->params));
-  if (o.trainSteps == 0)
+  if (o.trainSteps == 0 && !o.capacity)
     os << "  (throughput alone favours the smallest model that fits; "
-          "--train-steps N ranks the fastest by held-out loss)\n";
+          "--objective=capacity the largest, --train-steps N ranks the front "
+          "of throughput against parameters by held-out loss)\n";
 
   if (!o.output.empty()) {
     std::error_code ec;

@@ -32,6 +32,15 @@ struct SearchOptions {
   int64_t trainCandidates = 8; ///< the fastest fitting ones trained
   std::string evalData;       ///< mtprt-run --eval-data ("": synthetic:256)
   std::string runtimeDir;     ///< where mtprt-run is (tools/mtprt-run)
+  /// Without training, what ranks the fitting candidates: the plan's
+  /// throughput, or capacity (the most parameters, then throughput) — the
+  /// source's "spend the budget on the model" reading.
+  bool capacity = false;
+  int64_t jobs = 0; ///< workers planning candidates (0: one per core)
+  /// The planner's branch-and-bound nodes for each candidate's first plan
+  /// (then those that found none and the best are planned with mtpc plan's
+  /// budget); -1: every plan with mtpc plan's.
+  int64_t planNodes = 1000;
 };
 
 /// Runs the search over `text` (the spec `filename` holds); the report on

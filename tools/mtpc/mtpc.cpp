@@ -152,6 +152,27 @@ cl::opt<int64_t> searchTrainCandidates(
     "train-candidates",
     cl::desc("search: how many of the fastest fitting candidates train"),
     cl::value_desc("K"), cl::init(8));
+cl::opt<int64_t> searchJobs(
+    "jobs",
+    cl::desc("search: candidates planned side by side (default: one per "
+             "core; the result is the same for any number)"),
+    cl::value_desc("N"), cl::init(0));
+cl::opt<int64_t> searchPlanNodes(
+    "plan-nodes",
+    cl::desc("search: the planner's branch-and-bound nodes for each "
+             "candidate's first plan; the best and those it did not fit are "
+             "planned again with mtpc plan's (-1: all with mtpc plan's)"),
+    cl::value_desc("N"), cl::init(1000));
+enum class SearchObjective { Throughput, Capacity };
+cl::opt<SearchObjective> searchObjective(
+    "objective",
+    cl::desc("search: without --train-steps, what ranks the candidates that "
+             "fit"),
+    cl::values(clEnumValN(SearchObjective::Throughput, "throughput",
+                          "the plan's predicted samples per second"),
+               clEnumValN(SearchObjective::Capacity, "capacity",
+                          "the most parameters, then throughput")),
+    cl::init(SearchObjective::Throughput));
 cl::opt<std::string> searchEvalData(
     "eval-data",
     cl::desc("search: the held-out data of the proxy runs (default: "
@@ -636,9 +657,9 @@ int main(int argc, char **argv) {
           "                                  for mtpc plan FILE --costs COSTS\n"
           "  mtpc search FILE [-o BEST.mtp] [--max-candidates N] "
           "[--time-limit S]\n"
-          "              [--seed N] [--train-steps N [--train-candidates K]]\n"
-          "                                  the fastest candidate of its "
-          "search\n"
+          "              [--seed N] [--objective=throughput|capacity]\n"
+          "              [--train-steps N [--train-candidates K]]\n"
+          "                                  the best candidate of its search\n"
           "                                  ranges (layers = 4..12) that "
           "fits\n"
           "  mtpc prepare FILE DATA -o OUT.shard [...]\n"
@@ -698,10 +719,11 @@ int main(int argc, char **argv) {
       return kUsageError;
     }
     if (searchMaxCandidates < 1 || searchTop < 1 || searchTrainSteps < 0 ||
-        searchTrainCandidates < 1 || !(searchTimeLimit > 0)) {
+        searchTrainCandidates < 1 || !(searchTimeLimit > 0) ||
+        searchJobs < 0 || searchJobs > 256) {
       usageError() << "search: --max-candidates, --top and "
                       "--train-candidates must be at least 1, --train-steps "
-                      "at least 0, --time-limit positive\n";
+                      "at least 0, --time-limit positive, --jobs 0 to 256\n";
       return kUsageError;
     }
     mtp::SearchOptions o;
@@ -713,6 +735,9 @@ int main(int argc, char **argv) {
     o.trainSteps = searchTrainSteps;
     o.trainCandidates = searchTrainCandidates;
     o.evalData = searchEvalData;
+    o.capacity = searchObjective == SearchObjective::Capacity;
+    o.jobs = searchJobs;
+    o.planNodes = searchPlanNodes < 0 ? -1 : int64_t(searchPlanNodes);
     o.runtimeDir = runtimeBuildDir();
     return mtp::runSearch(inputFilename, input->getBuffer(), o, llvm::outs());
   }
