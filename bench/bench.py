@@ -36,6 +36,9 @@ Sections (all by default; `--only a,b`):
   forgetting  two-phase continual learning (A, then B): A's held-out
             metric before and after B, plain, with EWC (D14), with adapters
             (D13) on a trainable and a frozen base
+  search    mtpc search (C11) over a 1080-candidate family of model M: time,
+            what fits, the choices, samples against the exhaustive choice,
+            the chosen one's measured peak, proxy training
 
 `--quick` runs a subset in under 3 minutes on the 2-core build machine; the
 full run takes under 20. Nothing here is a test: the numbers depend on the
@@ -1264,13 +1267,120 @@ def section_pareto(args, b, r, out):
     return results
 
 
+def section_search(args, b, r, out):
+    """C11: mtpc search over model M's family — layers 4..12, hidden
+    64..256 by 64, the chunk task's tap 2..6, micro batch 4..24 by 4 (1080
+    candidates) at 64 MiB: the time to plan all of it (both cores, one core,
+    every plan at mtpc plan's node budget), what fits, the choice by
+    throughput and by capacity, seeded samples of 100 against the exhaustive
+    choice, the capacity choice built and run (measured peak against the
+    plan's), and proxy training's choice."""
+    m = {"layers": "4..12", "hidden": "64..256 by 64", "heads": 4, "ffn": 256, "vocab": 512,
+         "seq": 128, "dropout": 0.0}
+    tasks = [("topic", "classify(classes = 4)", "from pooled"),
+             ("pos", "tag(labels = 12)", "from layer 3"),
+             ("chunk", "tag(labels = 8)", "from layer 2..6"),
+             ("ner", "tag(labels = 9)", "from layer 4")]
+    strategy = {"checkpoint": "auto", "offload": "none", "gfm": "none", "dgfg": "none",
+                "clip": "none", "lr": "cosine(1e-3, warmup = 5)"}
+    budget = budget_block(args, 64 << 20, micro_batch="4..24 by 4")
+    text = spec_text("search_m", m, tasks, strategy, budget,
+                     {"steps": 20, "seed": 1, "log_every": 1},
+                     correlate=[("pos", "chunk", 0.8)])
+    spec = os.path.join(args.work, "search_m.mtp")
+    with open(spec, "w") as f:
+        f.write(text)
+    res, rows = {}, []
+
+    def search(name, extra, runs=1):
+        ts, p = [], None
+        for _ in range(runs):
+            start = time.perf_counter()
+            p = run([args.mtpc, "search", spec, "--max-candidates", "2000"] + list(extra),
+                    timeout=1800)
+            ts.append(time.perf_counter() - start)
+        o = p.stdout
+        fit = re.search(r"(\d+) fit the budget", o)
+        chosen = re.search(r"chosen: (.*)\n\s+(.*)", o)
+        sps = re.search(r"([\d.]+) samples/s, peak ([\d.]+ \w+) \((\d+)% of the usable budget\), "
+                        r"([\d.]+ ?\w?) parameters", o)
+        again = re.search(r"; (\d+) planned again", o)
+        planned = re.search(r"(\d+) planned \(a sample", o)
+        row = {"seconds": median(ts), "fit": int(fit.group(1)) if fit else 0,
+               "chosen": chosen.group(1) if chosen else "—",
+               "samples_s": float(sps.group(1)) if sps else 0.0,
+               "peak": sps.group(2) if sps else "—", "params": sps.group(4) if sps else "—",
+               "replanned": int(again.group(1)) if again else 0,
+               "planned": int(planned.group(1)) if planned else 1080, "stdout": o}
+        res[name] = {k: v for k, v in row.items() if k != "stdout"}
+        rows.append([name, "%.2f s" % row["seconds"], row["planned"], row["replanned"],
+                     row["fit"], row["chosen"].replace("backbone.", "").replace("budget.", ""),
+                     "%.1f" % row["samples_s"], row["peak"], row["params"]])
+        return row
+
+    runs = 1 if args.quick else 2
+    best = search("throughput, exhaustive (both cores)", [], runs)
+    search("throughput, exhaustive, --jobs 1", ["--jobs", "1"], 1)
+    full = search("throughput, every plan at 40000 nodes", ["--plan-nodes", "-1"], 1)
+    cap = search("capacity, exhaustive", ["--objective=capacity", "-o",
+                                          os.path.join(args.work, "search_best.mtp")], 1)
+    seeds = [0] if args.quick else [0, 1, 2]
+    for seed in seeds:
+        search("throughput, a sample of 100 (seed %d)" % seed,
+               ["--max-candidates", "100", "--seed", str(seed)], 1)
+    out.append("### Search (C11)\n")
+    out.append("`mtpc search` over model M's family: layers 4..12, hidden 64..256 by 64, the chunk "
+               "task's tap 2..6, micro batch 4..24 by 4 (1080 candidates; a tap above the top "
+               "layer does not check), `checkpoint = auto`, 64 MiB. Each candidate is parsed, "
+               "checked and planned by the full pipeline; planned first with a branch and bound of "
+               "1000 nodes, then the best and those it did not fit with `mtpc plan`'s 40000. "
+               "Wall time of the whole command, median of %d run(s) for the first row. Samples/s "
+               "and the peak are the plan's prediction for the chosen candidate.\n" % runs)
+    out.append(table(["search", "time", "planned", "re-planned", "fit", "chosen",
+                      "samples/s", "peak", "params"], rows))
+    same = best["chosen"] == full["chosen"] and best["fit"] == full["fit"]
+    out.append("\nQuick plans against every plan at 40000 nodes: %s.\n"
+               % ("the same fitting set and the same choice" if same else
+                  "they differ (%d against %d fit)" % (best["fit"], full["fit"])))
+    samples = [res["throughput, a sample of 100 (seed %d)" % s]["samples_s"] for s in seeds]
+    out.append("A seeded sample of 100 reaches %s of the exhaustive choice's throughput.\n"
+               % ", ".join("%.1f%%" % (100 * x / best["samples_s"]) for x in samples))
+    res["sample_ratio"] = [x / best["samples_s"] for x in samples]
+    # The capacity choice built and run: its tracked peak against the plan.
+    with open(os.path.join(args.work, "search_best.mtp")) as f:
+        chosen_text = f.read()
+    binary = b.build(chosen_text)
+    o = r.mtpc(binary, 3, memory=True)
+    recs = o["records"]
+    peak = max(x["measured_peak_bytes"] for x in recs)
+    predicted = recs[0]["predicted_peak_bytes"]
+    res["capacity_peak_gap"] = peak / predicted - 1
+    out.append("The capacity choice built and run 3 steps: tracked peak %s against the plan's %s "
+               "(%+.2f%%).\n" % (fmt_bytes(peak), fmt_bytes(predicted), 100 * (peak / predicted - 1)))
+    # Proxy training: the front of throughput against parameters, by held-out loss.
+    steps = 10 if args.quick else 40
+    start = time.perf_counter()
+    p = run([args.mtpc, "search", spec, "--max-candidates", "2000", "--train-steps", str(steps),
+             "--train-candidates", "4", "--top", "1"], timeout=3600)
+    secs = time.perf_counter() - start
+    trained = [l for l in p.stdout.splitlines() if re.search(r"\s[\d.]+\s+%d\s*$" % steps, l)]
+    chosen = re.search(r"chosen: (.*)\n\s+(.*)", p.stdout)
+    out.append("\nWith proxy training (`--train-steps %d --train-candidates 4`, synthetic held-out "
+               "data), %.0f s; the candidates that trained the last round:\n" % (steps, secs))
+    out.append("```\n" + "\n".join(l.rstrip() for l in p.stdout.splitlines()
+                                   if "layers hidden" in l or l in trained) + "\n```\n")
+    out.append("Chosen: %s — %s\n" % (chosen.group(1), chosen.group(2)) if chosen else "")
+    res["train_seconds"] = secs
+    return res
+
+
 SECTIONS = {"agree": section_agree, "step": section_step, "load": section_load,
             "pareto": section_pareto,
             "memory": section_memory,
             "plan": section_plan,
             "compress": section_compress, "scope": section_scope, "ablation": section_ablation,
             "dynbatch": section_dynbatch, "saps": section_saps,
-            "forgetting": section_forgetting}
+            "forgetting": section_forgetting, "search": section_search}
 QUICK = ["agree", "memory", "plan", "compress"]
 
 
