@@ -78,6 +78,7 @@ struct Candidate {
   double evalLoss = std::numeric_limits<double>::quiet_NaN();
   int64_t trainedSteps = 0;
   bool planned = false; ///< false: the time limit came first
+  bool specEval = false; ///< the spec names held-out data (train { eval })
 };
 
 std::string humanBytes(int64_t b) {
@@ -243,8 +244,11 @@ void Search::evaluate(Candidate &c, MLIRContext &context, int64_t maxNodes) {
   }
   const double batch = double(model.getBudget().getGlobalBatch());
   c.samplesPerSecond = c.stepSeconds > 0 ? batch / c.stepSeconds : 0;
-  if (o.trainSteps > 0)
+  if (o.trainSteps > 0) {
     c.planBytes = mtp::serializePlan(model, *report, filename);
+    if (mtp::TrainOp tr = model.getTrain())
+      c.specEval = tr.getEvalPath().has_value();
+  }
 }
 
 bool Search::dominates(const Candidate &a, const Candidate &b) {
@@ -274,12 +278,20 @@ double Search::trainOne(Candidate &c, int64_t steps) {
   }
   const std::string runner = o.runtimeDir + "/tools/mtprt-run";
   const std::string stepsText = std::to_string(steps);
-  const std::string eval = o.evalData.empty() ? "synthetic:256" : o.evalData;
-  std::vector<StringRef> args = {runner,      "--plan",      plan,
-                                 "--steps",   stepsText,     "--threads",
-                                 "1",         "--progress",  "off",
-                                 "--metrics", metrics,       "--log-every",
-                                 stepsText,   "--eval-data", eval};
+  // Held-out data: --eval-data, else the spec's train { eval } (the plan
+  // carries it), else synthetic records the training never saw.
+  const std::string eval = !o.evalData.empty() ? o.evalData
+                           : c.specEval      ? ""
+                                             : "synthetic:256";
+  std::vector<StringRef> args = {runner,      "--plan",    plan,
+                                 "--steps",   stepsText,   "--threads",
+                                 "1",         "--progress", "off",
+                                 "--metrics", metrics,     "--log-every",
+                                 stepsText};
+  if (!eval.empty()) {
+    args.push_back("--eval-data");
+    args.push_back(eval);
+  }
   std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log),
                                           StringRef(log)};
   std::string message;
@@ -306,11 +318,26 @@ double Search::trainOne(Candidate &c, int64_t steps) {
     } else {
       llvm::consumeError(v.takeError());
     }
-  } else {
-    c.reason = "mtprt-run failed (" + std::to_string(rc) + "): see " + log;
   }
-  if (rc == 0)
+  if (std::isnan(loss)) {
+    // Why, from the run's own words: its first error line, else its last.
+    std::ifstream in(log);
+    std::string line, first, last;
+    while (std::getline(in, line)) {
+      if (!line.empty())
+        last = line;
+      if (first.empty() && line.find("error") != std::string::npos)
+        first = line;
+    }
+    c.reason = rc == 0 ? "no held-out loss in its metrics"
+                       : (first.empty() ? last : first);
+    llvm::errs() << "mtpc search: the proxy run of " << assignment(c)
+                 << " failed"
+                 << (rc == 0 ? std::string() : " (exit " + std::to_string(rc) + ")")
+                 << ": " << c.reason << " (its log: " << log << ")\n";
+  } else {
     llvm::sys::fs::remove_directories(dir);
+  }
   return loss;
 }
 
@@ -631,6 +658,14 @@ int Search::run(llvm::raw_ostream &os) {
           pool.push_back(c);
     }
     train(pool);
+    if (llvm::all_of(pool, [](const Candidate *c) {
+          return std::isnan(c->evalLoss);
+        })) {
+      llvm::WithColor::error(llvm::errs(), filename)
+          << "every proxy training run failed (the first: " << pool[0]->reason
+          << "); without --train-steps the search ranks by the plan alone\n";
+      return kSpecError;
+    }
   }
 
   // The chosen one: the best held-out loss where trained (among those that
@@ -692,7 +727,9 @@ int Search::run(llvm::raw_ostream &os) {
                         100.0 * double(c->peak) / double(c->usable),
                         1e3 * c->stepSeconds, c->samplesPerSecond, plan);
     if (o.trainSteps > 0) {
-      if (c->trainedSteps > 0)
+      if (c->trainedSteps > 0 && std::isnan(c->evalLoss))
+        os << llvm::formatv(" {0,10} {1,6}", "failed", c->trainedSteps);
+      else if (c->trainedSteps > 0)
         os << llvm::formatv(" {0,10:f4} {1,6}", c->evalLoss, c->trainedSteps);
       else
         os << llvm::formatv(" {0,10} {1,6}", "-", "-");
