@@ -432,9 +432,15 @@ int Search::run(llvm::raw_ostream &os) {
       s.where = r.where;
       // The column: the key after the last dot; a tap: the task's name.
       StringRef w = r.where;
-      if (w.starts_with("task ") && w.ends_with(": from layer"))
-        s.label = (w.drop_front(5).split(':').first + ": layer").str();
-      else
+      if (w.starts_with("task ")) {
+        auto [task, key] = w.drop_front(5).split(": ");
+        s.label = (task + ": " +
+                   (key == "from layer" ? StringRef("layer")
+                                        : key.rsplit('.').second.empty()
+                                              ? key
+                                              : key.rsplit('.').second))
+                      .str();
+      } else
         s.label = w.rsplit('.').second.empty() ? w.str()
                                                : w.rsplit('.').second.str();
       s.spelling = v.spelling;
