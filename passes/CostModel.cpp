@@ -914,7 +914,14 @@ int64_t CostModel::cosineProbeWorkspace(
     // half) beside the accumulated one.
     chain = 4 * (b * s * h + b * s * (up + f) + h * up + h) +
             (backbone.hasGatedMlp() ? 4 * b * s * up : 0);
-    widest = h * up;
+    // The Gram's double copies are of the layer's widest weight: the
+    // up-projection, or the fused QKV where it is wider (ffn < 3·hidden).
+    const int64_t qkvRows =
+        backbone.isLlama()
+            ? (backbone.getHeads() + 2 * backbone.getKvHeadCount()) *
+                  backbone.getHeadDim()
+            : 3 * h;
+    widest = std::max(h * up, qkvRows * h);
   }
   const int64_t held = kGradientBytes * probeParams;
   // A region's re-run: its blocks' tensors, and the inner backward's chain.
