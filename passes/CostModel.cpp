@@ -375,6 +375,14 @@ UnitCost CostModel::unfrozenUnit(UnitKind kind, TaskOp task) const {
     // lives until it is merged into [B, S, H].
     cost.fwdWorkspace = e * (bass + bsh);
     cost.bwdWorkspace = e * (2 * bass + 3 * bsh);
+    if (dropout) {
+      // Its peak is inside the dropout's backward (grad · mask · scale):
+      // the probabilities' incoming gradient and two [B, a, S, S] products
+      // alive, after the probabilities-times-v backward has freed the
+      // dropped probabilities and v (mtprt-run --profile-memory).
+      cost.bwdWorkspace = 3 * e * bass;
+      cost.bwdFreed = e * (bass + b * a * s * d);
+    }
     {
       // Without autograd nothing holds the QKV projection (the unit's input)
       // once it is split into per-head q, k, v copies: beyond the input and

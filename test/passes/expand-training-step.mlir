@@ -61,7 +61,7 @@ mtp.model @two {
 // CHECK-NEXT: mtp.add_grads
 // CHECK-NEXT: mtp.bwd attn_residual[2] {{.*}} saved(%attn_residual2_mask)
 // CHECK-NEXT: mtp.bwd attn_out[2] {{.*}} saved(%attn_core2)
-// CHECK-NEXT: mtp.bwd attn_core[2] {{.*}} saved(%attn_core2_q, %attn_core2_k_t, %attn_core2_probs, %attn_core2_probs_mask, %attn_core2_probs_dropped, %attn_core2_v) flops 2368 workspace 1280
+// CHECK-NEXT: mtp.bwd attn_core[2] {{.*}} saved(%attn_core2_q, %attn_core2_k_t, %attn_core2_probs, %attn_core2_probs_mask, %attn_core2_probs_dropped, %attn_core2_v) flops 2368 workspace 768 freed 512
 // CHECK-NEXT: mtp.bwd qkv[2] {{.*}} saved(%attn_norm2)
 // CHECK-NEXT: %[[DN2:d_attn_norm2]] = mtp.bwd attn_norm[2] {{.*}} saved(%[[X1]], %attn_norm2_mean, %attn_norm2_rstd)
 // CHECK-NEXT: %[[S2:.*]] = mtp.add_grads %d_attn_residual2, %[[DN2]]

@@ -13,13 +13,13 @@ mtp.model @two {
 }
 
 // CHECK-LABEL: memory analysis of 'two'
-// CHECK-NEXT: peak {{.*}} at bwd attn_core[2]
+// CHECK-NEXT: peak {{.*}} at bwd mlp_down[2]
 // CHECK-NEXT: parameters      5.71 KiB
 // CHECK-NEXT: gradients
 // CHECK-NEXT: optimizer       11.41 KiB
 // CHECK-NEXT: activations
 // CHECK-NEXT: activation grads
-// CHECK-NEXT: workspace       1.25 KiB
+// CHECK-NEXT: workspace       0 B
 // CHECK-NEXT: saved activations
 // CHECK-NEXT: only for lo: 420 B
 // CHECK-NEXT: only for hi:
@@ -31,7 +31,7 @@ mtp.model @two {
 // ATTRS-LABEL: mtp.model @two
 // ATTRS: mtp.step attributes {
 // ATTRS-SAME: optimizer = 11688 : i64, parameters = 5844 : i64
-// ATTRS-SAME: mtp.peak_at = "bwd attn_core[2]"
+// ATTRS-SAME: mtp.peak_at = "bwd mlp_down[2]"
 // ATTRS-SAME: mtp.task_only_bytes = {{{.*}}lo = 420 : i64}
 
 // NOSTEP: error: model 'two' has no training step; run --mtp-expand-training-step first
