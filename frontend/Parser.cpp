@@ -23,6 +23,7 @@
 #include <antlr4-runtime.h>
 
 #include <algorithm>
+#include <mutex>
 #include <cmath>
 
 using namespace mtp;
@@ -512,6 +513,11 @@ std::optional<ast::Model> mtp::parseSpec(llvm::SourceMgr &sourceMgr,
   Reporter reporter(sourceMgr, context, limits.maxErrors);
   if (!checkBytes(reporter, limits))
     return std::nullopt;
+  // ANTLR 4.9's C++ runtime shares each grammar's DFA cache between parsers
+  // and is not safe to run concurrently (fixed upstream in 4.10); mtpc
+  // search parses candidates on several threads, so parses take turns.
+  static std::mutex antlrMutex;
+  std::lock_guard<std::mutex> lock(antlrMutex);
   try {
     antlr4::ANTLRInputStream input(reporter.getText().str());
     MtpLexer lexer(&input);
