@@ -13,6 +13,10 @@ void collectRanges(Value &v, const std::string &where,
                    std::vector<RangeSite> &out) {
   if (v.kind == Value::Kind::Range)
     out.push_back({&v, where});
+  if (v.kind == Value::Kind::Call && v.name == "one_of") {
+    out.push_back({&v, where});
+    return; // its alternatives are written out
+  }
   for (Arg &a : v.args)
     collectRanges(a.value, where + (v.name.empty() ? "" : "." + v.name) + "." +
                                (a.key.empty() ? "<arg>" : a.key),

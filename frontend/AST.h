@@ -45,6 +45,9 @@ struct Value {
   /// its text; `end` the column just after it (on loc's line).
   int64_t rangeHi = 0, rangeStep = 1;
   Location end;
+  /// An alternative of `one_of(...)` (a search choice; the call's `end` is
+  /// set): its source text as written.
+  std::string source;
   /// String contents, identifier, or call name.
   std::string name;
   /// Call arguments.
@@ -125,8 +128,8 @@ struct RangeSite {
   Value *value;
   std::string where;
 };
-/// Every search range in `model`, in source order (mtpc search; Sema
-/// refuses them).
+/// Every search range and search choice (`one_of(A, B, ...)`) in `model`,
+/// in source order (mtpc search; Sema refuses them).
 std::vector<RangeSite> searchRanges(Model &model);
 
 /// `--emit=ast`: an indented tree with locations.

@@ -387,7 +387,52 @@ private:
     for (MtpParser::ArgContext *arg : ctx->arg())
       v.args.push_back({arg->key ? arg->key->getText() : std::string(),
                         loc(arg), value(arg->value())});
+    if (v.name == "one_of")
+      choice(v, ctx);
     return v;
+  }
+
+  /// one_of(A, B, ...): a search choice among alternatives written out
+  /// (mtpc search writes one in); each alternative's source text kept.
+  void choice(ast::Value &v, MtpParser::CallContext *ctx) {
+    antlr4::Token *stop = ctx->getStop();
+    v.end = loc(stop);
+    v.end.col += stop->getText().size();
+    if (v.args.size() < 2)
+      reporter.error(v.loc) << "one_of needs at least two alternatives, "
+                               "e.g. one_of(none, auto)";
+    antlr4::CharStream *text = ctx->getStart()->getInputStream();
+    for (auto [arg, parsed] : llvm::zip(ctx->arg(), v.args)) {
+      if (!parsed.key.empty()) {
+        reporter.error(parsed.loc)
+            << "one_of's alternatives are values, not '" << parsed.key
+            << " = ...'";
+        continue;
+      }
+      antlr4::ParserRuleContext *value = arg->value();
+      if (!value || !value->getStart() || !value->getStop())
+        continue; // (the builder runs on error-free parses only)
+      parsed.value.source = text->getText(antlr4::misc::Interval(
+          value->getStart()->getStartIndex(),
+          value->getStop()->getStopIndex()));
+      if (const ast::Value *inner = nestedSearch(parsed.value))
+        reporter.error(inner->loc)
+            << "a search choice's alternatives are written out: no range "
+               "or one_of inside one";
+    }
+  }
+
+  static const ast::Value *nestedSearch(const ast::Value &v) {
+    if (v.kind == ast::Value::Kind::Range ||
+        (v.kind == ast::Value::Kind::Call && v.name == "one_of"))
+      return &v;
+    for (const ast::Arg &a : v.args)
+      if (const ast::Value *inner = nestedSearch(a.value))
+        return inner;
+    for (const ast::Entry &e : v.entries)
+      if (const ast::Value *inner = nestedSearch(e.value))
+        return inner;
+    return nullptr;
   }
 
   /// lo..hi [by step]: integers, lo <= hi, step >= 1 (each mistake located).

@@ -1879,9 +1879,21 @@ std::optional<CheckedSpec> mtp::checkSpec(const ast::Model &model,
     bool ranged = false;
     for (const ast::RangeSite &site : ast::searchRanges(clean)) {
       ranged = true;
-      mlir::emitError(mlir::FileLineColLoc::get(context, filename,
-                                                site.value->loc.line,
-                                                site.value->loc.col))
+      auto at = mlir::FileLineColLoc::get(context, filename,
+                                          site.value->loc.line,
+                                          site.value->loc.col);
+      if (site.value->kind == ast::Value::Kind::Call) {
+        mlir::emitError(at)
+            << "'one_of(...)' is a search choice (" << site.where
+            << "): `mtpc search` picks one of its alternatives; check, plan "
+               "and build need one written";
+        if (!site.value->args.empty()) {
+          ast::Value first = site.value->args.front().value;
+          *site.value = std::move(first);
+        }
+        continue;
+      }
+      mlir::emitError(at)
           << "'" << site.value->spelling << "' is a search range ("
           << site.where << "): `mtpc search` picks one of its values; check, "
           << "plan and build need one written";

@@ -60,12 +60,13 @@ enum ExitCode { kOk = 0, kSpecError = 1, kUsageError = 2 };
 
 using Clock = std::chrono::steady_clock;
 
-/// One search range of the spec: its place in the text and its values.
+/// One search range or choice of the spec: its place in the text and its
+/// values as they are written in (`12`, `uniform(every = 2)`).
 struct Site {
   std::string where, spelling;
   std::string label; ///< the table's column: `layers`, `a: layer`
   size_t begin = 0, end = 0; ///< byte offsets in the spec's text
-  std::vector<int64_t> values;
+  std::vector<std::string> values;
 };
 
 struct Candidate {
@@ -156,9 +157,20 @@ std::string Search::candidateText(const std::vector<size_t> &index,
   for (size_t i = 0; i < sites.size(); ++i) {
     const Site &s = sites[i];
     out += text.substr(at, s.begin - at);
-    std::string v = std::to_string(s.values[index[i]]);
-    if (pad && v.size() < s.end - s.begin)
-      v.resize(s.end - s.begin, ' ');
+    std::string v = s.values[index[i]];
+    if (pad) {
+      // The span's shape kept (its line breaks, then spaces) so the lines
+      // and columns after it are the user's.
+      std::string shape = text.substr(s.begin, s.end - s.begin);
+      const size_t firstBreak = std::min(shape.find('\n'), shape.size());
+      for (char &ch : shape)
+        if (ch != '\n')
+          ch = ' ';
+      if (v.size() <= firstBreak)
+        v += shape.substr(v.size());
+      else
+        v += shape.substr(firstBreak);
+    }
     out += v;
     at = s.end;
   }
@@ -170,7 +182,7 @@ std::string Search::assignment(const Candidate &c) const {
   std::string out;
   for (size_t i = 0; i < sites.size(); ++i)
     out += (i ? ", " : "") + sites[i].where + " = " +
-           std::to_string(sites[i].values[c.index[i]]);
+           sites[i].values[c.index[i]];
   return out;
 }
 
@@ -443,11 +455,22 @@ int Search::run(llvm::raw_ostream &os) {
       } else
         s.label = w.rsplit('.').second.empty() ? w.str()
                                                : w.rsplit('.').second.str();
-      s.spelling = v.spelling;
       s.begin = lineStart[v.loc.line - 1] + v.loc.col - 1;
       s.end = lineStart[v.end.line - 1] + v.end.col - 1;
-      for (int64_t x = v.integer; x <= v.rangeHi; x += v.rangeStep)
-        s.values.push_back(x);
+      if (v.kind == mtp::ast::Value::Kind::Call) { // one_of(...)
+        // As written, on one line.
+        for (char ch : text.substr(s.begin, s.end - s.begin))
+          if (!std::isspace(static_cast<unsigned char>(ch)))
+            s.spelling += ch;
+          else if (!s.spelling.empty() && s.spelling.back() != ' ')
+            s.spelling += ' ';
+        for (const mtp::ast::Arg &a : v.args)
+          s.values.push_back(a.value.source);
+      } else {
+        s.spelling = v.spelling;
+        for (int64_t x = v.integer; x <= v.rangeHi; x += v.rangeStep)
+          s.values.push_back(std::to_string(x));
+      }
       sites.push_back(std::move(s));
     }
   }
@@ -731,7 +754,10 @@ int Search::run(llvm::raw_ostream &os) {
   os << "\n  " << llvm::formatv("{0,-4}", "");
   std::vector<size_t> width;
   for (const Site &s : sites) {
-    width.push_back(std::max<size_t>(s.label.size(), 6));
+    size_t w = std::max<size_t>(s.label.size(), 6);
+    for (const std::string &v : s.values)
+      w = std::max(w, v.size());
+    width.push_back(w);
     os << " " << std::string(width.back() - s.label.size(), ' ') << s.label;
   }
   os << llvm::formatv(" {0,11} {1,11} {2,6} {3,10} {4,10} {5,18}",
@@ -749,7 +775,7 @@ int Search::run(llvm::raw_ostream &os) {
       }
     os << "  " << (c == chosen ? "=>" : "  ") << (pareto ? "* " : "  ");
     for (size_t i = 0; i < sites.size(); ++i) {
-      const std::string v = std::to_string(sites[i].values[c->index[i]]);
+      const std::string &v = sites[i].values[c->index[i]];
       os << " " << std::string(width[i] - std::min(width[i], v.size()), ' ')
          << v;
     }
