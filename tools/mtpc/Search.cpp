@@ -22,6 +22,8 @@
 #include "passes/PlanFile.h"
 #include "passes/Pipelines.h"
 
+#include "mtprt/EvalMetrics.h"
+
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
@@ -80,6 +82,7 @@ struct Candidate {
   double evalLoss = std::numeric_limits<double>::quiet_NaN();
   int64_t trainedSteps = 0;
   bool planned = false; ///< false: the time limit came first
+  bool planFailed = false; ///< it checked, but no plan was found
   bool specEval = false; ///< the spec names held-out data (train { eval })
   std::string metrics;   ///< the last proxy run's held-out metrics
   int64_t measuredPeak = 0, predictedPeak = 0; ///< in that run
@@ -237,8 +240,10 @@ void Search::evaluate(Candidate &c, MLIRContext &context, int64_t maxNodes) {
                          [&](mtp::ModelOp, const mtp::MemoryReport &r) {
                            report = r;
                          });
-  if (failed(pm.run(*module)) || !report)
+  if (failed(pm.run(*module)) || !report) {
+    c.planFailed = true; // (a quick plan's node budget may be why)
     return fail();
+  }
   mtp::ModelOp model = *module->getOps<mtp::ModelOp>().begin();
   mtp::StepPlanAttr plan = model.getStep().getPlanAttr();
   c.fits = true;
@@ -342,7 +347,7 @@ double Search::trainOne(Candidate &c, int64_t steps) {
       const llvm::json::Object *root = v->getAsObject();
       c.metrics.clear();
       if (auto *evals = root ? root->getObject("eval") : nullptr) {
-        // Tasks by name, each metric in the runtime's order (contracts.md).
+        // Tasks by name, each metric (but the loss) in the runtime's order.
         std::map<std::string, const llvm::json::Object *> tasks;
         for (auto &[task, m] : *evals)
           if (auto *mo = m.getAsObject())
@@ -351,10 +356,9 @@ double Search::trainOne(Candidate &c, int64_t steps) {
           if (std::optional<double> l = mo->getNumber("loss"))
             sum += *l, ++n;
           std::string text;
-          for (StringRef key : {"accuracy", "macro_f1", "token_accuracy",
-                                "entity_f1", "exact_match", "token_f1", "mse",
-                                "pearson", "spearman"})
-            if (std::optional<double> x = mo->getNumber(key))
+          for (StringRef key : mtprt::metrics::kNames)
+            if (std::optional<double> x = mo->getNumber(key);
+                x && key != "loss")
               text += llvm::formatv(" {0} {1:f3}", key, *x).str();
           if (!text.empty())
             c.metrics += (c.metrics.empty() ? "" : "; ") + task + text;
@@ -600,8 +604,7 @@ int Search::run(llvm::raw_ostream &os) {
   if (!timedOut && o.planNodes >= 0) {
     std::vector<Candidate *> again, best;
     for (Candidate &c : all)
-      if (c.planned && !c.fits &&
-          c.reason.find("no plan fits the budget") != std::string::npos)
+      if (c.planned && c.planFailed)
         again.push_back(&c);
       else if (c.planned && c.fits)
         best.push_back(&c);
