@@ -14,6 +14,7 @@ reproducible): written by the project from templates, not downloaded.
 
     make-text-samples.py [OUT_DIR]
 """
+import collections
 import json
 import os
 import random
@@ -133,18 +134,57 @@ def write_spans(path, rng, n):
             f.write(json.dumps(span(rng)) + "\n")
 
 
-def write_tokenizer(out, files):
+def wordpiece_vocab(words, size, specials):
+    """WordPiece's vocabulary learnt as its trainer does (BPE merges over the
+    word counts, later pieces prefixed "##"), but with ties broken by the
+    pieces' text: the tokenizers library's trainer breaks them by a hash map's
+    order, so its vocabulary (and every id) changed from run to run."""
+    split = {w: [w[0]] + ["##" + ch for ch in w[1:]] for w in words}
+    vocab = list(specials)
+    for piece in sorted({p for ps in split.values() for p in ps}, key=lambda p: (p.startswith("##"), p)):
+        vocab.append(piece)
+    while len(vocab) < size:
+        pairs = collections.Counter()
+        for w, ps in split.items():
+            for a, b in zip(ps, ps[1:]):
+                pairs[a, b] += words[w]
+        if not pairs:
+            break
+        (a, b), _ = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))
+        merged = a + b[2:]
+        for w, ps in split.items():
+            i, out = 0, []
+            while i < len(ps):
+                if i + 1 < len(ps) and ps[i] == a and ps[i + 1] == b:
+                    out.append(merged)
+                    i += 2
+                else:
+                    out.append(ps[i])
+                    i += 1
+            split[w] = out
+        if merged not in vocab:
+            vocab.append(merged)
+    return {p: i for i, p in enumerate(vocab)}
+
+
+def write_tokenizer(out, corpus):
     import tokenizers
-    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
-    tok = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    pre = pre_tokenizers.BertPreTokenizer()
+    words = collections.Counter()
+    for line in open(corpus):
+        for w, _ in pre.pre_tokenize_str(normalizer.normalize_str(line)):
+            words[w] += 1
     # A small vocabulary, so names split into sub-tokens (the tag alignment
     # has later sub-tokens to leave unscored).
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=300, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
-    tok.train(files, trainer)
+    vocab = wordpiece_vocab(words, 300, specials)
+    tok = tokenizers.Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.WordPiece()
+    tok.add_special_tokens(specials)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
@@ -174,7 +214,7 @@ def main():
         for line in open(os.path.join(out, "spans.train.jsonl")):
             r = json.loads(line)
             f.write(r["question"] + " " + r["context"] + "\n")
-    write_tokenizer(out, [corpus])
+    write_tokenizer(out, corpus)
     os.remove(corpus)
 
 
