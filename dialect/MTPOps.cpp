@@ -1063,6 +1063,10 @@ LogicalResult BudgetOp::verify() {
     return emitOpError("global batch ")
            << getGlobalBatch() << " is not a multiple of micro_batch x gpus = "
            << perStep;
+  if (getZeroStage() > 2)
+    return emitOpError("ZeRO stage ") << getZeroStage() << " is not 1 or 2";
+  if (getZero() && getZeroAuto())
+    return emitOpError("has both a ZeRO stage and zero_auto");
   if (std::optional<APFloat> flops = getPeakFlops())
     if (!(flops->convertToDouble() > 0.0) || std::isinf(flops->convertToDouble()))
       return emitOpError("peak FLOP/s must be positive, got ")

@@ -250,7 +250,9 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
     prefetch traffic). `hbm` (device memory bandwidth, bytes/s) and `flops`
     (peak FLOP/s at the training precision) override the device preset's. `global_batch`
     must be a whole number of `micro_batch × gpus` micro-batches (gradient
-    accumulation covers the rest).
+    accumulation covers the rest). `zero` is the ZeRO stage (1: AdamW's
+    state sharded over the gpus; 2: the gradients too; absent: none);
+    `zero_auto` lets the planner choose the lowest stage whose plan fits.
 
     ```mlir
     mtp.budget device "A100_32GB" memory 32 GiB headroom 2 GiB
@@ -266,18 +268,23 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
                        MTP_PositiveI64Attr:$micro_batch,
                        MTP_PrecisionAttr:$precision,
                        OptionalAttr<MTP_PositiveI64Attr>:$memory_bandwidth,
-                       OptionalAttr<F64Attr>:$peak_flops);
+                       OptionalAttr<F64Attr>:$peak_flops,
+                       OptionalAttr<MTP_PositiveI64Attr>:$zero,
+                       UnitAttr:$zero_auto);
   let assemblyFormat = [{
     `device` $device `memory` custom<Bytes>($memory)
     `headroom` custom<Bytes>($headroom)
     `link` custom<Bandwidth>($link_bandwidth) `gpus` $gpus
     `batch` $global_batch `micro` $micro_batch `precision` $precision
-    (`hbm` $memory_bandwidth^ `Bps`)? (`flops` $peak_flops^)? attr-dict
+    (`hbm` $memory_bandwidth^ `Bps`)? (`flops` $peak_flops^)?
+    (`zero` $zero^)? (`zero_auto` $zero_auto^)? attr-dict
   }];
   let hasVerifier = 1;
   let extraClassDeclaration = [{
     /// Bytes a plan may use on one device.
     int64_t getUsableBytes() { return getMemory() - getHeadroom(); }
+    /// The ZeRO stage (0: none).
+    int64_t getZeroStage() { return getZero().value_or(0); }
     /// Micro-batches accumulated per optimizer step on each device.
     int64_t getAccumulationSteps() {
       return getGlobalBatch() / (getMicroBatch() * getGpus());

@@ -71,7 +71,9 @@ public:
                              i64(b.microBatch),
                              PrecisionAttr::get(ctx(), b.precision),
                              b.hbm ? i64(*b.hbm) : IntegerAttr(),
-                             b.peakFlops ? f64(*b.peakFlops) : FloatAttr());
+                             b.peakFlops ? f64(*b.peakFlops) : FloatAttr(),
+                             b.zero ? i64(b.zero) : IntegerAttr(),
+                             b.zeroAuto ? builder.getUnitAttr() : UnitAttr());
 
     const auto &s = spec.strategy;
     builder.create<StrategyOp>(

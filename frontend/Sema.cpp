@@ -116,7 +116,7 @@ constexpr std::tuple<StringRef, StringRef, StringRef> kFixedByCheckpoint[] = {
 constexpr StringRef kBudgetKeys[] = {
     "device",       "memory",      "headroom",     "host_link",
     "gpus",         "global_batch", "micro_batch", "accumulation",
-    "precision",    "hbm_bandwidth", "peak_tflops"};
+    "precision",    "hbm_bandwidth", "peak_tflops", "zero"};
 constexpr StringRef kStrategyKeys[] = {
     "checkpoint", "offload", "gfm",  "gradient_scope",
     "dgfg",       "clip",    "lr",   "collective", "dynamic_batch", "saps", "ewc",
@@ -1110,6 +1110,24 @@ void Sema::checkBudget(const ast::Section *section, CheckedSpec &spec,
   // On 'cpu', gpus counts data-parallel processes (the runtime's --nproc
   // ranks over gloo); the plan predicts one of them, exchange included.
 
+  // ZeRO (docs/zero.md): 0 replicated; 1 the optimizer state sharded; 2 the
+  // gradients too; auto the lowest stage whose plan fits (the planner's).
+  if (const ast::Value *v = f.get("zero")) {
+    out.zeroLoc = f.locOf("zero");
+    if (v->kind == ast::Value::Kind::Ident && v->name == "auto") {
+      out.zeroAuto = true;
+    } else if (v->kind == ast::Value::Kind::Number && v->isInteger &&
+               v->integer == 3) {
+      error(v->loc) << "zero = 3 (parameters sharded and all-gathered per "
+                       "layer) is not supported yet: zero = 2 shards the "
+                       "optimizer state and the gradients (docs/zero.md)";
+    } else if (v->kind == ast::Value::Kind::Number) {
+      out.zero = integer(*v, "zero", {0, 2}).value_or(0);
+    } else {
+      error(v->loc) << "'zero' expects 0, 1, 2 or auto, got " << describe(*v);
+    }
+  }
+
   std::optional<int64_t> micro, global, accumulation;
   if (const ast::Value *v = f.get("micro_batch"))
     micro = integer(*v, "micro_batch", limits::kMicroBatch);
@@ -1799,6 +1817,23 @@ void Sema::crossChecks(CheckedSpec &spec) {
                    << tasks << " tasks) would have " << params
                    << " parameters; it must stay under " << kDgfgMaxParameters
                    << " (lower dgfg = { hidden = ... })";
+  }
+  const auto &bu = spec.budget;
+  if (bu.zero || bu.zeroAuto) {
+    const std::string z = bu.zeroAuto ? "auto" : std::to_string(bu.zero);
+    if (s.saps || s.ewc)
+      error(bu.zeroLoc) << "zero = " << z << " with "
+                        << (s.saps ? "saps" : "ewc")
+                        << " is not supported: their state is not sharded";
+    else if (bu.gpus == 1)
+      warning(bu.zeroLoc, "zero = " + z + " has no effect with gpus = 1: "
+                          "one process holds every shard");
+    if (bu.zero >= 2 && s.collective == CollectivePolicy::compressed)
+      error(bu.zeroLoc)
+          << "zero = 2 reduce-scatters the gradients uncompressed; "
+             "collective = compressed needs every rank's whole gradient "
+             "(its error feedback): use zero = 1 with compression, or "
+             "collective = none";
   }
   if (s.collective == CollectivePolicy::compressed && spec.budget.gpus == 1)
     warning(s.loc, "collective = compressed has no effect with gpus = 1: "

@@ -89,6 +89,10 @@ struct CheckedSpec {
     Precision precision;
     std::optional<int64_t> hbm;
     std::optional<double> peakFlops;
+    /// ZeRO stage; zeroAuto: the planner chooses.
+    int64_t zero = 0;
+    bool zeroAuto = false;
+    ast::Location zeroLoc;
     ast::Location loc;
   } budget;
 

@@ -26,8 +26,11 @@ struct CompressCollectivesPass
     BudgetOp budget = model.getBudget();
     int64_t world = budget ? budget.getGpus() : 1;
     CollectivePolicy policy = strategy.getCollective();
-    bool compress = policy == CollectivePolicy::compressed ||
-                    (policy == CollectivePolicy::automatic && world > 1);
+    // ZeRO 2 reduce-scatters plain gradients (docs/zero.md).
+    const bool scattered = budget && budget.getZeroStage() >= 2;
+    bool compress =
+        policy == CollectivePolicy::compressed ||
+        (policy == CollectivePolicy::automatic && world > 1 && !scattered);
     auto buckets = step.getBody().front().getOps<AllReduceOp>();
     if (!compress) {
       if (remarks)

@@ -21,6 +21,8 @@
 
 #include "passes/CostModel.h"
 
+#include "mtprt/Zero.h"
+
 #include "mlir/IR/Builders.h"
 
 #include <algorithm>
@@ -1116,6 +1118,14 @@ int64_t CostModel::processes() const {
   return budget ? std::max<int64_t>(1, budget.getGpus()) : 1;
 }
 
+bool CostModel::onCpu() const {
+  return budget && budget.getDevice() == "cpu";
+}
+
+int64_t CostModel::zeroStage() const {
+  return budget ? budget.getZeroStage() : 0;
+}
+
 // Mirrors GradExchange::averageGradients / sum and gscEncodeInto /
 // decodeAdd in runtime/src/Distributed.cpp; every term is a tensor the
 // runtime allocates (fp32 values 4 B, int64 positions 8 B, bytes 1 B).
@@ -1157,11 +1167,18 @@ CostModel::ExchangeMemory
 CostModel::gradientExchange(ArrayRef<AllReduceOp> buckets) const {
   ExchangeMemory m;
   const int64_t world = processes();
-  if (world <= 1 || buckets.empty())
-    return m;
   int64_t values = 0;
   for (AllReduceOp op : buckets)
     values += op.getElements();
+  // ZeRO 2 (ZeroOptimizer::reduceScatter, at any world size): this rank's
+  // averaged run, beside one bucket of every rank's values.
+  if (zeroStage() >= 2 && values > 0) {
+    m.transient = mtprt::ZeroLayout::gradientShardBytes(values, world) +
+                  mtprt::ZeroLayout::scatterTransientBytes(values, world);
+    return m;
+  }
+  if (world <= 1 || buckets.empty())
+    return m;
   // Every gradient flattened into one fp32 vector, summed in place (an
   // uncompressed all-reduce needs nothing more).
   m.transient = 4 * values;

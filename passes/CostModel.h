@@ -253,6 +253,11 @@ public:
   /// Processes the plan is for: the budget's gpus (on `cpu`, the runtime's
   /// --nproc ranks); 1 without a budget.
   int64_t processes() const;
+  /// The budget's ZeRO stage (mtprt/Zero.h; 0: none). It shards the values
+  /// the gradient exchange sums (every trainable parameter but the gate's).
+  int64_t zeroStage() const;
+  /// The budget's device is the CPU (the processes exchange over gloo).
+  bool onCpu() const;
   /// The runtime's GSC bucket: GradExchange encodes the flattened gradients
   /// in runs of this many values (GscOptions::bucket, the driver's
   /// --compress-bucket default), one run at a time.

@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/MemoryAnalysis.h"
+#include "mtprt/Zero.h"
 #include "passes/Bytes.h"
 #include "passes/CostModel.h"
 #include "passes/StepTimeline.h"
@@ -98,6 +99,13 @@ int64_t mtp::fuseWorkspaceBeyondResults(
   return std::max<int64_t>(0, workspace - results);
 }
 
+int64_t mtp::zeroValues(StepOp step) {
+  int64_t values = 0;
+  for (AllReduceOp op : step.getBody().front().getOps<AllReduceOp>())
+    values += op.getElements();
+  return values;
+}
+
 MemoryBreakdown mtp::residentState(ModelOp model, const CostModel &cost,
                                    int64_t heldMicroBatches) {
   StepOp step = model.getStep();
@@ -108,6 +116,13 @@ MemoryBreakdown mtp::residentState(ModelOp model, const CostModel &cost,
       CostModel::kOptimizerBytes * (groups.trainable - groups.sparse) +
       mtprt::SapsConfig::kBytesPerSelected * groups.selected +
       mtprt::EwcConfig::kBytesPerParameter * groups.protectedByEwc;
+  // ZeRO: each rank holds AdamW's moments of its run of the exchanged
+  // values only (the gate's own Adam stays whole).
+  if (cost.zeroStage() >= 1) {
+    const int64_t values = zeroValues(step);
+    resident.optimizer += mtprt::ZeroLayout::stateBytes(values, cost.processes()) -
+                          CostModel::kOptimizerBytes * values;
+  }
   resident.exchange =
       cost.gradientExchange(
               llvm::to_vector(step.getBody().front().getOps<AllReduceOp>()))

@@ -145,6 +145,9 @@ struct ParameterGroups {
   int64_t protectedByEwc = 0;
 };
 ParameterGroups parameterGroups(StepOp step);
+/// The values ZeRO shards: what the step's gradient exchange (its
+/// mtp.allreduce buckets) sums.
+int64_t zeroValues(StepOp step);
 
 /// What is resident through every step and between steps: the fp32
 /// weights, AdamW's moments (SAPS's compact state for what it updates; EWC's

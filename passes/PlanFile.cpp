@@ -164,7 +164,8 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
         b, b.CreateString(budget.getDevice().str()),
         toFb<fb::Precision>(budget.getPrecision()),
         budget.getMemory(), budget.getUsableBytes(), budget.getGpus(),
-        budget.getMicroBatch(), budget.getGlobalBatch());
+        budget.getMicroBatch(), budget.getGlobalBatch(),
+        budget.getZeroStage());
 
   auto batchSchedule = [&](BatchScheduleAttr attr) {
     if (!attr)
@@ -289,7 +290,9 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
     os << "  target   " << str(t->device()) << ", " << planName(t->precision())
        << ", " << t->gpus() << " GPU(s), micro-batch " << t->micro_batch()
        << ", " << formatBytes(t->usable_bytes()) << " usable of "
-       << formatBytes(t->memory_bytes()) << "\n";
+       << formatBytes(t->memory_bytes())
+       << (t->zero() ? ", ZeRO " + std::to_string(t->zero()) : std::string())
+       << "\n";
   if (const fb::Backbone *bb = plan->backbone()) {
     os << "  backbone " << planName(bb->kind()) << ": " << bb->layers()
        << " layers, hidden " << bb->hidden() << ", " << bb->heads()

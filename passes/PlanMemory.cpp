@@ -22,6 +22,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/PlanMemory.h"
+#include "mtprt/Zero.h"
 #include "passes/Bytes.h"
 #include "passes/CostModel.h"
 #include "passes/MeasuredCosts.h"
@@ -1342,10 +1343,39 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
       }
       measured = std::move(*loaded);
     }
-    MemoryPlanner planner(model, measured ? &*measured : nullptr);
     SolveOptions options;
     options.maxNodes = std::max<int64_t>(0, maxNodes);
     options.exactFloor = exactFloor;
+    BudgetOp zeroBudget = model.getBudget();
+    if (zeroBudget && zeroBudget.getZeroAuto()) {
+      // zero = auto: the lowest ZeRO stage whose plan fits (docs/zero.md);
+      // stage 2 drops an automatic collective's compression.
+      zeroBudget.removeZeroAutoAttr();
+      StrategyOp strategy = model.getStrategy();
+      const bool mayScatter =
+          !strategy || strategy.getCollective() != CollectivePolicy::compressed;
+      for (int64_t stage = 0; stage <= (mayScatter ? 2 : 1); ++stage) {
+        if (stage)
+          zeroBudget.setZeroAttr(
+              Builder(model.getContext()).getI64IntegerAttr(stage));
+        if (stage == 2)
+          for (AllReduceOp op :
+               model.getStep().getBody().front().getOps<AllReduceOp>()) {
+            op.removeCompressedAttr();
+            op.removeTopkAttr();
+            op.removeBlockAttr();
+            op.removeBitsAttr();
+            op.removeDecayAttr();
+          }
+        if (MemoryPlanner(model, measured ? &*measured : nullptr)
+                .solve(options)
+                .fits)
+          break;
+      }
+      if (!zeroBudget.getZeroStage())
+        zeroBudget.removeZeroAttr();
+    }
+    MemoryPlanner planner(model, measured ? &*measured : nullptr);
     PlanResult result = planner.solve(options);
     if (!result.fits) {
       BudgetOp budget = model.getBudget();
@@ -1381,6 +1411,26 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
         if (budget.getPrecision() == Precision::fp32)
           diag.attachNote(budget.getLoc())
               << "precision = bf16 roughly halves the activations";
+        // ZeRO: what sharding the state over the gpus would take off.
+        if (budget.getGpus() > 1 && budget.getZeroStage() < 2) {
+          const int64_t values = zeroValues(model.getStep());
+          const int64_t world = budget.getGpus();
+          const int64_t saved =
+              budget.getZeroStage() == 0
+                  ? CostModel::kOptimizerBytes * values -
+                        mtprt::ZeroLayout::stateBytes(values, world)
+                  : 0;
+          if (saved > 0)
+            diag.attachNote(budget.getLoc())
+                << "zero = 1 shards AdamW's state over the " << world
+                << " gpus: " << formatBytes(saved) << " less per device"
+                << (result.minimalPeak - saved <= planner.budget()
+                        ? " (would fit)"
+                        : "");
+          else
+            diag.attachNote(budget.getLoc())
+                << "zero = 2 also shards the gradients after the backward";
+        }
         diag.attachNote(budget.getLoc())
             << "more GPUs keep the global batch with a smaller micro batch";
       }

@@ -3,6 +3,7 @@
 #include "passes/PlanReport.h"
 #include "passes/Bytes.h"
 #include "passes/CostModel.h"
+#include "mtprt/Zero.h"
 #include "passes/PlanMemory.h"
 
 #include "llvm/Support/Format.h"
@@ -97,6 +98,7 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
   if (buckets.empty())
     return;
   int64_t world = budget ? budget.getGpus() : 1;
+  const int64_t zero = budget ? budget.getZeroStage() : 0;
   int64_t elements = 0, plain = 0, compressed = 0, payload = 0, count = 0;
   bool isCompressed = false;
   for (AllReduceOp op : buckets) {
@@ -116,7 +118,7 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
      << " gradient values, " << world << " process(es)\n";
   if (world <= 1)
     os << "    one process: the all-reduce does nothing at run time\n";
-  else
+  else if (zero < 2)
     os << "    all-reduce sends " << formatBytes(plain)
        << " per process per step\n";
   if (isCompressed && strategy) {
@@ -129,7 +131,27 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
        << llvm::format("%.1f", ratio) << "x smaller than fp32; all-gathered, "
        << formatBytes(compressed) << " sent per process (grows as (W-1) x payload)\n";
   }
-  if (world > 1) {
+  if (zero) {
+    // docs/zero.md: per rank, what sharding keeps and what it sends.
+    const int64_t shard = mtprt::ZeroLayout::shardValues(elements, world);
+    os << "    ZeRO " << zero << ": AdamW's state of " << shard
+       << " values per rank, " << formatBytes(mtprt::ZeroLayout::stateBytes(elements, world))
+       << " (" << formatBytes(CostModel::kOptimizerBytes * elements)
+       << " unsharded)";
+    if (zero >= 2)
+      os << "; gradients reduce-scattered, "
+         << formatBytes(mtprt::ZeroLayout::gradientShardBytes(elements, world))
+         << " kept per rank";
+    os << "\n";
+    if (world > 1)
+      os << "    ZeRO sends per process per step: "
+         << (zero >= 2 ? "reduce-scatter " +
+                             formatBytes(4 * (world - 1) * shard) + " + "
+                       : std::string())
+         << "all-gather of the updated parameters "
+         << formatBytes(4 * (world - 1) * shard) << "\n";
+  }
+  if (world > 1 || zero >= 2) {
     CostModel cost(model);
     CostModel::ExchangeMemory m =
         cost.gradientExchange(llvm::to_vector(buckets));

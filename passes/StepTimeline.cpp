@@ -3,6 +3,8 @@
 #include "passes/StepTimeline.h"
 #include "passes/CostModel.h"
 
+#include "mtprt/Zero.h"
+
 #include "llvm/ADT/STLExtras.h"
 
 using namespace mlir;
@@ -40,6 +42,17 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
       perTask = cost.perTaskParameterGradientBytes(1, k);
       topLayersFrom = model.getBackbone().getLayers() - k;
     }
+  zeroStage = cost.zeroStage();
+  if (zeroStage) {
+    const int64_t values = zeroValues(step), world = cost.processes();
+    zeroGradientShard = zeroStage >= 2
+                            ? mtprt::ZeroLayout::gradientShardBytes(values, world)
+                            : 0;
+    zeroGather = world > 1
+                     ? mtprt::ZeroLayout::gatherTransientBytes(
+                           values, world, /*gloo=*/cost.onCpu())
+                     : 0;
+  }
   workspace.assign(order.size(), 0);
   relief.assign(order.size(), {0, 0});
   for (auto [pos, op] : llvm::enumerate(order)) {
@@ -82,6 +95,8 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
       }
     }
     if (isa<OptimizerStepOp>(op))
+      updatePosition = int(pos);
+    if (isa<OptimizerStepOp>(op))
       workspace[pos] += 2 * largestProtected;
     if (isa<OptimizerStepOp>(op) && deferred) {
       gradientArrivals.push_back({int(pos), deferred});
@@ -113,6 +128,16 @@ StepTimeline::Peak StepTimeline::sweep(const Live &live, int64_t fuseWorkspace,
     at.activations -= relief[p].first;
     if (!later)
       at.gradients -= relief[p].second;
+    if (p == updatePosition && zeroStage) {
+      MemoryBreakdown update = at, gather = at;
+      if (zeroStage >= 2) {
+        update.gradients = 0;
+        update.workspace += zeroGradientShard;
+      }
+      gather.gradients = 0;
+      gather.workspace = zeroGather;
+      at = update.total() >= gather.total() ? update : gather;
+    }
     if (at.total() > best.bytes) {
       best.bytes = at.total();
       best.position = p;

@@ -106,6 +106,11 @@ public:
 private:
   int fusePosition = -1;
   bool twoSweeps = false;
+  /// ZeRO (mtprt/Zero.h): at the optimizer step the update (stage 2: the
+  /// full gradients freed, this rank's averaged run held), then the
+  /// gradients freed and the updated runs all-gathered.
+  int updatePosition = -1;
+  int64_t zeroStage = 0, zeroGradientShard = 0, zeroGather = 0;
 };
 
 } // namespace mtp

@@ -13,6 +13,7 @@
 #include "mtprt/torch/Data.h"
 #include "mtprt/torch/Evaluate.h"
 #include "mtprt/torch/Distributed.h"
+#include "mtprt/torch/Zero.h"
 #include "mtprt/torch/Pretrained.h"
 #include "mtprt/HfNames.h"
 #include "mtprt/torch/Trainer.h"
@@ -1129,10 +1130,20 @@ int train(const std::string &name, const Program &p, const Options &o) {
   gsc.decay = o.decay;
   gsc.block = o.block;
   gsc.bucket = o.bucket;
-  GradExchange exchange(&comm, o.compress, gsc);
+  if (tc.zeroStage >= 2 && o.compress && d.worldSize > 1)
+    throw UsageError("the plan shards gradients (budget { zero = 2 }), which "
+                     "reduce-scatters them uncompressed: drop --compress, or "
+                     "plan with zero = 1 (docs/zero.md)");
+  GradExchange exchange(&comm, o.compress && tc.zeroStage < 2, gsc);
   exchange.prepare(core.model().trainableParameters());
+  if (tc.zeroStage)
+    core.shardOptimizer(&comm);
   GradExchange::Result sent;
   core.beforeUpdate = [&](StepStats &) {
+    if (ZeroOptimizer *zero = core.zero(); zero && zero->stage() >= 2) {
+      sent.bytesSent = sent.bytesSentUncompressed = zero->reduceScatter();
+      return;
+    }
     sent = exchange.averageGradients(core.model().trainableParameters());
   };
 
@@ -1534,8 +1545,9 @@ int train(const std::string &name, const Program &p, const Options &o) {
       }
     }
     summary.add(s);
-    s.bytesSent = sent.bytesSent;
-    s.bytesSentUncompressed = sent.bytesSentUncompressed;
+    s.bytesSent = sent.bytesSent + s.bytesSentParameters;
+    s.bytesSentUncompressed =
+        sent.bytesSentUncompressed + s.bytesSentParameters;
     // Under SAPS a step that does not re-rank has its own (lower) peak.
     s.predictedPeakBytes =
         p.predictedSteadyPeakBytes > 0 && p.train.saps &&

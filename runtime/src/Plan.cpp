@@ -218,6 +218,7 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
               std::to_string(plan.globalBatch) +
                   " is not a multiple of micro_batch x gpus = " +
                   std::to_string(plan.microBatch * plan.gpus));
+    plan.zero = c.range("target.zero", t->zero(), {0, 2});
     plan.memoryBytes = c.range("target.memory_bytes", t->memory_bytes(),
                                {0, INT64_MAX});
     plan.usableBytes = c.range("target.usable_bytes", t->usable_bytes(),
@@ -640,6 +641,11 @@ Program programFromPlan(const Plan &plan) {
   // GSC by default where the spec asks for it (auto: when processes share
   // the gradients; one process exchanges nothing).
   p.compress = plan.collective != Collective::None;
+  // ZeRO 2 reduce-scatters plain gradients (the compiler refuses it with
+  // collective = compressed).
+  p.train.zeroStage = int(plan.zero);
+  if (plan.zero >= 2 && plan.collective == Collective::Auto)
+    p.compress = false;
   p.compressTopK = plan.compressTopK;
   p.compressDecay = plan.compressDecay;
   p.compressBlock = plan.compressBlock;

@@ -7,6 +7,7 @@
 #include "mtprt/torch/Optimizer.h"
 #include "mtprt/torch/Ewc.h"
 #include "mtprt/torch/Saps.h"
+#include "mtprt/torch/Zero.h"
 
 #include "Precision.h"
 #include <torch/csrc/autograd/autograd.h>
@@ -173,9 +174,29 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
   // zeros), so the device holds from the first step what it holds at every
   // step — the plan's peak includes them — and a plan too large for the
   // device fails in its first step, not its second.
+  // Under ZeRO each rank makes its run of them (shardOptimizer).
+  if (t.zeroStage < 0 || t.zeroStage > 2)
+    bad("TrainConfig.zeroStage", "must be 0, 1 or 2");
+  if (t.zeroStage && (t.saps || t.ewc))
+    bad("TrainConfig.zeroStage", "with saps or ewc is not supported");
+  if (!t.zeroStage)
+    for (const auto &group : optimizer_->param_groups())
+      for (const at::Tensor &p : group.params())
+        adamwState(*optimizer_, p);
+}
+
+void TrainerCore::shardOptimizer(Communicator *comm) {
+  if (!train_.zeroStage)
+    throw std::logic_error("mtprt: shardOptimizer without a ZeRO stage");
+  if (state_)
+    throw std::logic_error("mtprt: shardOptimizer during a step");
+  std::vector<std::vector<at::Tensor>> groups;
   for (const auto &group : optimizer_->param_groups())
-    for (const at::Tensor &p : group.params())
-      adamwState(*optimizer_, p);
+    groups.push_back(group.params());
+  optimizer_->state().clear();
+  zero_ = std::make_unique<ZeroOptimizer>(
+      comm, train_.zeroStage, std::move(groups),
+      AdamWHyper{train_.beta1, train_.beta2, train_.eps, train_.weightDecay});
 }
 
 TrainerCore::~TrainerCore() = default;
@@ -893,7 +914,15 @@ void TrainerCore::optimizerStep() {
         .lr(scheduledLr(c, step_));
   }
   bool finite = true;
-  if (train_.precision == Precision::Fp16) {
+  if (train_.precision == Precision::Fp16 && zero_) {
+    finite = zero_->finite();
+    if (!finite) {
+      lossScale_ /= 2.0;
+      goodSteps_ = 0;
+    } else if (++goodSteps_ % 2000 == 0) {
+      lossScale_ *= 2.0;
+    }
+  } else if (train_.precision == Precision::Fp16) {
     for (const at::Tensor &p : m.parameters())
       if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) {
         finite = false;
@@ -909,7 +938,15 @@ void TrainerCore::optimizerStep() {
     }
   }
   st.stats.skipped = !finite;
-  if (finite) {
+  if (!finite && zero_)
+    zero_->discardGradients();
+  if (finite && zero_) {
+    std::vector<double> lrs;
+    for (auto &group : groups)
+      lrs.push_back(
+          static_cast<torch::optim::AdamWOptions &>(group.options()).lr());
+    st.stats.bytesSentParameters = zero_->step(lrs);
+  } else if (finite) {
     adamwStep(*optimizer_);
     if (saps_)
       saps_->step({scheduledLr(train_.backboneLr, step_), train_.beta1,

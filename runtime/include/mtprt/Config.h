@@ -186,6 +186,9 @@ struct TrainConfig {
   double beta1 = defaults::kBeta1, beta2 = defaults::kBeta2,
          eps = defaults::kEps; ///< AdamW
   double initialLossScale = 65536.0; ///< fp16 only
+  /// ZeRO (mtprt/Zero.h): 0 every rank keeps AdamW's whole state; 1 and 2
+  /// shard it (TrainerCore::shardOptimizer, once the process group exists).
+  int zeroStage = 0;
   /// SAPS (D12): sparse updates of the backbone; none = dense.
   std::optional<SapsConfig> saps;
   /// EWC (D14) across phases; none = no protection.
@@ -277,6 +280,9 @@ struct StepStats {
   /// Gradient exchange (data parallel): this rank's bytes handed to the
   /// collectives, and the same gradients' fp32 size; 0 at world size 1.
   int64_t bytesSent = 0, bytesSentUncompressed = 0;
+  /// ZeRO: this rank's bytes in the all-gather of the updated parameters
+  /// (the driver adds them to bytesSent and bytesSentUncompressed).
+  int64_t bytesSentParameters = 0;
   /// The plan's predicted peak (set by the driver from the plan); -1 unknown.
   int64_t predictedPeakBytes = -1;
   double stepTimeS = 0.0;

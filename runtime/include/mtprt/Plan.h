@@ -33,6 +33,7 @@ struct Plan {
   Precision precision = Precision::Fp32;
   int64_t gpus = 1, microBatch = 1, globalBatch = 1, memoryBytes = 0,
           usableBytes = 0;
+  int64_t zero = 0; ///< ZeRO stage: 0, 1 or 2
   std::string backboneKind = "transformer";
   ModelConfig model;
   std::vector<HeadConfig> heads; ///< in the spec's task order

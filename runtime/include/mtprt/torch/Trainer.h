@@ -30,6 +30,8 @@ namespace mtprt {
 
 class SparseUpdate;
 class ElasticConsolidation;
+class ZeroOptimizer;
+class Communicator;
 
 /// The learning rate of `c` at optimizer step `step` (0-based).
 double scheduledLr(const LrConfig &c, int64_t step);
@@ -112,6 +114,11 @@ public:
   Offloader &offloader() { return *offloader_; }
   Gate &gate() { return *gate_; }
   torch::optim::AdamW &optimizer() { return *optimizer_; }
+  /// ZeRO stages 1–2 (TrainConfig::zeroStage): this rank's run of AdamW's
+  /// state replaces the optimizer's; `comm` may be null (one process).
+  void shardOptimizer(Communicator *comm);
+  /// The sharded optimizer (nullptr without ZeRO).
+  ZeroOptimizer *zero() { return zero_.get(); }
   /// SAPS's sparse update of the backbone (nullptr without it): its state
   /// replaces the backbone's AdamW state and dense gradients.
   SparseUpdate *sparseUpdate() { return saps_.get(); }
@@ -187,6 +194,7 @@ private:
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<SparseUpdate> saps_;
   std::unique_ptr<ElasticConsolidation> ewc_;
+  std::unique_ptr<ZeroOptimizer> zero_;
   /// A Fisher pass: the gate neither learns nor measures.
   bool quiet_ = false;
   /// Some backbone parameter trains: a backbone frozen whole has no

@@ -1,0 +1,64 @@
+//===- Zero.h - ZeRO sharding of the optimizer state and gradients -*- C++ -*-===//
+//
+// `budget { zero = 1 | 2 }` (docs/zero.md): the trainable parameters the
+// AdamW optimizer updates, laid end to end in its group order, are cut into
+// one equal run of `shardValues` per rank (the last may hold padding). Rank r
+// keeps AdamW's two moments for its run only and updates only its run; the
+// updated values are all-gathered back, a bucket at a time. Stage 2 also
+// reduce-scatters the gradients, so after the backward each rank holds the
+// averaged gradient of its run only and frees the full ones before the
+// update. One definition for the compiler (which plans the per-rank bytes)
+// and the runtime (which allocates them). Torch-free and LLVM-free.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPRT_ZERO_H
+#define MTPRT_ZERO_H
+
+#include <algorithm>
+#include <cstdint>
+
+namespace mtprt {
+
+struct ZeroLayout {
+  /// Values per rank per collective: an eighth of the run, at least 16 Ki
+  /// and at most 4 Mi values (16 MiB of fp32) — the all-gather of the
+  /// updated parameters and stage 2's reduce-scatter run a bucket of each
+  /// rank's run at a time, so their buffers stay a small part of the state
+  /// they save, and a 10B model's step makes a few hundred collectives.
+  static constexpr int64_t kMinBucketValues = int64_t(1) << 14;
+  static constexpr int64_t kMaxBucketValues = int64_t(1) << 22;
+
+  /// Each rank's run of `total` values over `world` ranks.
+  static int64_t shardValues(int64_t total, int64_t world) {
+    return world <= 1 ? total : (total + world - 1) / world;
+  }
+  static int64_t bucketValues(int64_t total, int64_t world) {
+    const int64_t shard = shardValues(total, world);
+    return std::min(shard, std::clamp((shard + 7) / 8, kMinBucketValues,
+                                      kMaxBucketValues));
+  }
+  /// AdamW's moments on one rank (fp32 exp_avg and exp_avg_sq of its run).
+  static int64_t stateBytes(int64_t total, int64_t world) {
+    return 8 * shardValues(total, world);
+  }
+  /// The updated parameters' all-gather, beyond what it writes into: this
+  /// rank's bucket and every rank's (fp32); gloo (`cpu`) gathers into a
+  /// buffer of its own as large again and copies out of it.
+  static int64_t gatherTransientBytes(int64_t total, int64_t world,
+                                      bool gloo) {
+    return 4 * ((gloo ? 2 * world : world) + 1) * bucketValues(total, world);
+  }
+  /// Stage 2's exchange: the rank's averaged gradient run (held to the
+  /// update) and one bucket of every rank's values to reduce-scatter.
+  static int64_t gradientShardBytes(int64_t total, int64_t world) {
+    return 4 * shardValues(total, world);
+  }
+  static int64_t scatterTransientBytes(int64_t total, int64_t world) {
+    return 4 * world * bucketValues(total, world);
+  }
+};
+
+} // namespace mtprt
+
+#endif // MTPRT_ZERO_H

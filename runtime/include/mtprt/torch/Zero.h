@@ -1,0 +1,89 @@
+//===- Zero.h - the sharded AdamW of ZeRO stages 1 and 2 ---------*- C++ -*-===//
+//
+// The layout is mtprt/Zero.h's. Stage 1: the gradients are averaged whole
+// (GradExchange, compressed or not); each rank updates its run of the
+// parameters with its run of the moments, frees the gradients, and the
+// updated runs are all-gathered. Stage 2: reduceScatter() replaces the
+// exchange — each rank receives the averaged gradient of its run only and the
+// full gradients are freed before the update. The update is ATen's
+// _fused_adamw_ on views of the parameters, so stage 1 gives the bits plain
+// data parallelism gives; stage 2's sums may be ordered otherwise.
+//
+// Internal API (LibTorch).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPRT_TORCH_ZERO_H
+#define MTPRT_TORCH_ZERO_H
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mtprt {
+
+class Communicator;
+
+struct AdamWHyper {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.01;
+};
+
+class ZeroOptimizer {
+public:
+  /// `groups[g]`: the parameters of learning-rate group g, in the order
+  /// the flat layout lays them. `comm` may be null or inactive (one rank).
+  ZeroOptimizer(Communicator *comm, int stage,
+                std::vector<std::vector<at::Tensor>> groups, AdamWHyper hyper);
+
+  int stage() const { return stage_; }
+  int64_t totalValues() const { return total_; }
+  int64_t shardValues() const { return shard_; }
+
+  /// Stage 2's exchange, after the backward: this rank's run of the
+  /// gradients averaged over ranks; every parameter's .grad freed. Returns
+  /// the bytes this rank sent.
+  int64_t reduceScatter();
+  /// Whether every gradient this rank updates from is finite, agreed over
+  /// ranks (fp16's overflow check).
+  bool finite();
+  /// The update with group g's learning rate lr[g]; parameters no rank had a
+  /// gradient for keep their values and step counts. Frees the gradients,
+  /// then all-gathers the updated runs. Returns the bytes this rank sent.
+  int64_t step(const std::vector<double> &lr);
+  /// A skipped update (fp16 overflow): stage 2's gradient run dropped.
+  void discardGradients() { gradShard_ = at::Tensor(); }
+
+  /// For checkpoints: [layout (stage, world, total, shard), steps per
+  /// parameter, exp_avg run, exp_avg_sq run].
+  std::vector<at::Tensor> state() const;
+  /// Restores state(); throws std::runtime_error naming what differs.
+  void loadState(const std::vector<at::Tensor> &state);
+
+private:
+  struct Segment {
+    int64_t param, group, begin, length, shardOffset;
+  };
+  at::Tensor flatParam(int64_t i) const;
+  /// Copies [lo, hi) of the flat layout (values of `fromGrads` ? the
+  /// gradients, zeros where undefined : the parameters) into dst; zeros past
+  /// the end.
+  void gather(int64_t lo, int64_t hi, at::Tensor dst, bool fromGrads) const;
+  void scatterParams(int64_t lo, const at::Tensor &src) const;
+  void agreeOnGradients();
+
+  Communicator *comm_;
+  int stage_, world_ = 1, rank_ = 0;
+  AdamWHyper hyper_;
+  std::vector<at::Tensor> params_;
+  std::vector<int64_t> groupOf_, offset_, steps_;
+  std::vector<bool> has_;
+  std::vector<Segment> segments_;
+  int64_t total_ = 0, shard_ = 0;
+  at::Tensor expAvg_, expAvgSq_, gradShard_;
+};
+
+} // namespace mtprt
+
+#endif // MTPRT_TORCH_ZERO_H

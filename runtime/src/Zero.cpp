@@ -1,0 +1,268 @@
+//===- Zero.cpp - the sharded AdamW of ZeRO stages 1 and 2 ----------------===//
+
+#include "mtprt/torch/Zero.h"
+
+#include "mtprt/Zero.h"
+#include "mtprt/torch/Distributed.h"
+
+#include <ATen/ops/_fused_adamw.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+namespace mtprt {
+
+ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
+                             std::vector<std::vector<at::Tensor>> groups,
+                             AdamWHyper hyper)
+    : comm_(comm), stage_(stage), hyper_(hyper) {
+  if (stage < 1 || stage > 2)
+    throw std::invalid_argument("mtprt: ZeRO stage " + std::to_string(stage) +
+                                " is not 1 or 2");
+  if (comm && comm->active()) {
+    world_ = comm->worldSize();
+    rank_ = comm->rank();
+  }
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (at::Tensor &p : groups[g]) {
+      if (!p.is_contiguous() || p.scalar_type() != at::kFloat)
+        throw std::invalid_argument(
+            "mtprt: ZeRO shards contiguous fp32 parameters only");
+      params_.push_back(p);
+      groupOf_.push_back(int64_t(g));
+      offset_.push_back(total_);
+      total_ += p.numel();
+    }
+  steps_.assign(params_.size(), 0);
+  has_.assign(params_.size(), false);
+  shard_ = ZeroLayout::shardValues(total_, world_);
+  const int64_t lo = rank_ * shard_, hi = std::min(total_, lo + shard_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t a = std::max(lo, offset_[i]);
+    const int64_t e = std::min(hi, offset_[i] + params_[i].numel());
+    if (a < e)
+      segments_.push_back(
+          {int64_t(i), groupOf_[i], a - offset_[i], e - a, a - lo});
+  }
+  const at::TensorOptions o =
+      params_.empty() ? at::TensorOptions().dtype(at::kFloat)
+                      : params_.front().options().requires_grad(false);
+  expAvg_ = at::zeros({shard_}, o);
+  expAvgSq_ = at::zeros({shard_}, o);
+}
+
+at::Tensor ZeroOptimizer::flatParam(int64_t i) const {
+  return params_[i].detach().view({-1});
+}
+
+void ZeroOptimizer::gather(int64_t lo, int64_t hi, at::Tensor dst,
+                           bool fromGrads) const {
+  dst.zero_();
+  // The first parameter that ends after lo.
+  auto it = std::upper_bound(offset_.begin(), offset_.end(), lo);
+  size_t i = it == offset_.begin() ? 0 : size_t(it - offset_.begin() - 1);
+  for (; i < params_.size() && offset_[i] < hi; ++i) {
+    const int64_t n = params_[i].numel();
+    const int64_t a = std::max(lo, offset_[i]);
+    const int64_t e = std::min(hi, offset_[i] + n);
+    if (a >= e)
+      continue;
+    at::Tensor src;
+    if (fromGrads) {
+      const at::Tensor &g = params_[i].grad();
+      if (!g.defined())
+        continue;
+      src = g.reshape({-1}).narrow(0, a - offset_[i], e - a);
+    } else {
+      src = flatParam(int64_t(i)).narrow(0, a - offset_[i], e - a);
+    }
+    dst.narrow(0, a - lo, e - a).copy_(src);
+  }
+}
+
+void ZeroOptimizer::scatterParams(int64_t lo, const at::Tensor &src) const {
+  const int64_t hi = std::min(total_, lo + src.numel());
+  auto it = std::upper_bound(offset_.begin(), offset_.end(), lo);
+  size_t i = it == offset_.begin() ? 0 : size_t(it - offset_.begin() - 1);
+  for (; i < params_.size() && offset_[i] < hi; ++i) {
+    const int64_t a = std::max(lo, offset_[i]);
+    const int64_t e = std::min(hi, offset_[i] + params_[i].numel());
+    if (a < e)
+      flatParam(int64_t(i))
+          .narrow(0, a - offset_[i], e - a)
+          .copy_(src.narrow(0, a - lo, e - a));
+  }
+}
+
+void ZeroOptimizer::agreeOnGradients() {
+  at::Tensor has = at::empty({int64_t(params_.size())}, at::kFloat);
+  for (size_t i = 0; i < params_.size(); ++i)
+    has[int64_t(i)] = params_[i].grad().defined() ? 1.0 : 0.0;
+  if (comm_ && comm_->active() && !params_.empty()) {
+    std::vector<at::Tensor> flags{has.to(comm_->device())};
+    comm_->allReduceSum(flags);
+    has = flags[0].cpu();
+  }
+  auto a = has.accessor<float, 1>();
+  for (size_t i = 0; i < params_.size(); ++i)
+    has_[i] = a[int64_t(i)] > 0;
+}
+
+int64_t ZeroOptimizer::reduceScatter() {
+  if (stage_ < 2)
+    throw std::logic_error("mtprt: reduceScatter is ZeRO stage 2's exchange");
+  at::NoGradGuard noGrad;
+  agreeOnGradients();
+  gradShard_ = at::zeros({shard_}, expAvg_.options());
+  const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
+  for (int64_t c = 0; c < shard_; c += bucket) {
+    const int64_t len = std::min(bucket, shard_ - c);
+    at::Tensor in = at::empty({world_ * len}, expAvg_.options());
+    for (int64_t q = 0; q < world_; ++q)
+      gather(q * shard_ + c, q * shard_ + c + len, in.narrow(0, q * len, len),
+             /*fromGrads=*/true);
+    at::Tensor out = gradShard_.narrow(0, c, len);
+    if (comm_ && comm_->active())
+      comm_->reduceScatterSum(out, in);
+    else
+      out.copy_(in);
+  }
+  if (world_ > 1)
+    gradShard_.div_(double(world_));
+  // The full gradients are spent: the update reads this rank's run.
+  for (at::Tensor &p : params_)
+    p.mutable_grad() = at::Tensor();
+  return 4 * (world_ - 1) * shard_ + 4 * int64_t(params_.size());
+}
+
+bool ZeroOptimizer::finite() {
+  double bad = 0;
+  if (stage_ >= 2) {
+    if (gradShard_.defined())
+      bad = at::isfinite(gradShard_).all().item<bool>() ? 0 : 1;
+  } else {
+    for (const Segment &s : segments_) {
+      const at::Tensor &g = params_[s.param].grad();
+      if (g.defined() && !at::isfinite(g).all().item<bool>()) {
+        bad = 1;
+        break;
+      }
+    }
+  }
+  if (comm_ && comm_->active()) {
+    std::vector<at::Tensor> flag{
+        at::full({1}, bad, at::TensorOptions().dtype(at::kFloat))
+            .to(comm_->device())};
+    comm_->allReduceSum(flag);
+    bad = flag[0].cpu().item<double>();
+  }
+  return bad == 0;
+}
+
+int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
+  at::NoGradGuard noGrad;
+  if (stage_ < 2) // the exchange left every rank the same gradients
+    for (size_t i = 0; i < params_.size(); ++i)
+      has_[i] = params_[i].grad().defined();
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (has_[i])
+      ++steps_[i];
+  struct Lists {
+    std::vector<at::Tensor> params, grads, avgs, sqs;
+    std::vector<double> steps;
+  };
+  std::map<int64_t, Lists> byGroup;
+  for (const Segment &s : segments_) {
+    if (!has_[s.param])
+      continue;
+    Lists &l = byGroup[s.group];
+    l.params.push_back(flatParam(s.param).narrow(0, s.begin, s.length));
+    l.grads.push_back(
+        stage_ >= 2
+            ? gradShard_.narrow(0, s.shardOffset, s.length)
+            : params_[s.param].grad().reshape({-1}).narrow(0, s.begin,
+                                                            s.length));
+    l.avgs.push_back(expAvg_.narrow(0, s.shardOffset, s.length));
+    l.sqs.push_back(expAvgSq_.narrow(0, s.shardOffset, s.length));
+    l.steps.push_back(double(steps_[s.param]));
+  }
+  for (auto &[g, l] : byGroup) {
+    if (g >= int64_t(lr.size()))
+      throw std::invalid_argument("mtprt: ZeRO step: no learning rate for "
+                                  "group " +
+                                  std::to_string(g));
+    at::Tensor steps =
+        at::tensor(l.steps, at::TensorOptions().dtype(at::kFloat))
+            .to(l.params.front().device());
+    std::vector<at::Tensor> stepList = steps.unbind(0);
+    at::_fused_adamw_(l.params, l.grads, l.avgs, l.sqs, /*max_exp_avg_sqs=*/{},
+                      stepList, lr[g], hyper_.beta1, hyper_.beta2,
+                      hyper_.weightDecay, hyper_.eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+  }
+  // The gradients are spent before the all-gather needs its buffers.
+  byGroup.clear();
+  gradShard_ = at::Tensor();
+  for (at::Tensor &p : params_)
+    p.mutable_grad() = at::Tensor();
+  if (world_ <= 1)
+    return 0;
+  const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
+  for (int64_t c = 0; c < shard_; c += bucket) {
+    const int64_t len = std::min(bucket, shard_ - c);
+    at::Tensor mine = at::empty({len}, expAvg_.options());
+    gather(rank_ * shard_ + c, rank_ * shard_ + c + len, mine, false);
+    at::Tensor all = at::empty({world_ * len}, expAvg_.options());
+    comm_->allGatherInto(all, mine);
+    mine = at::Tensor();
+    for (int64_t q = 0; q < world_; ++q)
+      if (q != rank_)
+        scatterParams(q * shard_ + c, all.narrow(0, q * len, len));
+  }
+  return 4 * (world_ - 1) * shard_;
+}
+
+std::vector<at::Tensor> ZeroOptimizer::state() const {
+  at::Tensor layout = at::tensor(
+      std::vector<int64_t>{stage_, world_, total_, shard_}, at::kLong);
+  at::Tensor steps = at::tensor(steps_, at::kLong);
+  return {layout, steps, expAvg_, expAvgSq_};
+}
+
+void ZeroOptimizer::loadState(const std::vector<at::Tensor> &s) {
+  auto describe = [](int64_t stage, int64_t world, int64_t total) {
+    return "ZeRO stage " + std::to_string(stage) + " over " +
+           std::to_string(world) + " rank(s), " + std::to_string(total) +
+           " values";
+  };
+  if (s.size() != 4 || s[0].numel() != 4 || s[0].scalar_type() != at::kLong)
+    throw std::runtime_error("its ZeRO state is malformed (" +
+                             std::to_string(s.size()) + " tensors)");
+  at::Tensor layout = s[0].cpu();
+  auto l = layout.accessor<int64_t, 1>();
+  if (l[1] != world_ || l[2] != total_ || l[3] != shard_)
+    throw std::runtime_error(
+        "its optimizer state is sharded as " + describe(l[0], l[1], l[2]) +
+        ", this run as " + describe(stage_, world_, total_) +
+        ": resume with the world size and plan it was trained with");
+  if (s[1].numel() != int64_t(steps_.size()) ||
+      s[1].scalar_type() != at::kLong || s[2].numel() != shard_ ||
+      s[3].numel() != shard_ || s[2].scalar_type() != at::kFloat ||
+      s[3].scalar_type() != at::kFloat)
+    throw std::runtime_error("its ZeRO state's tensors do not match the "
+                             "model's parameters");
+  at::Tensor steps = s[1].cpu().contiguous();
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const int64_t v = steps.data_ptr<int64_t>()[i];
+    if (v < 0)
+      throw std::runtime_error("its ZeRO state has a negative step count");
+    steps_[i] = v;
+  }
+  at::NoGradGuard noGrad;
+  expAvg_.copy_(s[2].reshape({-1}));
+  expAvgSq_.copy_(s[3].reshape({-1}));
+}
+
+} // namespace mtprt
