@@ -3,6 +3,7 @@
 #include "mtprt/torch/Checkpoint.h"
 #include "mtprt/torch/Ewc.h"
 #include "mtprt/torch/Saps.h"
+#include "mtprt/torch/Zero.h"
 
 #include "mtprt/Crc32.h"
 
@@ -146,6 +147,8 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
     writeTensors(ar, "saps", saps->state());
   if (const ElasticConsolidation *ewc = core.consolidation())
     writeTensors(ar, "ewc", ewc->state());
+  if (const ZeroOptimizer *zero = core.zero())
+    writeTensors(ar, "zero", zero->state());
   {
     torch::serialize::OutputArchive gate;
     core.gate().save(gate);
@@ -308,6 +311,13 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
             "(strategy { ewc }): resume it with the plan it was trained with",
             "it was trained with ewc (strategy { ewc }) and the plan has none: "
             "resume it with the plan it was trained with");
+    restore(core.zero(), "zero",
+            "it was trained with every rank holding AdamW's whole state and "
+            "the plan shards it (budget { zero }): resume it with the plan it "
+            "was trained with",
+            "it holds this rank's shard of AdamW's state (budget { zero }) and "
+            "the plan keeps it whole: resume it with the plan it was trained "
+            "with");
     torch::serialize::InputArchive opt;
     ar.read("optimizer", opt);
     core.optimizer().load(opt);

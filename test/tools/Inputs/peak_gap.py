@@ -9,6 +9,9 @@
   peak_gap.py --fits BYTES M.jsonl       every measured peak <= BYTES
   peak_gap.py --same-losses A.jsonl B.jsonl  every step's task losses equal,
                                          bit for bit (the same training)
+  peak_gap.py --close-losses TOL A.jsonl B.jsonl  every step's task losses
+                                         equal to TOL, relative (the same
+                                         training, rounded otherwise)
 Prints one line per file; exits 1 on a violation.
 """
 import json
@@ -34,6 +37,14 @@ def main(argv):
               "predicted", " > ".join(str(p) for _, p in peaks))
         ok = all(a[0] > b[0] and a[1] > b[1] for a, b in zip(peaks, peaks[1:]))
         return 0 if ok else 1
+    if argv[0] == "--close-losses":
+        tol, a, b = float(argv[1]), steps(argv[2]), steps(argv[3])
+        worst = max((abs(x["loss"][k] - y["loss"][k]) / max(abs(x["loss"][k]), 1e-30)
+                     for x, y in zip(a, b) for k in x["loss"]
+                     if x["loss"][k] is not None), default=0.0)
+        close = len(a) == len(b) and worst <= tol
+        print(f"losses within {tol:g} over {len(a)} steps: {close} (worst {worst:.1e})")
+        return 0 if close else 1
     if argv[0] == "--same-losses":
         a, b = steps(argv[1]), steps(argv[2])
         same = len(a) == len(b) and all(x["loss"] == y["loss"] for x, y in zip(a, b))
