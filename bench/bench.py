@@ -1374,13 +1374,66 @@ def section_search(args, b, r, out):
     return res
 
 
+def section_zero(args, b, r, out):
+    """ZeRO stages 1 and 2 (docs/zero.md): memory per rank and step time at
+    1, 2 and 4 processes (gloo on loopback), on a model whose parameters
+    outweigh its activations, each plan beside what it measured."""
+    steps = 8 if args.quick else 20
+    runner = os.path.join(ROOT, "build", "runtime", "tools", "mtprt-run")
+    m = {"layers": 4, "hidden": 256, "heads": 4, "ffn": 1024, "vocab": 8192, "seq": 16,
+         "dropout": 0.0}
+    tasks = [("topic", "classify(classes = 4)", "from pooled"),
+             ("pos", "tag(labels = 12)", "from layer 2")]
+    strategy = {"checkpoint": "none", "offload": "none", "gfm": "none", "dgfg": "none",
+                "clip": "none", "lr": "cosine(1e-3, warmup = 5)", "collective": "none"}
+    res, rows = {}, []
+    for world in (1, 2, 4):
+        for stage in (0, 1, 2):
+            budget = budget_block(args, 2 << 30, micro_batch=2, global_batch=2 * world)
+            budget["gpus"] = world
+            if stage:
+                budget["zero"] = stage
+            text = spec_text("bench_z", m, tasks, strategy, budget,
+                             {"steps": steps, "seed": 1, "log_every": 1})
+            src = r.tmp(".mtp")
+            plan = src + ".mtpplan"
+            with open(src, "w") as f:
+                f.write(text)
+            run([args.mtpc, "plan", src, "--format=fb", "-o", plan] + b.device_flags())
+            extra = ["--plan", plan] + (["--nproc", str(world)] if world > 1 else [])
+            recs = r.mtpc(runner, steps, extra=extra)["records"]
+            later = recs[1:] or recs
+            e = {"measured": max(x["measured_peak_bytes"] for x in later),
+                 "predicted": later[0]["predicted_peak_bytes"],
+                 "step_s": median([x["step_time_s"] for x in later]),
+                 "sent": median([x["bytes_sent"] for x in later])}
+            res["%d/%d" % (world, stage)] = e
+            base = res["%d/0" % world]
+            rows.append([str(world), str(stage), fmt_bytes(e["predicted"]),
+                         fmt_bytes(e["measured"]),
+                         "%+.2f%%" % (100 * (e["measured"] / e["predicted"] - 1)),
+                         fmt_ratio(e["measured"] / base["measured"]),
+                         "%.1f ms" % (1000 * e["step_s"]),
+                         fmt_ratio(e["step_s"] / base["step_s"]), fmt_bytes(e["sent"])])
+    out.append("### ZeRO: memory per rank and step time (docs/zero.md)\n")
+    out.append("A parameter-heavy model (4 layers, hidden 256, ffn 1024, vocab 8192, seq 16; "
+               "5.3 M parameters), micro batch 2 per rank, collective none, %d steps "
+               "(the first left out), gloo on loopback on this machine's cores. Memory: "
+               "rank 0's tracked peak per step against the plan's; time: median step; sent: "
+               "bytes rank 0 hands to the collectives per step.\n" % steps)
+    out.append(table(["processes", "zero", "predicted", "measured", "gap", "vs zero 0",
+                      "step", "vs zero 0", "sent / step"], rows))
+    return res
+
+
 SECTIONS = {"agree": section_agree, "step": section_step, "load": section_load,
             "pareto": section_pareto,
             "memory": section_memory,
             "plan": section_plan,
             "compress": section_compress, "scope": section_scope, "ablation": section_ablation,
             "dynbatch": section_dynbatch, "saps": section_saps,
-            "forgetting": section_forgetting, "search": section_search}
+            "forgetting": section_forgetting, "search": section_search,
+            "zero": section_zero}
 QUICK = ["agree", "memory", "plan", "compress"]
 
 

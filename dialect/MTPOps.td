@@ -307,6 +307,8 @@ def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
     turns it off), the gradient scope (`params` with the top k layers), the
     DGFG gate's hidden width (`none` = fixed loss weights) and its
     recalibration thresholds, clipping, and gradient compression.
+    `optimizer_offload` keeps AdamW's state and its update on the host
+    (docs/zero.md); `optimizer_offload_auto` lets the planner decide.
 
     ```mlir
     mtp.strategy checkpoint task_granular every 1 threshold 0.5
@@ -336,7 +338,9 @@ def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
                        OptionalAttr<MTP_BatchScheduleAttr>:$dynamic_batch,
                        OptionalAttr<MTP_SapsAttr>:$saps,
                        OptionalAttr<MTP_EwcAttr>:$ewc,
-                       OptionalAttr<MTP_AdaptersAttr>:$adapters);
+                       OptionalAttr<MTP_AdaptersAttr>:$adapters,
+                       UnitAttr:$optimizer_offload,
+                       UnitAttr:$optimizer_offload_auto);
   let assemblyFormat = [{
     `checkpoint` $checkpoint `every` $checkpoint_every
         `threshold` $group_threshold
@@ -352,6 +356,8 @@ def MTP_StrategyOp : MTP_Op<"strategy", [HasParent<"ModelOp">]> {
     (`saps` $saps^)?
     (`ewc` $ewc^)?
     (`adapters` $adapters^)?
+    (`optimizer_offload` $optimizer_offload^)?
+    (`optimizer_offload_auto` $optimizer_offload_auto^)?
     attr-dict
   }];
   let hasVerifier = 1;

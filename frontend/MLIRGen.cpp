@@ -90,7 +90,9 @@ public:
                        : BatchScheduleAttr(),
         s.saps ? SapsAttr::get(ctx(), *s.saps) : SapsAttr(),
         s.ewc ? EwcAttr::get(ctx(), *s.ewc) : EwcAttr(),
-        s.adapters ? AdaptersAttr::get(ctx(), *s.adapters) : AdaptersAttr());
+        s.adapters ? AdaptersAttr::get(ctx(), *s.adapters) : AdaptersAttr(),
+        s.optimizerOffload ? builder.getUnitAttr() : UnitAttr(),
+        s.optimizerOffloadAuto ? builder.getUnitAttr() : UnitAttr());
 
     const auto &tr = spec.train;
     auto phases = [&](ArrayRef<CheckedSpec::Phase> list) {

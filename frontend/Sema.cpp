@@ -84,10 +84,8 @@ struct Deferred {
 constexpr Deferred kDeferredStrategy[] = {
     {"cuda_graphs", "CUDA Graph capture (docs/techniques.md A3)"},
     {"pipeline", "task-aware pipeline parallelism (docs/techniques.md C9)"},
-    {"zero", "ZeRO-3 parameter offload (docs/techniques.md D16)"},
 };
 constexpr Deferred kDeferredBudget[] = {
-    {"zero", "ZeRO-3 parameter offload (docs/techniques.md D16)"},
     {"param_offload", "ZeRO-3 parameter offload (docs/techniques.md D16)"},
 };
 
@@ -120,7 +118,7 @@ constexpr StringRef kBudgetKeys[] = {
 constexpr StringRef kStrategyKeys[] = {
     "checkpoint", "offload", "gfm",  "gradient_scope",
     "dgfg",       "clip",    "lr",   "collective", "dynamic_batch", "saps", "ewc",
-    "adapters"};
+    "adapters", "optimizer_offload"};
 constexpr StringRef kTrainKeys[] = {"steps",      "seed",      "data",
                                     "optimizer",  "log_every", "save_every",
                                     "eval",       "eval_every", "phases"};
@@ -1323,6 +1321,16 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
     }
   }
 
+  // optimizer_offload = none | cpu | auto (docs/zero.md)
+  if (const ast::Value *v = f.get("optimizer_offload")) {
+    static const StringRef where[] = {"none", "cpu", "auto"};
+    out.optimizerOffloadLoc = f.locOf("optimizer_offload");
+    if (std::optional<StringRef> p = choice(*v, "optimizer_offload", where)) {
+      out.optimizerOffload = *p == "cpu";
+      out.optimizerOffloadAuto = *p == "auto";
+    }
+  }
+
   // offload = auto | none | cpu_pinned(max_latency = 1.2ms)
   if (const ast::Value *v = f.get("offload")) {
     static const StringRef policies[] = {"auto", "none", "cpu_pinned"};
@@ -1819,6 +1827,10 @@ void Sema::crossChecks(CheckedSpec &spec) {
                    << " (lower dgfg = { hidden = ... })";
   }
   const auto &bu = spec.budget;
+  if ((s.optimizerOffload || s.optimizerOffloadAuto) && (s.saps || s.ewc))
+    error(s.optimizerOffloadLoc)
+        << "optimizer_offload with " << (s.saps ? "saps" : "ewc")
+        << " is not supported: their state stays on the device";
   if (bu.zero || bu.zeroAuto) {
     const std::string z = bu.zeroAuto ? "auto" : std::to_string(bu.zero);
     if (s.saps || s.ewc)

@@ -97,6 +97,10 @@ struct CheckedSpec {
   } budget;
 
   struct Strategy {
+    /// docs/zero.md: AdamW's state and update on the host; auto: the
+    /// planner's choice (when nothing else fits).
+    bool optimizerOffload = false, optimizerOffloadAuto = false;
+    ast::Location optimizerOffloadLoc;
     CheckpointPolicy checkpoint = CheckpointPolicy::automatic;
     int64_t checkpointEvery = 1;
     double groupThreshold = mtprt::defaults::kGroupThreshold;

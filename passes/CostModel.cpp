@@ -1118,6 +1118,11 @@ int64_t CostModel::processes() const {
   return budget ? std::max<int64_t>(1, budget.getGpus()) : 1;
 }
 
+bool CostModel::optimizerOffload() const {
+  StrategyOp s = model.getStrategy();
+  return s && s.getOptimizerOffload();
+}
+
 bool CostModel::onCpu() const {
   return budget && budget.getDevice() == "cpu";
 }

@@ -256,6 +256,9 @@ public:
   /// The budget's ZeRO stage (mtprt/Zero.h; 0: none). It shards the values
   /// the gradient exchange sums (every trainable parameter but the gate's).
   int64_t zeroStage() const;
+  /// strategy { optimizer_offload = cpu }: AdamW's state (of the values
+  /// ZeRO would shard) and its update on the host (docs/zero.md).
+  bool optimizerOffload() const;
   /// The budget's device is the CPU (the processes exchange over gloo).
   bool onCpu() const;
   /// The runtime's GSC bucket: GradExchange encodes the flattened gradients

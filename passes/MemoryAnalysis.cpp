@@ -118,10 +118,13 @@ MemoryBreakdown mtp::residentState(ModelOp model, const CostModel &cost,
       mtprt::EwcConfig::kBytesPerParameter * groups.protectedByEwc;
   // ZeRO: each rank holds AdamW's moments of its run of the exchanged
   // values only (the gate's own Adam stays whole).
-  if (cost.zeroStage() >= 1) {
+  // Offloaded, that state is the host's.
+  if (cost.zeroStage() >= 1 || cost.optimizerOffload()) {
     const int64_t values = zeroValues(step);
-    resident.optimizer += mtprt::ZeroLayout::stateBytes(values, cost.processes()) -
-                          CostModel::kOptimizerBytes * values;
+    const int64_t world = cost.zeroStage() >= 1 ? cost.processes() : 1;
+    resident.optimizer -= CostModel::kOptimizerBytes * values;
+    if (!cost.optimizerOffload())
+      resident.optimizer += mtprt::ZeroLayout::stateBytes(values, world);
   }
   resident.exchange =
       cost.gradientExchange(

@@ -206,7 +206,8 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
             ? fb::CreateAdapters(
                   b, st.getAdaptersAttr().getBottleneck(),
                   st.getAdaptersAttr().getConfig().separation)
-            : flatbuffers::Offset<fb::Adapters>());
+            : flatbuffers::Offset<fb::Adapters>(),
+        st.getOptimizerOffload());
   flatbuffers::Offset<fb::Train> train;
   std::string data = "synthetic";
   if (TrainOp tr = model.getTrain(); tr && tr.getDataPath())
@@ -327,7 +328,8 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
                              : std::string("off"))
        << ", collective " << planName(st->collective()) << " (top-k "
        << llvm::format("%g", st->topk()) << ", " << st->bits()
-       << "-bit blocks of " << st->block() << ")\n";
+       << "-bit blocks of " << st->block() << ")"
+       << (st->optimizer_offload() ? ", optimizer on the host" : "") << "\n";
     if (const fb::BatchSchedule *db = st->dynamic_batch())
       os << "  dynamic batch from " << db->start() << " x(1 + "
          << llvm::format("%g", db->rate()) << " step) capped at " << db->max()

@@ -1323,6 +1323,68 @@ void mtp::attachPlan(ModelOp model, const PlanResult &result) {
       ArrayRef<PlanOffload>(offloads)));
 }
 
+/// zero = auto and optimizer_offload = auto (docs/zero.md): the first of
+/// (stage 0, 1, 2 without offload, then with it) whose plan fits; stage 2
+/// drops an automatic collective's compression (restored for the others).
+/// The last tried stays when none fits.
+static void chooseStateSharding(ModelOp model, const MeasuredCosts *measured,
+                                const SolveOptions &options) {
+  BudgetOp budget = model.getBudget();
+  StrategyOp strategy = model.getStrategy();
+  const bool zeroAuto = budget && budget.getZeroAuto();
+  const bool offloadAuto = strategy && strategy.getOptimizerOffloadAuto();
+  if (!zeroAuto && !offloadAuto)
+    return;
+  Builder b(model.getContext());
+  if (zeroAuto)
+    budget.removeZeroAutoAttr();
+  if (offloadAuto)
+    strategy.removeOptimizerOffloadAutoAttr();
+  SmallVector<AllReduceOp> buckets(
+      model.getStep().getBody().front().getOps<AllReduceOp>());
+  SmallVector<DictionaryAttr> original;
+  for (AllReduceOp op : buckets)
+    original.push_back(op->getAttrDictionary());
+  const bool mayScatter =
+      !strategy || strategy.getCollective() != CollectivePolicy::compressed;
+  SmallVector<int64_t> stages;
+  if (zeroAuto)
+    stages = mayScatter ? SmallVector<int64_t>{0, 1, 2}
+                        : SmallVector<int64_t>{0, 1};
+  else
+    stages = {budget ? budget.getZeroStage() : 0};
+  SmallVector<bool> offloads =
+      offloadAuto ? SmallVector<bool>{false, true}
+                  : SmallVector<bool>{strategy && strategy.getOptimizerOffload()};
+  for (bool offload : offloads)
+    for (int64_t stage : stages) {
+      if (budget) {
+        if (stage)
+          budget.setZeroAttr(b.getI64IntegerAttr(stage));
+        else
+          budget.removeZeroAttr();
+      }
+      if (strategy) {
+        if (offload)
+          strategy.setOptimizerOffloadAttr(b.getUnitAttr());
+        else
+          strategy.removeOptimizerOffloadAttr();
+      }
+      for (auto [op, attrs] : llvm::zip(buckets, original)) {
+        op->setAttrs(attrs);
+        if (stage >= 2) {
+          op.removeCompressedAttr();
+          op.removeTopkAttr();
+          op.removeBlockAttr();
+          op.removeBitsAttr();
+          op.removeDecayAttr();
+        }
+      }
+      if (MemoryPlanner(model, measured).solve(options).fits)
+        return;
+    }
+}
+
 namespace {
 struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
   using PlanMemoryBase::PlanMemoryBase;
@@ -1346,35 +1408,7 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
     SolveOptions options;
     options.maxNodes = std::max<int64_t>(0, maxNodes);
     options.exactFloor = exactFloor;
-    BudgetOp zeroBudget = model.getBudget();
-    if (zeroBudget && zeroBudget.getZeroAuto()) {
-      // zero = auto: the lowest ZeRO stage whose plan fits (docs/zero.md);
-      // stage 2 drops an automatic collective's compression.
-      zeroBudget.removeZeroAutoAttr();
-      StrategyOp strategy = model.getStrategy();
-      const bool mayScatter =
-          !strategy || strategy.getCollective() != CollectivePolicy::compressed;
-      for (int64_t stage = 0; stage <= (mayScatter ? 2 : 1); ++stage) {
-        if (stage)
-          zeroBudget.setZeroAttr(
-              Builder(model.getContext()).getI64IntegerAttr(stage));
-        if (stage == 2)
-          for (AllReduceOp op :
-               model.getStep().getBody().front().getOps<AllReduceOp>()) {
-            op.removeCompressedAttr();
-            op.removeTopkAttr();
-            op.removeBlockAttr();
-            op.removeBitsAttr();
-            op.removeDecayAttr();
-          }
-        if (MemoryPlanner(model, measured ? &*measured : nullptr)
-                .solve(options)
-                .fits)
-          break;
-      }
-      if (!zeroBudget.getZeroStage())
-        zeroBudget.removeZeroAttr();
-    }
+    chooseStateSharding(model, measured ? &*measured : nullptr, options);
     MemoryPlanner planner(model, measured ? &*measured : nullptr);
     PlanResult result = planner.solve(options);
     if (!result.fits) {
@@ -1430,6 +1464,17 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
           else
             diag.attachNote(budget.getLoc())
                 << "zero = 2 also shards the gradients after the backward";
+        }
+        // The optimizer offload: what of AdamW's state leaves the device.
+        if (StrategyOp st = model.getStrategy(); st && !st.getOptimizerOffload()) {
+          const int64_t values = zeroValues(model.getStep());
+          const int64_t saved = mtprt::ZeroLayout::stateBytes(
+              values, budget.getZeroStage() ? budget.getGpus() : 1);
+          diag.attachNote(st.getLoc())
+              << "optimizer_offload = cpu keeps AdamW's state on the host: "
+              << formatBytes(saved) << " less per device"
+              << (result.minimalPeak - saved <= planner.budget() ? " (would fit)"
+                                                                 : "");
         }
         diag.attachNote(budget.getLoc())
             << "more GPUs keep the global batch with a smaller micro batch";

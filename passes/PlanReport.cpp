@@ -151,6 +151,16 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
          << "all-gather of the updated parameters "
          << formatBytes(4 * (world - 1) * shard) << "\n";
   }
+  if (strategy && strategy.getOptimizerOffload()) {
+    const int64_t shard =
+        mtprt::ZeroLayout::shardValues(elements, zero ? world : 1);
+    os << "    optimizer offload: AdamW's state of " << shard
+       << " values on the host, " << formatBytes(8 * shard)
+       << " per process, none on the device; each step the update copies "
+       << formatBytes(4 * shard) << " of gradients and "
+       << formatBytes(4 * shard)
+       << " of parameters to the host and the parameters back\n";
+  }
   if (world > 1 || zero >= 2) {
     CostModel cost(model);
     CostModel::ExchangeMemory m =

@@ -312,11 +312,13 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
             "it was trained with ewc (strategy { ewc }) and the plan has none: "
             "resume it with the plan it was trained with");
     restore(core.zero(), "zero",
-            "it was trained with every rank holding AdamW's whole state and "
-            "the plan shards it (budget { zero }): resume it with the plan it "
-            "was trained with",
-            "it holds this rank's shard of AdamW's state (budget { zero }) and "
-            "the plan keeps it whole: resume it with the plan it was trained "
+            "it was trained with every rank holding AdamW's whole state on "
+            "the device and the plan shards or offloads it (budget { zero }, "
+            "strategy { optimizer_offload }): resume it with the plan it was "
+            "trained with",
+            "it holds this rank's shard of AdamW's state (budget { zero }) or "
+            "the host's (strategy { optimizer_offload }) and the plan keeps "
+            "it whole on the device: resume it with the plan it was trained "
             "with");
     torch::serialize::InputArchive opt;
     ar.read("optimizer", opt);

@@ -1136,7 +1136,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
                      "plan with zero = 1 (docs/zero.md)");
   GradExchange exchange(&comm, o.compress && tc.zeroStage < 2, gsc);
   exchange.prepare(core.model().trainableParameters());
-  if (tc.zeroStage)
+  if (tc.zeroStage || tc.optimizerOffload)
     core.shardOptimizer(&comm);
   GradExchange::Result sent;
   core.beforeUpdate = [&](StepStats &) {

@@ -537,6 +537,7 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
                                  "scope, not params");
       plan.train.saps = s;
     }
+    plan.train.optimizerOffload = st->optimizer_offload();
     if (const auto *ad = st->adapters()) {
       AdapterConfig a;
       a.bottleneck = c.range("strategy.adapters.bottleneck", ad->bottleneck(),

@@ -284,6 +284,18 @@ at::Tensor hostBuffer(const at::Tensor &like,
 
 } // namespace
 
+at::Tensor hostPoolTensor(int64_t numel, at::ScalarType dtype, bool pinned) {
+  const int64_t bytes = numel * int64_t(c10::elementSize(dtype));
+  void *ptr = HostCache::get().take(bytes, pinned);
+  hostPoolCurrent.fetch_add(bytes);
+  auto deleter = [bytes, pinned](void *p) {
+    hostPoolCurrent.fetch_sub(bytes);
+    HostCache::get().give(p, pinned);
+  };
+  return at::from_blob(ptr, {numel}, deleter,
+                       at::TensorOptions().dtype(dtype).device(at::kCPU));
+}
+
 int64_t hostPoolReservedBytes() {
   HostCache &c = HostCache::get();
   std::lock_guard<std::mutex> lock(c.mutex);

@@ -177,17 +177,19 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
   // Under ZeRO each rank makes its run of them (shardOptimizer).
   if (t.zeroStage < 0 || t.zeroStage > 2)
     bad("TrainConfig.zeroStage", "must be 0, 1 or 2");
-  if (t.zeroStage && (t.saps || t.ewc))
-    bad("TrainConfig.zeroStage", "with saps or ewc is not supported");
-  if (!t.zeroStage)
+  if ((t.zeroStage || t.optimizerOffload) && (t.saps || t.ewc))
+    bad(t.zeroStage ? "TrainConfig.zeroStage" : "TrainConfig.optimizerOffload",
+        "with saps or ewc is not supported");
+  if (!t.zeroStage && !t.optimizerOffload)
     for (const auto &group : optimizer_->param_groups())
       for (const at::Tensor &p : group.params())
         adamwState(*optimizer_, p);
 }
 
 void TrainerCore::shardOptimizer(Communicator *comm) {
-  if (!train_.zeroStage)
-    throw std::logic_error("mtprt: shardOptimizer without a ZeRO stage");
+  if (!train_.zeroStage && !train_.optimizerOffload)
+    throw std::logic_error(
+        "mtprt: shardOptimizer without a ZeRO stage or optimizer offload");
   if (state_)
     throw std::logic_error("mtprt: shardOptimizer during a step");
   std::vector<std::vector<at::Tensor>> groups;
@@ -196,7 +198,8 @@ void TrainerCore::shardOptimizer(Communicator *comm) {
   optimizer_->state().clear();
   zero_ = std::make_unique<ZeroOptimizer>(
       comm, train_.zeroStage, std::move(groups),
-      AdamWHyper{train_.beta1, train_.beta2, train_.eps, train_.weightDecay});
+      AdamWHyper{train_.beta1, train_.beta2, train_.eps, train_.weightDecay},
+      train_.optimizerOffload);
 }
 
 TrainerCore::~TrainerCore() = default;

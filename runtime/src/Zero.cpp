@@ -4,6 +4,7 @@
 
 #include "mtprt/Zero.h"
 #include "mtprt/torch/Distributed.h"
+#include "mtprt/torch/Regions.h"
 
 #include <ATen/ops/_fused_adamw.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -16,12 +17,12 @@ namespace mtprt {
 
 ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
                              std::vector<std::vector<at::Tensor>> groups,
-                             AdamWHyper hyper)
-    : comm_(comm), stage_(stage), hyper_(hyper) {
-  if (stage < 1 || stage > 2)
+                             AdamWHyper hyper, bool offload)
+    : comm_(comm), stage_(stage), hyper_(hyper), offload_(offload) {
+  if (stage < (offload ? 0 : 1) || stage > 2)
     throw std::invalid_argument("mtprt: ZeRO stage " + std::to_string(stage) +
                                 " is not 1 or 2");
-  if (comm && comm->active()) {
+  if (stage >= 1 && comm && comm->active()) {
     world_ = comm->worldSize();
     rank_ = comm->rank();
   }
@@ -49,8 +50,38 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
   const at::TensorOptions o =
       params_.empty() ? at::TensorOptions().dtype(at::kFloat)
                       : params_.front().options().requires_grad(false);
-  expAvg_ = at::zeros({shard_}, o);
-  expAvgSq_ = at::zeros({shard_}, o);
+  if (offload_) {
+    const bool pinned = o.device().is_cuda();
+    expAvg_ = hostPoolTensor(shard_, at::kFloat, pinned).zero_();
+    expAvgSq_ = hostPoolTensor(shard_, at::kFloat, pinned).zero_();
+  } else {
+    expAvg_ = at::zeros({shard_}, o);
+    expAvgSq_ = at::zeros({shard_}, o);
+  }
+  device_ = o;
+}
+
+void ZeroOptimizer::updateOnHost(int64_t group, double lr,
+                                 const at::Tensor &param,
+                                 const at::Tensor &grad, int64_t shardOffset,
+                                 double step) {
+  const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
+  for (int64_t c = 0; c < param.numel(); c += bucket) {
+    const int64_t len = std::min(bucket, param.numel() - c);
+    at::Tensor p = hostParam_.narrow(0, 0, len);
+    at::Tensor g = hostGrad_.narrow(0, 0, len);
+    p.copy_(param.narrow(0, c, len));
+    g.copy_(grad.narrow(0, c, len));
+    std::vector<at::Tensor> steps{
+        at::full({}, step, at::TensorOptions().dtype(at::kFloat))};
+    at::_fused_adamw_({p}, {g}, {expAvg_.narrow(0, shardOffset + c, len)},
+                      {expAvgSq_.narrow(0, shardOffset + c, len)},
+                      /*max_exp_avg_sqs=*/{}, steps, lr, hyper_.beta1,
+                      hyper_.beta2, hyper_.weightDecay, hyper_.eps,
+                      /*amsgrad=*/false, /*maximize=*/false);
+    param.narrow(0, c, len).copy_(p);
+  }
+  (void)group;
 }
 
 at::Tensor ZeroOptimizer::flatParam(int64_t i) const {
@@ -174,9 +205,28 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
     std::vector<double> steps;
   };
   std::map<int64_t, Lists> byGroup;
+  if (offload_) {
+    const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
+    const bool pinned = device_.device().is_cuda();
+    hostParam_ = hostPoolTensor(bucket, at::kFloat, pinned);
+    hostGrad_ = hostPoolTensor(bucket, at::kFloat, pinned);
+  }
   for (const Segment &s : segments_) {
     if (!has_[s.param])
       continue;
+    if (offload_) {
+      if (s.group >= int64_t(lr.size()))
+        throw std::invalid_argument("mtprt: ZeRO step: no learning rate for "
+                                    "group " +
+                                    std::to_string(s.group));
+      updateOnHost(
+          s.group, lr[s.group], flatParam(s.param).narrow(0, s.begin, s.length),
+          stage_ >= 2 ? gradShard_.narrow(0, s.shardOffset, s.length)
+                      : params_[s.param].grad().reshape({-1}).narrow(
+                            0, s.begin, s.length),
+          s.shardOffset, double(steps_[s.param]));
+      continue;
+    }
     Lists &l = byGroup[s.group];
     l.params.push_back(flatParam(s.param).narrow(0, s.begin, s.length));
     l.grads.push_back(
@@ -204,6 +254,7 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
   }
   // The gradients are spent before the all-gather needs its buffers.
   byGroup.clear();
+  hostParam_ = hostGrad_ = at::Tensor();
   gradShard_ = at::Tensor();
   for (at::Tensor &p : params_)
     p.mutable_grad() = at::Tensor();

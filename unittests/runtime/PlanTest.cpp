@@ -512,6 +512,9 @@ struct PlanFields {
   EwcConfig ewc{/*lambda=*/1e6, /*fisherBatches=*/2};
   /// Strategy.adapters, written when `adapted`.
   bool adapted = false;
+  /// Target.zero and Strategy.optimizer_offload (docs/zero.md).
+  int64_t zero = 0;
+  bool optimizerOffload = false;
   AdapterConfig adapters{/*bottleneck=*/4, /*separation=*/10.0};
   // Train
   int64_t steps = 3;
@@ -585,7 +588,7 @@ std::string build(const PlanFields &f) {
                                        f.block, f.bits, f.decay));
   auto target =
       fb::CreateTarget(b, b.CreateString(f.device), KIND(Precision, f.precision),
-                       f.memory, f.usable, f.gpus, f.micro, f.global);
+                       f.memory, f.usable, f.gpus, f.micro, f.global, f.zero);
   auto strategy = fb::CreateStrategy(
       b, KIND(GradientScope, f.scope), f.scopeLayers, f.gfmKeep, f.clip,
       f.gateHidden, f.reuse, f.stdThreshold, KIND(CollectivePolicy, f.collective),
@@ -602,7 +605,8 @@ std::string build(const PlanFields &f) {
               : flatbuffers::Offset<fb::Ewc>(),
       f.adapted ? fb::CreateAdapters(b, f.adapters.bottleneck,
                                      f.adapters.separation)
-                : flatbuffers::Offset<fb::Adapters>());
+                : flatbuffers::Offset<fb::Adapters>(),
+      f.optimizerOffload);
   std::vector<flatbuffers::Offset<fb::Phase>> phases;
   for (const Phase &p : f.phases)
     phases.push_back(fb::CreatePhase(b, p.steps, b.CreateVector(p.tasks),
@@ -875,6 +879,9 @@ std::vector<Change> allChanges(const std::string &jsonl) {
        "(the plan is for 2 process(es), this run has 1"},
       {"Target.micro_batch", [](F &f) { f.micro = 4; }, Shows::Peak},
       {"Target.global_batch", [](F &f) { f.global = 16; }, Shows::Losses},
+      // One process holds every shard: the same run (test/tools/zero.test
+      // runs it on two and four).
+      {"Target.zero", [](F &f) { f.zero = 1; }, Shows::Nothing},
 
       {"Backbone.kind", [](F &f) { f.kind = "rnn"; }, Shows::Refused,
        "field backbone.kind: 99 is none of transformer"},
@@ -1058,6 +1065,9 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       // Adapters (D13): the heads read their taps through them; the
       // separation loss moves the gates, so the later losses.
       {"Strategy.adapters", [](F &f) { f.adapted = true; }, Shows::Losses},
+      // AdamW's moments in the host pool (docs/zero.md).
+      {"Strategy.optimizer_offload", [](F &f) { f.optimizerOffload = true; },
+       Shows::HostPool},
       {"Adapters.bottleneck", [](F &f) { f.adapters.bottleneck = 8; },
        Shows::Losses, "", adapted},
       {"Adapters.separation", [](F &f) { f.adapters.separation = 1e3; },

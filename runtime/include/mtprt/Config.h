@@ -189,6 +189,10 @@ struct TrainConfig {
   /// ZeRO (mtprt/Zero.h): 0 every rank keeps AdamW's whole state; 1 and 2
   /// shard it (TrainerCore::shardOptimizer, once the process group exists).
   int zeroStage = 0;
+  /// AdamW's state (this rank's run of it under ZeRO) and its update on the
+  /// host: pinned memory beside a CUDA device; on the CPU outside the
+  /// tracking allocator, i.e. not device bytes (docs/zero.md).
+  bool optimizerOffload = false;
   /// SAPS (D12): sparse updates of the backbone; none = dense.
   std::optional<SapsConfig> saps;
   /// EWC (D14) across phases; none = no protection.

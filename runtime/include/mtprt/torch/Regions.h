@@ -149,8 +149,11 @@ private:
 };
 
 /// Host-pool bytes currently held by offloaded tensors of every Offloader
-/// (not device bytes).
+/// and by the optimizer's offloaded state (not device bytes).
 int64_t hostPoolBytes();
+/// A flat host-pool tensor (outside the CPU tracking allocator; pinned for
+/// copies to and from a CUDA device), uninitialized.
+at::Tensor hostPoolTensor(int64_t numel, at::ScalarType dtype, bool pinned);
 /// Host memory the pool has allocated, in use or idle (freed buffers are kept
 /// for reuse: offloaded shapes repeat every step and pinned allocation is
 /// slow).

@@ -114,8 +114,9 @@ public:
   Offloader &offloader() { return *offloader_; }
   Gate &gate() { return *gate_; }
   torch::optim::AdamW &optimizer() { return *optimizer_; }
-  /// ZeRO stages 1–2 (TrainConfig::zeroStage): this rank's run of AdamW's
-  /// state replaces the optimizer's; `comm` may be null (one process).
+  /// ZeRO stages 1–2 (TrainConfig::zeroStage) and the optimizer offload:
+  /// this rank's run of AdamW's state (on the host when offloaded) replaces
+  /// the optimizer's; `comm` may be null (one process).
   void shardOptimizer(Communicator *comm);
   /// The sharded optimizer (nullptr without ZeRO).
   ZeroOptimizer *zero() { return zero_.get(); }

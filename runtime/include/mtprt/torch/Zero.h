@@ -9,6 +9,11 @@
 // _fused_adamw_ on views of the parameters, so stage 1 gives the bits plain
 // data parallelism gives; stage 2's sums may be ordered otherwise.
 //
+// Optimizer offload (ZeRO-Offload's update on the host): the moments in the
+// host pool, each bucket of this rank's parameters and gradients copied
+// there, updated by the same fused AdamW on the CPU, the parameters copied
+// back; the device holds none of the state.
+//
 // Internal API (LibTorch).
 //
 //===----------------------------------------------------------------------===//
@@ -34,10 +39,15 @@ class ZeroOptimizer {
 public:
   /// `groups[g]`: the parameters of learning-rate group g, in the order
   /// the flat layout lays them. `comm` may be null or inactive (one rank).
+  /// `offload`: the moments live in the host pool and the update runs on
+  /// the host, a bucket of parameters and gradients copied over and the
+  /// parameters back (stage 0 with offload: every value, not sharded).
   ZeroOptimizer(Communicator *comm, int stage,
-                std::vector<std::vector<at::Tensor>> groups, AdamWHyper hyper);
+                std::vector<std::vector<at::Tensor>> groups, AdamWHyper hyper,
+                bool offload = false);
 
   int stage() const { return stage_; }
+  bool offloaded() const { return offload_; }
   int64_t totalValues() const { return total_; }
   int64_t shardValues() const { return shard_; }
 
@@ -74,7 +84,12 @@ private:
   void agreeOnGradients();
 
   Communicator *comm_;
+  void updateOnHost(int64_t group, double lr, const at::Tensor &param,
+                    const at::Tensor &grad, int64_t shardOffset, double step);
+
   int stage_, world_ = 1, rank_ = 0;
+  bool offload_ = false;
+  at::Tensor hostParam_, hostGrad_; ///< one bucket each, during step()
   AdamWHyper hyper_;
   std::vector<at::Tensor> params_;
   std::vector<int64_t> groupOf_, offset_, steps_;
@@ -82,6 +97,7 @@ private:
   std::vector<Segment> segments_;
   int64_t total_ = 0, shard_ = 0;
   at::Tensor expAvg_, expAvgSq_, gradShard_;
+  at::TensorOptions device_; ///< the parameters' device and dtype
 };
 
 } // namespace mtprt
