@@ -1387,13 +1387,17 @@ def section_zero(args, b, r, out):
     strategy = {"checkpoint": "none", "offload": "none", "gfm": "none", "dgfg": "none",
                 "clip": "none", "lr": "cosine(1e-3, warmup = 5)", "collective": "none"}
     res, rows = {}, []
+    settings = [(0, False), (1, False), (2, False), (0, True), (2, True)]
     for world in (1, 2, 4):
-        for stage in (0, 1, 2):
+        for stage, offload in settings:
             budget = budget_block(args, 2 << 30, micro_batch=2, global_batch=2 * world)
             budget["gpus"] = world
             if stage:
                 budget["zero"] = stage
-            text = spec_text("bench_z", m, tasks, strategy, budget,
+            st = dict(strategy)
+            if offload:
+                st["optimizer_offload"] = "cpu"
+            text = spec_text("bench_z", m, tasks, st, budget,
                              {"steps": steps, "seed": 1, "log_every": 1})
             src = r.tmp(".mtp")
             plan = src + ".mtpplan"
@@ -1405,14 +1409,17 @@ def section_zero(args, b, r, out):
             later = recs[1:] or recs
             e = {"measured": max(x["measured_peak_bytes"] for x in later),
                  "predicted": later[0]["predicted_peak_bytes"],
+                 "host": max(x.get("host_pool_bytes", 0) for x in later),
                  "step_s": median([x["step_time_s"] for x in later]),
                  "sent": median([x["bytes_sent"] for x in later])}
-            res["%d/%d" % (world, stage)] = e
+            name = "%d %s" % (stage, "+ offload" if offload else "")
+            res["%d/%s" % (world, name.strip())] = e
             base = res["%d/0" % world]
-            rows.append([str(world), str(stage), fmt_bytes(e["predicted"]),
+            rows.append([str(world), name, fmt_bytes(e["predicted"]),
                          fmt_bytes(e["measured"]),
                          "%+.2f%%" % (100 * (e["measured"] / e["predicted"] - 1)),
                          fmt_ratio(e["measured"] / base["measured"]),
+                         fmt_bytes(e["host"]),
                          "%.1f ms" % (1000 * e["step_s"]),
                          fmt_ratio(e["step_s"] / base["step_s"]), fmt_bytes(e["sent"])])
     out.append("### ZeRO: memory per rank and step time (docs/zero.md)\n")
@@ -1420,9 +1427,10 @@ def section_zero(args, b, r, out):
                "5.3 M parameters), micro batch 2 per rank, collective none, %d steps "
                "(the first left out), gloo on loopback on this machine's cores. Memory: "
                "rank 0's tracked peak per step against the plan's; time: median step; sent: "
-               "bytes rank 0 hands to the collectives per step.\n" % steps)
+               "bytes rank 0 hands to the collectives per step; host: the host pool (the offloaded "
+               "state and the update's buckets).\n" % steps)
     out.append(table(["processes", "zero", "predicted", "measured", "gap", "vs zero 0",
-                      "step", "vs zero 0", "sent / step"], rows))
+                      "host", "step", "vs zero 0", "sent / step"], rows))
     return res
 
 

@@ -1128,7 +1128,10 @@ bool CostModel::onCpu() const {
 }
 
 int64_t CostModel::zeroStage() const {
-  return budget ? budget.getZeroStage() : 0;
+  // One process has nothing to scatter: stage 2 runs as 1 (as the runtime's
+  // ZeroOptimizer does).
+  const int64_t stage = budget ? budget.getZeroStage() : 0;
+  return processes() > 1 ? stage : std::min<int64_t>(stage, 1);
 }
 
 // Mirrors GradExchange::averageGradients / sum and gscEncodeInto /

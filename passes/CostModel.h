@@ -253,7 +253,8 @@ public:
   /// Processes the plan is for: the budget's gpus (on `cpu`, the runtime's
   /// --nproc ranks); 1 without a budget.
   int64_t processes() const;
-  /// The budget's ZeRO stage (mtprt/Zero.h; 0: none). It shards the values
+  /// The budget's ZeRO stage (mtprt/Zero.h; 0: none; at one process 2 runs
+  /// as 1). It shards the values
   /// the gradient exchange sums (every trainable parameter but the gate's).
   int64_t zeroStage() const;
   /// strategy { optimizer_offload = cpu }: AdamW's state (of the values

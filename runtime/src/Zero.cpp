@@ -26,6 +26,10 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
     world_ = comm->worldSize();
     rank_ = comm->rank();
   }
+  // One process has nothing to scatter: stage 2 would only copy the
+  // gradients.
+  if (world_ == 1)
+    stage_ = std::min(stage_, 1);
   for (size_t g = 0; g < groups.size(); ++g)
     for (at::Tensor &p : groups[g]) {
       if (!p.is_contiguous() || p.scalar_type() != at::kFloat)
