@@ -1422,6 +1422,38 @@ def section_zero(args, b, r, out):
                          fmt_bytes(e["host"]),
                          "%.1f ms" % (1000 * e["step_s"]),
                          fmt_ratio(e["step_s"] / base["step_s"]), fmt_bytes(e["sent"])])
+    # The peer a PyTorch user reaches for: torch's ZeroRedundancyOptimizer
+    # (stage 1) against its plain data parallelism, same model and init.
+    peer_rows = []
+    for world in (2, 4):
+        budget = budget_block(args, 2 << 30, micro_batch=2, global_batch=2 * world)
+        budget["gpus"] = world
+        text = spec_text("bench_z", m, tasks, strategy, budget,
+                         {"steps": steps, "seed": 1, "log_every": 1})
+        src = r.tmp(".mtp")
+        with open(src, "w") as f:
+            f.write(text)
+        run([args.mtpc, "plan", src, "--format=fb", "-o", src + ".mtpplan"])
+        init = os.path.join(args.work, "init-zero-%d" % world)
+        shutil.rmtree(init, ignore_errors=True)
+        r.mtpc(runner, 0, extra=["--plan", src + ".mtpplan", "--dump-init", init])
+        peer = {}
+        for z in (0, 1):
+            p = run([sys.executable, os.path.join(ROOT, "bench", "peer_zero.py"), "--init", init,
+                     "--nproc", str(world), "--zero", str(z), "--steps", str(steps),
+                     "--threads", str(max(1, args.threads))])
+            d = json.loads(p.stdout.strip().splitlines()[-1])
+            peer[z] = {"step_s": median(d["step_time_s"][1:]), "rss": max(d["rss_peak"])}
+        res["peer/%d" % world] = peer
+        mt0, mt1 = res["%d/0" % world], res["%d/1" % world]
+        peer_rows.append([str(world),
+                          "%.1f → %.1f ms (%s)" % (1000 * mt0["step_s"], 1000 * mt1["step_s"],
+                                                   fmt_ratio(mt1["step_s"] / mt0["step_s"])),
+                          "%.1f → %.1f ms (%s)" % (1000 * peer[0]["step_s"], 1000 * peer[1]["step_s"],
+                                                   fmt_ratio(peer[1]["step_s"] / peer[0]["step_s"])),
+                          fmt_ratio(mt1["step_s"] / peer[1]["step_s"]),
+                          "−" + fmt_bytes(mt0["measured"] - mt1["measured"]),
+                          "−" + fmt_bytes(peer[0]["rss"] - peer[1]["rss"])])
     out.append("### ZeRO: memory per rank and step time (docs/zero.md)\n")
     out.append("A parameter-heavy model (4 layers, hidden 256, ffn 1024, vocab 8192, seq 16; "
                "5.3 M parameters), micro batch 2 per rank, collective none, %d steps "
@@ -1431,6 +1463,12 @@ def section_zero(args, b, r, out):
                "state and the update's buckets).\n" % steps)
     out.append(table(["processes", "zero", "predicted", "measured", "gap", "vs zero 0",
                       "host", "step", "vs zero 0", "sent / step"], rows))
+    out.append("\nBeside torch's `ZeroRedundancyOptimizer` (stage 1; bench/peer_zero.py: "
+               "the same model from the binary's `--dump-init`, gloo, the gradients averaged "
+               "by one flattened all-reduce, AdamW whole or sharded). Memory saved by stage 1: "
+               "mtpc's tracked peak, the peer's resident-set peak (the largest rank's).\n")
+    out.append(table(["processes", "mtpc zero 0 → 1", "torch DP → ZeRO-1", "mtpc / torch at 1",
+                      "mtpc saves", "torch saves"], peer_rows))
     return res
 
 
