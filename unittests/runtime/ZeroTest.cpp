@@ -1,0 +1,147 @@
+//===- ZeroTest.cpp - the sharded and offloaded AdamW (docs/zero.md) ------===//
+//
+// One process (two and four: test/tools/zero.test): the layout's arithmetic,
+// the update against LibTorch's AdamW, parameters without a gradient, the
+// offloaded state in the host pool, and the checkpoint state's checks.
+
+#include "mtprt/Zero.h"
+#include "mtprt/torch/Optimizer.h"
+#include "mtprt/torch/Regions.h"
+#include "mtprt/torch/Zero.h"
+
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <gtest/gtest.h>
+
+using namespace mtprt;
+
+namespace {
+std::vector<std::vector<at::Tensor>> groups(int seed) {
+  at::manual_seed(seed);
+  return {{at::randn({7, 5}).requires_grad_(true),
+           at::randn({3}).requires_grad_(true)},
+          {at::randn({4, 4}).requires_grad_(true)}};
+}
+
+void setGrads(std::vector<std::vector<at::Tensor>> &gs, int seed,
+              bool skipLast = false) {
+  at::manual_seed(seed);
+  for (auto &g : gs)
+    for (at::Tensor &p : g)
+      p.mutable_grad() = at::randn(p.sizes());
+  if (skipLast)
+    gs.back().back().mutable_grad() = at::Tensor();
+}
+} // namespace
+
+TEST(ZeroLayout, RunsBucketsAndTransients) {
+  EXPECT_EQ(ZeroLayout::shardValues(10, 1), 10);
+  EXPECT_EQ(ZeroLayout::shardValues(10, 3), 4);
+  EXPECT_EQ(ZeroLayout::shardValues(12, 4), 3);
+  // An eighth of the run, within [16 Ki, 4 Mi], never more than the run.
+  EXPECT_EQ(ZeroLayout::bucketValues(1000, 2), 500);
+  EXPECT_EQ(ZeroLayout::bucketValues(int64_t(1) << 24, 2), int64_t(1) << 20);
+  EXPECT_EQ(ZeroLayout::bucketValues(int64_t(1) << 40, 8),
+            ZeroLayout::kMaxBucketValues);
+  EXPECT_EQ(ZeroLayout::bucketValues(200000, 2), ZeroLayout::kMinBucketValues);
+  EXPECT_EQ(ZeroLayout::stateBytes(10, 3), 32);
+  // Gloo gathers into a buffer of its own as large as the output.
+  EXPECT_EQ(ZeroLayout::gatherTransientBytes(1000, 2, false), 4 * 3 * 500);
+  EXPECT_EQ(ZeroLayout::gatherTransientBytes(1000, 2, true), 4 * 5 * 500);
+}
+
+// At one process every run is the whole parameter: the same fused kernel on
+// the same tensors as LibTorch's state, so the same bits; a parameter
+// without a gradient keeps its value and its step count.
+TEST(ZeroOptimizer, OneProcessIsAdamWBitForBit) {
+  auto mine = groups(1), ref = groups(1);
+  ZeroOptimizer zero(nullptr, 1, mine, AdamWHyper{0.9, 0.999, 1e-8, 0.01});
+  EXPECT_EQ(zero.totalValues(), 35 + 3 + 16);
+  EXPECT_EQ(zero.shardValues(), zero.totalValues());
+  std::vector<torch::optim::OptimizerParamGroup> pg;
+  for (auto &g : ref)
+    pg.emplace_back(g, std::make_unique<torch::optim::AdamWOptions>(
+                           torch::optim::AdamWOptions(1e-2).weight_decay(0.01)));
+  torch::optim::AdamW adamw(std::move(pg), torch::optim::AdamWOptions(1e-2));
+  const at::Tensor before = ref.back().back().detach().clone();
+  for (int step = 0; step < 3; ++step) {
+    setGrads(mine, 10 + step, /*skipLast=*/true);
+    setGrads(ref, 10 + step, /*skipLast=*/true);
+    static_cast<torch::optim::AdamWOptions &>(adamw.param_groups()[1].options())
+        .lr(3e-2);
+    zero.step({1e-2, 3e-2});
+    adamwStep(adamw);
+    for (size_t g = 0; g < mine.size(); ++g)
+      for (size_t i = 0; i < mine[g].size(); ++i) {
+        EXPECT_TRUE(at::equal(mine[g][i], ref[g][i])) << g << "," << i;
+        EXPECT_FALSE(mine[g][i].grad().defined()); // spent by the update
+      }
+  }
+  EXPECT_TRUE(at::equal(mine.back().back(), before));
+  const std::vector<at::Tensor> s = zero.state();
+  EXPECT_EQ(s[1][0].item<int64_t>(), 3);
+  EXPECT_EQ(s[1][2].item<int64_t>(), 0);
+}
+
+// Offloaded: the moments in the host pool (8 B per value), the update on
+// host copies of each bucket; the values those of the update on the device.
+TEST(ZeroOptimizer, OffloadKeepsTheStateInTheHostPool) {
+  auto dev = groups(2), host = groups(2);
+  const int64_t pool = hostPoolBytes();
+  ZeroOptimizer onDevice(nullptr, 1, dev, AdamWHyper{});
+  ZeroOptimizer offloaded(nullptr, 0, host, AdamWHyper{}, /*offload=*/true);
+  EXPECT_TRUE(offloaded.offloaded());
+  EXPECT_EQ(hostPoolBytes() - pool, 8 * offloaded.totalValues());
+  for (int step = 0; step < 3; ++step) {
+    setGrads(dev, 20 + step);
+    setGrads(host, 20 + step);
+    onDevice.step({1e-2, 1e-2});
+    offloaded.step({1e-2, 1e-2});
+  }
+  for (size_t g = 0; g < dev.size(); ++g)
+    for (size_t i = 0; i < dev[g].size(); ++i)
+      EXPECT_TRUE(at::allclose(dev[g][i], host[g][i], 1e-6, 1e-7));
+  EXPECT_EQ(hostPoolBytes() - pool, 8 * offloaded.totalValues());
+}
+
+// At one process there is nothing to scatter: stage 2 runs as stage 1.
+TEST(ZeroOptimizer, StageTwoAtOneProcessRunsAsOne) {
+  auto gs = groups(3);
+  ZeroOptimizer zero(nullptr, 2, gs, AdamWHyper{});
+  EXPECT_EQ(zero.stage(), 1);
+  EXPECT_THROW(ZeroOptimizer(nullptr, 0, gs, AdamWHyper{}),
+               std::invalid_argument);
+  EXPECT_THROW(ZeroOptimizer(nullptr, 3, gs, AdamWHyper{}),
+               std::invalid_argument);
+}
+
+// A checkpoint's state resumes only into the same layout, checked before
+// anything changes.
+TEST(ZeroOptimizer, StateRoundTripsAndRefusesAnotherLayout) {
+  auto a = groups(4), b = groups(4);
+  ZeroOptimizer za(nullptr, 1, a, AdamWHyper{});
+  setGrads(a, 5);
+  za.step({1e-2, 1e-2});
+  ZeroOptimizer zb(nullptr, 1, b, AdamWHyper{});
+  zb.loadState(za.state());
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_TRUE(at::equal(za.state()[i], zb.state()[i])) << i;
+
+  auto small = groups(4);
+  small.pop_back();
+  ZeroOptimizer zs(nullptr, 1, small, AdamWHyper{});
+  try {
+    zs.loadState(za.state());
+    FAIL() << "loaded another layout";
+  } catch (const std::runtime_error &e) {
+    EXPECT_NE(std::string(e.what()).find("sharded as ZeRO stage 1 over 1 "
+                                         "rank(s), 54 values, this run as "
+                                         "ZeRO stage 1 over 1 rank(s), 38"),
+              std::string::npos)
+        << e.what();
+  }
+  std::vector<at::Tensor> bad = za.state();
+  bad[1] = -bad[1];
+  EXPECT_THROW(zb.loadState(bad), std::runtime_error);
+  EXPECT_THROW(zb.loadState({bad[0]}), std::runtime_error);
+}
