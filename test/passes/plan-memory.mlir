@@ -44,8 +44,9 @@ mtp.model @impossible {
   // expected-note @+4 {{micro_batch = 5 would fit (estimated: activations scale with the micro batch)}}
   // expected-note @+3 {{precision = bf16 roughly halves the activations}}
   // expected-note @+2 {{more GPUs keep the global batch with a smaller micro batch}}
-  // expected-note @+2 {{offload = auto lets the plan move saved tensors to the host}}
+  // expected-note @+3 {{offload = auto lets the plan move saved tensors to the host}}
   mtp.budget device "cpu" memory 7 MiB headroom 0 B link 10 GBps gpus 1 batch 8 micro 8 precision fp32
+  // expected-note @+1 {{optimizer_offload = cpu keeps AdamW's state on the host: 1.83 MiB less per device (would fit)}}
   mtp.strategy checkpoint none every 1 threshold 0.5 offload none max_latency 1.2e-3 gfm 0.5 scope features layers 1 dgfg 16 recalibrate reuse 0.15 std 0.4 clip per_task max_norm 1.0 collective auto topk 0.15 block 256 bits 8 decay 0.8
 }
 
