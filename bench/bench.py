@@ -1374,6 +1374,10 @@ def section_search(args, b, r, out):
     return res
 
 
+def signed_bytes(d):
+    return ("+" if d > 0 else "−") + fmt_bytes(abs(d))
+
+
 def section_zero(args, b, r, out):
     """ZeRO stages 1 and 2 (docs/zero.md): memory per rank and step time at
     1, 2 and 4 processes (gloo on loopback), on a model whose parameters
@@ -1452,8 +1456,8 @@ def section_zero(args, b, r, out):
                           "%.1f → %.1f ms (%s)" % (1000 * peer[0]["step_s"], 1000 * peer[1]["step_s"],
                                                    fmt_ratio(peer[1]["step_s"] / peer[0]["step_s"])),
                           fmt_ratio(mt1["step_s"] / peer[1]["step_s"]),
-                          "−" + fmt_bytes(mt0["measured"] - mt1["measured"]),
-                          "−" + fmt_bytes(peer[0]["rss"] - peer[1]["rss"])])
+                          signed_bytes(mt1["measured"] - mt0["measured"]),
+                          signed_bytes(peer[1]["rss"] - peer[0]["rss"])])
     out.append("### ZeRO: memory per rank and step time (docs/zero.md)\n")
     out.append("A parameter-heavy model (4 layers, hidden 256, ffn 1024, vocab 8192, seq 16; "
                "5.3 M parameters), micro batch 2 per rank, collective none, %d steps "
@@ -1465,10 +1469,11 @@ def section_zero(args, b, r, out):
                       "host", "step", "vs zero 0", "sent / step"], rows))
     out.append("\nBeside torch's `ZeroRedundancyOptimizer` (stage 1; bench/peer_zero.py: "
                "the same model from the binary's `--dump-init`, gloo, the gradients averaged "
-               "by one flattened all-reduce, AdamW whole or sharded). Memory saved by stage 1: "
-               "mtpc's tracked peak, the peer's resident-set peak (the largest rank's).\n")
+               "by one flattened all-reduce, AdamW whole or sharded). Memory stage 1 changes: "
+               "mtpc's tracked peak, the peer's resident-set peak (the largest rank's; "
+               "glibc keeps freed pages, so it is a coarse reading).\n")
     out.append(table(["processes", "mtpc zero 0 → 1", "torch DP → ZeRO-1", "mtpc / torch at 1",
-                      "mtpc saves", "torch saves"], peer_rows))
+                      "mtpc memory", "torch memory (RSS)"], peer_rows))
     return res
 
 
