@@ -1582,7 +1582,9 @@ int train(const std::string &name, const Program &p, const Options &o) {
       // Report the global batch's loss: the mean over the ranks that had
       // each task's labels. One small collective also agrees on Ctrl-C and
       // on a non-finite value on any rank.
-      at::Tensor v = at::zeros({4 * nt + 1}, at::kDouble);
+      // And every rank's measured peak (ZeRO's runs differ per rank).
+      at::Tensor v = at::zeros({4 * nt + 1 + d.worldSize}, at::kDouble);
+      v[4 * nt + 1 + d.rank] = double(s.measuredPeakBytes);
       for (int64_t t = 0; t < nt; ++t) {
         if (present[t]) {
           v[t] = lossBad[t] ? 0.0 : s.loss[t];
@@ -1605,6 +1607,10 @@ int train(const std::string &name, const Program &p, const Options &o) {
             n > 0 && !lossBad[t] ? v[t].item<double>() / n : std::nan("");
       }
       stop = v[4 * nt].item<double>() > 0;
+      s.rankPeakBytes.clear();
+      for (int r = 0; r < d.worldSize; ++r)
+        s.rankPeakBytes.push_back(
+            static_cast<int64_t>(v[4 * nt + 1 + r].item<double>()));
     }
     // "task 'cls': loss nan, gradient norm inf; task 'tag': ..."
     std::string nonFinite;

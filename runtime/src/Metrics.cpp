@@ -43,6 +43,8 @@ std::string toJsonLine(const StepStats &s) {
   j["offload_misses"] = s.offloadMisses;
   j["offload_wait_s"] = jsonNumber(s.offloadWaitS);
   j["measured_peak_bytes"] = s.measuredPeakBytes;
+  if (!s.rankPeakBytes.empty())
+    j["measured_peak_bytes_by_rank"] = s.rankPeakBytes;
   j["predicted_peak_bytes"] =
       s.predictedPeakBytes < 0 ? Json(nullptr) : Json(s.predictedPeakBytes);
   j["host_pool_bytes"] = s.hostPoolBytes;

@@ -281,6 +281,9 @@ struct StepStats {
   int64_t measuredCurrentBytes = 0; ///< device bytes at the end of the step
   int64_t measuredStartBytes = 0;   ///< device bytes when the step began
   int64_t hostPoolBytes = 0;        ///< host-pool peak in the step
+  /// More than one process: every rank's measuredPeakBytes, in rank order
+  /// (the driver gathers them with the step's agreement).
+  std::vector<int64_t> rankPeakBytes;
   /// Gradient exchange (data parallel): this rank's bytes handed to the
   /// collectives, and the same gradients' fp32 size; 0 at world size 1.
   int64_t bytesSent = 0, bytesSentUncompressed = 0;
