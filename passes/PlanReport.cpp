@@ -597,8 +597,24 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
                            {"usable_bytes", usable},
                            {"micro_batch", int64_t(budget.getMicroBatch())},
                            {"precision", stringifyPrecision(budget.getPrecision())},
+                           {"gpus", int64_t(budget.getGpus())},
+                           {"zero", budget.getZeroStage()},
                            {"fits", peak <= usable},
                            {"margin_bytes", usable - peak}};
+    // docs/zero.md: what AdamW's state takes per process, where.
+    StrategyOp st = model.getStrategy();
+    const bool offloaded = st && st.getOptimizerOffload();
+    if (budget.getZeroStage() || offloaded) {
+      const int64_t values = zeroValues(model.getStep());
+      const int64_t world = budget.getZeroStage() ? budget.getGpus() : 1;
+      const int64_t state = mtprt::ZeroLayout::stateBytes(values, world);
+      out["optimizer_state"] = Object{
+          {"values", values},
+          {"run_values", mtprt::ZeroLayout::shardValues(values, world)},
+          {"device_bytes", offloaded ? int64_t(0) : state},
+          {"host_bytes", offloaded ? state : int64_t(0)},
+          {"unsharded_bytes", CostModel::kOptimizerBytes * values}};
+    }
   }
   return out;
 }
