@@ -106,6 +106,13 @@ int64_t mtp::zeroValues(StepOp step) {
   return values;
 }
 
+int64_t mtp::adamwStateBytes(ModelOp model) {
+  BudgetOp budget = model.getBudget();
+  const int64_t world =
+      budget && budget.getZeroStage() ? int64_t(budget.getGpus()) : 1;
+  return mtprt::ZeroLayout::stateBytes(zeroValues(model.getStep()), world);
+}
+
 MemoryBreakdown mtp::residentState(ModelOp model, const CostModel &cost,
                                    int64_t heldMicroBatches) {
   StepOp step = model.getStep();
@@ -120,11 +127,9 @@ MemoryBreakdown mtp::residentState(ModelOp model, const CostModel &cost,
   // values only (the gate's own Adam stays whole).
   // Offloaded, that state is the host's.
   if (cost.zeroStage() >= 1 || cost.optimizerOffload()) {
-    const int64_t values = zeroValues(step);
-    const int64_t world = cost.zeroStage() >= 1 ? cost.processes() : 1;
-    resident.optimizer -= CostModel::kOptimizerBytes * values;
+    resident.optimizer -= CostModel::kOptimizerBytes * zeroValues(step);
     if (!cost.optimizerOffload())
-      resident.optimizer += mtprt::ZeroLayout::stateBytes(values, world);
+      resident.optimizer += adamwStateBytes(model);
   }
   resident.exchange =
       cost.gradientExchange(

@@ -148,6 +148,9 @@ ParameterGroups parameterGroups(StepOp step);
 /// The values ZeRO shards: what the step's gradient exchange (its
 /// mtp.allreduce buckets) sums.
 int64_t zeroValues(StepOp step);
+/// AdamW's moments of those values on one process, wherever they live: its
+/// run under `zero` (mtprt/Zero.h), else all of them.
+int64_t adamwStateBytes(ModelOp model);
 
 /// What is resident through every step and between steps: the fp32
 /// weights, AdamW's moments (SAPS's compact state for what it updates; EWC's

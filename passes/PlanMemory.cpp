@@ -1467,9 +1467,7 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
         }
         // The optimizer offload: what of AdamW's state leaves the device.
         if (StrategyOp st = model.getStrategy(); st && !st.getOptimizerOffload()) {
-          const int64_t values = zeroValues(model.getStep());
-          const int64_t saved = mtprt::ZeroLayout::stateBytes(
-              values, budget.getZeroStage() ? budget.getGpus() : 1);
+          const int64_t saved = adamwStateBytes(model);
           diag.attachNote(st.getLoc())
               << "optimizer_offload = cpu keeps AdamW's state on the host: "
               << formatBytes(saved) << " less per device"

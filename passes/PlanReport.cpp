@@ -607,7 +607,7 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
     if (budget.getZeroStage() || offloaded) {
       const int64_t values = zeroValues(model.getStep());
       const int64_t world = budget.getZeroStage() ? budget.getGpus() : 1;
-      const int64_t state = mtprt::ZeroLayout::stateBytes(values, world);
+      const int64_t state = adamwStateBytes(model);
       out["optimizer_state"] = Object{
           {"values", values},
           {"run_values", mtprt::ZeroLayout::shardValues(values, world)},

@@ -917,22 +917,18 @@ void TrainerCore::optimizerStep() {
         .lr(scheduledLr(c, step_));
   }
   bool finite = true;
-  if (train_.precision == Precision::Fp16 && zero_) {
-    finite = zero_->finite();
-    if (!finite) {
-      lossScale_ /= 2.0;
-      goodSteps_ = 0;
-    } else if (++goodSteps_ % 2000 == 0) {
-      lossScale_ *= 2.0;
-    }
-  } else if (train_.precision == Precision::Fp16) {
-    for (const at::Tensor &p : m.parameters())
-      if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) {
+  if (train_.precision == Precision::Fp16) {
+    if (zero_) {
+      finite = zero_->finite();
+    } else {
+      for (const at::Tensor &p : m.parameters())
+        if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) {
+          finite = false;
+          break;
+        }
+      if (saps_ && !saps_->finite())
         finite = false;
-        break;
-      }
-    if (saps_ && !saps_->finite())
-      finite = false;
+    }
     if (!finite) {
       lossScale_ /= 2.0;
       goodSteps_ = 0;

@@ -54,19 +54,17 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
   const at::TensorOptions o =
       params_.empty() ? at::TensorOptions().dtype(at::kFloat)
                       : params_.front().options().requires_grad(false);
+  pinned_ = offload_ && o.device().is_cuda();
   if (offload_) {
-    const bool pinned = o.device().is_cuda();
-    expAvg_ = hostPoolTensor(shard_, at::kFloat, pinned).zero_();
-    expAvgSq_ = hostPoolTensor(shard_, at::kFloat, pinned).zero_();
+    expAvg_ = hostPoolTensor(shard_, at::kFloat, pinned_).zero_();
+    expAvgSq_ = hostPoolTensor(shard_, at::kFloat, pinned_).zero_();
   } else {
     expAvg_ = at::zeros({shard_}, o);
     expAvgSq_ = at::zeros({shard_}, o);
   }
-  device_ = o;
 }
 
-void ZeroOptimizer::updateOnHost(int64_t group, double lr,
-                                 const at::Tensor &param,
+void ZeroOptimizer::updateOnHost(double lr, const at::Tensor &param,
                                  const at::Tensor &grad, int64_t shardOffset,
                                  double step) {
   const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
@@ -85,50 +83,50 @@ void ZeroOptimizer::updateOnHost(int64_t group, double lr,
                       /*amsgrad=*/false, /*maximize=*/false);
     param.narrow(0, c, len).copy_(p);
   }
-  (void)group;
 }
 
 at::Tensor ZeroOptimizer::flatParam(int64_t i) const {
   return params_[i].detach().view({-1});
 }
 
-void ZeroOptimizer::gather(int64_t lo, int64_t hi, at::Tensor dst,
-                           bool fromGrads) const {
-  dst.zero_();
-  // The first parameter that ends after lo.
-  auto it = std::upper_bound(offset_.begin(), offset_.end(), lo);
-  size_t i = it == offset_.begin() ? 0 : size_t(it - offset_.begin() - 1);
-  for (; i < params_.size() && offset_[i] < hi; ++i) {
-    const int64_t n = params_[i].numel();
-    const int64_t a = std::max(lo, offset_[i]);
-    const int64_t e = std::min(hi, offset_[i] + n);
-    if (a >= e)
-      continue;
-    at::Tensor src;
-    if (fromGrads) {
-      const at::Tensor &g = params_[i].grad();
-      if (!g.defined())
-        continue;
-      src = g.reshape({-1}).narrow(0, a - offset_[i], e - a);
-    } else {
-      src = flatParam(int64_t(i)).narrow(0, a - offset_[i], e - a);
-    }
-    dst.narrow(0, a - lo, e - a).copy_(src);
-  }
-}
-
-void ZeroOptimizer::scatterParams(int64_t lo, const at::Tensor &src) const {
-  const int64_t hi = std::min(total_, lo + src.numel());
+template <typename F>
+void ZeroOptimizer::forEachOverlap(int64_t lo, int64_t hi, F f) const {
+  // The last parameter that starts at or before lo, then on.
   auto it = std::upper_bound(offset_.begin(), offset_.end(), lo);
   size_t i = it == offset_.begin() ? 0 : size_t(it - offset_.begin() - 1);
   for (; i < params_.size() && offset_[i] < hi; ++i) {
     const int64_t a = std::max(lo, offset_[i]);
     const int64_t e = std::min(hi, offset_[i] + params_[i].numel());
     if (a < e)
-      flatParam(int64_t(i))
-          .narrow(0, a - offset_[i], e - a)
-          .copy_(src.narrow(0, a - lo, e - a));
+      f(int64_t(i), a, e);
   }
+}
+
+void ZeroOptimizer::gather(int64_t lo, int64_t hi, at::Tensor dst,
+                           bool fromGrads) const {
+  dst.zero_();
+  forEachOverlap(lo, hi, [&](int64_t i, int64_t a, int64_t e) {
+    const at::Tensor &g = params_[i].grad();
+    if (fromGrads && !g.defined())
+      return;
+    const at::Tensor flat = fromGrads ? g.reshape({-1}) : flatParam(i);
+    dst.narrow(0, a - lo, e - a).copy_(flat.narrow(0, a - offset_[i], e - a));
+  });
+}
+
+void ZeroOptimizer::scatterParams(int64_t lo, const at::Tensor &src) const {
+  forEachOverlap(lo, std::min(total_, lo + src.numel()),
+                 [&](int64_t i, int64_t a, int64_t e) {
+                   flatParam(i)
+                       .narrow(0, a - offset_[i], e - a)
+                       .copy_(src.narrow(0, a - lo, e - a));
+                 });
+}
+
+at::Tensor ZeroOptimizer::gradientOf(const Segment &s) const {
+  return stage_ >= 2 ? gradShard_.narrow(0, s.shardOffset, s.length)
+                     : params_[s.param].grad().reshape({-1}).narrow(
+                           0, s.begin, s.length);
 }
 
 void ZeroOptimizer::agreeOnGradients() {
@@ -209,44 +207,34 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
     std::vector<double> steps;
   };
   std::map<int64_t, Lists> byGroup;
+  const int64_t groups = groupOf_.empty() ? 0 : groupOf_.back() + 1;
+  if (int64_t(lr.size()) < groups)
+    throw std::invalid_argument("mtprt: ZeRO step: " +
+                                std::to_string(lr.size()) +
+                                " learning rates for " +
+                                std::to_string(groups) + " groups");
   if (offload_) {
     const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
-    const bool pinned = device_.device().is_cuda();
-    hostParam_ = hostPoolTensor(bucket, at::kFloat, pinned);
-    hostGrad_ = hostPoolTensor(bucket, at::kFloat, pinned);
+    hostParam_ = hostPoolTensor(bucket, at::kFloat, pinned_);
+    hostGrad_ = hostPoolTensor(bucket, at::kFloat, pinned_);
   }
   for (const Segment &s : segments_) {
     if (!has_[s.param])
       continue;
     if (offload_) {
-      if (s.group >= int64_t(lr.size()))
-        throw std::invalid_argument("mtprt: ZeRO step: no learning rate for "
-                                    "group " +
-                                    std::to_string(s.group));
-      updateOnHost(
-          s.group, lr[s.group], flatParam(s.param).narrow(0, s.begin, s.length),
-          stage_ >= 2 ? gradShard_.narrow(0, s.shardOffset, s.length)
-                      : params_[s.param].grad().reshape({-1}).narrow(
-                            0, s.begin, s.length),
-          s.shardOffset, double(steps_[s.param]));
+      updateOnHost(lr[s.group],
+                   flatParam(s.param).narrow(0, s.begin, s.length),
+                   gradientOf(s), s.shardOffset, double(steps_[s.param]));
       continue;
     }
     Lists &l = byGroup[s.group];
     l.params.push_back(flatParam(s.param).narrow(0, s.begin, s.length));
-    l.grads.push_back(
-        stage_ >= 2
-            ? gradShard_.narrow(0, s.shardOffset, s.length)
-            : params_[s.param].grad().reshape({-1}).narrow(0, s.begin,
-                                                            s.length));
+    l.grads.push_back(gradientOf(s));
     l.avgs.push_back(expAvg_.narrow(0, s.shardOffset, s.length));
     l.sqs.push_back(expAvgSq_.narrow(0, s.shardOffset, s.length));
     l.steps.push_back(double(steps_[s.param]));
   }
   for (auto &[g, l] : byGroup) {
-    if (g >= int64_t(lr.size()))
-      throw std::invalid_argument("mtprt: ZeRO step: no learning rate for "
-                                  "group " +
-                                  std::to_string(g));
     at::Tensor steps =
         at::tensor(l.steps, at::TensorOptions().dtype(at::kFloat))
             .to(l.params.front().device());

@@ -287,8 +287,10 @@ struct StepStats {
   /// Gradient exchange (data parallel): this rank's bytes handed to the
   /// collectives, and the same gradients' fp32 size; 0 at world size 1.
   int64_t bytesSent = 0, bytesSentUncompressed = 0;
-  /// ZeRO: this rank's bytes in the all-gather of the updated parameters
-  /// (the driver adds them to bytesSent and bytesSentUncompressed).
+  /// ZeRO: what a ring all-gather of the updated parameters sends from this
+  /// rank, (W − 1) · 4 · S (the driver adds it to bytesSent and
+  /// bytesSentUncompressed; stage 2's reduce-scatter counts its ring traffic
+  /// the same way, while the plain exchange counts the 4·N it hands over).
   int64_t bytesSentParameters = 0;
   /// The plan's predicted peak (set by the driver from the plan); -1 unknown.
   int64_t predictedPeakBytes = -1;

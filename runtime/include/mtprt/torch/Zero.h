@@ -76,16 +76,22 @@ private:
     int64_t param, group, begin, length, shardOffset;
   };
   at::Tensor flatParam(int64_t i) const;
+  /// f(i, a, e) for every parameter i with values [a, e) of the flat
+  /// layout inside [lo, hi).
+  template <typename F> void forEachOverlap(int64_t lo, int64_t hi, F f) const;
   /// Copies [lo, hi) of the flat layout (values of `fromGrads` ? the
   /// gradients, zeros where undefined : the parameters) into dst; zeros past
   /// the end.
   void gather(int64_t lo, int64_t hi, at::Tensor dst, bool fromGrads) const;
   void scatterParams(int64_t lo, const at::Tensor &src) const;
+  /// The gradient segment `s` updates from: stage 2's run, else the
+  /// parameter's own.
+  at::Tensor gradientOf(const Segment &s) const;
   void agreeOnGradients();
 
   Communicator *comm_;
-  void updateOnHost(int64_t group, double lr, const at::Tensor &param,
-                    const at::Tensor &grad, int64_t shardOffset, double step);
+  void updateOnHost(double lr, const at::Tensor &param, const at::Tensor &grad,
+                    int64_t shardOffset, double step);
 
   int stage_, world_ = 1, rank_ = 0;
   bool offload_ = false;
@@ -97,7 +103,8 @@ private:
   std::vector<Segment> segments_;
   int64_t total_ = 0, shard_ = 0;
   at::Tensor expAvg_, expAvgSq_, gradShard_;
-  at::TensorOptions device_; ///< the parameters' device and dtype
+  /// Offloaded beside a CUDA device: host buffers pinned.
+  bool pinned_ = false;
 };
 
 } // namespace mtprt
