@@ -1058,11 +1058,22 @@ LogicalResult BudgetOp::verify() {
     return emitOpError("headroom (")
            << getHeadroom() << " bytes) leaves nothing of the device's "
            << getMemory() << " bytes";
-  int64_t perStep = getMicroBatch() * getGpus();
+  if (getPipeline()) {
+    if (failed(checkRange(*this, "pipeline", getPipelineStages(),
+                          limits::kPipelineStages)))
+      return failure();
+    if (getGpus() % getPipelineStages() != 0)
+      return emitOpError("gpus ")
+             << getGpus() << " is not a multiple of the pipeline's "
+             << getPipelineStages() << " stages";
+  }
+  if (getGpipe() && getPipelineStages() < 2)
+    return emitOpError("gpipe needs a pipeline of two stages or more");
+  int64_t perStep = getMicroBatch() * getReplicas();
   if (getGlobalBatch() % perStep != 0)
     return emitOpError("global batch ")
-           << getGlobalBatch() << " is not a multiple of micro_batch x gpus = "
-           << perStep;
+           << getGlobalBatch() << " is not a multiple of micro_batch x "
+           << (getPipeline() ? "replicas" : "gpus") << " = " << perStep;
   if (getZeroStage() > 2)
     return emitOpError("ZeRO stage ") << getZeroStage() << " is not 1 or 2";
   if (getZero() && getZeroAuto())

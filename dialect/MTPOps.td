@@ -253,6 +253,10 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
     accumulation covers the rest). `zero` is the ZeRO stage (1: AdamW's
     state sharded over the gpus; 2: the gradients too; absent: none);
     `zero_auto` lets the planner choose the lowest stage whose plan fits.
+    `pipeline` cuts the backbone into that many stages, one process each
+    (docs/pipeline.md); `gpus` is then stages × data-parallel replicas, and
+    the batch splits over the replicas. `gpipe` runs every forward before any
+    backward (otherwise one-forward-one-backward, 1F1B).
 
     ```mlir
     mtp.budget device "A100_32GB" memory 32 GiB headroom 2 GiB
@@ -270,14 +274,17 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
                        OptionalAttr<MTP_PositiveI64Attr>:$memory_bandwidth,
                        OptionalAttr<F64Attr>:$peak_flops,
                        OptionalAttr<MTP_PositiveI64Attr>:$zero,
-                       UnitAttr:$zero_auto);
+                       UnitAttr:$zero_auto,
+                       OptionalAttr<MTP_PositiveI64Attr>:$pipeline,
+                       UnitAttr:$gpipe);
   let assemblyFormat = [{
     `device` $device `memory` custom<Bytes>($memory)
     `headroom` custom<Bytes>($headroom)
     `link` custom<Bandwidth>($link_bandwidth) `gpus` $gpus
     `batch` $global_batch `micro` $micro_batch `precision` $precision
     (`hbm` $memory_bandwidth^ `Bps`)? (`flops` $peak_flops^)?
-    (`zero` $zero^)? (`zero_auto` $zero_auto^)? attr-dict
+    (`zero` $zero^)? (`zero_auto` $zero_auto^)?
+    (`pipeline` $pipeline^)? (`gpipe` $gpipe^)? attr-dict
   }];
   let hasVerifier = 1;
   let extraClassDeclaration = [{
@@ -285,9 +292,16 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
     int64_t getUsableBytes() { return getMemory() - getHeadroom(); }
     /// The ZeRO stage (0: none).
     int64_t getZeroStage() { return getZero().value_or(0); }
-    /// Micro-batches accumulated per optimizer step on each device.
+    /// Pipeline stages (1: none); `gpus` = stages × data-parallel replicas.
+    int64_t getPipelineStages() { return getPipeline().value_or(1); }
+    /// The data-parallel replicas: the processes that hold the same units.
+    int64_t getReplicas() {
+      return std::max<int64_t>(1, getGpus() / getPipelineStages());
+    }
+    /// Micro-batches per optimizer step on each replica (accumulated, or
+    /// in flight through the pipeline).
     int64_t getAccumulationSteps() {
-      return getGlobalBatch() / (getMicroBatch() * getGpus());
+      return getGlobalBatch() / (getMicroBatch() * getReplicas());
     }
   }];
 }

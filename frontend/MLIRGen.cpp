@@ -73,7 +73,11 @@ public:
                              b.hbm ? i64(*b.hbm) : IntegerAttr(),
                              b.peakFlops ? f64(*b.peakFlops) : FloatAttr(),
                              b.zero ? i64(b.zero) : IntegerAttr(),
-                             b.zeroAuto ? builder.getUnitAttr() : UnitAttr());
+                             b.zeroAuto ? builder.getUnitAttr() : UnitAttr(),
+                             b.pipeline > 1 ? i64(b.pipeline) : IntegerAttr(),
+                             b.pipeline > 1 && spec.strategy.gpipe
+                                 ? builder.getUnitAttr()
+                                 : UnitAttr());
 
     const auto &s = spec.strategy;
     builder.create<StrategyOp>(

@@ -83,7 +83,6 @@ struct Deferred {
 };
 constexpr Deferred kDeferredStrategy[] = {
     {"cuda_graphs", "CUDA Graph capture (docs/techniques.md A3)"},
-    {"pipeline", "task-aware pipeline parallelism (docs/techniques.md C9)"},
 };
 constexpr Deferred kDeferredBudget[] = {
     {"param_offload", "ZeRO-3 parameter offload (docs/techniques.md D16)"},
@@ -114,11 +113,12 @@ constexpr std::tuple<StringRef, StringRef, StringRef> kFixedByCheckpoint[] = {
 constexpr StringRef kBudgetKeys[] = {
     "device",       "memory",      "headroom",     "host_link",
     "gpus",         "global_batch", "micro_batch", "accumulation",
-    "precision",    "hbm_bandwidth", "peak_tflops", "zero"};
+    "precision",    "hbm_bandwidth", "peak_tflops", "zero",
+    "pipeline"};
 constexpr StringRef kStrategyKeys[] = {
     "checkpoint", "offload", "gfm",  "gradient_scope",
     "dgfg",       "clip",    "lr",   "collective", "dynamic_batch", "saps", "ewc",
-    "adapters", "optimizer_offload"};
+    "adapters", "optimizer_offload", "pipeline_schedule"};
 constexpr StringRef kTrainKeys[] = {"steps",      "seed",      "data",
                                     "optimizer",  "log_every", "save_every",
                                     "eval",       "eval_every", "phases"};
@@ -1126,6 +1126,27 @@ void Sema::checkBudget(const ast::Section *section, CheckedSpec &spec,
     }
   }
 
+  // docs/pipeline.md: gpus = stages × data-parallel replicas; the batch
+  // splits over the replicas.
+  if (const ast::Value *v = f.get("pipeline")) {
+    out.pipelineLoc = f.locOf("pipeline");
+    out.pipeline =
+        integer(*v, "pipeline", limits::kPipelineStages).value_or(1);
+    if (out.gpus % out.pipeline != 0) {
+      auto diag = error(out.pipelineLoc);
+      diag << "'pipeline' = " << out.pipeline << " does not divide gpus = "
+           << out.gpus;
+      note(diag, out.pipelineLoc,
+           "gpus counts every process: pipeline stages x data-parallel "
+           "replicas; use gpus = " +
+               std::to_string(out.pipeline *
+                              std::max<int64_t>(1, out.gpus / out.pipeline)));
+      out.pipeline = 1;
+    }
+  }
+  const int64_t replicas = out.gpus / out.pipeline;
+  const char *perStepWhat = out.pipeline > 1 ? "replicas" : "gpus";
+
   std::optional<int64_t> micro, global, accumulation;
   if (const ast::Value *v = f.get("micro_batch"))
     micro = integer(*v, "micro_batch", limits::kMicroBatch);
@@ -1133,26 +1154,28 @@ void Sema::checkBudget(const ast::Section *section, CheckedSpec &spec,
     global = integer(*v, "global_batch", limits::kGlobalBatch);
   if (const ast::Value *v = f.get("accumulation"))
     accumulation = integer(*v, "accumulation", limits::kAccumulation);
-  int64_t perStep = micro.value_or(0) * out.gpus;
+  int64_t perStep = micro.value_or(0) * replicas;
   if (!micro && !global) {
     micro = 8;
-    perStep = 8 * out.gpus;
+    perStep = 8 * replicas;
   } else if (!micro && global) {
     int64_t acc = accumulation.value_or(1);
-    if (*global % (out.gpus * acc) != 0)
+    if (*global % (replicas * acc) != 0)
       error(f.locOf("global_batch"))
           << "'global_batch' = " << *global
-          << " does not split evenly over gpus x accumulation = "
-          << out.gpus * acc;
-    micro = std::max<int64_t>(1, *global / (out.gpus * acc));
-    perStep = *micro * out.gpus;
+          << " does not split evenly over " << perStepWhat
+          << " x accumulation = "
+          << replicas * acc;
+    micro = std::max<int64_t>(1, *global / (replicas * acc));
+    perStep = *micro * replicas;
   }
   out.microBatch = *micro;
   out.globalBatch = global.value_or(perStep * accumulation.value_or(1));
   if (global && micro && perStep > 0 && *global % perStep != 0) {
     auto diag = error(f.locOf("global_batch"));
     diag << "'global_batch' = " << *global
-         << " is not a multiple of micro_batch x gpus = " << perStep;
+         << " is not a multiple of micro_batch x " << perStepWhat
+         << " = " << perStep;
     note(diag, f.locOf("global_batch"),
          "use a global batch of " + std::to_string((*global / perStep + 1) * perStep) +
              " or a micro batch that divides it");
@@ -1175,7 +1198,8 @@ void Sema::checkBudget(const ast::Section *section, CheckedSpec &spec,
       *global != perStep * *accumulation) {
     auto diag = error(f.locOf("accumulation"));
     diag << "'accumulation' = " << *accumulation
-         << " contradicts global_batch / (micro_batch x gpus) = " << *global
+         << " contradicts global_batch / (micro_batch x " << perStepWhat
+         << ") = " << *global
          << " / " << perStep;
     note(diag, f.locOf("accumulation"),
          "give two of global_batch, micro_batch and accumulation");
@@ -1319,6 +1343,25 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
         }
       }
     }
+  }
+
+  // pipeline_schedule = 1f1b | gpipe (docs/pipeline.md); 1f1b lexes as the
+  // number 1 with the unit "f1b", and "1f1b" as a string is taken too.
+  if (const ast::Value *v = f.get("pipeline_schedule")) {
+    out.pipelineScheduleLoc = f.locOf("pipeline_schedule");
+    std::string name;
+    if (v->kind == ast::Value::Kind::String ||
+        v->kind == ast::Value::Kind::Ident)
+      name = v->name;
+    else if (v->kind == ast::Value::Kind::Number)
+      name = v->spelling + v->unit;
+    if (name == "1f1b")
+      out.gpipe = false;
+    else if (name == "gpipe")
+      out.gpipe = true;
+    else
+      error(v->loc) << "'pipeline_schedule' expects 1f1b or gpipe, got "
+                    << describe(*v);
   }
 
   // optimizer_offload = none | cpu | auto (docs/zero.md)
@@ -1846,6 +1889,48 @@ void Sema::crossChecks(CheckedSpec &spec) {
              "collective = compressed needs every rank's whole gradient "
              "(its error feedback): use zero = 1 with compression, or "
              "collective = none";
+  }
+  // docs/pipeline.md: what a stage runs today; the rest is refused by name.
+  if (bu.pipeline > 1) {
+    const int64_t units = 2 * spec.backbone.layers + 1;
+    auto refuse = [&](const char *what, const char *why) {
+      error(bu.pipelineLoc) << "pipeline = " << bu.pipeline << " with " << what
+                            << " is not supported yet: " << why
+                            << " (docs/pipeline.md)";
+    };
+    if (bu.pipeline > units)
+      error(bu.pipelineLoc)
+          << "pipeline = " << bu.pipeline << " stages for "
+          << spec.backbone.layers << " layers: a stage needs one unit at least ("
+          << units << " units: the embeddings, each layer's attention and MLP)";
+    if (s.scope == GradientScope::params)
+      refuse("gradient_scope = params",
+             "its top-k layers' gradients span stages; use features or sum");
+    if (bu.zero || bu.zeroAuto)
+      refuse("zero", "each stage's optimizer state is not sharded over its "
+                     "replicas");
+    if (s.optimizerOffload || s.optimizerOffloadAuto)
+      refuse("optimizer_offload", "a stage keeps its optimizer state");
+    if (s.saps || s.ewc || s.adapters || s.dynamicBatch)
+      refuse(s.saps     ? "saps"
+             : s.ewc    ? "ewc"
+             : s.adapters ? "adapters"
+                        : "dynamic_batch",
+             "a stage runs the plain per-task pipeline (GFM, clip, DGFG)");
+    if (!train.phases.empty())
+      refuse("train { phases }", "a stage trains every task at every step");
+    if (s.checkpoint != CheckpointPolicy::none &&
+        s.checkpoint != CheckpointPolicy::automatic)
+      refuse("checkpoint", "each stage keeps its activations (write "
+                           "checkpoint = none, or leave it out)");
+    if (s.offload != OffloadPolicy::none &&
+        s.offload != OffloadPolicy::automatic)
+      refuse("offload", "each stage keeps its activations on the device "
+                        "(write offload = none, or leave it out)");
+  } else if (s.pipelineScheduleLoc.line != 0) {
+    warning(s.pipelineScheduleLoc,
+            "pipeline_schedule has no effect without budget { pipeline = 2 "
+            "or more }");
   }
   if (s.collective == CollectivePolicy::compressed && spec.budget.gpus == 1)
     warning(s.loc, "collective = compressed has no effect with gpus = 1: "

@@ -93,6 +93,10 @@ struct CheckedSpec {
     int64_t zero = 0;
     bool zeroAuto = false;
     ast::Location zeroLoc;
+    /// docs/pipeline.md: backbone stages, one process each (1: none);
+    /// gpus = pipeline × data-parallel replicas.
+    int64_t pipeline = 1;
+    ast::Location pipelineLoc;
     ast::Location loc;
   } budget;
 
@@ -101,6 +105,9 @@ struct CheckedSpec {
     /// planner's choice (when nothing else fits).
     bool optimizerOffload = false, optimizerOffloadAuto = false;
     ast::Location optimizerOffloadLoc;
+    /// docs/pipeline.md: every forward before any backward (else 1F1B).
+    bool gpipe = false;
+    ast::Location pipelineScheduleLoc;
     CheckpointPolicy checkpoint = CheckpointPolicy::automatic;
     int64_t checkpointEvery = 1;
     double groupThreshold = mtprt::defaults::kGroupThreshold;

@@ -24,7 +24,8 @@ struct CompressCollectivesPass
     if (!step || !strategy)
       return;
     BudgetOp budget = model.getBudget();
-    int64_t world = budget ? budget.getGpus() : 1;
+    // A pipeline stage exchanges with its replicas only.
+    int64_t world = budget ? budget.getReplicas() : 1;
     CollectivePolicy policy = strategy.getCollective();
     // ZeRO 2 reduce-scatters plain gradients (docs/zero.md).
     const bool scattered = budget && budget.getZeroStage() >= 2;

@@ -1115,7 +1115,8 @@ int64_t CostModel::allGatherBytes(int64_t payload, int64_t world) {
 }
 
 int64_t CostModel::processes() const {
-  return budget ? std::max<int64_t>(1, budget.getGpus()) : 1;
+  // A pipeline stage exchanges gradients with its data-parallel replicas.
+  return budget ? std::max<int64_t>(1, budget.getReplicas()) : 1;
 }
 
 bool CostModel::optimizerOffload() const {

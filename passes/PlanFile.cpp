@@ -1,6 +1,7 @@
 //===- PlanFile.cpp - the plan as a flatbuffer ----------------------------===//
 
 #include "passes/PlanFile.h"
+#include "passes/PipelinePlan.h"
 #include "passes/Bytes.h"
 #include "passes/CostModel.h"
 
@@ -246,6 +247,22 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
             : flatbuffers::Offset<flatbuffers::String>(),
         tr.getEvalEvery().value_or(0), phases);
 
+  // docs/pipeline.md: the stages; the plan's peak is the largest stage's.
+  flatbuffers::Offset<fb::Pipeline> pipeline;
+  std::optional<PipelinePlanResult> pipe = planPipeline(model);
+  if (pipe) {
+    std::vector<flatbuffers::Offset<fb::PipelineStage>> stages;
+    for (const PipelineStagePlan &st : pipe->stages)
+      stages.push_back(fb::CreatePipelineStage(
+          b, st.firstUnit, st.lastUnit,
+          b.CreateVector(std::vector<int64_t>(st.tasks.begin(),
+                                              st.tasks.end())),
+          st.parameters, st.peakBytes, st.inFlight, st.forwardSeconds,
+          st.backwardSeconds));
+    pipeline = fb::CreatePipeline(b, b.CreateVector(stages), pipe->gpipe,
+                                  pipe->microBatches, pipe->bubble);
+  }
+
   // Unplanned, the plan is the step as it stands: every activation kept.
   double addedSeconds =
       stepPlan ? stepPlan.getAddedSeconds().convertToDouble() : 0.0;
@@ -254,7 +271,8 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
       b.CreateString(source.str()), target, backbone, b.CreateVector(tasks),
       b.CreateVector(units), b.CreateVectorOfStructs(regions),
       b.CreateVector(offloads), b.CreateVector(buckets),
-      stepPlan ? stepPlan.getPlannedPeakBytes() : report.peakBytes,
+      pipe ? pipe->peakBytes()
+           : stepPlan ? stepPlan.getPlannedPeakBytes() : report.peakBytes,
       stepPlan ? stepPlan.getKeepPeakBytes() : report.peakBytes,
       stepPlan ? stepPlan.getUniformPeakBytes() : -1, addedSeconds, strategy,
       train, report.evalPeakBytes, report.evalBatch,
@@ -262,7 +280,8 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
           ? std::min<int64_t>(report.steadyPeakBytes,
                               stepPlan ? stepPlan.getPlannedPeakBytes()
                                        : report.peakBytes)
-          : 0);
+          : 0,
+      pipeline);
   fb::FinishPlanBuffer(b, plan);
   return mtprt::framePlan(b.GetBufferPointer(), b.GetSize());
 }
@@ -430,6 +449,21 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
     os << ", uniform checkpointing " << formatBytes(plan->uniform_peak_bytes());
   os << "; added "
      << llvm::formatv("{0:f3} ms", plan->added_seconds() * 1e3) << " per step\n";
+  if (const fb::Pipeline *pp = plan->pipeline()) {
+    os << "  pipeline " << pp->stages()->size() << " stages, "
+       << (pp->gpipe() ? "GPipe" : "1F1B") << ", " << pp->micro_batches()
+       << " micro-batches, bubble " << llvm::format("%.3f", pp->bubble())
+       << "\n";
+    for (auto [s, st] : llvm::enumerate(*pp->stages())) {
+      os << "    stage " << s << ": units " << st->first_unit() << ".."
+         << st->last_unit() << ", tasks [";
+      for (auto [i, t] : llvm::enumerate(*st->tasks()))
+        os << (i ? " " : "") << t;
+      os << "], " << st->parameters() << " parameters, "
+         << st->predicted_peak_bytes() << " B predicted, " << st->in_flight()
+         << " in flight\n";
+    }
+  }
   if (plan->steady_peak_bytes() > 0)
     os << "  steady   " << plan->steady_peak_bytes()
        << " B predicted at steps that do not re-rank (saps)\n";

@@ -22,6 +22,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/PlanMemory.h"
+#include "passes/PipelinePlan.h"
 #include "mtprt/Zero.h"
 #include "passes/Bytes.h"
 #include "passes/CostModel.h"
@@ -1410,6 +1411,34 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
     options.exactFloor = exactFloor;
     chooseStateSharding(model, measured ? &*measured : nullptr, options);
     MemoryPlanner planner(model, measured ? &*measured : nullptr);
+    // docs/pipeline.md: each stage keeps its activations (per-stage
+    // keep / recompute / offload is not built); the stages' peaks decide.
+    if (std::optional<PipelinePlanResult> pipe = planPipeline(model)) {
+      PlanResult kept = planner.evaluate(std::vector<Decision>(
+          planner.getCandidates().size(), Decision::Keep));
+      for (auto [s, stage] : llvm::enumerate(pipe->stages))
+        if (stage.peakBytes > planner.budget()) {
+          BudgetOp budget = model.getBudget();
+          auto diag = budget.emitError()
+                      << "pipeline stage " << s << " (units "
+                      << stage.firstUnit << " to " << stage.lastUnit
+                      << ") needs " << formatBytes(stage.peakBytes)
+                      << ", over the usable " << formatBytes(planner.budget());
+          diag.attachNote(budget.getLoc())
+              << "more stages (pipeline = "
+              << budget.getPipelineStages() * 2
+              << ") split the parameters further; a smaller micro_batch "
+                 "shrinks the "
+              << stage.inFlight << " micro-batches in flight";
+          return signalPassFailure();
+        }
+      // The plan's peaks are the largest stage's (docs/pipeline.md).
+      kept.peakBytes = kept.keepPeak = kept.uniformPeak = kept.minimalPeak =
+          pipe->peakBytes();
+      kept.fits = true;
+      attachPlan(model, kept);
+      return;
+    }
     PlanResult result = planner.solve(options);
     if (!result.fits) {
       BudgetOp budget = model.getBudget();

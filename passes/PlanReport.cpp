@@ -1,6 +1,7 @@
 //===- PlanReport.cpp - the plan a person reads ---------------------------===//
 
 #include "passes/PlanReport.h"
+#include "passes/PipelinePlan.h"
 #include "passes/Bytes.h"
 #include "passes/CostModel.h"
 #include "mtprt/Zero.h"
@@ -97,7 +98,7 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
   auto buckets = body.getOps<AllReduceOp>();
   if (buckets.empty())
     return;
-  int64_t world = budget ? budget.getGpus() : 1;
+  int64_t world = budget ? budget.getReplicas() : 1;
   const int64_t zero = budget ? budget.getZeroStage() : 0;
   int64_t elements = 0, plain = 0, compressed = 0, payload = 0, count = 0;
   bool isCompressed = false;
@@ -216,6 +217,45 @@ SmallVector<Row> rowsOf(ModelOp model, const MemoryReport &report) {
 }
 } // namespace
 
+/// docs/pipeline.md: the stages, their units and heads, per-stage peak and
+/// time, the bubble.
+static void printPipeline(ModelOp model, llvm::raw_ostream &os) {
+  std::optional<PipelinePlanResult> pipe = planPipeline(model);
+  if (!pipe)
+    return;
+  BudgetOp budget = model.getBudget();
+  const int64_t S = int64_t(pipe->stages.size());
+  SmallVector<TaskOp> tasks(model.getTasks());
+  auto unitName = [](int64_t u) -> std::string {
+    if (u == 0)
+      return "embeddings";
+    return "layer " + std::to_string((u + 1) / 2) + (u % 2 ? " attn" : " mlp");
+  };
+  os << "  pipeline (C9): " << S << " stages x " << pipe->replicas
+     << " replica(s), " << (pipe->gpipe ? "GPipe" : "1F1B") << ", "
+     << pipe->microBatches << " micro-batches of " << budget.getMicroBatch()
+     << " per step; bubble (S-1)/(M+S-1) = "
+     << llvm::format("%.3f", pipe->bubble) << "; predicted step "
+     << llvm::formatv("{0:f3} ms", pipe->stepSeconds * 1e3)
+     << " on the slowest stage; each stage keeps its activations\n";
+  for (auto [s, st] : llvm::enumerate(pipe->stages)) {
+    os << "    stage " << s << ": " << unitName(st.firstUnit) << " .. "
+       << unitName(st.lastUnit) << " (units " << st.firstUnit << "-"
+       << st.lastUnit << "), heads";
+    if (st.tasks.empty())
+      os << " none";
+    for (auto [i, t] : llvm::enumerate(st.tasks))
+      os << (i ? ", " : " ") << tasks[t].getSymName();
+    os << "; " << st.parameters << " parameters; "
+       << llvm::formatv("{0:f3} ms", (st.forwardSeconds + st.backwardSeconds) *
+                                         1e3)
+       << " per micro-batch; peak " << formatBytes(st.peakBytes) << " ("
+       << st.inFlight << " micro-batch" << (st.inFlight == 1 ? "" : "es")
+       << " in flight x " << formatBytes(st.keptBytesPerMicroBatch)
+       << " kept, state " << formatBytes(st.stateBytes) << ")\n";
+  }
+}
+
 void mtp::printPlan(ModelOp model, const MemoryReport &report,
                     llvm::raw_ostream &os) {
   CostModel cost(model);
@@ -230,6 +270,7 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
   os << ", attention " << stringifyAttentionKind(CostModel(model).attention())
      << ", pointwise " << stringifyPointwiseKind(CostModel(model).pointwise());
   os << "\n";
+  printPipeline(model, os);
   StrategyOp strategy = model.getStrategy();
   if (BatchScheduleAttr dynamic =
           strategy ? strategy.getDynamicBatchAttr() : BatchScheduleAttr();
@@ -601,6 +642,35 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
                            {"zero", budget.getZeroStage()},
                            {"fits", peak <= usable},
                            {"margin_bytes", usable - peak}};
+    // docs/pipeline.md: the stages (their peaks decide the fit).
+    if (std::optional<PipelinePlanResult> pipe = planPipeline(model)) {
+      Array stages;
+      for (const PipelineStagePlan &st : pipe->stages) {
+        Array names;
+        SmallVector<TaskOp> tasks(model.getTasks());
+        for (int64_t t : st.tasks)
+          names.push_back(tasks[t].getSymName().str());
+        stages.push_back(Object{
+            {"first_unit", st.firstUnit},
+            {"last_unit", st.lastUnit},
+            {"tasks", std::move(names)},
+            {"parameters", st.parameters},
+            {"peak_bytes", st.peakBytes},
+            {"in_flight", st.inFlight},
+            {"kept_bytes_per_micro_batch", st.keptBytesPerMicroBatch},
+            {"state_bytes", st.stateBytes},
+            {"forward_s", st.forwardSeconds},
+            {"backward_s", st.backwardSeconds}});
+      }
+      out["pipeline"] = Object{{"stages", std::move(stages)},
+                               {"replicas", pipe->replicas},
+                               {"schedule", pipe->gpipe ? "gpipe" : "1f1b"},
+                               {"micro_batches", pipe->microBatches},
+                               {"bubble", pipe->bubble},
+                               {"step_s", pipe->stepSeconds}};
+      (*out.getObject("budget"))["fits"] = pipe->peakBytes() <= usable;
+      (*out.getObject("budget"))["margin_bytes"] = usable - pipe->peakBytes();
+    }
     // docs/zero.md: what AdamW's state takes per process, where.
     StrategyOp st = model.getStrategy();
     const bool offloaded = st && st.getOptimizerOffload();

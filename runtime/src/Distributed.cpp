@@ -7,6 +7,7 @@
 
 // No gloo here: the gloo process group is made in DistributedGloo.cpp.
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #if defined(MTPRT_TORCH_CUDA) && defined(MTPRT_HAVE_CUDA_KERNELS)
@@ -110,6 +111,8 @@ DistOptions distOptionsFromEnv(DistOptions d) {
 struct Communicator::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
+  /// Sends in flight and their tensors (send returns before they finish).
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> sends;
 };
 
 Communicator::Communicator(const DistOptions &o, bool serveStore)
@@ -166,6 +169,8 @@ Communicator::Communicator(const DistOptions &o, bool serveStore)
       so.waitWorkers = false;
       so.timeout = timeout;
       store = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, so);
+      if (!o.group.empty())
+        store = c10::make_intrusive<c10d::PrefixStore>(o.group, store);
 #ifdef MTPRT_HAVE_NCCL
       if (cuda)
         backend = detail::makeNcclBackend(store, o.rank, o.worldSize, timeout);
@@ -331,6 +336,41 @@ void Communicator::broadcast(at::Tensor &t, int root) {
   } catch (const std::exception &e) {
     collectiveFailed(options_, "broadcast", e);
   }
+}
+
+void Communicator::send(const at::Tensor &t, int peer, int tag) {
+  if (!impl_->backend)
+    throw std::logic_error("mtprt: send without a process group");
+  std::vector<at::Tensor> one{t.contiguous()};
+  try {
+    impl_->sends.emplace_back(impl_->backend->send(one, peer, tag), one[0]);
+  } catch (const std::exception &e) {
+    collectiveFailed(options_, "send", e);
+  }
+}
+
+void Communicator::recv(at::Tensor &t, int peer, int tag) {
+  if (!impl_->backend)
+    throw std::logic_error("mtprt: recv without a process group");
+  std::vector<at::Tensor> one{t};
+  try {
+    // The tensor is the caller's (no buffer of gloo's to outlive it): the
+    // wait alone.
+    impl_->backend->recv(one, peer, tag)->wait();
+  } catch (const std::exception &e) {
+    collectiveFailed(options_, "receive", e);
+  }
+}
+
+void Communicator::waitSends() {
+  try {
+    for (auto &s : impl_->sends)
+      s.first->wait();
+  } catch (const std::exception &e) {
+    impl_->sends.clear();
+    collectiveFailed(options_, "send", e);
+  }
+  impl_->sends.clear();
 }
 
 void Communicator::barrier() {

@@ -13,6 +13,7 @@
 #include "mtprt/torch/Data.h"
 #include "mtprt/torch/Evaluate.h"
 #include "mtprt/torch/Distributed.h"
+#include "mtprt/torch/Pipeline.h"
 #include "mtprt/torch/Zero.h"
 #include "mtprt/torch/Pretrained.h"
 #include "mtprt/HfNames.h"
@@ -1041,10 +1042,42 @@ int train(const std::string &name, const Program &p, const Options &o) {
     throw UsageError("rank " + std::to_string(d.rank) +
                      " is not below the world size " +
                      std::to_string(d.worldSize));
-  if (o.batchSize % d.worldSize != 0)
+  // docs/pipeline.md: the plan's stages, one process each per replica;
+  // the batch splits over the replicas (`dp`), each replica's stages share
+  // its rows.
+  const PipelineConfig &pipeline = p.pipeline;
+  const int64_t stages = pipeline.active() ? pipeline.size() : 1;
+  if (pipeline.active()) {
+    if (d.worldSize % stages != 0)
+      throw UsageError("the plan cuts the backbone into " +
+                       std::to_string(stages) +
+                       " pipeline stages, one process each: run a multiple "
+                       "of " + std::to_string(stages) + " processes (--nproc " +
+                       std::to_string(stages) + " or more), not " +
+                       std::to_string(d.worldSize));
+    for (const std::string *what :
+         {&o.evalData, &o.predict, &o.exportDir, &o.dumpHidden,
+          &o.profileUnits, &o.keepBest, &o.dumpInit})
+      if (!what->empty())
+        throw UsageError(
+            std::string(what == &o.evalData     ? "--eval-data"
+                        : what == &o.predict    ? "--predict"
+                        : what == &o.exportDir  ? "--export"
+                        : what == &o.dumpHidden ? "--dump-hidden"
+                        : what == &o.profileUnits ? "--profile-units"
+                        : what == &o.keepBest   ? "--keep-best"
+                                                : "--dump-init") +
+            " needs the whole model in one process; a pipeline plan's "
+            "processes hold one stage each (docs/pipeline.md)");
+  }
+  const int64_t stage = pipeline.active() ? pipeline.stageOf(d.rank) : 0;
+  const int64_t replica = pipeline.active() ? pipeline.replicaOf(d.rank)
+                                            : d.rank;
+  const int dp = static_cast<int>(d.worldSize / stages);
+  if (o.batchSize % dp != 0)
     throw UsageError("--batch-size " + std::to_string(o.batchSize) +
-                     " does not split evenly over " +
-                     std::to_string(d.worldSize) + " ranks");
+                     " does not split evenly over " + std::to_string(dp) +
+                     (pipeline.active() ? " pipeline replicas" : " ranks"));
   const bool rank0 = d.rank == 0;
   preflight(p, o, d.worldSize);
   // Rank 0 reports what every rank found (they agree through a collective);
@@ -1119,7 +1152,14 @@ int train(const std::string &name, const Program &p, const Options &o) {
         "parts); run it on a GPU machine, or pass --device cpu");
   Trainer trainer(mc, p.heads, tc);
   TrainerCore &core = trainer.core();
-  checkBatchFitsMemory(p, o, mc, core, d.worldSize);
+  if (pipeline.active()) {
+    std::vector<bool> mine(p.heads.size(), false);
+    for (int64_t t : pipeline.stages[stage].tasks)
+      mine[t] = true;
+    core.restrictToStage(pipeline.stages[stage].firstUnit,
+                         pipeline.stages[stage].lastUnit, mine);
+  }
+  checkBatchFitsMemory(p, o, mc, core, dp);
   // Our --nproc launcher, or torchrun's agent, already serves the store.
   const char *agentStore = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   const bool served = std::getenv("MTPRT_STORE_SERVED") != nullptr ||
@@ -1134,7 +1174,22 @@ int train(const std::string &name, const Program &p, const Options &o) {
     throw UsageError("the plan shards gradients (budget { zero = 2 }), which "
                      "reduce-scatters them uncompressed: drop --compress, or "
                      "plan with zero = 1 (docs/zero.md)");
-  GradExchange exchange(&comm, o.compress && tc.zeroStage < 2, gsc);
+  // A pipeline stage exchanges gradients with its replicas only: their own
+  // group (its keys prefixed in the same store).
+  std::unique_ptr<Communicator> replicas;
+  if (pipeline.active() && dp > 1) {
+    DistOptions rd = d;
+    rd.group = "stage" + std::to_string(stage) + "/";
+    rd.rank = static_cast<int>(replica);
+    rd.worldSize = dp;
+    replicas = std::make_unique<Communicator>(rd, /*serveStore=*/false);
+  }
+  Communicator *exchangeComm =
+      pipeline.active() ? replicas.get() : &comm;
+  GradExchange exchange(exchangeComm, o.compress && tc.zeroStage < 2, gsc);
+  std::unique_ptr<PipelineRunner> runner;
+  if (pipeline.active())
+    runner = std::make_unique<PipelineRunner>(core, comm, pipeline, stage);
   exchange.prepare(core.model().trainableParameters());
   if (tc.zeroStage || tc.optimizerOffload)
     core.shardOptimizer(&comm);
@@ -1167,7 +1222,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
   const int64_t evalBatch =
       asPlanned && p.evalBatch > 0
           ? p.evalBatch
-          : std::max<int64_t>(1, o.batchSize / d.worldSize /
+          : std::max<int64_t>(1, o.batchSize / dp /
                                      std::max<int64_t>(1, tc.microBatches));
   std::unique_ptr<DataSource> predictSet =
       heldOut(o.predict);
@@ -1218,8 +1273,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
   const std::optional<BatchSchedule> schedule =
       o.batchGiven ? std::nullopt : p.dynamicBatch;
   const int64_t perStep =
-      std::max<int64_t>(1, o.batchSize / d.worldSize / tc.microBatches) *
-      d.worldSize;
+      std::max<int64_t>(1, o.batchSize / dp / tc.microBatches) * dp;
   int64_t recordOffset = 0;
   auto extra = [&] {
     return CheckpointExtra{position, schedule ? recordOffset : -1};
@@ -1501,12 +1555,14 @@ int train(const std::string &name, const Program &p, const Options &o) {
       stepBatch = schedule->batch(position, perStep);
       core.setMicroBatches(stepBatch / perStep);
     }
-    const int64_t local = stepBatch / d.worldSize;
+    const int64_t local = stepBatch / dp;
     Batch global = schedule ? data->records(recordOffset, stepBatch)
                             : data->batch(position, o.batchSize);
     const auto [phase, phaseEnd] = phaseAt(core.stepsTaken());
     keepPhaseTasks(global, phase);
-    trainer.setBatch(global.slice(d.rank * local, (d.rank + 1) * local));
+    const Batch mine = global.slice(replica * local, (replica + 1) * local);
+    if (!runner)
+      trainer.setBatch(mine);
     if (profiling && !profilerOn && core.stepsTaken() > first) {
       const torch::profiler::impl::ProfilerConfig config(
           torch::profiler::impl::ProfilerState::KINETO,
@@ -1516,7 +1572,11 @@ int train(const std::string &name, const Program &p, const Options &o) {
       profilerOn = true;
     }
     const auto stepStart = std::chrono::steady_clock::now();
-    StepStats s = p.step ? p.step(trainer) : trainer.step(p.schedule);
+    StepStats s = runner   ? runner->step(mine)
+                  : p.step ? p.step(trainer)
+                           : trainer.step(p.schedule);
+    if (runner)
+      s.pipelineWaitS = runner->lastWaitSeconds();
     if (tuner) {
       // Steps of other batch sizes compared per record (D15).
       if (tuner->record(std::chrono::duration<double>(
@@ -1544,7 +1604,10 @@ int train(const std::string &name, const Program &p, const Options &o) {
           rssWarmBase = residentSet().first;
       }
     }
-    summary.add(s);
+    // A pipeline rank holds its stage's tasks only: its summary takes the
+    // losses joined below.
+    if (!pipeline.active())
+      summary.add(s);
     s.bytesSent = sent.bytesSent + s.bytesSentParameters;
     s.bytesSentUncompressed =
         sent.bytesSentUncompressed + s.bytesSentParameters;
@@ -1558,8 +1621,11 @@ int train(const std::string &name, const Program &p, const Options &o) {
     if (phase >= 0 && p.phases[phase].predictedPeakBytes > 0 &&
         s.predictedPeakBytes > 0)
       s.predictedPeakBytes = p.phases[phase].predictedPeakBytes;
+    // A pipeline rank: its stage's.
+    if (pipeline.active())
+      s.predictedPeakBytes = pipeline.stages[stage].predictedPeakBytes;
     runPredicted = std::max(runPredicted, s.predictedPeakBytes);
-    s.samplesPerS *= d.worldSize; // the global batch went through
+    s.samplesPerS *= dp; // the global batch went through
     // Read the Ctrl-C flag once: a signal landing after the ranks agreed
     // must wait for the next step's agreement, or one rank would stop while
     // the other runs into a collective with a peer that is gone.
@@ -1611,7 +1677,15 @@ int train(const std::string &name, const Program &p, const Options &o) {
       for (int r = 0; r < d.worldSize; ++r)
         s.rankPeakBytes.push_back(
             static_cast<int64_t>(v[4 * nt + 1 + r].item<double>()));
+      if (pipeline.active()) {
+        s.rankPredictedPeakBytes.clear();
+        for (int r = 0; r < d.worldSize; ++r)
+          s.rankPredictedPeakBytes.push_back(
+              pipeline.stages[pipeline.stageOf(r)].predictedPeakBytes);
+      }
     }
+    if (pipeline.active())
+      summary.add(s);
     // "task 'cls': loss nan, gradient norm inf; task 'tag': ..."
     std::string nonFinite;
     for (int64_t t = 0; t < nt; ++t) {

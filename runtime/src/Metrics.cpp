@@ -45,6 +45,10 @@ std::string toJsonLine(const StepStats &s) {
   j["measured_peak_bytes"] = s.measuredPeakBytes;
   if (!s.rankPeakBytes.empty())
     j["measured_peak_bytes_by_rank"] = s.rankPeakBytes;
+  if (!s.rankPredictedPeakBytes.empty())
+    j["predicted_peak_bytes_by_rank"] = s.rankPredictedPeakBytes;
+  if (s.pipelineWaitS >= 0)
+    j["pipeline_wait_s"] = s.pipelineWaitS;
   j["predicted_peak_bytes"] =
       s.predictedPeakBytes < 0 ? Json(nullptr) : Json(s.predictedPeakBytes);
   j["host_pool_bytes"] = s.hostPoolBytes;

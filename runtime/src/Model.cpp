@@ -730,6 +730,11 @@ at::Tensor Model::unit(int64_t u, const at::Tensor &x) const {
     throw std::out_of_range("mtprt: unit " + std::to_string(u) +
                             " is not in [0, " + std::to_string(numUnits() - 1) +
                             "]");
+  if (u < firstUnit() || u > lastUnit())
+    throw std::logic_error("mtprt: unit " + std::to_string(u) +
+                           " is on another pipeline stage (this one holds " +
+                           std::to_string(firstUnit()) + ".." +
+                           std::to_string(lastUnit()) + ")");
   // The frozen run from the embeddings up: nothing below needs a gradient,
   // so nothing is recorded or kept for one.
   std::optional<at::NoGradGuard> noGrad;
@@ -896,6 +901,9 @@ std::vector<at::Tensor> Model::head(int64_t h, const at::Tensor &tap,
   if (h < 0 || h >= numHeads())
     throw std::out_of_range("mtprt: head index " + std::to_string(h) +
                             " out of range");
+  if (!holdsHead(h))
+    throw std::logic_error("mtprt: head \"" + headConfigs_[h].name +
+                           "\" is on another pipeline stage");
   const Head &p = heads_[h];
   const HeadConfig &c = headConfigs_[h];
   switch (c.kind) {
@@ -935,6 +943,68 @@ at::Tensor Model::loss(int64_t h, const std::vector<at::Tensor> &out,
                   crossEntropy(out[1], labels.select(1, 1), partial));
   }
   return {};
+}
+
+void Model::keepStage(int64_t first, int64_t last,
+                      const std::vector<bool> &tasks) {
+  if (first < 0 || last >= numUnits() || first > last)
+    throw std::invalid_argument(
+        "mtprt: pipeline stage units [" + std::to_string(first) + ", " +
+        std::to_string(last) + "] are not within [0, " +
+        std::to_string(numUnits() - 1) + "]");
+  if (static_cast<int64_t>(tasks.size()) != numHeads())
+    throw std::invalid_argument("mtprt: keepStage needs one flag per head");
+  // What stays: the stage's units' tensors and its heads'.
+  std::set<const void *> kept;
+  auto keep = [&](const std::vector<at::Tensor> &ts) {
+    for (const at::Tensor &t : ts)
+      kept.insert(t.unsafeGetTensorImpl());
+  };
+  if (first == 0)
+    keep(layerParameters(0));
+  for (int64_t u = std::max<int64_t>(first, 1); u <= last; ++u) {
+    const AttentionParams &a = attn_.at((u + 1) / 2 - 1);
+    const MlpParams &m = mlp_.at((u + 1) / 2 - 1);
+    if (u % 2)
+      keep({a.norm.weight, a.norm.bias, a.qkv.weight, a.qkv.bias,
+            a.out.weight, a.out.bias});
+    else
+      keep({m.norm.weight, m.norm.bias, m.up.weight, m.up.bias,
+            m.down.weight, m.down.bias});
+  }
+  if (last == numUnits() - 1 && config_.finalNorm())
+    keep({finalNorm_.weight, finalNorm_.bias});
+  for (int64_t h = 0; h < numHeads(); ++h)
+    if (tasks[h])
+      keep(headParameters(h));
+  auto drop = [&](at::Tensor &t) {
+    if (t.defined() && !kept.count(t.unsafeGetTensorImpl()))
+      t = at::Tensor();
+  };
+  for (auto &g : groups_) {
+    std::vector<std::pair<std::string, at::Tensor>> stay;
+    for (auto &np : g)
+      if (kept.count(np.second.unsafeGetTensorImpl()))
+        stay.push_back(std::move(np));
+    g = std::move(stay);
+  }
+  for (at::Tensor *t : {&tokEmb_, &posEmb_, &typeEmb_, &embedNorm_.weight,
+                        &embedNorm_.bias, &finalNorm_.weight, &finalNorm_.bias})
+    drop(*t);
+  for (AttentionParams &a : attn_)
+    for (at::Tensor *t : {&a.norm.weight, &a.norm.bias, &a.qkv.weight,
+                          &a.qkv.bias, &a.out.weight, &a.out.bias})
+      drop(*t);
+  for (MlpParams &m : mlp_)
+    for (at::Tensor *t : {&m.norm.weight, &m.norm.bias, &m.up.weight,
+                          &m.up.bias, &m.down.weight, &m.down.bias})
+      drop(*t);
+  for (int64_t h = 0; h < numHeads(); ++h)
+    if (!tasks[h])
+      heads_[h] = Head();
+  firstUnit_ = first;
+  lastUnit_ = last;
+  heldHeads_ = tasks;
 }
 
 std::vector<at::Tensor> Model::layerParameters(int64_t layer) const {

@@ -585,6 +585,63 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
   plan.addedSeconds = c.real("added_seconds", fb->added_seconds(),
                              {0.0, 1e300});
 
+  // docs/pipeline.md: stages that cover the backbone's units in order, each
+  // head on the stage of its tap, and gpus a multiple of the stages.
+  if (const auto *pp = fb->pipeline()) {
+    const int64_t units = 2 * m.layers + 1;
+    const int64_t n = pp->stages() ? int64_t(pp->stages()->size()) : 0;
+    if (n < 2 || n > units)
+      c.field("pipeline.stages", std::to_string(n) + " stages for " +
+                                     std::to_string(units) +
+                                     " units (2 to one per unit)");
+    if (plan.gpus % n != 0)
+      c.field("pipeline.stages", std::to_string(n) +
+                                     " stages do not divide target.gpus " +
+                                     std::to_string(plan.gpus));
+    std::vector<int> owner(plan.heads.size(), -1);
+    int64_t next = 0;
+    for (int64_t s = 0; s < n; ++s) {
+      const auto *st = pp->stages()->Get(s);
+      const std::string at = "pipeline.stages[" + std::to_string(s) + "]";
+      PipelineStageConfig cfg;
+      cfg.firstUnit = c.range(at + ".first_unit", st->first_unit(),
+                              {next, next});
+      cfg.lastUnit = c.range(at + ".last_unit", st->last_unit(),
+                             {cfg.firstUnit, s + 1 == n ? units - 1
+                                                        : units - 2});
+      if (s + 1 == n && cfg.lastUnit != units - 1)
+        c.field(at + ".last_unit", "the last stage must end at unit " +
+                                       std::to_string(units - 1));
+      next = cfg.lastUnit + 1;
+      if (st->tasks())
+        for (int64_t t : *st->tasks()) {
+          t = c.range(at + ".tasks", t,
+                      {0, int64_t(plan.heads.size()) - 1});
+          const int64_t tap = 2 * plan.heads[t].tap;
+          if (tap < cfg.firstUnit || tap > cfg.lastUnit || owner[t] >= 0)
+            c.field(at + ".tasks", "head " + std::to_string(t) +
+                                       " is not this stage's (its tap is "
+                                       "unit " + std::to_string(tap) + ")");
+          owner[t] = int(s);
+          cfg.tasks.push_back(t);
+        }
+      cfg.predictedPeakBytes = c.range(at + ".predicted_peak_bytes",
+                                       st->predicted_peak_bytes(),
+                                       {0, INT64_MAX});
+      cfg.inFlight = c.range(at + ".in_flight", st->in_flight(),
+                             {1, limits::kAccumulation.hi});
+      plan.pipeline.stages.push_back(std::move(cfg));
+    }
+    for (size_t t = 0; t < owner.size(); ++t)
+      if (owner[t] < 0)
+        c.field("pipeline.stages", "no stage runs head " + std::to_string(t));
+    plan.pipeline.gpipe = pp->gpipe();
+    plan.pipeline.microBatches = c.range("pipeline.micro_batches",
+                                         pp->micro_batches(),
+                                         limits::kAccumulation);
+    plan.pipeline.bubble = c.real("pipeline.bubble", pp->bubble(), {0.0, 1.0});
+  }
+
   // The decisions must be a schedule the trainer runs (the trainer's own
   // rule), so a bad one is refused here, naming the plan.
   try {
@@ -655,7 +712,13 @@ Program programFromPlan(const Plan &plan) {
   // --checkpoint-dir).
   p.checkpointEvery = plan.saveEvery;
   p.train.precision = plan.precision;
-  int64_t perStep = std::max<int64_t>(1, plan.microBatch * plan.gpus);
+  p.pipeline = plan.pipeline;
+  // A pipeline's batch splits over its replicas, not its stages.
+  const int64_t replicas =
+      plan.pipeline.active()
+          ? std::max<int64_t>(1, plan.gpus / plan.pipeline.size())
+          : plan.gpus;
+  int64_t perStep = std::max<int64_t>(1, plan.microBatch * replicas);
   p.batchSize = std::max(plan.globalBatch, perStep);
   p.train.microBatches = std::max<int64_t>(1, p.batchSize / perStep);
   return p;

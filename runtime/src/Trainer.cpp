@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 #include <stdexcept>
 
@@ -135,6 +136,17 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
   gate_ = std::make_unique<Gate>(model_->config().seed, t.gateLr, t.gateEntropy,
                                  t.gateHidden);
 
+  if (t.zeroStage < 0 || t.zeroStage > 2)
+    bad("TrainConfig.zeroStage", "must be 0, 1 or 2");
+  if ((t.zeroStage || t.optimizerOffload) && (t.saps || t.ewc))
+    bad(t.zeroStage ? "TrainConfig.zeroStage" : "TrainConfig.optimizerOffload",
+        "with saps or ewc is not supported");
+  buildOptimizer();
+}
+
+void TrainerCore::buildOptimizer() {
+  const TrainConfig &t = train_;
+  const int64_t nh = model_->numHeads();
   // TaskLRAdapter: group 0 the backbone, group 1 + h head h, each with its
   // own schedule (set every step).
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -175,11 +187,6 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
   // step — the plan's peak includes them — and a plan too large for the
   // device fails in its first step, not its second.
   // Under ZeRO each rank makes its run of them (shardOptimizer).
-  if (t.zeroStage < 0 || t.zeroStage > 2)
-    bad("TrainConfig.zeroStage", "must be 0, 1 or 2");
-  if ((t.zeroStage || t.optimizerOffload) && (t.saps || t.ewc))
-    bad(t.zeroStage ? "TrainConfig.zeroStage" : "TrainConfig.optimizerOffload",
-        "with saps or ewc is not supported");
   if (!t.zeroStage && !t.optimizerOffload)
     for (const auto &group : optimizer_->param_groups())
       for (const at::Tensor &p : group.params())
@@ -241,21 +248,9 @@ std::vector<double> TrainerCore::computeAlpha(
 // The step, phase by phase
 //===----------------------------------------------------------------------===//
 
-/// Everything one step carries between its phases.
-struct TrainerCore::StepState {
-  Batch batch;
-  int64_t bsz = 0;
-  std::vector<bool> present;
-  int64_t npresent = 0;
-  StepStats stats;
-  Clock::time_point start;
-  double scale = 1.0;
-  std::vector<double> losses;
-  std::vector<double> gradNorms; ///< per task (StepStats::gradNorm)
-  std::vector<double> alpha;
-  std::vector<GradList> accum; ///< params scope: Σ over micro-batches
-  std::vector<at::Tensor> topk, lower;
-  // The current micro-batch.
+/// What one micro-batch carries from its forward to its backward; a pipeline
+/// stage holds several (StepState::parked), one at a time current.
+struct TrainerCore::MicroState {
   int64_t mb = -1;
   Batch b;
   double weight = 1.0;
@@ -267,18 +262,49 @@ struct TrainerCore::StepState {
   /// D13: each present task's batch-mean gate (Model::gateMean), until the
   /// micro-batch's last head backward takes the separation loss over them.
   std::vector<at::Tensor> gates;
-  /// The separation loss (unweighted) summed over micro-batches by their
-  /// share of the batch; -1 while none was taken.
-  double separation = -1.0;
   bool backboneDone = false;
   /// fuseTaskGradients ran: the backbone backward's roots and their
   /// gradients (features: the taps and Σ α_t ĝ_t; sum / params: one loss).
   bool fused = false;
   std::vector<at::Tensor> rootOuts, rootGrads;
+  std::vector<std::string> offloadedRegions; ///< bottom to top
+  /// Features scope: GFM and clip ran (processTaskGradients): the tasks
+  /// fused, their norms and losses (before their weights) for the gate.
+  bool processed = false;
+  std::vector<bool> fusing;
+  std::vector<double> norms, meanLoss;
+  /// A pipeline stage's boundaries: the received activation (a leaf), the
+  /// value sent on and the gradient that came back for it.
+  at::Tensor boundaryIn, boundaryGrad;
+  ValueId boundaryOut = -1;
+};
+
+/// Everything one step carries between its phases.
+struct TrainerCore::StepState : MicroState {
+  Batch batch;
+  int64_t bsz = 0;
+  std::vector<bool> present;
+  int64_t npresent = 0;
+  StepStats stats;
+  Clock::time_point start;
+  double scale = 1.0;
+  std::vector<double> losses;
+  std::vector<double> gradNorms; ///< per task (StepStats::gradNorm)
+  std::vector<double> alpha;
+  /// A pipeline stage: α came from the last stage (setAlpha).
+  bool alphaGiven = false;
+  std::vector<GradList> accum; ///< params scope: Σ over micro-batches
+  std::vector<at::Tensor> topk, lower;
+  /// The last micro-batch begun; those begun and not yet back-propagated
+  /// other than the current one (a pipeline stage's in flight).
+  int64_t begun = -1;
+  std::map<int64_t, MicroState> parked;
+  /// The separation loss (unweighted) summed over micro-batches by their
+  /// share of the batch; -1 while none was taken.
+  double separation = -1.0;
   /// The step's end phases: gradients final (fused, unscaled, statistics
   /// filled), exchanged with the other ranks, the optimizer stepped.
   bool finalized = false, exchanged = false, updated = false;
-  std::vector<std::string> offloadedRegions; ///< bottom to top
   /// Device bytes each backbone unit left live in the forward (a region's
   /// go to its last unit), summed over micro-batches.
   std::vector<int64_t> unitBytes;
@@ -391,13 +417,18 @@ void TrainerCore::beginStep(const Batch &fullBatch) {
 
 void TrainerCore::beginMicroBatch(int64_t mb) {
   StepState &st = state("beginMicroBatch", false);
-  if (mb != st.mb + 1 || mb >= train_.microBatches)
+  if (mb != st.begun + 1 || mb >= train_.microBatches)
     throw std::logic_error("mtprt: beginMicroBatch(" + std::to_string(mb) +
                            "): micro-batches run in order 0.." +
                            std::to_string(train_.microBatches - 1));
-  if (mb > 0 && !st.backboneDone && backboneTrains_)
-    throw std::logic_error("mtprt: beginMicroBatch: the previous micro-batch "
-                           "has no backbone backward");
+  if (st.mb >= 0 && !st.backboneDone && backboneTrains_) {
+    if (!pipelined())
+      throw std::logic_error("mtprt: beginMicroBatch: the previous micro-batch "
+                             "has no backbone backward");
+    st.parked[st.mb] = std::move(static_cast<MicroState &>(st));
+  }
+  static_cast<MicroState &>(st) = MicroState();
+  st.begun = mb;
   const int64_t nt = model_->numHeads(), micro = train_.microBatches;
   const int64_t begin = st.bsz * mb / micro, end = st.bsz * (mb + 1) / micro;
   st.mb = mb;
@@ -411,11 +442,110 @@ void TrainerCore::beginMicroBatch(int64_t mb) {
   st.headForward.assign(nt, false);
   st.headBackward.assign(nt, false);
   st.gates.assign(nt, at::Tensor());
-  st.backboneDone = false;
-  st.fused = false;
-  st.rootOuts.clear();
-  st.rootGrads.clear();
-  st.offloadedRegions.clear();
+}
+
+void TrainerCore::resumeMicroBatch(int64_t mb) {
+  StepState &st = state("resumeMicroBatch", false);
+  if (st.mb == mb)
+    return;
+  auto it = st.parked.find(mb);
+  if (it == st.parked.end())
+    throw std::logic_error("mtprt: resumeMicroBatch(" + std::to_string(mb) +
+                           "): no such micro-batch in flight");
+  if (st.mb >= 0 && !st.backboneDone && backboneTrains_)
+    st.parked[st.mb] = std::move(static_cast<MicroState &>(st));
+  static_cast<MicroState &>(st) = std::move(it->second);
+  st.parked.erase(mb);
+  model_->setInputs(st.b.lengths, st.b.types);
+}
+
+void TrainerCore::restrictToStage(int64_t first, int64_t last,
+                                  const std::vector<bool> &tasks) {
+  if (state_)
+    throw std::logic_error("mtprt: restrictToStage during a step");
+  if (train_.scope == GradScope::Params || saps_ || ewc_ || zero_ ||
+      train_.zeroStage || train_.optimizerOffload ||
+      model_->config().adapters)
+    bad("restrictToStage", "a pipeline stage runs the features or sum scope "
+                           "without saps, ewc, adapters or ZeRO "
+                           "(docs/pipeline.md)");
+  model_->keepStage(first, last, tasks);
+  local_ = tasks;
+  buildOptimizer();
+}
+
+ValueId TrainerCore::inputActivation(const at::Tensor &x) {
+  StepState &st = state("inputActivation", true);
+  if (!pipelined() || model_->firstUnit() == 0)
+    throw std::logic_error("mtprt: inputActivation: only a pipeline stage "
+                           "after the first receives an activation");
+  st.boundaryIn = x.detach();
+  // The unit that made it is outside the frozen run from the embeddings
+  // (Model::unit): the sender needs its gradient.
+  if (model_->firstUnit() / 2 > model_->config().noGradTop())
+    st.boundaryIn.requires_grad_(true);
+  st.values.push_back(st.boundaryIn);
+  return static_cast<ValueId>(st.values.size()) - 1;
+}
+
+void TrainerCore::setBoundaryOutput(ValueId v) {
+  StepState &st = state("setBoundaryOutput", true);
+  if (v < 0 || v >= static_cast<ValueId>(st.values.size()) ||
+      !st.values[v].defined())
+    bad("setBoundaryOutput", "unknown or released value " + std::to_string(v));
+  st.boundaryOut = v;
+}
+
+void TrainerCore::setBoundaryGradient(const at::Tensor &g) {
+  StepState &st = state("setBoundaryGradient", true);
+  if (st.boundaryOut < 0)
+    throw std::logic_error("mtprt: setBoundaryGradient without a boundary "
+                           "output (setBoundaryOutput)");
+  const at::Tensor &out = st.values[st.boundaryOut];
+  if (!g.sizes().equals(out.sizes()))
+    bad("setBoundaryGradient", "the gradient's shape differs from the "
+                               "activation sent");
+  st.boundaryGrad = g.to(out.scalar_type());
+}
+
+at::Tensor TrainerCore::inputGradient() {
+  StepState &st = state("inputGradient", true);
+  if (!st.backboneDone)
+    throw std::logic_error("mtprt: inputGradient before backwardBackbone");
+  if (!st.boundaryIn.defined() || !st.boundaryIn.requires_grad())
+    return {};
+  at::Tensor g = st.boundaryIn.grad();
+  return g.defined() ? g : at::zeros_like(st.boundaryIn);
+}
+
+StepStats &TrainerCore::stepStats() { return state("stepStats", false).stats; }
+
+at::Tensor TrainerCore::value(ValueId v) {
+  StepState &st = state("value", true);
+  if (v < 0 || v >= static_cast<ValueId>(st.values.size()))
+    bad("value", "unknown value " + std::to_string(v));
+  return st.values[v];
+}
+
+void TrainerCore::setAlpha(std::vector<double> alpha) {
+  StepState &st = state("setAlpha", false);
+  if (static_cast<int64_t>(alpha.size()) != model_->numHeads())
+    bad("setAlpha", "needs one weight per head");
+  st.alpha = std::move(alpha);
+  st.alphaGiven = true;
+}
+
+std::vector<double> TrainerCore::pipelineAlpha(
+    const std::vector<GradList> &processed, const std::vector<double> &losses,
+    const std::vector<double> &norms, const std::vector<bool> &fusing) {
+  StepState &st = state("pipelineAlpha", false);
+  if (train_.scope == GradScope::Sum) {
+    std::vector<double> a(model_->numHeads(), 0.0);
+    for (size_t t = 0; t < a.size(); ++t)
+      a[t] = st.present[t] ? 1.0 / static_cast<double>(st.npresent) : 0.0;
+    return a;
+  }
+  return computeAlpha(processed, {}, losses, norms, fusing, st.stats);
 }
 
 ValueId TrainerCore::input() { return (void)state("input", true), 0; }
@@ -663,12 +793,62 @@ void TrainerCore::separateGates() {
   st.separation = std::max(st.separation, 0.0) + sep.item<double>() * st.weight;
 }
 
+std::vector<double>
+TrainerCore::meanTaskLosses(const std::vector<int64_t> &order) {
+  StepState &st = *state_;
+  std::vector<double> meanLoss(model_->numHeads(), 0.0);
+  for (int64_t t : order) {
+    // The gate reads each task's own loss, before its weight.
+    const double w = model_->heads()[t].weight;
+    meanLoss[t] = w > 0 ? st.loss[t].item<double>() / (st.weight * st.scale * w)
+                        : 0.0;
+  }
+  return meanLoss;
+}
+
+TrainerCore::GateInputs TrainerCore::processTaskGradients() {
+  StepState &st = state("processTaskGradients", true);
+  Model &m = *model_;
+  const int64_t nt = m.numHeads();
+  if (train_.scope != GradScope::Features)
+    throw std::logic_error("mtprt: processTaskGradients: only the features "
+                           "scope processes tap gradients ahead of the fusion");
+  if (st.processed)
+    throw std::logic_error(
+        "mtprt: processTaskGradients: already run for this micro-batch");
+  std::vector<int64_t> order;
+  for (int64_t t = 0; t < nt; ++t) {
+    if (st.present[t] && runsHead(t) && !st.headBackward[t])
+      throw std::logic_error("mtprt: processTaskGradients: head \"" +
+                             m.heads()[t].name +
+                             "\" has no backward yet (backwardHead first)");
+    if (st.present[t] && runsHead(t))
+      order.push_back(t);
+  }
+  st.meanLoss = meanTaskLosses(order);
+  std::vector<GradList> &tg = st.taskGrads;
+  // The tasks with a tap gradient: a tap in the frozen run from the
+  // embeddings has none (backwardHead), and its task is left out; so is a
+  // task whose head runs on another pipeline stage.
+  st.fusing = st.present;
+  for (int64_t t = 0; t < nt; ++t) {
+    if (!runsHead(t) || (st.present[t] && tg[t].empty()))
+      st.fusing[t] = false;
+    if (!st.fusing[t])
+      tg[t] = {at::Tensor()};
+  }
+  st.norms = processTaskGrads(tg, st.fusing, train_.gfmKeep, train_.clipNorm);
+  recordNorms(st.gradNorms, st.norms);
+  st.processed = true;
+  return {st.meanLoss, st.norms, st.fusing, tg};
+}
+
 void TrainerCore::fuseTaskGradients() {
   StepState &st = state("fuseTaskGradients", true);
   Model &m = *model_;
   const int64_t nt = m.numHeads();
   for (int64_t t = 0; t < nt; ++t)
-    if (st.present[t] && !st.headBackward[t])
+    if (st.present[t] && runsHead(t) && !st.headBackward[t])
       throw std::logic_error("mtprt: fuseTaskGradients: head \"" +
                              m.heads()[t].name +
                              "\" has no backward yet (backwardHead first)");
@@ -676,49 +856,43 @@ void TrainerCore::fuseTaskGradients() {
     throw std::logic_error(
         "mtprt: fuseTaskGradients: already run for this micro-batch");
   st.fused = true;
-  std::vector<int64_t> order;
+  std::vector<int64_t> order; // the present tasks whose heads run here
   for (int64_t t = 0; t < nt; ++t)
-    if (st.present[t])
+    if (st.present[t] && runsHead(t))
       order.push_back(t);
 
   if (train_.scope == GradScope::Sum) {
     at::Tensor total;
     for (int64_t t : order)
       total = total.defined() ? total + st.loss[t] : st.loss[t];
-    st.rootOuts = {total};
+    st.rootOuts.clear();
+    if (total.defined())
+      st.rootOuts.push_back(total);
     st.alpha.assign(nt, 0.0);
-    for (int64_t t : order)
-      st.alpha[t] = 1.0 / static_cast<double>(st.npresent);
+    for (int64_t t = 0; t < nt; ++t)
+      if (st.present[t])
+        st.alpha[t] = 1.0 / static_cast<double>(st.npresent);
     st.loss.assign(nt, at::Tensor());
     return;
   }
 
-  std::vector<double> meanLoss(nt, 0.0);
-  for (int64_t t : order) {
-    // The gate reads each task's own loss, before its weight.
-    const double w = m.heads()[t].weight;
-    meanLoss[t] = w > 0 ? st.loss[t].item<double>() / (st.weight * st.scale * w)
-                        : 0.0;
-  }
-
   if (train_.scope == GradScope::Features) {
     std::vector<GradList> &tg = st.taskGrads;
-    // The tasks with a tap gradient: a tap in the frozen run from the
-    // embeddings has none (backwardHead), and its task is left out.
-    std::vector<bool> fusing = st.present;
+    if (!st.processed)
+      processTaskGradients();
+    const std::vector<bool> &fusing = st.fusing;
+    const std::vector<double> &norms = st.norms;
+    const std::vector<double> &meanLoss = st.meanLoss;
     std::vector<int64_t> withGrad;
-    for (int64_t t = 0; t < nt; ++t) {
-      if (st.present[t] && tg[t].empty())
-        fusing[t] = false;
+    for (int64_t t = 0; t < nt; ++t)
       if (fusing[t])
         withGrad.push_back(t);
-      else
-        tg[t] = {at::Tensor()};
-    }
-    const std::vector<double> norms =
-        processTaskGrads(tg, fusing, train_.gfmKeep, train_.clipNorm);
-    recordNorms(st.gradNorms, norms);
-    if (st.mb == 0) {
+    if (st.mb == 0 && pipelined()) {
+      if (!st.alphaGiven)
+        throw std::logic_error("mtprt: fuseTaskGradients: a pipeline stage "
+                               "needs the step's α (setAlpha) before "
+                               "micro-batch 0's fusion");
+    } else if (st.mb == 0) {
       // The cosine matrix and the gate's signals live on the parameters of
       // the topmost layer every fused task back-propagates through; where
       // that layer is frozen, on the tap gradients themselves.
@@ -778,6 +952,7 @@ void TrainerCore::fuseTaskGradients() {
 
   // Params scope: accumulate per-task top-k gradients; the layers below get
   // Σ α_t loss_t with α from the first micro-batch.
+  const std::vector<double> meanLoss = meanTaskLosses(order);
   if (st.mb == 0) {
     std::vector<GradList> probe = st.taskGrads;
     for (int64_t t = 0; t < nt; ++t)
@@ -815,6 +990,18 @@ void TrainerCore::backwardBackbone() {
   // Moved out so the roots and their gradients die with the backward.
   std::vector<at::Tensor> outs = std::move(st.rootOuts);
   std::vector<at::Tensor> grads = std::move(st.rootGrads);
+  // A pipeline stage's output: the next stage's gradient for it is a root.
+  if (st.boundaryOut >= 0 && st.values[st.boundaryOut].requires_grad()) {
+    if (!st.boundaryGrad.defined())
+      throw std::logic_error("mtprt: backwardBackbone: the stage's output has "
+                             "no gradient yet (setBoundaryGradient)");
+    for (size_t i = grads.size(); i < outs.size(); ++i)
+      grads.push_back(at::ones_like(outs[i])); // a loss root
+    outs.push_back(st.values[st.boundaryOut]);
+    grads.push_back(std::move(st.boundaryGrad));
+  }
+  if (pipelined())
+    st.values.clear(); // only the roots hold the graph now
   if (outs.empty())
     return;
   if (train_.scope == GradScope::Params)
@@ -827,7 +1014,7 @@ void TrainerCore::backwardBackbone() {
 void TrainerCore::finalizeGradients() {
   StepState &st = state(
       "the step's end (exchangeGradients, optimizerStep, endStep)", false);
-  if (st.mb != train_.microBatches - 1 ||
+  if (st.mb != train_.microBatches - 1 || !st.parked.empty() ||
       (!st.backboneDone && backboneTrains_))
     throw std::logic_error("mtprt: the step's end: every micro-batch needs its "
                            "forward and backward first");

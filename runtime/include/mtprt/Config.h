@@ -284,6 +284,10 @@ struct StepStats {
   /// More than one process: every rank's measuredPeakBytes, in rank order
   /// (the driver gathers them with the step's agreement).
   std::vector<int64_t> rankPeakBytes;
+  /// A pipeline (docs/pipeline.md): each rank's predicted peak (its stage's),
+  /// in rank order; and the seconds this rank waited for its neighbours.
+  std::vector<int64_t> rankPredictedPeakBytes;
+  double pipelineWaitS = -1.0; ///< -1: no pipeline
   /// Gradient exchange (data parallel): this rank's bytes handed to the
   /// collectives, and the same gradients' fp32 size; 0 at world size 1.
   int64_t bytesSent = 0, bytesSentUncompressed = 0;

@@ -21,6 +21,7 @@
 #define MTPRT_DRIVER_H
 
 #include "mtprt/BatchSchedule.h"
+#include "mtprt/Pipeline.h"
 #include "mtprt/Config.h"
 
 #include <functional>
@@ -61,6 +62,9 @@ struct Program {
   /// --batch-size fixes it.
   std::optional<BatchSchedule> dynamicBatch;
   int64_t plannedProcesses = 1;    ///< the processes the plan was made for
+  /// docs/pipeline.md: the backbone's stages across processes (inactive:
+  /// every process runs the whole model).
+  PipelineConfig pipeline;
   /// GSC defaults (docs/techniques.md C10); --compress / --no-compress override.
   bool compress = false;
   double compressTopK = defaults::kTopK,

@@ -63,6 +63,8 @@ inline constexpr int64_t kMaxFlops = int64_t(1) << 62;
 
 // Budget.
 inline constexpr Range kGpus{1, 4096};
+/// Pipeline stages (docs/pipeline.md): at most one per backbone unit.
+inline constexpr Range kPipelineStages{1, 2049};
 inline constexpr Range kMicroBatch{1, int64_t(1) << 20};
 inline constexpr Range kGlobalBatch{1, int64_t(1) << 24};
 inline constexpr Range kAccumulation{1, int64_t(1) << 16};

@@ -11,6 +11,7 @@
 #define MTPRT_PLAN_H
 
 #include "mtprt/BatchSchedule.h"
+#include "mtprt/Pipeline.h"
 #include "mtprt/Config.h"
 #include "mtprt/Defaults.h"
 #include "mtprt/Errors.h"
@@ -66,6 +67,8 @@ struct Plan {
   /// Its batch per process (0: the micro batch).
   int64_t evalBatch = 0;
   double addedSeconds = 0.0;
+  /// docs/pipeline.md: the stages (empty: none).
+  PipelineConfig pipeline;
 };
 
 /// Verifies `size` bytes at `data` — the frame (mtprt/PlanFrame.h: version,

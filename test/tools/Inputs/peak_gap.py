@@ -2,7 +2,9 @@
 
   peak_gap.py TOL METRICS.jsonl          every step within TOL (a fraction),
                                          every rank's where the record has
-                                         them (measured_peak_bytes_by_rank);
+                                         them (measured_peak_bytes_by_rank,
+                                         against predicted_peak_bytes_by_rank
+                                         where a pipeline has them);
                                          every evaluation too (its peak
                                          against the plan's eval peak)
   peak_gap.py --evals TOL METRICS.jsonl  the evaluations alone
@@ -67,7 +69,10 @@ def main(argv):
         gap = m / p - 1
         # More than one process: every rank's peak within TOL too.
         ranks = r.get("measured_peak_bytes_by_rank") or []
-        worst = max((x / p - 1 for x in ranks), key=abs, default=gap)
+        # A pipeline: each rank against its own stage's prediction.
+        preds = r.get("predicted_peak_bytes_by_rank") or [p] * len(ranks)
+        worst = max((x / q - 1 for x, q in zip(ranks, preds)), key=abs,
+                    default=gap)
         ok = abs(gap) <= tol and abs(worst) <= tol
         bad += not ok
         print(f"step {r['step']} predicted {p} measured {m} "

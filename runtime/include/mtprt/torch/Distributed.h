@@ -39,6 +39,10 @@ struct DistOptions {
   /// Make the group even at world size 1 (device checks of the collective
   /// path on a one-GPU machine); normally world size 1 has none.
   bool alwaysGroup = false;
+  /// A sub-group (a pipeline stage's data-parallel replicas): its name
+  /// prefixes its keys in the world's store, which it joins as a client;
+  /// rank and worldSize are then within the group.
+  std::string group;
 };
 
 /// `defaults` overridden by the standard launcher variables RANK, WORLD_SIZE,
@@ -84,6 +88,13 @@ public:
   void reduceScatterSum(at::Tensor &out, const at::Tensor &in);
   void broadcast(at::Tensor &t, int root);
   void barrier();
+  /// Point to point (pipeline stages): `t` to rank `peer` under `tag`,
+  /// returning at once; the tensor is held until waitSends().
+  void send(const at::Tensor &t, int peer, int tag);
+  /// Waits for `t` (shape and dtype as sent) from rank `peer` under `tag`.
+  void recv(at::Tensor &t, int peer, int tag);
+  /// Waits for every send begun.
+  void waitSends();
 
 private:
   DistOptions options_;

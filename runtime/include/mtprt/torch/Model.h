@@ -173,6 +173,20 @@ public:
   at::Tensor loss(int64_t h, const std::vector<at::Tensor> &outputs,
                   const at::Tensor &labels, bool partial = false) const;
 
+  //===--- Pipeline stages (docs/pipeline.md) ------------------------------===//
+
+  /// Keeps the parameters of units [first, last] and of the heads `tasks`
+  /// marks, and drops the rest (their tensors freed): a pipeline stage
+  /// holds its own. Initialization stays the whole model's (the same values
+  /// as one process). Running a dropped unit or head throws.
+  void keepStage(int64_t first, int64_t last, const std::vector<bool> &tasks);
+  /// The units this model holds (all of them unless keepStage ran).
+  int64_t firstUnit() const { return firstUnit_; }
+  int64_t lastUnit() const { return lastUnit_ < 0 ? numUnits() - 1 : lastUnit_; }
+  bool holdsHead(int64_t h) const {
+    return heldHeads_.empty() || heldHeads_.at(h);
+  }
+
   //===--- Parameters -----------------------------------------------------===//
 
   /// Layer l's parameters (0 = the embedding tables).
@@ -269,6 +283,9 @@ private:
   std::vector<Head> heads_;
   std::vector<std::vector<std::pair<std::string, at::Tensor>>>
       groups_; ///< [0]=backbone, 1+h = head h
+  /// keepStage: the units and heads held (lastUnit_ -1: all).
+  int64_t firstUnit_ = 0, lastUnit_ = -1;
+  std::vector<bool> heldHeads_;
 };
 
 } // namespace mtprt

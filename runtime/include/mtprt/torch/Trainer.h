@@ -98,6 +98,54 @@ public:
   StepStats endStep(bool applyUpdate);
   /// Drops a step in progress (after an error).
   void abortStep();
+  //===--- A pipeline stage (docs/pipeline.md) ------------------------------===//
+  //
+  // A stage runs its micro-batches' forwards and backwards interleaved
+  // (mtprt/torch/Pipeline.h): beginMicroBatch parks the one in flight, and
+  // resumeMicroBatch takes a parked one up again for its backward.
+
+  /// Makes this trainer one stage: the model keeps units [first, last] and
+  /// the heads `tasks` marks; the optimizer is rebuilt over what it holds.
+  /// Before any step; the features or sum scope, no saps, ewc, adapters or
+  /// ZeRO.
+  void restrictToStage(int64_t first, int64_t last,
+                       const std::vector<bool> &tasks);
+  bool pipelined() const { return !local_.empty(); }
+  void resumeMicroBatch(int64_t mb);
+  /// The activation the previous stage sent (a leaf; its gradient is
+  /// inputGradient() after the backward).
+  ValueId inputActivation(const at::Tensor &x);
+  /// The value this stage sends on; the next stage's gradient for it
+  /// (setBoundaryGradient) is a root of this stage's backward.
+  void setBoundaryOutput(ValueId v);
+  void setBoundaryGradient(const at::Tensor &g);
+  /// After backwardBackbone: the received activation's gradient (undefined
+  /// when the units below need none).
+  at::Tensor inputGradient();
+  /// The gate's inputs from this micro-batch's heads (features scope): each
+  /// task's loss before its weight, its processed tap gradient's norm,
+  /// whether it fuses, the processed gradients (GFM, clip). fuseTaskGradients
+  /// runs this itself when nothing did.
+  struct GateInputs {
+    std::vector<double> losses, norms;
+    std::vector<bool> fusing;
+    std::vector<GradList> processed;
+  };
+  GateInputs processTaskGradients();
+  /// The step's α from every stage's gate inputs (the last stage computes
+  /// it: the gate's weights, measured cosines on the processed tap
+  /// gradients, the gate's update).
+  std::vector<double> pipelineAlpha(const std::vector<GradList> &processed,
+                                    const std::vector<double> &losses,
+                                    const std::vector<double> &norms,
+                                    const std::vector<bool> &fusing);
+  /// A stage's α for the step, before micro-batch 0's fusion.
+  void setAlpha(std::vector<double> alpha);
+  /// The step's statistics so far (a pipeline stage adds what it gathers).
+  StepStats &stepStats();
+  /// The current micro-batch's value `v` (what a stage sends on).
+  at::Tensor value(ValueId v);
+
   /// Offloaded region boundaries prefetched ahead by the backward's hooks.
   void setPrefetchAhead(int64_t n) { prefetchAhead_ = n; }
 
@@ -172,8 +220,16 @@ private:
   /// D13: after the micro-batch's last head backward, the gate-separation
   /// loss over the present tasks' gates, back-propagated to the gates.
   void separateGates();
+  struct MicroState;
   struct StepState;
   StepState &state(const char *phase, bool needMicroBatch);
+  void buildOptimizer();
+  /// Whether head t runs in this process (every head but on a pipeline
+  /// stage).
+  bool runsHead(int64_t t) const { return local_.empty() || local_[t]; }
+  std::vector<double> meanTaskLosses(const std::vector<int64_t> &order);
+  /// A pipeline stage's heads (empty: every head, no pipeline).
+  std::vector<bool> local_;
   /// The backbone's forward as `s` says; `afterChunk(last)` runs after each
   /// unit or checkpoint region, `last` its final unit.
   void runBackbone(const Schedule &s,

@@ -1,0 +1,61 @@
+//===- PipelinePlan.h - backbone stages across processes --------*- C++ -*-===//
+//
+// Task-aware pipeline parallelism (docs/pipeline.md, SPEC §3 C9): the
+// backbone's units cut into contiguous stages, each task's head and loss on
+// the stage where its tap unit is, balanced on the cost model's time; each
+// stage's peak with the micro-batches its schedule holds in flight. A pure
+// function of the expanded step: the planner, the plan writer and the plan
+// report all ask it, so they cannot disagree.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MTPC_PASSES_PIPELINEPLAN_H
+#define MTPC_PASSES_PIPELINEPLAN_H
+
+#include "dialect/MTPOps.h"
+
+#include "llvm/ADT/SmallVector.h"
+
+#include <optional>
+#include <string>
+
+namespace mtp {
+
+struct PipelineStagePlan {
+  /// Runtime block numbers (0 embeddings, 2l−1 / 2l layer l's attention /
+  /// MLP), inclusive.
+  int64_t firstUnit = 0, lastUnit = 0;
+  /// The tasks (spec order) whose head and loss run here.
+  llvm::SmallVector<int64_t> tasks;
+  /// Parameters held (trainable: with gradients and AdamW's state).
+  int64_t parameters = 0, trainableParameters = 0;
+  /// One micro-batch's forward and backward on the cost model's roofline.
+  double forwardSeconds = 0, backwardSeconds = 0;
+  /// What one micro-batch keeps here from its forward to its backward (the
+  /// received boundary included), and how many are held at once.
+  int64_t keptBytesPerMicroBatch = 0, inFlight = 1;
+  /// Parameters, gradients and AdamW's state.
+  int64_t stateBytes = 0;
+  /// Bytes of one boundary activation (and of its gradient).
+  int64_t boundaryBytes = 0;
+  int64_t peakBytes = 0;
+};
+
+struct PipelinePlanResult {
+  llvm::SmallVector<PipelineStagePlan> stages;
+  int64_t microBatches = 1, replicas = 1;
+  bool gpipe = false;
+  /// (S − 1) / (M + S − 1): the share of the step a stage idles.
+  double bubble = 0;
+  /// The step on the slowest stage's time: (M + S − 1) micro-batch slots.
+  double stepSeconds = 0;
+  int64_t peakBytes() const;
+};
+
+/// The stage split and per-stage prediction of `model`'s expanded step;
+/// none when the budget asks for no pipeline (or there is no step).
+std::optional<PipelinePlanResult> planPipeline(ModelOp model);
+
+} // namespace mtp
+
+#endif // MTPC_PASSES_PIPELINEPLAN_H
