@@ -115,6 +115,81 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     i = cut[s][i];
   }
 
+  // What a micro-batch's backward on a stage holds beyond its kept tensors:
+  // a liveness walk over the stage's backbone backward units (in step
+  // order), each saved tensor freed after its last use there, each gradient
+  // alive from the unit that makes it to its last use (one coming from
+  // outside the stage — the received boundary gradient, a fused tap
+  // gradient — from the start), plus the unit's workspace.
+  auto backwardExtra = [&](int64_t first, int64_t last) -> int64_t {
+    llvm::SmallVector<BwdOp> ops;
+    for (BwdOp bwd : step.getBody().front().getOps<BwdOp>())
+      if (!bwd.getTaskAttr()) {
+        const int64_t b = std::clamp<int64_t>(
+            getBlockNumber(bwd.getUnit(), bwd.getLayer()), 0, nblocks - 1);
+        if (b >= first && b <= last)
+          ops.push_back(bwd);
+      }
+    const int64_t n = int64_t(ops.size());
+    if (n == 0)
+      return 0;
+    llvm::DenseMap<Value, int64_t> lastUse, def;
+    for (auto [i, bwd] : llvm::enumerate(ops)) {
+      for (Value v : bwd->getOperands())
+        lastUse[v] = int64_t(i);
+      for (Value r : bwd.getInputGrads())
+        def[r] = int64_t(i);
+    }
+    // The kept tensors: those the stage's own forward made (counted in
+    // keptBytesPerMicroBatch); only their release here matters.
+    int64_t kept = 0;
+    std::vector<int64_t> freedAfter(n, 0);
+    llvm::DenseSet<Value> seen;
+    for (BwdOp bwd : ops)
+      for (Value v : bwd.getSaved())
+        if (seen.insert(v).second && v.getDefiningOp<FwdOp>() &&
+            !v.getDefiningOp<FwdOp>().getTaskAttr()) {
+          kept += CostModel::bytes(v.getType());
+          freedAfter[lastUse[v]] += CostModel::bytes(v.getType());
+        }
+    // Gradients: [def, lastUse] (external ones from 0), aliases own none.
+    std::vector<int64_t> born(n + 1, 0), dies(n + 1, 0);
+    llvm::DenseSet<Value> counted;
+    for (auto [i, bwd] : llvm::enumerate(ops)) {
+      for (Value g : bwd.getGrads())
+        if (!def.count(g) && counted.insert(g).second) {
+          born[0] += CostModel::bytes(g.getType());
+          dies[lastUse[g]] += CostModel::bytes(g.getType());
+        }
+      for (auto [j, r] : llvm::enumerate(bwd.getInputGrads())) {
+        if (int64_t(j) < int64_t(bwd.getAliases()))
+          continue;
+        born[i] += CostModel::bytes(r.getType());
+        // Used by another stage (sent) or by nothing: freed after its
+        // unit.
+        auto it = lastUse.find(r);
+        dies[it == lastUse.end() ? int64_t(i) : it->second] +=
+            CostModel::bytes(r.getType());
+      }
+    }
+    int64_t keptNow = kept, grads = 0, worst = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      grads += born[i];
+      const int64_t ws = int64_t(ops[i].getWorkspace());
+      worst = std::max(worst, keptNow + grads + ws - kept);
+      grads -= dies[i];
+      keptNow -= freedAfter[i];
+    }
+    return worst;
+  };
+  // The heads' forward and backward run with the stage's forward (the tap
+  // gradient made then, processed by GFM and clipping, held to the
+  // fusion): their transient there.
+  const bool features =
+      model.getStrategy() &&
+      model.getStrategy().getGradientScope() == GradientScope::features;
+  const int64_t tapBytes = CostModel::bytes(cm.hiddenType());
+
   PipelinePlanResult out;
   out.gpipe = budget.getGpipe();
   out.replicas = budget.getReplicas();
@@ -148,10 +223,21 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
         CostModel::kWeightBytes * st.parameters +
         (CostModel::kGradientBytes + CostModel::kOptimizerBytes) *
             st.trainableParameters;
-    // The boundary gradient received (or sent) in the backward is the
-    // transient above the kept micro-batches.
+    // Features scope: each local task's processed tap gradient waits from
+    // its micro-batch's forward to its backward; GFM's transform of one is
+    // the heads' transient then.
+    const int64_t held =
+        features ? int64_t(st.tasks.size()) * tapBytes * st.inFlight : 0;
+    const int64_t atForward =
+        features && !st.tasks.empty()
+            ? CostModel::gfmWorkspace({cm.hiddenType()})
+            : 0;
+    const int64_t atBackward = backwardExtra(st.firstUnit, st.lastUnit);
+    // A stage after the first: the gradient it sent down waits there until
+    // the previous stage takes it.
     st.peakBytes = st.stateBytes + st.inFlight * st.keptBytesPerMicroBatch +
-                   (S > 1 ? boundary : 0);
+                   held + std::max(atForward, atBackward) +
+                   (s > 0 ? boundary : 0);
     slowest = std::max(slowest, st.forwardSeconds + st.backwardSeconds);
     out.stages.push_back(std::move(st));
   }

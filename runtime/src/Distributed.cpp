@@ -111,8 +111,14 @@ DistOptions distOptionsFromEnv(DistOptions d) {
 struct Communicator::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
-  /// Sends in flight and their tensors (send returns before they finish).
-  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> sends;
+  /// Sends in flight: peer, tag, the work and its tensor (send returns
+  /// before they finish).
+  struct Send {
+    int peer, tag;
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor tensor;
+  };
+  std::vector<Send> sends;
 };
 
 Communicator::Communicator(const DistOptions &o, bool serveStore)
@@ -343,7 +349,8 @@ void Communicator::send(const at::Tensor &t, int peer, int tag) {
     throw std::logic_error("mtprt: send without a process group");
   std::vector<at::Tensor> one{t.contiguous()};
   try {
-    impl_->sends.emplace_back(impl_->backend->send(one, peer, tag), one[0]);
+    impl_->sends.push_back(
+        {peer, tag, impl_->backend->send(one, peer, tag), one[0]});
   } catch (const std::exception &e) {
     collectiveFailed(options_, "send", e);
   }
@@ -365,12 +372,37 @@ void Communicator::recv(at::Tensor &t, int peer, int tag) {
 void Communicator::waitSends() {
   try {
     for (auto &s : impl_->sends)
-      s.first->wait();
+      s.work->wait();
   } catch (const std::exception &e) {
     impl_->sends.clear();
     collectiveFailed(options_, "send", e);
   }
   impl_->sends.clear();
+}
+
+void Communicator::waitSend(int peer, int tag) {
+  auto &sends = impl_->sends;
+  for (auto it = sends.begin(); it != sends.end(); ++it)
+    if (it->peer == peer && it->tag == tag) {
+      try {
+        it->work->wait();
+      } catch (const std::exception &e) {
+        sends.erase(it);
+        collectiveFailed(options_, "send", e);
+      }
+      sends.erase(it);
+      return;
+    }
+}
+
+void Communicator::reapSends() {
+  auto &sends = impl_->sends;
+  sends.erase(std::remove_if(sends.begin(), sends.end(),
+                             [](const Communicator::Impl::Send &s) {
+                               return s.work->isCompleted() &&
+                                      s.work->isSuccess();
+                             }),
+              sends.end());
 }
 
 void Communicator::barrier() {

@@ -116,6 +116,7 @@ StepStats PipelineRunner::step(const Batch &batch, bool applyUpdate) {
   at::Tensor alphaMsg;
   for (const PipeAction &a : pipelineActions(stages_, stage_, M, config_.gpipe)) {
     const int64_t m = a.micro;
+    world_.reapSends();
     if (a.forward) {
       core_.beginMicroBatch(m);
       ValueId v;
@@ -214,6 +215,10 @@ StepStats PipelineRunner::step(const Batch &batch, bool applyUpdate) {
         recv(g, next_, gradientTag(m));
         core_.setBoundaryGradient(g);
       }
+      // The next stage has taken this micro-batch's activation (its
+      // gradient came back): the send lets go of it.
+      if (!last)
+        world_.waitSend(next_, activationTag(m));
       core_.backwardBackbone();
       if (stage_ > 0) {
         if (m == 0 && features)

@@ -95,6 +95,10 @@ public:
   void recv(at::Tensor &t, int peer, int tag);
   /// Waits for every send begun.
   void waitSends();
+  /// Waits for the send to `peer` under `tag` (and lets go of its tensor).
+  void waitSend(int peer, int tag);
+  /// Lets go of the sends that have finished, without waiting.
+  void reapSends();
 
 private:
   DistOptions options_;
