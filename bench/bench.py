@@ -1477,6 +1477,77 @@ def section_zero(args, b, r, out):
     return res
 
 
+def section_pipeline(args, b, r, out):
+    """Pipeline stages (docs/pipeline.md): throughput and per-rank memory at
+    1, 2 and 4 stages against data parallelism over as many processes, the
+    same global batch and micro batch, gloo on loopback; the wait share (idle
+    for a neighbour: bubble and transfers) beside the theoretical bubble."""
+    steps = 8 if args.quick else 20
+    runner = os.path.join(ROOT, "build", "runtime", "tools", "mtprt-run")
+    m = {"layers": 8, "hidden": 128, "heads": 4, "ffn": 512, "vocab": 1024, "seq": 32,
+         "dropout": 0.0}
+    tasks = [("topic", "classify(classes = 4)", "from pooled"),
+             ("pos", "tag(labels = 12)", "from layer 2"),
+             ("chunk", "tag(labels = 8)", "from layer 5")]
+    strategy = {"checkpoint": "none", "offload": "none", "gfm": "{ keep = 0.5 }",
+                "dgfg": "{ hidden = 16 }", "clip": "per_task(max_norm = 1.0)",
+                "lr": "cosine(1e-3, warmup = 5)", "collective": "none"}
+    micro, global_batch = 4, 32
+    res, rows = {}, []
+    for world in (1, 2, 4):
+        for kind in (("dp",) if world == 1 else ("dp", "1f1b", "gpipe")):
+            budget = budget_block(args, 2 << 30, micro_batch=micro, global_batch=global_batch)
+            budget["gpus"] = world
+            st = dict(strategy)
+            if kind != "dp":
+                budget["pipeline"] = world
+                st["pipeline_schedule"] = kind
+            text = spec_text("bench_p", m, tasks, st, budget,
+                             {"steps": steps, "seed": 1, "log_every": 1})
+            src = r.tmp(".mtp")
+            plan = src + ".mtpplan"
+            with open(src, "w") as f:
+                f.write(text)
+            run([args.mtpc, "plan", src, "--format=fb", "-o", plan] + b.device_flags())
+            extra = ["--plan", plan] + (["--nproc", str(world)] if world > 1 else [])
+            recs = r.mtpc(runner, steps, extra=extra)["records"]
+            later = recs[1:] or recs
+            ranks = later[-1].get("measured_peak_bytes_by_rank") or [later[-1]["measured_peak_bytes"]]
+            preds = later[-1].get("predicted_peak_bytes_by_rank") or [later[-1]["predicted_peak_bytes"]] * len(ranks)
+            step_s = median([x["step_time_s"] for x in later])
+            wait = median([x.get("pipeline_wait_s", 0.0) for x in later])
+            mb = global_batch // micro
+            e = {"samples_per_s": global_batch / step_s, "step_s": step_s,
+                 "peak_max": max(max(x.get("measured_peak_bytes_by_rank") or
+                                     [x["measured_peak_bytes"]]) for x in later),
+                 "ranks": ranks, "predicted": preds,
+                 "worst_gap": max((m_ / p_ - 1 for m_, p_ in zip(ranks, preds)), key=abs),
+                 "wait_share": wait / step_s if kind != "dp" else None,
+                 "bubble": (world - 1) / (mb + world - 1) if kind != "dp" else None}
+            res["%d/%s" % (world, kind)] = e
+            base = res["%d/dp" % world]
+            rows.append([str(world), kind if kind != "dp" else "data parallel",
+                         "%.0f" % e["samples_per_s"],
+                         fmt_ratio(e["samples_per_s"] / base["samples_per_s"]),
+                         " / ".join(fmt_bytes(x) for x in ranks),
+                         fmt_ratio(max(ranks) / max(base["ranks"])),
+                         "%+.1f%%" % (100 * e["worst_gap"]),
+                         "—" if e["bubble"] is None else "%.3f" % e["bubble"],
+                         "—" if e["wait_share"] is None else "%.3f" % e["wait_share"]])
+    out.append("### Pipeline stages against data parallelism (docs/pipeline.md)\n")
+    out.append("8 layers, hidden 128, ffn 512, seq 32, three tasks (layers 2, 5, 8), global "
+               "batch 32 in micro-batches of 4 (a pipeline runs 8 through its stages, data "
+               "parallelism 8 / N per rank), GFM + DGFG + per-task clip, collective none, %d "
+               "steps (the first left out), gloo on loopback on this machine's cores (4 "
+               "processes share 2 cores). Memory: every rank's tracked peak at the last step; "
+               "gap: the worst rank against its own prediction; wait: rank 0's share of the "
+               "step spent waiting for a neighbour (bubble and transfer), beside the "
+               "theoretical bubble (S − 1)/(M + S − 1).\n" % steps)
+    out.append(table(["processes", "run", "samples/s", "vs DP", "peak per rank",
+                      "largest vs DP", "worst gap", "bubble", "wait share"], rows))
+    return res
+
+
 SECTIONS = {"agree": section_agree, "step": section_step, "load": section_load,
             "pareto": section_pareto,
             "memory": section_memory,
@@ -1484,7 +1555,7 @@ SECTIONS = {"agree": section_agree, "step": section_step, "load": section_load,
             "compress": section_compress, "scope": section_scope, "ablation": section_ablation,
             "dynbatch": section_dynbatch, "saps": section_saps,
             "forgetting": section_forgetting, "search": section_search,
-            "zero": section_zero}
+            "zero": section_zero, "pipeline": section_pipeline}
 QUICK = ["agree", "memory", "plan", "compress"]
 
 

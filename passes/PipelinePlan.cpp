@@ -27,7 +27,7 @@ namespace {
 /// What one backbone block (with the heads on its tap) costs per micro-batch.
 struct BlockCost {
   double fwd = 0, bwd = 0;
-  int64_t kept = 0, params = 0, trainable = 0;
+  int64_t kept = 0, params = 0, trainable = 0, backboneTrainable = 0;
   llvm::SmallVector<int64_t> tasks;
   /// The block's output: whether its own backward keeps it anyway.
   bool outputKept = false;
@@ -78,6 +78,8 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       c.params += p;
       if (task ? true : !cm.frozen(int64_t(fwd.getLayer())))
         c.trainable += p;
+      if (!task && !cm.frozen(int64_t(fwd.getLayer())))
+        c.backboneTrainable += p;
       if (task && fwd.getUnit() == UnitKind::head &&
           !llvm::is_contained(c.tasks, taskIndex.lookup(task)))
         c.tasks.push_back(taskIndex.lookup(task));
@@ -121,7 +123,10 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
   // alive from the unit that makes it to its last use (one coming from
   // outside the stage — the received boundary gradient, a fused tap
   // gradient — from the start), plus the unit's workspace.
-  auto backwardExtra = [&](int64_t first, int64_t last) -> int64_t {
+  // `paramGrads`: the units' parameter gradients appear as they run (the
+  // step's first backward, when none exists yet).
+  auto backwardExtra = [&](int64_t first, int64_t last,
+                           bool paramGrads) -> int64_t {
     llvm::SmallVector<BwdOp> ops;
     for (BwdOp bwd : step.getBody().front().getOps<BwdOp>())
       if (!bwd.getTaskAttr()) {
@@ -175,6 +180,8 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     int64_t keptNow = kept, grads = 0, worst = 0;
     for (int64_t i = 0; i < n; ++i) {
       grads += born[i];
+      if (paramGrads)
+        grads += cm.gradientBytes(ops[i]);
       const int64_t ws = int64_t(ops[i].getWorkspace());
       worst = std::max(worst, keptNow + grads + ws - kept);
       grads -= dies[i];
@@ -209,6 +216,7 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       st.keptBytesPerMicroBatch += c.kept;
       st.parameters += c.params;
       st.trainableParameters += c.trainable;
+      st.backboneTrainable += c.backboneTrainable;
       st.tasks.append(c.tasks.begin(), c.tasks.end());
     }
     llvm::sort(st.tasks);
@@ -226,18 +234,36 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     // Features scope: each local task's processed tap gradient waits from
     // its micro-batch's forward to its backward; GFM's transform of one is
     // the heads' transient then.
-    const int64_t held =
-        features ? int64_t(st.tasks.size()) * tapBytes * st.inFlight : 0;
     const int64_t atForward =
         features && !st.tasks.empty()
             ? CostModel::gfmWorkspace({cm.hiddenType()})
             : 0;
-    const int64_t atBackward = backwardExtra(st.firstUnit, st.lastUnit);
     // A stage after the first: the gradient it sent down waits there until
     // the previous stage takes it.
-    st.peakBytes = st.stateBytes + st.inFlight * st.keptBytesPerMicroBatch +
-                   held + std::max(atForward, atBackward) +
-                   (s > 0 ? boundary : 0);
+    const int64_t sent = s > 0 ? boundary : 0;
+    // The most micro-batches are in flight at the first backward, before
+    // the backbone's gradients exist (they appear during it); the next
+    // backward has the gradients and one micro-batch fewer (or, in 1F1B's
+    // steady state, as many).
+    const int64_t tapsHeld =
+        features ? int64_t(st.tasks.size()) * tapBytes : 0;
+    const int64_t first =
+        st.stateBytes - CostModel::kGradientBytes * st.backboneTrainable +
+        st.inFlight * (st.keptBytesPerMicroBatch + tapsHeld) +
+        std::max(atForward,
+                 backwardExtra(st.firstUnit, st.lastUnit, true)) +
+        sent;
+    st.peakBytes = first;
+    if (M > 1) {
+      const int64_t later =
+          out.gpipe ? M - 1 : std::min<int64_t>(S - s, M - 1);
+      st.peakBytes = std::max(
+          first, st.stateBytes +
+                     later * (st.keptBytesPerMicroBatch + tapsHeld) +
+                     std::max(atForward,
+                              backwardExtra(st.firstUnit, st.lastUnit, false)) +
+                     sent);
+    }
     slowest = std::max(slowest, st.forwardSeconds + st.backwardSeconds);
     out.stages.push_back(std::move(st));
   }

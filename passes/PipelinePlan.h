@@ -28,7 +28,7 @@ struct PipelineStagePlan {
   /// The tasks (spec order) whose head and loss run here.
   llvm::SmallVector<int64_t> tasks;
   /// Parameters held (trainable: with gradients and AdamW's state).
-  int64_t parameters = 0, trainableParameters = 0;
+  int64_t parameters = 0, trainableParameters = 0, backboneTrainable = 0;
   /// One micro-batch's forward and backward on the cost model's roofline.
   double forwardSeconds = 0, backwardSeconds = 0;
   /// What one micro-batch keeps here from its forward to its backward (the

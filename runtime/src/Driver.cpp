@@ -1516,11 +1516,17 @@ int train(const std::string &name, const Program &p, const Options &o) {
     tuner.emplace(at::get_num_threads());
   // --profile: from the second step (the first grows the allocator and
   // touches every page) to the end.
-  const bool profiling = rank0 && !o.profile.empty();
+  // A pipeline's stages differ: each rank writes its own (PATH.rankN
+  // after rank 0's PATH).
+  const bool profiling =
+      (rank0 || pipeline.active()) && !o.profile.empty();
+  const std::string profilePath =
+      rank0 ? o.profile : o.profile + ".rank" + std::to_string(d.rank);
   if (profiling) {
-    std::ofstream probe(o.profile, std::ios::app);
+    std::ofstream probe(profilePath, std::ios::app);
     if (!probe)
-      throw std::runtime_error("cannot write the --profile file " + o.profile +
+      throw std::runtime_error("cannot write the --profile file " +
+                               profilePath +
                                "; give a path in a writable directory");
   }
   bool profilerOn = false;
@@ -1852,13 +1858,13 @@ int train(const std::string &name, const Program &p, const Options &o) {
   if (tty && rank0)
     std::fprintf(stderr, "\n");
   if (profilerOn) {
-    torch::autograd::profiler::disableProfiler()->save(o.profile);
+    torch::autograd::profiler::disableProfiler()->save(profilePath);
     std::fprintf(stderr, "profile of steps %lld..%lld: %s\n",
                  static_cast<long long>(first + 2),
-                 static_cast<long long>(core.stepsTaken()), o.profile.c_str());
+                 static_cast<long long>(core.stepsTaken()), profilePath.c_str());
   } else if (profiling) {
     std::fprintf(stderr, "--profile: fewer than two steps ran; %s not "
-                 "written\n", o.profile.c_str());
+                 "written\n", profilePath.c_str());
   }
   if (!o.checkpointDir.empty() && lastSaved != core.stepsTaken()) {
     const std::string path = save();

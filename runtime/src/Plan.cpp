@@ -213,11 +213,20 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
         c.range("target.micro_batch", t->micro_batch(), limits::kMicroBatch);
     plan.globalBatch = c.range("target.global_batch", t->global_batch(),
                                limits::kGlobalBatch);
-    if (plan.globalBatch % (plan.microBatch * plan.gpus) != 0)
+    // A pipeline's batch splits over its replicas (docs/pipeline.md); the
+    // stages' count is checked with the pipeline below.
+    const int64_t stages = fb->pipeline() && fb->pipeline()->stages() &&
+                                   fb->pipeline()->stages()->size() > 1
+                               ? int64_t(fb->pipeline()->stages()->size())
+                               : 1;
+    const int64_t replicas =
+        plan.gpus % stages == 0 ? plan.gpus / stages : plan.gpus;
+    if (plan.globalBatch % (plan.microBatch * replicas) != 0)
       c.field("target.global_batch",
-              std::to_string(plan.globalBatch) +
-                  " is not a multiple of micro_batch x gpus = " +
-                  std::to_string(plan.microBatch * plan.gpus));
+              std::to_string(plan.globalBatch) + " is not a multiple of " +
+                  (stages > 1 ? "micro_batch x replicas = "
+                              : "micro_batch x gpus = ") +
+                  std::to_string(plan.microBatch * replicas));
     plan.zero = c.range("target.zero", t->zero(), {0, 2});
     plan.memoryBytes = c.range("target.memory_bytes", t->memory_bytes(),
                                {0, INT64_MAX});

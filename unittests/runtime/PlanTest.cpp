@@ -512,6 +512,11 @@ struct PlanFields {
   EwcConfig ewc{/*lambda=*/1e6, /*fisherBatches=*/2};
   /// Strategy.adapters, written when `adapted`.
   bool adapted = false;
+  /// Plan.pipeline (docs/pipeline.md), written when `piped`: two stages,
+  /// units 0–2 with the heads on tap 1, units 3–4 with the one on tap 2;
+  /// `pipeStages` overrides the first stage's units.
+  bool piped = false;
+  std::pair<int64_t, int64_t> pipeFirst{0, 2};
   /// Target.zero and Strategy.optimizer_offload (docs/zero.md).
   int64_t zero = 0;
   bool optimizerOffload = false;
@@ -620,13 +625,30 @@ std::string build(const PlanFields &f) {
                           : b.CreateString(f.evalData),
                       f.evalEvery,
                       f.phases.empty() ? 0 : b.CreateVector(phases));
+  flatbuffers::Offset<fb::Pipeline> pipeline;
+  if (f.piped) {
+    std::vector<int64_t> low, high;
+    for (size_t t = 0; t < f.tasks.size(); ++t)
+      (2 * f.tasks[t].tap <= f.pipeFirst.second ? low : high)
+          .push_back(int64_t(t));
+    std::vector<flatbuffers::Offset<fb::PipelineStage>> stages = {
+        fb::CreatePipelineStage(b, f.pipeFirst.first, f.pipeFirst.second,
+                                b.CreateVector(low), 100, f.predicted, 2,
+                                1e-3, 2e-3),
+        fb::CreatePipelineStage(b, f.pipeFirst.second + 1, 2 * f.layers,
+                                b.CreateVector(high), 100, f.predicted, 1,
+                                1e-3, 2e-3)};
+    pipeline = fb::CreatePipeline(b, b.CreateVector(stages), false,
+                                  f.global / f.micro, 0.2);
+  }
   auto plan = fb::CreatePlan(
       b, unsigned(fb::PlanVersion::Current), b.CreateString(f.model),
       b.CreateString(f.source), target, backbone, b.CreateVector(tasks),
       b.CreateVector(units), b.CreateVectorOfStructs(regions),
       b.CreateVector(offloads), b.CreateVector(buckets), f.predicted,
       f.keepPeak, f.uniformPeak, f.addedSeconds, strategy, train,
-      /*eval_peak_bytes=*/0, /*eval_batch=*/0, f.steady);
+      /*eval_peak_bytes=*/0, /*eval_batch=*/0, f.steady,
+      f.piped ? pipeline : flatbuffers::Offset<fb::Pipeline>());
   fb::FinishPlanBuffer(b, plan);
   // Framed with its checksum, as mtpc writes a plan file.
   return framePlan(b.GetBufferPointer(), b.GetSize());
@@ -882,6 +904,25 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       // One process holds every shard: the same run (test/tools/zero.test
       // runs it on two and four).
       {"Target.zero", [](F &f) { f.zero = 1; }, Shows::Nothing},
+
+      // A pipeline's stages need as many processes (test/tools/pipeline.test
+      // runs them: the split, each stage's heads, its prediction and
+      // micro-batches in flight, the schedule); its fields are checked as
+      // the plan is read (PlanTest.PipelineStagesAreChecked).
+      {"Plan.pipeline", [](F &f) { f.piped = true; f.gpus = 2; },
+       Shows::Refused, "the plan cuts the backbone into 2 pipeline stages"},
+      {"Pipeline.stages", [](F &) {}, Shows::Nothing},
+      {"Pipeline.gpipe", [](F &) {}, Shows::Nothing},
+      {"Pipeline.micro_batches", [](F &) {}, Shows::Nothing},
+      {"Pipeline.bubble", [](F &) {}, Shows::Nothing},
+      {"PipelineStage.first_unit", [](F &) {}, Shows::Nothing},
+      {"PipelineStage.last_unit", [](F &) {}, Shows::Nothing},
+      {"PipelineStage.tasks", [](F &) {}, Shows::Nothing},
+      {"PipelineStage.parameters", [](F &) {}, Shows::Nothing},
+      {"PipelineStage.predicted_peak_bytes", [](F &) {}, Shows::Nothing},
+      {"PipelineStage.in_flight", [](F &) {}, Shows::Nothing},
+      {"PipelineStage.forward_s", [](F &) {}, Shows::Nothing},
+      {"PipelineStage.backward_s", [](F &) {}, Shows::Nothing},
 
       {"Backbone.kind", [](F &f) { f.kind = "rnn"; }, Shows::Refused,
        "field backbone.kind: 99 is none of transformer"},
@@ -1430,4 +1471,47 @@ TEST(PlanFields, ANonFiniteLossOnOneRankStopsBothRanks) {
               "MTPRTCKPT 1\n");
     EXPECT_TRUE(readFile(c + "/step-000000002" + rank).empty()) << out;
   }
+}
+
+TEST(Plan, PipelineStagesAreChecked) {
+  auto read = [](const PlanFields &f) {
+    const std::string bytes = build(f);
+    return readPlan(bytes.data(), bytes.size(), "p.mtpplan");
+  };
+  auto error = [](const PlanFields &f) { return errorOf(build(f)); };
+  PlanFields f;
+  f.piped = true;
+  f.gpus = 2;
+  f.global = 16;
+  const Plan p = read(f);
+  ASSERT_EQ(p.pipeline.size(), 2);
+  EXPECT_EQ(p.pipeline.stages[0].tasks, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(p.pipeline.stages[1].tasks, (std::vector<int64_t>{2}));
+  EXPECT_EQ(p.pipeline.stages[1].firstUnit, 3);
+  EXPECT_EQ(p.pipeline.stages[1].lastUnit, 4);
+  EXPECT_EQ(p.pipeline.stages[0].inFlight, 2);
+  // Two stages of one replica: the batch is the replica's, in two
+  // micro-batches of 8.
+  const Program prog = programFromPlan(p);
+  EXPECT_EQ(prog.train.microBatches, 2);
+  EXPECT_TRUE(prog.pipeline.active());
+
+  PlanFields gap = f;
+  gap.pipeFirst = {1, 2};
+  EXPECT_NE(error(gap).find("field pipeline.stages[0].first_unit: 1 is out of "
+                            "[0, 0]"),
+            std::string::npos)
+      << error(gap);
+  PlanFields wrongHead = f;
+  wrongHead.pipeFirst = {0, 1}; // the heads on tap 1 (unit 2) land on stage 1
+  wrongHead.tasks[0].tap = 1;
+  // (build puts a task on stage 0 when its tap unit is <= the first stage's
+  // last; here none is, so stage 1 names them all and they fit.)
+  EXPECT_EQ(error(wrongHead), "");
+  PlanFields odd = f;
+  odd.gpus = 3;
+  odd.global = 24;
+  EXPECT_NE(error(odd).find("2 stages do not divide target.gpus 3"),
+            std::string::npos)
+      << error(odd);
 }
