@@ -346,6 +346,7 @@ struct RunSummary {
 
 /// Parses argv; returns false for --help.
 bool parse(int argc, char **argv, const Program &p, Options &o) {
+  bool nprocGiven = false;
   o.steps = p.steps;
   o.seed = p.seed;
   o.logEvery = p.logEvery;
@@ -421,8 +422,10 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.resume = true;
     else if (arg == "--resume-fallback")
       o.resumeFallback = true;
-    else if (arg == "--nproc")
+    else if (arg == "--nproc") {
       o.nproc = static_cast<int>(toInt(arg, value, 1, 4096));
+      nprocGiven = true;
+    }
     else if (arg == "--rank")
       o.rank = static_cast<int>(toInt(arg, value, 0, 1 << 20));
     else if (arg == "--world-size")
@@ -540,6 +543,12 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
     throw UsageError("--profile-memory needs --profile FILE");
   if (o.nproc > 1 && (o.rank || o.worldSize))
     throw UsageError("--nproc starts its own ranks; drop --rank/--world-size");
+  // A pipeline plan needs its processes: started here unless the command
+  // line or a launcher (RANK / WORLD_SIZE) says how many.
+  if (p.pipeline.active() && !nprocGiven && !o.rank && !o.worldSize &&
+      !std::getenv("WORLD_SIZE") && !std::getenv("MTPRT_STORE_SERVED"))
+    o.nproc = static_cast<int>(std::max<int64_t>(p.plannedProcesses,
+                                                 p.pipeline.size()));
   return true;
 }
 
