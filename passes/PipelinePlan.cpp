@@ -180,9 +180,13 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     int64_t keptNow = kept, grads = 0, worst = 0;
     for (int64_t i = 0; i < n; ++i) {
       grads += born[i];
+      // Its parameters' gradients: kept from here in the first backward;
+      // later made beside the resident ones and added in (a transient).
+      int64_t ws = int64_t(ops[i].getWorkspace());
       if (paramGrads)
         grads += cm.gradientBytes(ops[i]);
-      const int64_t ws = int64_t(ops[i].getWorkspace());
+      else
+        ws += cm.gradientBytes(ops[i]);
       worst = std::max(worst, keptNow + grads + ws - kept);
       grads -= dies[i];
       keptNow -= freedAfter[i];
