@@ -192,7 +192,7 @@ const Flag kFlags[] = {
      "measure the task-gradient cosine matrix every M steps (0: never; "
      "without it DGFG keeps uniform weights; default 1)"},
     {"--profile", "FILE",
-     "profile every step after the first with LibTorch's profiler (CPU ops and their input shapes; rank 0) and write it to FILE as a Chrome trace (Perfetto, chrome://tracing; bench/compare_profiles.py sums two by op)"},
+     "profile every step after the first with LibTorch's profiler (CPU ops and their input shapes; rank 0, and with a pipeline plan every stage: rank N writes FILE.rankN) and write it to FILE as a Chrome trace (Perfetto, chrome://tracing; bench/compare_profiles.py sums two by op)"},
     {"--profile-memory", "",
      "with --profile: also every allocation and free ([memory] events: bytes, running total), to find where a step peaks"},
     {"--profile-units", "FILE",
