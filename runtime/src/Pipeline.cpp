@@ -105,6 +105,16 @@ StepStats PipelineRunner::step(const Batch &batch, bool applyUpdate) {
     world_.recv(t, peer, tag);
     waitS_ += std::chrono::duration<double>(Clock::now() - t0).count();
   };
+  // The gate's small messages: built and read on the host, sent from where
+  // the process group takes tensors (NCCL: the device).
+  auto recvHost = [&](int64_t n, int peer, int tag) {
+    at::Tensor t = at::empty({n}, f64.device(world_.device()));
+    recv(t, peer, tag);
+    return t.cpu();
+  };
+  auto sendHost = [&](const at::Tensor &t, int peer, int tag) {
+    world_.send(t.to(world_.device()), peer, tag);
+  };
   auto microRows = [&](int64_t m) {
     return rows * (m + 1) / M - rows * m / M;
   };
@@ -152,7 +162,7 @@ StepStats PipelineRunner::step(const Batch &batch, bool applyUpdate) {
       if (measure)
         grads = at::zeros({nt, numel}, fp32);
       if (stage_ > 0) {
-        recv(info, prev_, kGateInfoTag);
+        info = recvHost(3 * nt, prev_, kGateInfoTag);
         if (measure)
           recv(grads, prev_, kGateGradsTag);
       }
@@ -166,7 +176,7 @@ StepStats PipelineRunner::step(const Batch &batch, bool applyUpdate) {
           grads[t].copy_(gi.processed[t][0].reshape({-1}));
       }
       if (!last) {
-        world_.send(info, next_, kGateInfoTag);
+        sendHost(info, next_, kGateInfoTag);
         if (measure)
           world_.send(grads, next_, kGateGradsTag);
         continue;
@@ -196,8 +206,7 @@ StepStats PipelineRunner::step(const Batch &batch, bool applyUpdate) {
     } else {
       core_.resumeMicroBatch(m);
       if (m == 0 && features && !last) {
-        alphaMsg = at::empty({nt + 1 + nt * nt}, f64);
-        recv(alphaMsg, next_, kAlphaTag);
+        alphaMsg = recvHost(nt + 1 + nt * nt, next_, kAlphaTag);
         std::vector<double> alpha(nt);
         for (int64_t t = 0; t < nt; ++t)
           alpha[t] = alphaMsg[t].item<double>();
@@ -222,7 +231,7 @@ StepStats PipelineRunner::step(const Batch &batch, bool applyUpdate) {
       core_.backwardBackbone();
       if (stage_ > 0) {
         if (m == 0 && features)
-          world_.send(alphaMsg, prev_, kAlphaTag);
+          sendHost(alphaMsg, prev_, kAlphaTag);
         at::Tensor g = core_.inputGradient();
         if (g.defined())
           world_.send(g.to(at::kFloat), prev_, gradientTag(m));
