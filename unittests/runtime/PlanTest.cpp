@@ -703,9 +703,12 @@ PlanRun runPlan(const PlanFields &f, const TempDir &dir,
     try {
       Program p = programFromPlan(loadPlan(planFile));
       r.regions = p.schedule.regions;
+      // --nproc 1: in this process, never the launcher (which a pipeline
+      // plan would start, re-running this test binary as its ranks).
       args.insert(args.begin(),
                   {"mtprt-run", "--threads", "1", "--progress", "off",
-                   "--metrics", metrics, "--checkpoint-dir", ckpt});
+                   "--metrics", metrics, "--checkpoint-dir", ckpt, "--nproc",
+                   "1"});
       return runDriverWith(args, p);
     } catch (const std::exception &e) {
       std::fprintf(stderr, "%s\n", e.what());
