@@ -1378,6 +1378,21 @@ def signed_bytes(d):
     return ("+" if d > 0 else "−") + fmt_bytes(abs(d))
 
 
+def run_planned(args, b, r, name, m, tasks, strategy, budget, steps, world):
+    """The spec planned by mtpc, run by mtprt-run on `world` processes: its
+    metrics records."""
+    text = spec_text(name, m, tasks, strategy, budget,
+                     {"steps": steps, "seed": 1, "log_every": 1})
+    src = r.tmp(".mtp")
+    plan = src + ".mtpplan"
+    with open(src, "w") as f:
+        f.write(text)
+    run([args.mtpc, "plan", src, "--format=fb", "-o", plan] + b.device_flags())
+    runner = os.path.join(ROOT, "build", "runtime", "tools", "mtprt-run")
+    extra = ["--plan", plan] + (["--nproc", str(world)] if world > 1 else [])
+    return r.mtpc(runner, steps, extra=extra)["records"]
+
+
 def section_zero(args, b, r, out):
     """ZeRO stages 1 and 2 (docs/zero.md): memory per rank and step time at
     1, 2 and 4 processes (gloo on loopback), on a model whose parameters
@@ -1401,15 +1416,7 @@ def section_zero(args, b, r, out):
             st = dict(strategy)
             if offload:
                 st["optimizer_offload"] = "cpu"
-            text = spec_text("bench_z", m, tasks, st, budget,
-                             {"steps": steps, "seed": 1, "log_every": 1})
-            src = r.tmp(".mtp")
-            plan = src + ".mtpplan"
-            with open(src, "w") as f:
-                f.write(text)
-            run([args.mtpc, "plan", src, "--format=fb", "-o", plan] + b.device_flags())
-            extra = ["--plan", plan] + (["--nproc", str(world)] if world > 1 else [])
-            recs = r.mtpc(runner, steps, extra=extra)["records"]
+            recs = run_planned(args, b, r, "bench_z", m, tasks, st, budget, steps, world)
             later = recs[1:] or recs
             e = {"measured": max(x["measured_peak_bytes"] for x in later),
                  "predicted": later[0]["predicted_peak_bytes"],
@@ -1483,7 +1490,6 @@ def section_pipeline(args, b, r, out):
     same global batch and micro batch, gloo on loopback; the wait share (idle
     for a neighbour: bubble and transfers) beside the theoretical bubble."""
     steps = 8 if args.quick else 20
-    runner = os.path.join(ROOT, "build", "runtime", "tools", "mtprt-run")
     m = {"layers": 8, "hidden": 128, "heads": 4, "ffn": 512, "vocab": 1024, "seq": 32,
          "dropout": 0.0}
     tasks = [("topic", "classify(classes = 4)", "from pooled"),
@@ -1502,15 +1508,7 @@ def section_pipeline(args, b, r, out):
             if kind != "dp":
                 budget["pipeline"] = world
                 st["pipeline_schedule"] = kind
-            text = spec_text("bench_p", m, tasks, st, budget,
-                             {"steps": steps, "seed": 1, "log_every": 1})
-            src = r.tmp(".mtp")
-            plan = src + ".mtpplan"
-            with open(src, "w") as f:
-                f.write(text)
-            run([args.mtpc, "plan", src, "--format=fb", "-o", plan] + b.device_flags())
-            extra = ["--plan", plan] + (["--nproc", str(world)] if world > 1 else [])
-            recs = r.mtpc(runner, steps, extra=extra)["records"]
+            recs = run_planned(args, b, r, "bench_p", m, tasks, st, budget, steps, world)
             later = recs[1:] or recs
             ranks = later[-1].get("measured_peak_bytes_by_rank") or [later[-1]["measured_peak_bytes"]]
             preds = later[-1].get("predicted_peak_bytes_by_rank") or [later[-1]["predicted_peak_bytes"]] * len(ranks)

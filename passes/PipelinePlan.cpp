@@ -54,18 +54,17 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     taskIndex[t] = int64_t(i);
 
   std::vector<BlockCost> blocks(nblocks);
-  auto blockOf = [&](Operation *op, UnitKind unit, uint64_t layer,
+  auto blockOf = [&](UnitKind unit, uint64_t layer,
                      FlatSymbolRefAttr task) -> int64_t {
     if (task)
       if (auto t = model.lookupSymbol<TaskOp>(task))
         return std::min<int64_t>(nblocks - 1, 2 * int64_t(t.getTapLayer()));
-    (void)op;
     return std::clamp<int64_t>(getBlockNumber(unit, layer), 0, nblocks - 1);
   };
   for (Operation &op : step.getBody().front()) {
     if (auto fwd = dyn_cast<FwdOp>(op)) {
       const int64_t b =
-          blockOf(&op, fwd.getUnit(), fwd.getLayer(), fwd.getTaskAttr());
+          blockOf(fwd.getUnit(), fwd.getLayer(), fwd.getTaskAttr());
       BlockCost &c = blocks[b];
       c.fwd += cm.opSeconds(&op);
       for (Value r : fwd.getOutputs())
@@ -86,7 +85,7 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       if (!task)
         c.outputKept = usedByBackward(fwd.getOutput());
     } else if (auto bwd = dyn_cast<BwdOp>(op)) {
-      blocks[blockOf(&op, bwd.getUnit(), bwd.getLayer(), bwd.getTaskAttr())]
+      blocks[blockOf(bwd.getUnit(), bwd.getLayer(), bwd.getTaskAttr())]
           .bwd += cm.opSeconds(&op);
     }
   }

@@ -645,9 +645,9 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
     // docs/pipeline.md: the stages (their peaks decide the fit).
     if (std::optional<PipelinePlanResult> pipe = planPipeline(model)) {
       Array stages;
+      SmallVector<TaskOp> tasks(model.getTasks());
       for (const PipelineStagePlan &st : pipe->stages) {
         Array names;
-        SmallVector<TaskOp> tasks(model.getTasks());
         for (int64_t t : st.tasks)
           names.push_back(tasks[t].getSymName().str());
         stages.push_back(Object{

@@ -539,12 +539,10 @@ std::vector<double> TrainerCore::pipelineAlpha(
     const std::vector<GradList> &processed, const std::vector<double> &losses,
     const std::vector<double> &norms, const std::vector<bool> &fusing) {
   StepState &st = state("pipelineAlpha", false);
-  if (train_.scope == GradScope::Sum) {
-    std::vector<double> a(model_->numHeads(), 0.0);
-    for (size_t t = 0; t < a.size(); ++t)
-      a[t] = st.present[t] ? 1.0 / static_cast<double>(st.npresent) : 0.0;
-    return a;
-  }
+  // The sum scope weighs its tasks in its own fusion (fuseTaskGradients).
+  if (train_.scope != GradScope::Features)
+    throw std::logic_error("mtprt: pipelineAlpha: only the features scope "
+                           "gathers the gate's inputs across stages");
   return computeAlpha(processed, {}, losses, norms, fusing, st.stats);
 }
 

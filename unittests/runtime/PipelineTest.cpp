@@ -60,10 +60,9 @@ std::map<std::string, at::Tensor> grads(const Model &m) {
   return out;
 }
 
-/// Two stages of the tiny model (units 0–2 with the tag head on layer 1's
-/// output... here: the head on tap 1 = unit 2; units 3–4 with the classify
-/// head on tap 2), micro-batches passed by hand in GPipe order, against one
-/// trainer of the whole model.
+/// Two stages of the tiny model (units 0–2 with the tag head on tap 1, units
+/// 3–4 with the classify head on tap 2), micro-batches passed by hand in
+/// GPipe order, against one trainer of the whole model.
 void twoStagesMatchTheWholeModel(GradScope scope) {
   ModelConfig m = fixtures::tinyModel();
   std::vector<HeadConfig> heads = {fixtures::classifyHead("cls", 2, 4),

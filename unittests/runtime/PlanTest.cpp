@@ -517,6 +517,8 @@ struct PlanFields {
   /// `pipeStages` overrides the first stage's units.
   bool piped = false;
   std::pair<int64_t, int64_t> pipeFirst{0, 2};
+  /// Every head listed on the last stage, whatever its tap (a forged plan).
+  bool pipeHeadsLast = false;
   /// Target.zero and Strategy.optimizer_offload (docs/zero.md).
   int64_t zero = 0;
   bool optimizerOffload = false;
@@ -629,7 +631,8 @@ std::string build(const PlanFields &f) {
   if (f.piped) {
     std::vector<int64_t> low, high;
     for (size_t t = 0; t < f.tasks.size(); ++t)
-      (2 * f.tasks[t].tap <= f.pipeFirst.second ? low : high)
+      (2 * f.tasks[t].tap <= f.pipeFirst.second && !f.pipeHeadsLast ? low
+                                                                    : high)
           .push_back(int64_t(t));
     std::vector<flatbuffers::Offset<fb::PipelineStage>> stages = {
         fb::CreatePipelineStage(b, f.pipeFirst.first, f.pipeFirst.second,
@@ -1506,11 +1509,11 @@ TEST(Plan, PipelineStagesAreChecked) {
             std::string::npos)
       << error(gap);
   PlanFields wrongHead = f;
-  wrongHead.pipeFirst = {0, 1}; // the heads on tap 1 (unit 2) land on stage 1
-  wrongHead.tasks[0].tap = 1;
-  // (build puts a task on stage 0 when its tap unit is <= the first stage's
-  // last; here none is, so stage 1 names them all and they fit.)
-  EXPECT_EQ(error(wrongHead), "");
+  wrongHead.pipeHeadsLast = true; // cls (tap 1, unit 2) listed on stage 1
+  EXPECT_NE(error(wrongHead).find("field pipeline.stages[1].tasks: head 0 is "
+                                  "not this stage's (its tap is unit 2)"),
+            std::string::npos)
+      << error(wrongHead);
   PlanFields odd = f;
   odd.gpus = 3;
   odd.global = 24;
