@@ -1921,8 +1921,9 @@ void Sema::crossChecks(CheckedSpec &spec) {
       refuse("train { phases }", "a stage trains every task at every step");
     if (s.checkpoint != CheckpointPolicy::none &&
         s.checkpoint != CheckpointPolicy::automatic)
-      refuse("checkpoint", "each stage keeps its activations (write "
-                           "checkpoint = none, or leave it out)");
+      refuse("checkpoint", "a stage keeps its activations, or with "
+                           "checkpoint = auto recomputes blocks until it "
+                           "fits (write none or auto)");
     if (s.offload != OffloadPolicy::none &&
         s.offload != OffloadPolicy::automatic)
       refuse("offload", "each stage keeps its activations on the device "

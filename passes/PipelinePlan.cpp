@@ -10,6 +10,8 @@
 
 #include "passes/CostModel.h"
 
+#include "llvm/ADT/DenseSet.h"
+
 #include <algorithm>
 #include <limits>
 
@@ -31,12 +33,45 @@ struct BlockCost {
   llvm::SmallVector<int64_t> tasks;
   /// The block's output: whether its own backward keeps it anyway.
   bool outputKept = false;
+  /// In a checkpoint region: re-run before its backward.
+  bool recomputed = false;
 };
 
-bool usedByBackward(Value v) {
-  return llvm::any_of(v.getUsers(),
-                      [](Operation *u) { return isa<BwdOp>(u); });
-}
+/// The plan's checkpoint regions by backbone block (the fwd units' `region`
+/// attributes): a value a recomputed unit makes is kept only where a unit
+/// outside its region reads it in the backward (the region's output, the
+/// next block's input); the rest the region's recompute re-creates.
+struct Regions {
+  llvm::DenseMap<int64_t, int64_t> ofBlock;
+  int64_t nblocks = 1;
+
+  int64_t blockOf(UnitKind unit, uint64_t layer) const {
+    return std::clamp<int64_t>(getBlockNumber(unit, layer), 0, nblocks - 1);
+  }
+  int64_t of(Operation *op) const {
+    auto regionOfBlock = [&](UnitKind u, uint64_t l, bool task) -> int64_t {
+      if (task)
+        return -1;
+      auto it = ofBlock.find(blockOf(u, l));
+      return it == ofBlock.end() ? -1 : it->second;
+    };
+    if (auto f = dyn_cast<FwdOp>(op))
+      return regionOfBlock(f.getUnit(), f.getLayer(), bool(f.getTaskAttr()));
+    if (auto b = dyn_cast<BwdOp>(op))
+      return regionOfBlock(b.getUnit(), b.getLayer(), bool(b.getTaskAttr()));
+    return -1;
+  }
+  /// Whether the backbone backward holds `v` from its forward (else:
+  /// re-created). A stage runs its heads' backward with their forward, so
+  /// what only they read is gone before.
+  bool kept(Value v) const {
+    const int64_t r = v.getDefiningOp() ? of(v.getDefiningOp()) : -1;
+    return llvm::any_of(v.getUsers(), [&](Operation *u) {
+      auto bwd = dyn_cast<BwdOp>(u);
+      return bwd && !bwd.getTaskAttr() && (r < 0 || of(u) != r);
+    });
+  }
+};
 } // namespace
 
 std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
@@ -53,7 +88,15 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
   for (auto [i, t] : llvm::enumerate(tasks))
     taskIndex[t] = int64_t(i);
 
+  Regions regions;
+  regions.nblocks = nblocks;
+  for (FwdOp fwd : step.getBody().front().getOps<FwdOp>())
+    if (std::optional<uint64_t> r = fwd.getRegion(); r && !fwd.getTaskAttr())
+      regions.ofBlock[regions.blockOf(fwd.getUnit(), fwd.getLayer())] =
+          int64_t(*r);
+
   std::vector<BlockCost> blocks(nblocks);
+  llvm::DenseSet<Value> boundaries;
   auto blockOf = [&](UnitKind unit, uint64_t layer,
                      FlatSymbolRefAttr task) -> int64_t {
     if (task)
@@ -67,9 +110,22 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
           blockOf(fwd.getUnit(), fwd.getLayer(), fwd.getTaskAttr());
       BlockCost &c = blocks[b];
       c.fwd += cm.opSeconds(&op);
+      // A recomputed unit runs again before its region's backward.
+      if (regions.of(fwd) >= 0) {
+        c.bwd += cm.opSeconds(&op);
+        c.recomputed = true;
+      }
       for (Value r : fwd.getOutputs())
-        if (usedByBackward(r))
+        if (regions.kept(r))
           c.kept += CostModel::bytes(r.getType());
+      // A region's boundary stays saved for its recompute, read in the
+      // backward or not.
+      if (const int64_t r = regions.of(fwd); r >= 0)
+        for (Value in : fwd.getInputs())
+          if (auto def = in.getDefiningOp<FwdOp>();
+              def && !def.getTaskAttr() && regions.of(def) != r &&
+              !regions.kept(in) && boundaries.insert(in).second)
+            c.kept += CostModel::bytes(in.getType());
       TaskOp task = fwd.getTaskAttr()
                         ? model.lookupSymbol<TaskOp>(fwd.getTaskAttr())
                         : TaskOp();
@@ -83,7 +139,7 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
           !llvm::is_contained(c.tasks, taskIndex.lookup(task)))
         c.tasks.push_back(taskIndex.lookup(task));
       if (!task)
-        c.outputKept = usedByBackward(fwd.getOutput());
+        c.outputKept = regions.kept(fwd.getOutput());
     } else if (auto bwd = dyn_cast<BwdOp>(op)) {
       blocks[blockOf(bwd.getUnit(), bwd.getLayer(), bwd.getTaskAttr())]
           .bwd += cm.opSeconds(&op);
@@ -145,15 +201,41 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
         def[r] = int64_t(i);
     }
     // The kept tensors: those the stage's own forward made (counted in
-    // keptBytesPerMicroBatch); only their release here matters.
+    // keptBytesPerMicroBatch); only their release here matters. A
+    // checkpoint region's re-created ones appear before its first backward
+    // unit (with the re-run's workspace and a second copy of its output,
+    // the root of the region's backward) and go after their last use.
     int64_t kept = 0;
-    std::vector<int64_t> freedAfter(n, 0);
+    std::vector<int64_t> freedAfter(n, 0), recreated(n, 0), rerunWs(n, 0);
+    llvm::DenseMap<int64_t, int64_t> regionStart, regionEnd;
+    for (auto [i, bwd] : llvm::enumerate(ops))
+      if (const int64_t r = regions.of(bwd); r >= 0) {
+        regionStart.try_emplace(r, int64_t(i));
+        regionEnd[r] = int64_t(i);
+      }
+    for (FwdOp fwd : step.getBody().front().getOps<FwdOp>()) {
+      auto it = regionStart.find(regions.of(fwd));
+      if (it == regionStart.end())
+        continue;
+      rerunWs[it->second] =
+          std::max(rerunWs[it->second], int64_t(fwd.getWorkspace()));
+      if (regions.kept(fwd.getOutput())) {
+        recreated[it->second] += CostModel::bytes(fwd.getOutput().getType());
+        freedAfter[regionEnd.lookup(it->first)] +=
+            CostModel::bytes(fwd.getOutput().getType());
+      }
+    }
     llvm::DenseSet<Value> seen;
     for (BwdOp bwd : ops)
       for (Value v : bwd.getSaved())
         if (seen.insert(v).second && v.getDefiningOp<FwdOp>() &&
             !v.getDefiningOp<FwdOp>().getTaskAttr()) {
-          kept += CostModel::bytes(v.getType());
+          if (regions.kept(v))
+            kept += CostModel::bytes(v.getType());
+          else
+            recreated[regionStart.lookup(
+                regions.of(v.getDefiningOp()))] +=
+                CostModel::bytes(v.getType());
           freedAfter[lastUse[v]] += CostModel::bytes(v.getType());
         }
     // Gradients: [def, lastUse] (external ones from 0), aliases own none.
@@ -176,16 +258,25 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
             CostModel::bytes(r.getType());
       }
     }
-    int64_t keptNow = kept, grads = 0, worst = 0;
+    int64_t keptNow = kept, grads = 0, worst = 0, regionGrads = 0;
     for (int64_t i = 0; i < n; ++i) {
       grads += born[i];
+      keptNow += recreated[i];
+      worst = std::max(worst, keptNow + grads + rerunWs[i] - kept);
       // Its parameters' gradients: kept from here in the first backward;
       // later made beside the resident ones and added in (a transient).
       int64_t ws = int64_t(ops[i].getWorkspace());
+      // A checkpoint region's backward (one autograd::grad) hands its
+      // parameters' gradients out together at its end: later backwards
+      // hold the region's new ones beside the resident ones until then.
+      const int64_t r = regions.of(ops[i]);
+      regionGrads = r >= 0 ? regionGrads + cm.gradientBytes(ops[i]) : 0;
       if (paramGrads)
         grads += cm.gradientBytes(ops[i]);
       else
-        ws += cm.gradientBytes(ops[i]);
+        ws += r >= 0 ? regionGrads : cm.gradientBytes(ops[i]);
+      if (r >= 0 && regionEnd.lookup(r) == i)
+        regionGrads = 0;
       worst = std::max(worst, keptNow + grads + ws - kept);
       grads -= dies[i];
       keptNow -= freedAfter[i];
@@ -201,6 +292,10 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
   const int64_t tapBytes = CostModel::bytes(cm.hiddenType());
 
   PipelinePlanResult out;
+  for (const BlockCost &c : blocks) {
+    out.blockKeptBytes.push_back(c.kept);
+    out.blockForwardSeconds.push_back(c.fwd);
+  }
   out.gpipe = budget.getGpipe();
   out.replicas = budget.getReplicas();
   out.microBatches = budget.getAccumulationSteps();
@@ -221,6 +316,8 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       st.trainableParameters += c.trainable;
       st.backboneTrainable += c.backboneTrainable;
       st.tasks.append(c.tasks.begin(), c.tasks.end());
+      if (c.recomputed)
+        st.recomputed.push_back(b);
     }
     llvm::sort(st.tasks);
     // The received activation is kept for the first unit's backward; the
@@ -247,25 +344,25 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     // The most micro-batches are in flight at the first backward, before
     // the backbone's gradients exist (they appear during it); the next
     // backward has the gradients and one micro-batch fewer (or, in 1F1B's
-    // steady state, as many).
+    // steady state, as many). The micro-batch in its backward has fused its
+    // processed tap gradients: the walk holds them (as the fusion's
+    // outputs), the others wait.
     const int64_t tapsHeld =
         features ? int64_t(st.tasks.size()) * tapBytes : 0;
-    const int64_t first =
-        st.stateBytes - CostModel::kGradientBytes * st.backboneTrainable +
-        st.inFlight * (st.keptBytesPerMicroBatch + tapsHeld) +
-        std::max(atForward,
-                 backwardExtra(st.firstUnit, st.lastUnit, true)) +
-        sent;
-    st.peakBytes = first;
+    auto heldWith = [&](int64_t inFlight, bool paramGrads) {
+      return std::max(
+          inFlight * (st.keptBytesPerMicroBatch + tapsHeld) + atForward,
+          inFlight * st.keptBytesPerMicroBatch + (inFlight - 1) * tapsHeld +
+              backwardExtra(st.firstUnit, st.lastUnit, paramGrads));
+    };
+    st.peakBytes = st.stateBytes -
+                   CostModel::kGradientBytes * st.backboneTrainable +
+                   heldWith(st.inFlight, true) + sent;
     if (M > 1) {
       const int64_t later =
           out.gpipe ? M - 1 : std::min<int64_t>(S - s, M - 1);
-      st.peakBytes = std::max(
-          first, st.stateBytes +
-                     later * (st.keptBytesPerMicroBatch + tapsHeld) +
-                     std::max(atForward,
-                              backwardExtra(st.firstUnit, st.lastUnit, false)) +
-                     sent);
+      st.peakBytes = std::max(st.peakBytes, st.stateBytes +
+                                                heldWith(later, false) + sent);
     }
     slowest = std::max(slowest, st.forwardSeconds + st.backwardSeconds);
     out.stages.push_back(std::move(st));

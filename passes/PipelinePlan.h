@@ -39,11 +39,17 @@ struct PipelineStagePlan {
   /// Bytes of one boundary activation (and of its gradient).
   int64_t boundaryBytes = 0;
   int64_t peakBytes = 0;
+  /// Blocks in checkpoint regions (re-run before their backward).
+  llvm::SmallVector<int64_t> recomputed;
 };
 
 struct PipelinePlanResult {
   llvm::SmallVector<PipelineStagePlan> stages;
   int64_t microBatches = 1, replicas = 1;
+  /// Per backbone block (runtime numbers): what one micro-batch keeps of it
+  /// under the plan, and its forward's time (what re-running it costs).
+  llvm::SmallVector<int64_t> blockKeptBytes;
+  llvm::SmallVector<double> blockForwardSeconds;
   bool gpipe = false;
   /// (S − 1) / (M + S − 1): the share of the step a stage idles.
   double bubble = 0;

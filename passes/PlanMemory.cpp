@@ -1411,11 +1411,56 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
     options.exactFloor = exactFloor;
     chooseStateSharding(model, measured ? &*measured : nullptr, options);
     MemoryPlanner planner(model, measured ? &*measured : nullptr);
-    // docs/pipeline.md: each stage keeps its activations (per-stage
-    // keep / recompute / offload is not built); the stages' peaks decide.
+    // docs/pipeline.md: each stage keeps its activations unless its peak is
+    // over the budget; then (checkpoint = auto) its blocks are recomputed,
+    // each its own region so none crosses a stage, the most bytes kept per
+    // second of re-run first, until it fits. The stages' peaks decide.
     if (std::optional<PipelinePlanResult> pipe = planPipeline(model)) {
-      PlanResult kept = planner.evaluate(std::vector<Decision>(
-          planner.getCandidates().size(), Decision::Keep));
+      const std::vector<Candidate> &cands = planner.getCandidates();
+      PlanResult kept = planner.evaluate(
+          std::vector<Decision>(cands.size(), Decision::Keep));
+      attachPlan(model, kept);
+      const int64_t keepPeak = pipe->peakBytes();
+      bool changed = false, canRecompute = false;
+      for (size_t s = 0; s < pipe->stages.size(); ++s) {
+        const PipelineStagePlan stage = pipe->stages[s];
+        SmallVector<size_t> order;
+        for (size_t c = 0; c < cands.size(); ++c)
+          if (cands[c].blocks.size() == 1 &&
+              cands[c].blocks[0] >= stage.firstUnit &&
+              cands[c].blocks[0] <= stage.lastUnit &&
+              planner.allowed(c, Decision::Recompute))
+            order.push_back(c);
+        canRecompute |= !order.empty();
+        auto worth = [&](size_t c) {
+          const int64_t b = cands[c].blocks[0];
+          return double(pipe->blockKeptBytes[b]) /
+                 std::max(1e-12, pipe->blockForwardSeconds[b]);
+        };
+        llvm::stable_sort(order, [&](size_t a, size_t b) {
+          return worth(a) > worth(b);
+        });
+        for (size_t c : order) {
+          if (pipe->stages[s].peakBytes <= planner.budget())
+            break;
+          kept.decisions[c] = Decision::Recompute;
+          kept.regions.clear();
+          for (size_t d = 0; d < cands.size(); ++d)
+            if (kept.decisions[d] == Decision::Recompute)
+              kept.regions.push_back({cands[d].blocks[0], cands[d].blocks[0]});
+          llvm::sort(kept.regions);
+          attachPlan(model, kept);
+          pipe = planPipeline(model);
+          changed = true;
+        }
+      }
+      if (changed) {
+        // The added time and the step's summary for these decisions; the
+        // regions stay one block each.
+        auto regions = kept.regions;
+        kept = planner.evaluate(kept.decisions);
+        kept.regions = std::move(regions);
+      }
       for (auto [s, stage] : llvm::enumerate(pipe->stages))
         if (stage.peakBytes > planner.budget()) {
           BudgetOp budget = model.getBudget();
@@ -1430,11 +1475,19 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
               << ") split the parameters further; a smaller micro_batch "
                  "shrinks the "
               << stage.inFlight << " micro-batches in flight";
+          if (!canRecompute)
+            diag.attachNote(budget.getLoc())
+                << "strategy { checkpoint = auto } recomputes an over-budget "
+                   "stage's blocks";
+          else if (!stage.recomputed.empty())
+            diag.attachNote(budget.getLoc())
+                << "that is with " << stage.recomputed.size()
+                << " of its blocks recomputed";
           return signalPassFailure();
         }
       // The plan's peaks are the largest stage's (docs/pipeline.md).
-      kept.peakBytes = kept.keepPeak = kept.uniformPeak = kept.minimalPeak =
-          pipe->peakBytes();
+      kept.peakBytes = kept.uniformPeak = kept.minimalPeak = pipe->peakBytes();
+      kept.keepPeak = keepPeak;
       kept.fits = true;
       attachPlan(model, kept);
       return;

@@ -237,7 +237,14 @@ static void printPipeline(ModelOp model, llvm::raw_ostream &os) {
      << " per step; bubble (S-1)/(M+S-1) = "
      << llvm::format("%.3f", pipe->bubble) << "; predicted step "
      << llvm::formatv("{0:f3} ms", pipe->stepSeconds * 1e3)
-     << " on the slowest stage; each stage keeps its activations\n";
+     << " on the slowest stage; "
+     << (llvm::any_of(pipe->stages,
+                      [](const PipelineStagePlan &st) {
+                        return !st.recomputed.empty();
+                      })
+             ? "over-budget stages recompute blocks"
+             : "each stage keeps its activations")
+     << "\n";
   for (auto [s, st] : llvm::enumerate(pipe->stages)) {
     os << "    stage " << s << ": " << unitName(st.firstUnit) << " .. "
        << unitName(st.lastUnit) << " (units " << st.firstUnit << "-"
@@ -252,7 +259,13 @@ static void printPipeline(ModelOp model, llvm::raw_ostream &os) {
        << " per micro-batch; peak " << formatBytes(st.peakBytes) << " ("
        << st.inFlight << " micro-batch" << (st.inFlight == 1 ? "" : "es")
        << " in flight x " << formatBytes(st.keptBytesPerMicroBatch)
-       << " kept, state " << formatBytes(st.stateBytes) << ")\n";
+       << " kept, state " << formatBytes(st.stateBytes) << ")";
+    if (!st.recomputed.empty()) {
+      os << "; recomputes";
+      for (auto [i, b] : llvm::enumerate(st.recomputed))
+        os << (i ? ", " : " ") << unitName(b);
+    }
+    os << "\n";
   }
 }
 
@@ -660,7 +673,9 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
             {"kept_bytes_per_micro_batch", st.keptBytesPerMicroBatch},
             {"state_bytes", st.stateBytes},
             {"forward_s", st.forwardSeconds},
-            {"backward_s", st.backwardSeconds}});
+            {"backward_s", st.backwardSeconds},
+            {"recomputed_units",
+             Array(st.recomputed)}});
       }
       out["pipeline"] = Object{{"stages", std::move(stages)},
                                {"replicas", pipe->replicas},

@@ -57,6 +57,15 @@ std::string describeActions(const std::vector<PipeAction> &actions) {
 namespace {
 /// Tags: a micro-batch's activation and gradient; micro-batch 0's gate
 /// messages above every micro-batch's.
+/// The last unit of the region that starts at `u`; −1 when none does.
+int64_t regionEnd(const std::vector<std::pair<int64_t, int64_t>> &regions,
+                  int64_t u) {
+  for (const auto &[first, last] : regions)
+    if (first == u)
+      return last;
+  return -1;
+}
+
 int activationTag(int64_t m) { return static_cast<int>(4 * m); }
 int gradientTag(int64_t m) { return static_cast<int>(4 * m + 1); }
 constexpr int kGateInfoTag = 1 << 24, kGateGradsTag = (1 << 24) + 1,
@@ -124,6 +133,7 @@ StepStats PipelineRunner::step(const Batch &batch, bool applyUpdate) {
   std::vector<bool> outGrad(M, false);
   // Micro-batch 0's α and cosine matrix (the last stage's), passed down.
   at::Tensor alphaMsg;
+  bool sentGrad = false;
   for (const PipeAction &a : pipelineActions(stages_, stage_, M, config_.gpipe)) {
     const int64_t m = a.micro;
     world_.reapSends();
@@ -137,8 +147,24 @@ StepStats PipelineRunner::step(const Batch &batch, bool applyUpdate) {
         recv(x, prev_, activationTag(m));
         v = core_.inputActivation(x);
       }
-      const ValueId out =
-          core_.forward(stage.firstUnit, stage.lastUnit, v, RegionMode::Keep);
+      // The stage's units, each checkpoint region as one call (the
+      // region keeps only its input and re-runs before its backward).
+      ValueId out = v;
+      for (int64_t u = stage.firstUnit; u <= stage.lastUnit;) {
+        int64_t end = regionEnd(stage.regions, u);
+        const bool region = end >= 0;
+        // A run of kept units in one call.
+        if (!region)
+          for (end = u;
+               end < stage.lastUnit && regionEnd(stage.regions, end + 1) < 0;)
+            ++end;
+        const ValueId next = core_.forward(
+            u, end, out, region ? RegionMode::Checkpoint : RegionMode::Keep);
+        if (out != v)
+          core_.release(out);
+        out = next;
+        u = end + 1;
+      }
       if (!last) {
         const at::Tensor y = core_.value(out);
         world_.send(y.detach(), next_, activationTag(m));
@@ -233,6 +259,14 @@ StepStats PipelineRunner::step(const Batch &batch, bool applyUpdate) {
         if (m == 0 && features)
           sendHost(alphaMsg, prev_, kAlphaTag);
         at::Tensor g = core_.inputGradient();
+        // At most one gradient on its way down (the plan counts one): the
+        // previous stage has taken the last before this one goes.
+        if (m > 0 && sentGrad) {
+          const auto t0 = Clock::now();
+          world_.waitSend(prev_, gradientTag(m - 1));
+          waitS_ += std::chrono::duration<double>(Clock::now() - t0).count();
+        }
+        sentGrad = g.defined();
         if (g.defined())
           world_.send(g.to(at::kFloat), prev_, gradientTag(m));
       }

@@ -644,6 +644,25 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
     for (size_t t = 0; t < owner.size(); ++t)
       if (owner[t] < 0)
         c.field("pipeline.stages", "no stage runs head " + std::to_string(t));
+    // Each checkpoint region runs inside one stage's process; a stage
+    // offloads nothing and runs no block at tensor grain.
+    for (const auto &[first, last] : plan.schedule.regions) {
+      bool inside = false;
+      for (PipelineStageConfig &st : plan.pipeline.stages)
+        if (first >= st.firstUnit && last <= st.lastUnit) {
+          st.regions.emplace_back(first, last);
+          inside = true;
+        }
+      if (!inside)
+        c.field("regions", "region " + std::to_string(first) + ".." +
+                               std::to_string(last) +
+                               " crosses a pipeline stage's boundary");
+    }
+    if (!plan.schedule.offloadUnits.empty() ||
+        !plan.schedule.offloadHeadList.empty() ||
+        !plan.schedule.partialUnits.empty())
+      c.field("units", "a pipeline stage offloads nothing and recomputes "
+                       "whole blocks only (docs/pipeline.md)");
     plan.pipeline.gpipe = pp->gpipe();
     plan.pipeline.microBatches = c.range("pipeline.micro_batches",
                                          pp->micro_batches(),

@@ -1514,6 +1514,21 @@ TEST(Plan, PipelineStagesAreChecked) {
                                   "not this stage's (its tap is unit 2)"),
             std::string::npos)
       << error(wrongHead);
+  // Each checkpoint region goes to the stage it lies in; one across a
+  // stage's boundary is refused.
+  PlanFields recomputed = f;
+  recomputed.regions = {{1, 1}, {3, 3}};
+  const Plan r = read(recomputed);
+  EXPECT_EQ(r.pipeline.stages[0].regions,
+            (std::vector<std::pair<int64_t, int64_t>>{{1, 1}}));
+  EXPECT_EQ(r.pipeline.stages[1].regions,
+            (std::vector<std::pair<int64_t, int64_t>>{{3, 3}}));
+  PlanFields crossed = f;
+  crossed.regions = {{2, 3}};
+  EXPECT_NE(error(crossed).find("field regions: region 2..3 crosses a "
+                                "pipeline stage's boundary"),
+            std::string::npos)
+      << error(crossed);
   PlanFields odd = f;
   odd.gpus = 3;
   odd.global = 24;

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mtprt {
@@ -20,6 +21,8 @@ struct PipelineStageConfig {
   std::vector<int64_t> tasks;          ///< heads (spec order) on this stage
   int64_t predictedPeakBytes = 0;
   int64_t inFlight = 1;
+  /// The plan's checkpoint regions inside this stage (none crosses one).
+  std::vector<std::pair<int64_t, int64_t>> regions;
 };
 
 struct PipelineConfig {
