@@ -1501,13 +1501,20 @@ def section_pipeline(args, b, r, out):
     micro, global_batch = 4, 32
     res, rows = {}, []
     for world in (1, 2, 4):
-        for kind in (("dp",) if world == 1 else ("dp", "1f1b", "gpipe")):
-            budget = budget_block(args, 2 << 30, micro_batch=micro, global_batch=global_batch)
+        for kind in (("dp",) if world == 1 else ("dp", "1f1b", "gpipe", "1f1b+recompute")):
+            memory = 2 << 30
+            if kind == "1f1b+recompute":
+                # 85% of the largest stage's plan kept whole: the stages over
+                # it recompute blocks (checkpoint = auto).
+                memory = int(0.85 * max(res["%d/1f1b" % world]["predicted"]))
+            budget = budget_block(args, memory, micro_batch=micro, global_batch=global_batch)
             budget["gpus"] = world
             st = dict(strategy)
             if kind != "dp":
                 budget["pipeline"] = world
-                st["pipeline_schedule"] = kind
+                st["pipeline_schedule"] = kind.split("+")[0]
+            if kind == "1f1b+recompute":
+                st["checkpoint"] = "auto"
             recs = run_planned(args, b, r, "bench_p", m, tasks, st, budget, steps, world)
             later = recs[1:] or recs
             ranks = later[-1].get("measured_peak_bytes_by_rank") or [later[-1]["measured_peak_bytes"]]
@@ -1540,7 +1547,9 @@ def section_pipeline(args, b, r, out):
                "processes share 2 cores). Memory: every rank's tracked peak at the last step; "
                "gap: the worst rank against its own prediction; wait: rank 0's share of the "
                "step spent waiting for a neighbour (bubble and transfer), beside the "
-               "theoretical bubble (S − 1)/(M + S − 1).\n" % steps)
+               "theoretical bubble (S − 1)/(M + S − 1). 1f1b+recompute: the budget at 85%% "
+               "of the 1F1B plan's largest stage, `checkpoint = auto` (an over-budget stage "
+               "recomputes blocks).\n" % steps)
     out.append(table(["processes", "run", "samples/s", "vs DP", "peak per rank",
                       "largest vs DP", "worst gap", "bubble", "wait share"], rows))
     return res

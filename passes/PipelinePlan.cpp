@@ -29,6 +29,9 @@ namespace {
 /// What one backbone block (with the heads on its tap) costs per micro-batch.
 struct BlockCost {
   double fwd = 0, bwd = 0;
+  /// A recomputed block's forward again, in its backward (not in the
+  /// split's balance, so recompute decisions never move the cut).
+  double rerun = 0;
   int64_t kept = 0, params = 0, trainable = 0, backboneTrainable = 0;
   llvm::SmallVector<int64_t> tasks;
   /// The block's output: whether its own backward keeps it anyway.
@@ -112,7 +115,7 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       c.fwd += cm.opSeconds(&op);
       // A recomputed unit runs again before its region's backward.
       if (regions.of(fwd) >= 0) {
-        c.bwd += cm.opSeconds(&op);
+        c.rerun += cm.opSeconds(&op);
         c.recomputed = true;
       }
       for (Value r : fwd.getOutputs())
@@ -310,7 +313,7 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     for (int64_t b = st.firstUnit; b <= st.lastUnit; ++b) {
       const BlockCost &c = blocks[b];
       st.forwardSeconds += c.fwd;
-      st.backwardSeconds += c.bwd;
+      st.backwardSeconds += c.bwd + c.rerun;
       st.keptBytesPerMicroBatch += c.kept;
       st.parameters += c.params;
       st.trainableParameters += c.trainable;
