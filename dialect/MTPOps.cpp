@@ -1069,6 +1069,15 @@ LogicalResult BudgetOp::verify() {
   }
   if (getGpipe() && getPipelineStages() < 2)
     return emitOpError("gpipe needs a pipeline of two stages or more");
+  if (std::optional<ArrayRef<int64_t>> starts = getStageStarts()) {
+    if (int64_t(starts->size()) != getPipelineStages() || starts->empty() ||
+        starts->front() != 0)
+      return emitOpError("stages needs one first unit per pipeline stage (")
+             << getPipelineStages() << "), the first 0";
+    for (size_t i = 1; i < starts->size(); ++i)
+      if ((*starts)[i] <= (*starts)[i - 1])
+        return emitOpError("stages' first units must increase");
+  }
   int64_t perStep = getMicroBatch() * getReplicas();
   if (getGlobalBatch() % perStep != 0)
     return emitOpError("global batch ")

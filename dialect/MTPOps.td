@@ -256,7 +256,9 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
     `pipeline` cuts the backbone into that many stages, one process each
     (docs/pipeline.md); `gpus` is then stages × data-parallel replicas, and
     the batch splits over the replicas. `gpipe` runs every forward before any
-    backward (otherwise one-forward-one-backward, 1F1B).
+    backward (otherwise one-forward-one-backward, 1F1B). `stages` is the
+    planner's cut: each stage's first unit (runtime block numbers, the first
+    0); absent, the cut balances the stages' time (docs/pipeline.md).
 
     ```mlir
     mtp.budget device "A100_32GB" memory 32 GiB headroom 2 GiB
@@ -276,7 +278,8 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
                        OptionalAttr<MTP_PositiveI64Attr>:$zero,
                        UnitAttr:$zero_auto,
                        OptionalAttr<MTP_PositiveI64Attr>:$pipeline,
-                       UnitAttr:$gpipe);
+                       UnitAttr:$gpipe,
+                       OptionalAttr<DenseI64ArrayAttr>:$stage_starts);
   let assemblyFormat = [{
     `device` $device `memory` custom<Bytes>($memory)
     `headroom` custom<Bytes>($headroom)
@@ -284,7 +287,8 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
     `batch` $global_batch `micro` $micro_batch `precision` $precision
     (`hbm` $memory_bandwidth^ `Bps`)? (`flops` $peak_flops^)?
     (`zero` $zero^)? (`zero_auto` $zero_auto^)?
-    (`pipeline` $pipeline^)? (`gpipe` $gpipe^)? attr-dict
+    (`pipeline` $pipeline^)? (`gpipe` $gpipe^)?
+    (`stages` $stage_starts^)? attr-dict
   }];
   let hasVerifier = 1;
   let extraClassDeclaration = [{

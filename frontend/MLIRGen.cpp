@@ -77,7 +77,8 @@ public:
                              b.pipeline > 1 ? i64(b.pipeline) : IntegerAttr(),
                              b.pipeline > 1 && spec.strategy.gpipe
                                  ? builder.getUnitAttr()
-                                 : UnitAttr());
+                                 : UnitAttr(),
+                             /*stage_starts=*/DenseI64ArrayAttr());
 
     const auto &s = spec.strategy;
     builder.create<StrategyOp>(

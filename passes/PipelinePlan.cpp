@@ -77,6 +77,36 @@ struct Regions {
 };
 } // namespace
 
+std::vector<int64_t> mtp::balancedStages(llvm::ArrayRef<double> seconds,
+                                         int64_t S) {
+  // The linear partition: best[s][i] = the least slowest-stage time of the
+  // first i blocks in s stages; cut[s][i] where its last stage starts.
+  const int64_t n = int64_t(seconds.size());
+  S = std::clamp<int64_t>(S, 1, std::max<int64_t>(1, n));
+  std::vector<double> prefix(n + 1, 0.0);
+  for (int64_t b = 0; b < n; ++b)
+    prefix[b + 1] = prefix[b] + seconds[b];
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(S + 1, std::vector<double>(n + 1, inf));
+  std::vector<std::vector<int64_t>> cut(S + 1, std::vector<int64_t>(n + 1, 0));
+  best[0][0] = 0;
+  for (int64_t s = 1; s <= S; ++s)
+    for (int64_t i = s; i <= n; ++i)
+      for (int64_t j = s - 1; j < i; ++j) {
+        const double t = std::max(best[s - 1][j], prefix[i] - prefix[j]);
+        if (t < best[s][i]) {
+          best[s][i] = t;
+          cut[s][i] = j;
+        }
+      }
+  std::vector<int64_t> starts(S);
+  for (int64_t s = S, i = n; s >= 1; --s) {
+    starts[s - 1] = cut[s][i];
+    i = cut[s][i];
+  }
+  return starts;
+}
+
 std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
   BudgetOp budget = model.getBudget();
   StepOp step = model.getStep();
@@ -149,31 +179,15 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     }
   }
 
-  // The linear partition: best[s][i] = the least slowest-stage time of the
-  // first i blocks in s stages; cut[s][i] where its last stage starts.
-  std::vector<double> prefix(nblocks + 1, 0.0);
-  for (int64_t b = 0; b < nblocks; ++b)
-    prefix[b + 1] = prefix[b] + blocks[b].fwd + blocks[b].bwd;
-  const double inf = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> best(S + 1,
-                                        std::vector<double>(nblocks + 1, inf));
-  std::vector<std::vector<int64_t>> cut(S + 1,
-                                        std::vector<int64_t>(nblocks + 1, 0));
-  best[0][0] = 0;
-  for (int64_t s = 1; s <= S; ++s)
-    for (int64_t i = s; i <= nblocks; ++i)
-      for (int64_t j = s - 1; j < i; ++j) {
-        const double t = std::max(best[s - 1][j], prefix[i] - prefix[j]);
-        if (t < best[s][i]) {
-          best[s][i] = t;
-          cut[s][i] = j;
-        }
-      }
-  std::vector<int64_t> starts(S);
-  for (int64_t s = S, i = nblocks; s >= 1; --s) {
-    starts[s - 1] = cut[s][i];
-    i = cut[s][i];
-  }
+  // The planner's cut when it chose one (BudgetOp `stages`), else the
+  // partition balancing the blocks' kept time.
+  std::vector<double> seconds;
+  for (const BlockCost &c : blocks)
+    seconds.push_back(c.fwd + c.bwd);
+  std::vector<int64_t> starts = balancedStages(seconds, S);
+  if (std::optional<ArrayRef<int64_t>> given = budget.getStageStarts();
+      given && int64_t(given->size()) == S && given->back() < nblocks)
+    starts.assign(given->begin(), given->end());
 
   // What a micro-batch's backward on a stage holds beyond its kept tensors:
   // a liveness walk over the stage's backbone backward units (in step
@@ -298,6 +312,7 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
   for (const BlockCost &c : blocks) {
     out.blockKeptBytes.push_back(c.kept);
     out.blockForwardSeconds.push_back(c.fwd);
+    out.blockSeconds.push_back(c.fwd + c.bwd + c.rerun);
   }
   out.gpipe = budget.getGpipe();
   out.replicas = budget.getReplicas();

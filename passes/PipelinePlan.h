@@ -18,6 +18,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace mtp {
 
@@ -50,6 +51,8 @@ struct PipelinePlanResult {
   /// under the plan, and its forward's time (what re-running it costs).
   llvm::SmallVector<int64_t> blockKeptBytes;
   llvm::SmallVector<double> blockForwardSeconds;
+  /// Per block: forward, backward and any re-run (what a split balances).
+  llvm::SmallVector<double> blockSeconds;
   bool gpipe = false;
   /// (S − 1) / (M + S − 1): the share of the step a stage idles.
   double bubble = 0;
@@ -59,8 +62,15 @@ struct PipelinePlanResult {
 };
 
 /// The stage split and per-stage prediction of `model`'s expanded step;
-/// none when the budget asks for no pipeline (or there is no step).
+/// none when the budget asks for no pipeline (or there is no step). The
+/// split is the budget's `stages` when the planner set it, else
+/// balancedStages over the blocks' kept time.
 std::optional<PipelinePlanResult> planPipeline(ModelOp model);
+
+/// The linear partition of blocks with these times into S contiguous
+/// stages minimizing the slowest: each stage's first block.
+std::vector<int64_t> balancedStages(llvm::ArrayRef<double> seconds,
+                                    int64_t S);
 
 } // namespace mtp
 

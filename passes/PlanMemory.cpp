@@ -1307,6 +1307,8 @@ void mtp::attachPlan(ModelOp model, const PlanResult &result) {
     fwd.setDecision(d);
     if (region >= 0)
       fwd.setRegion(region);
+    else
+      fwd.removeRegionAttr(); // a plan attached before may have set one
   }
   SmallVector<PlanOffload> offloads;
   for (const PlanResult::Offload &o : result.offloads)
@@ -1414,56 +1416,69 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
     // docs/pipeline.md: each stage keeps its activations unless its peak is
     // over the budget; then (checkpoint = auto) its blocks are recomputed,
     // each its own region so none crosses a stage, the most bytes kept per
-    // second of re-run first, until it fits. The stages' peaks decide.
-    if (std::optional<PipelinePlanResult> pipe = planPipeline(model)) {
+    // second of re-run first, until it fits. The stages' peaks decide. The
+    // cut, recorded as the budget's `stages`, balances the kept time
+    // (re-balancing on the time with the re-runs made no example faster:
+    // a block moved down the pipe meets more micro-batches in flight).
+    if (std::optional<PipelinePlanResult> initial = planPipeline(model)) {
       const std::vector<Candidate> &cands = planner.getCandidates();
-      PlanResult kept = planner.evaluate(
+      BudgetOp budget = model.getBudget();
+      Builder builder(model.getContext());
+      const PlanResult keepAll = planner.evaluate(
           std::vector<Decision>(cands.size(), Decision::Keep));
-      attachPlan(model, kept);
-      const int64_t keepPeak = pipe->peakBytes();
-      bool changed = false, canRecompute = false;
-      for (size_t s = 0; s < pipe->stages.size(); ++s) {
-        const PipelineStagePlan stage = pipe->stages[s];
-        SmallVector<size_t> order;
-        for (size_t c = 0; c < cands.size(); ++c)
-          if (cands[c].blocks.size() == 1 &&
-              cands[c].blocks[0] >= stage.firstUnit &&
-              cands[c].blocks[0] <= stage.lastUnit &&
-              planner.allowed(c, Decision::Recompute))
-            order.push_back(c);
-        canRecompute |= !order.empty();
-        auto worth = [&](size_t c) {
-          const int64_t b = cands[c].blocks[0];
-          return double(pipe->blockKeptBytes[b]) /
-                 std::max(1e-12, pipe->blockForwardSeconds[b]);
-        };
-        llvm::stable_sort(order, [&](size_t a, size_t b) {
-          return worth(a) > worth(b);
-        });
-        for (size_t c : order) {
-          if (pipe->stages[s].peakBytes <= planner.budget())
-            break;
-          kept.decisions[c] = Decision::Recompute;
-          kept.regions.clear();
-          for (size_t d = 0; d < cands.size(); ++d)
-            if (kept.decisions[d] == Decision::Recompute)
-              kept.regions.push_back({cands[d].blocks[0], cands[d].blocks[0]});
-          llvm::sort(kept.regions);
-          attachPlan(model, kept);
-          pipe = planPipeline(model);
-          changed = true;
+      bool canRecompute = false;
+      auto fitStages = [&](ArrayRef<int64_t> starts, PlanResult &plan) {
+        budget.setStageStartsAttr(builder.getDenseI64ArrayAttr(starts));
+        plan = keepAll;
+        attachPlan(model, plan);
+        PipelinePlanResult pipe = *planPipeline(model);
+        for (size_t s = 0; s < pipe.stages.size(); ++s) {
+          const PipelineStagePlan stage = pipe.stages[s];
+          SmallVector<size_t> order;
+          for (size_t c = 0; c < cands.size(); ++c)
+            if (cands[c].blocks.size() == 1 &&
+                cands[c].blocks[0] >= stage.firstUnit &&
+                cands[c].blocks[0] <= stage.lastUnit &&
+                planner.allowed(c, Decision::Recompute))
+              order.push_back(c);
+          canRecompute |= !order.empty();
+          auto worth = [&](size_t c) {
+            const int64_t b = cands[c].blocks[0];
+            return double(pipe.blockKeptBytes[b]) /
+                   std::max(1e-12, pipe.blockForwardSeconds[b]);
+          };
+          llvm::stable_sort(order, [&](size_t a, size_t b) {
+            return worth(a) > worth(b);
+          });
+          for (size_t c : order) {
+            if (pipe.stages[s].peakBytes <= planner.budget())
+              break;
+            plan.decisions[c] = Decision::Recompute;
+            plan.regions.clear();
+            for (size_t d = 0; d < cands.size(); ++d)
+              if (plan.decisions[d] == Decision::Recompute)
+                plan.regions.push_back({cands[d].blocks[0], cands[d].blocks[0]});
+            llvm::sort(plan.regions);
+            attachPlan(model, plan);
+            pipe = *planPipeline(model);
+          }
         }
-      }
-      if (changed) {
+        return pipe;
+      };
+      std::vector<int64_t> starts;
+      for (const PipelineStagePlan &st : initial->stages)
+        starts.push_back(st.firstUnit);
+      PlanResult plan;
+      PipelinePlanResult pipe = fitStages(starts, plan);
+      if (llvm::is_contained(plan.decisions, Decision::Recompute)) {
         // The added time and the step's summary for these decisions; the
         // regions stay one block each.
-        auto regions = kept.regions;
-        kept = planner.evaluate(kept.decisions);
-        kept.regions = std::move(regions);
+        auto regions = plan.regions;
+        plan = planner.evaluate(plan.decisions);
+        plan.regions = std::move(regions);
       }
-      for (auto [s, stage] : llvm::enumerate(pipe->stages))
+      for (auto [s, stage] : llvm::enumerate(pipe.stages))
         if (stage.peakBytes > planner.budget()) {
-          BudgetOp budget = model.getBudget();
           auto diag = budget.emitError()
                       << "pipeline stage " << s << " (units "
                       << stage.firstUnit << " to " << stage.lastUnit
@@ -1486,10 +1501,10 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
           return signalPassFailure();
         }
       // The plan's peaks are the largest stage's (docs/pipeline.md).
-      kept.peakBytes = kept.uniformPeak = kept.minimalPeak = pipe->peakBytes();
-      kept.keepPeak = keepPeak;
-      kept.fits = true;
-      attachPlan(model, kept);
+      plan.peakBytes = plan.uniformPeak = plan.minimalPeak = pipe.peakBytes();
+      plan.keepPeak = initial->peakBytes();
+      plan.fits = true;
+      attachPlan(model, plan);
       return;
     }
     PlanResult result = planner.solve(options);

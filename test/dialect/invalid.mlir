@@ -193,6 +193,24 @@ mtp.model @uneven_batch {
 
 // -----
 
+mtp.model @stage_starts_count {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{'mtp.budget' op stages needs one first unit per pipeline stage (2), the first 0}}
+  mtp.budget device "cpu" memory 1 GiB headroom 0 B link 32 GBps gpus 2 batch 8 micro 4 precision fp32 pipeline 2 stages [1, 3]
+}
+
+// -----
+
+mtp.model @stage_starts_order {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{'mtp.budget' op stages' first units must increase}}
+  mtp.budget device "cpu" memory 1 GiB headroom 0 B link 32 GBps gpus 2 batch 8 micro 4 precision fp32 pipeline 2 stages [0, 0]
+}
+
+// -----
+
 mtp.model @fp16_on_cpu {
   mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
