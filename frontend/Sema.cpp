@@ -1833,11 +1833,6 @@ void Sema::crossChecks(CheckedSpec &spec) {
       error(s.ewcLoc) << "ewc with saps is not yet supported: the penalty's "
                          "gradient is dense and saps folds the backbone's "
                          "away";
-    if (spec.budget.gpus > 1)
-      error(s.ewcLoc)
-          << "ewc with more than one process (gpus = " << spec.budget.gpus
-          << ") is not yet supported: each process would estimate its own "
-             "Fisher; train on one, or drop ewc";
   }
   if (s.adapters && s.adapters->bottleneck > bb.hidden)
     error(s.adaptersLoc) << "adapters: bottleneck " << s.adapters->bottleneck

@@ -1211,6 +1211,20 @@ int train(const std::string &name, const Program &p, const Options &o) {
     sent = exchange.averageGradients(core.model().trainableParameters());
   };
 
+  // EWC's Fisher and conflict measurement on this rank's rows of a batch,
+  // averaged over the ranks: the whole batch's, as one process has it, at
+  // the plan's micro batch (docs/techniques.md D14).
+  if (dp > 1 && !pipeline.active())
+    core.averageOverRanks = [&](std::vector<at::Tensor> &ts) {
+      comm.allReduceSum(ts);
+      for (at::Tensor &t : ts)
+        t.div_(double(dp));
+    };
+  auto mineOf = [&](const Batch &b) {
+    const int64_t local = b.size() / dp;
+    return b.slice(replica * local, (replica + 1) * local);
+  };
+
   std::unique_ptr<DataSource> data =
       o.data == "synthetic" ? syntheticData(mc, p.heads, o.seed, o.relatedness)
                             : loadData(o.data, mc, p.heads);
@@ -1754,8 +1768,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
       for (int64_t t : next)
         if (std::find(tasks.begin(), tasks.end(), t) == tasks.end())
           tasks.push_back(t);
-      Batch b = schedule ? data->records(recordOffset, o.batchSize)
-                         : data->batch(position, o.batchSize);
+      Batch b = mineOf(schedule ? data->records(recordOffset, o.batchSize)
+                                : data->batch(position, o.batchSize));
       int64_t layer = 0;
       const std::vector<std::vector<double>> cos =
           core.taskSimilarity(b, p.schedule, tasks, &layer);
@@ -1802,9 +1816,10 @@ int train(const std::string &name, const Program &p, const Options &o) {
     }
     if (protect) {
       for (int64_t j = 0; j < tc.ewc->fisherBatches; ++j) {
-        Batch b = schedule ? data->records(recordOffset + j * o.batchSize,
-                                           o.batchSize)
-                           : data->batch(position + j, o.batchSize);
+        Batch b = mineOf(schedule
+                             ? data->records(recordOffset + j * o.batchSize,
+                                             o.batchSize)
+                             : data->batch(position + j, o.batchSize));
         keepPhaseTasks(b, phase);
         core.addFisherSample(b, p.schedule);
       }

@@ -1199,6 +1199,16 @@ void TrainerCore::addFisherSample(const Batch &batch, const Schedule &s) {
   }
   quiet_ = false;
   model_->setTraining(training);
+  // Every rank's rows: the gradient one process gets from the whole batch.
+  if (averageOverRanks) {
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor &p : ewc_->params()) {
+      if (!p.grad().defined())
+        p.mutable_grad() = at::zeros_like(p);
+      grads.push_back(p.grad());
+    }
+    averageOverRanks(grads);
+  }
   ewc_->addFisherSample();
   for (const at::Tensor &p : model_->parameters())
     p.mutable_grad() = at::Tensor();
@@ -1263,6 +1273,30 @@ TrainerCore::taskSimilarity(const Batch &batch, const Schedule &s,
                                                  probe[j].options().dtype(
                                                      at::kDouble)));
     flat[i] = at::cat(parts);
+  }
+  // Every rank's rows (the cosines do not depend on the scale: a sum over
+  // the ranks that have a task's labels is its whole-batch gradient's
+  // direction).
+  if (averageOverRanks) {
+    int64_t numel = 0;
+    for (const at::Tensor &p : probe)
+      numel += p.numel();
+    const auto f64 = probe.front().options().dtype(at::kDouble);
+    at::Tensor present = at::zeros({n}, f64);
+    std::vector<at::Tensor> ts;
+    for (int64_t i = 0; i < n; ++i) {
+      if (flat[i].defined())
+        present[i] = 1.0;
+      else
+        flat[i] = at::zeros({numel}, f64);
+      ts.push_back(flat[i]);
+    }
+    ts.push_back(present);
+    averageOverRanks(ts);
+    const at::Tensor have = ts.back().cpu();
+    for (int64_t i = 0; i < n; ++i)
+      if (!(have[i].item<double>() > 0))
+        flat[i] = at::Tensor();
   }
   std::vector<std::vector<double>> cos(
       n, std::vector<double>(n, std::numeric_limits<double>::quiet_NaN()));

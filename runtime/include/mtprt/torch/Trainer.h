@@ -194,6 +194,11 @@ public:
   /// final (fused, unscaled) and before the optimizer step: the data-parallel
   /// gradient exchange plugs in here and records its bytes in the stats.
   std::function<void(StepStats &)> beforeUpdate;
+  /// With more than one data-parallel rank: averages the tensors in place
+  /// over the ranks. EWC's Fisher (addFisherSample) and the conflict
+  /// measurement (taskSimilarity) then see every rank's rows, as one
+  /// process sees the whole batch, and every rank holds the same estimate.
+  std::function<void(std::vector<at::Tensor> &)> averageOverRanks;
 
   /// Restores the counters a checkpoint saves (steps taken, fp16 loss scale).
   void restoreCounters(int64_t steps, double lossScale, int64_t goodSteps) {
