@@ -1846,11 +1846,11 @@ void Sema::crossChecks(CheckedSpec &spec) {
               "backward";
       note(diag, s.loc, "use gradient_scope = features with saps");
     }
-    if (spec.budget.gpus > 1)
+    if (spec.budget.gpus > 1 && s.collective == CollectivePolicy::compressed)
       error(s.sapsLoc)
-          << "saps with more than one process (gpus = " << spec.budget.gpus
-          << ") is not yet supported: each process would rank its own "
-             "selection; train on one, or drop saps";
+          << "saps with collective = compressed: the ranks exchange the "
+             "selected entries uncompressed (GSC's residual is per value); "
+             "write collective = none or auto";
     if (bb.freeze && bb.freeze->first == 0 && bb.freeze->second == bb.layers)
       warning(s.sapsLoc, "saps has no effect: freeze keeps the whole backbone "
                          "frozen, and saps updates only the backbone");

@@ -29,9 +29,13 @@ struct CompressCollectivesPass
     CollectivePolicy policy = strategy.getCollective();
     // ZeRO 2 reduce-scatters plain gradients (docs/zero.md).
     const bool scattered = budget && budget.getZeroStage() >= 2;
+    // SAPS exchanges the selected entries, uncompressed (docs/techniques.md
+    // D12).
+    const bool sparse = bool(strategy.getSapsAttr());
     bool compress =
         policy == CollectivePolicy::compressed ||
-        (policy == CollectivePolicy::automatic && world > 1 && !scattered);
+        (policy == CollectivePolicy::automatic && world > 1 && !scattered &&
+         !sparse);
     auto buckets = step.getBody().front().getOps<AllReduceOp>();
     if (!compress) {
       if (remarks)

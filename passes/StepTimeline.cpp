@@ -64,7 +64,10 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
     } else if (auto costly = dyn_cast<CostOpInterface>(op)) {
       workspace[pos] = costly.getWorkspaceBytes();
     } else if (isa<AllReduceOp>(op)) {
-      workspace[pos] = exchange.transient;
+      // SAPS flattens only the dense gradients (its compact ones are
+      // averaged in place).
+      workspace[pos] = std::max<int64_t>(
+          0, exchange.transient - (sparse ? 4 * groups.sparse : 0));
     }
     // A unit's parameter gradients appear at its backward (where autograd
     // accumulates them) and stay until the optimizer step.

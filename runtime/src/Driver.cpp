@@ -16,6 +16,7 @@
 #include "mtprt/torch/Pipeline.h"
 #include "mtprt/torch/Zero.h"
 #include "mtprt/torch/Pretrained.h"
+#include "mtprt/torch/Saps.h"
 #include "mtprt/HfNames.h"
 #include "mtprt/torch/Trainer.h"
 #include "mtprt/torch/UnitProfile.h"
@@ -45,6 +46,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <unordered_set>
 #include <stdexcept>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -604,11 +606,10 @@ void preflight(const Program &p, const Options &o, int world) {
         "the plan's collective quantizes to " + std::to_string(p.compressBits) +
         " bits per value; this runtime's GSC kernels quantize to 8 bits only: "
         "re-plan with compressed(bits = 8), or run with --no-compress");
-  if (p.train.saps && world > 1)
+  if (p.train.saps && world > 1 && o.compress)
     throw std::runtime_error(
-        "the plan updates the backbone sparsely (strategy { saps }), which "
-        "this runtime runs on one process only (each rank would rank its own "
-        "selection): run without --nproc, or re-plan without saps");
+        "the plan updates the backbone sparsely (strategy { saps }): its "
+        "ranks exchange the selected entries uncompressed; drop --compress");
 }
 
 //===----------------------------------------------------------------------===//
@@ -1208,7 +1209,24 @@ int train(const std::string &name, const Program &p, const Options &o) {
       sent.bytesSent = sent.bytesSentUncompressed = zero->reduceScatter();
       return;
     }
-    sent = exchange.averageGradients(core.model().trainableParameters());
+    SparseUpdate *sparse = core.sparseUpdate();
+    if (!sparse || dp == 1) {
+      sent = exchange.averageGradients(core.model().trainableParameters());
+      return;
+    }
+    // SAPS: the dense gradients (heads, what it does not manage), then the
+    // selected entries' (the ranks select alike: docs/techniques.md D12).
+    std::unordered_set<const void *> managed;
+    for (const at::Tensor &t : sparse->params())
+      managed.insert(t.unsafeGetTensorImpl());
+    std::vector<at::Tensor> dense;
+    for (const at::Tensor &t : core.model().trainableParameters())
+      if (!managed.count(t.unsafeGetTensorImpl()))
+        dense.push_back(t);
+    sent = exchange.averageGradients(dense);
+    const int64_t bytes = sparse->averageGradients(core.averageOverRanks);
+    sent.bytesSent += bytes;
+    sent.bytesSentUncompressed += bytes;
   };
 
   // EWC's Fisher and conflict measurement on this rank's rows of a batch,

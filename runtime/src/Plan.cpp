@@ -732,6 +732,10 @@ Program programFromPlan(const Plan &plan) {
   p.train.zeroStage = int(plan.zero);
   if (plan.zero >= 2 && plan.collective == Collective::Auto)
     p.compress = false;
+  // So does SAPS's exchange of the selected entries (docs/techniques.md
+  // D12).
+  if (plan.train.saps && plan.collective == Collective::Auto)
+    p.compress = false;
   p.compressTopK = plan.compressTopK;
   p.compressDecay = plan.compressDecay;
   p.compressBlock = plan.compressBlock;

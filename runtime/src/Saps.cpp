@@ -66,21 +66,58 @@ SparseUpdate::~SparseUpdate() {
       torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
 }
 
-void SparseUpdate::beginStep(int64_t step, double lossScale) {
+void SparseUpdate::beginStep(int64_t step, double lossScale, bool rankable) {
   lossScale_ = lossScale;
-  const bool rerank = config_.rerankAt(step);
+  const bool rerank = config_.rerankAt(step) && rankable;
   if (rerank)
     changed_ = ranked_ = 0;
   for (Entry &e : entries_) {
     e.grad.zero_();
-    e.rerank = rerank || !e.ranked;
+    e.rerank = rankable && (rerank || !e.ranked);
+    e.skip = !rankable && !e.ranked;
     e.got = false;
   }
+}
+
+bool SparseUpdate::wouldRank(int64_t step) const {
+  if (config_.rerankAt(step))
+    return true;
+  for (const Entry &e : entries_)
+    if (!e.ranked)
+      return true;
+  return false;
+}
+
+int64_t SparseUpdate::averageGradients(
+    const std::function<void(std::vector<at::Tensor> &)> &average) {
+  if (entries_.empty())
+    return 0;
+  at::NoGradGuard noGrad;
+  std::vector<at::Tensor> ts;
+  at::Tensor got = at::zeros({int64_t(entries_.size())},
+                             entries_.front().grad.options());
+  int64_t bytes = 4 * got.numel();
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    ts.push_back(entries_[i].grad);
+    bytes += 4 * entries_[i].grad.numel();
+    if (entries_[i].got)
+      got[int64_t(i)] = 1.0f;
+  }
+  ts.push_back(got);
+  average(ts);
+  const at::Tensor any = ts.back().cpu();
+  for (size_t i = 0; i < entries_.size(); ++i)
+    entries_[i].got = any[int64_t(i)].item<float>() > 0;
+  return bytes;
 }
 
 void SparseUpdate::rerank(size_t i, const at::Tensor &grad) {
   Entry &e = entries_[i];
   at::NoGradGuard noGrad;
+  // Every rank's gradient (its average folds as it would on one process:
+  // the exchange's average leaves it as it is).
+  if (averageDense)
+    averageDense(grad);
   const at::Tensor g = grad.reshape({-1}).to(at::kFloat);
   const at::Tensor theta = params_[i].detach().reshape({-1}).to(at::kFloat);
   // |θ·g| + λ·g², of the unscaled gradient g/s.
@@ -137,6 +174,8 @@ void SparseUpdate::add(size_t i, const at::Tensor &grad) {
                                 " entries for a parameter of " +
                                 std::to_string(params_[i].numel()));
   at::NoGradGuard noGrad;
+  if (e.skip)
+    return;
   if (e.rerank)
     rerank(i, grad);
   e.grad.add_(grad.reshape({-1}).index_select(0, e.index).to(at::kFloat));

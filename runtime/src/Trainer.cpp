@@ -389,8 +389,30 @@ void TrainerCore::beginStep(const Batch &fullBatch) {
   }
   offloader_->resetStats();
   st->scale = lossScale_;
-  if (saps_)
-    saps_->beginStep(step_, st->scale);
+  if (saps_) {
+    // Data parallelism: a ranking averages each dense gradient over the
+    // ranks inside autograd's hooks, so every rank must make the same
+    // tensors' gradients — the same tasks present (one small all-reduce
+    // says so); where they differ the step keeps its selections.
+    bool rankable = true;
+    saps_->averageDense = nullptr;
+    if (averageOverRanks && saps_->wouldRank(step_)) {
+      std::vector<at::Tensor> flags{at::zeros({nt}, at::kFloat)};
+      for (int64_t t = 0; t < nt; ++t)
+        flags[0][t] = st->present[t] ? 1.0f : 0.0f;
+      flags[0] = flags[0].to(m.device());
+      averageOverRanks(flags);
+      const at::Tensor f = flags[0].cpu();
+      for (int64_t t = 0; t < nt; ++t)
+        rankable &= f[t].item<float>() == 0.0f || f[t].item<float>() == 1.0f;
+      if (rankable)
+        saps_->averageDense = [this](const at::Tensor &g) {
+          std::vector<at::Tensor> v{g};
+          averageOverRanks(v);
+        };
+    }
+    saps_->beginStep(step_, st->scale, rankable);
+  }
   st->unitBytes.assign(m.numUnits(), 0);
   st->losses.assign(nt, 0.0);
   st->gradNorms.assign(nt, 0.0);

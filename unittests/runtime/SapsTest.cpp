@@ -61,6 +61,59 @@ TEST(Saps, SelectsTheTopImportancePerTensor) {
   }
 }
 
+// Data parallelism (docs/techniques.md D12): a ranking reads the dense
+// gradient averaged over the ranks (here a stand-in that halves it: two
+// ranks, the other's zero); a step whose ranks cannot rank alike keeps the
+// selections and folds nothing into a tensor never ranked; the exchange
+// averages the compact gradients and which tensors got one.
+TEST(Saps, RanksTogetherOrKeepsTheSelection) {
+  std::vector<at::Tensor> ps = params(1);
+  SapsConfig c{0.1, 2, 0.0};
+  SparseUpdate s(ps, c, /*hooks=*/false);
+  int averaged = 0;
+  s.averageDense = [&](const at::Tensor &g) {
+    ++averaged;
+    g.mul_(0.5);
+  };
+  s.beginStep(0, 1.0, /*rankable=*/false);
+  EXPECT_TRUE(s.wouldRank(0));
+  at::manual_seed(2);
+  at::Tensor g0 = at::randn(ps[0].sizes());
+  s.add(0, g0.clone());
+  EXPECT_EQ(averaged, 0);
+  EXPECT_EQ(s.gradient(0).abs().sum().item<float>(), 0.0f); // nothing folded
+
+  s.beginStep(0, 1.0, /*rankable=*/true);
+  at::Tensor g = g0.clone();
+  s.add(0, g);
+  EXPECT_EQ(averaged, 1);
+  const at::Tensor want =
+      referenceSelection(ps[0].detach(), g0, 0.0, c.selected(ps[0].numel()));
+  EXPECT_TRUE(at::equal(s.selection(0), want));
+  EXPECT_TRUE(at::allclose(s.gradient(0),
+                           0.5 * g0.reshape(-1).index_select(0, want)));
+  s.add(1, at::randn(ps[1].sizes()));
+  EXPECT_EQ(averaged, 2);
+  EXPECT_FALSE(s.wouldRank(1)); // both ranked, step 1 is not a re-rank step
+  EXPECT_TRUE(s.wouldRank(2));
+
+  // A re-rank step the ranks cannot rank alike: the selection stays.
+  s.beginStep(2, 1.0, /*rankable=*/false);
+  s.add(0, at::randn(ps[0].sizes()));
+  EXPECT_TRUE(at::equal(s.selection(0), want));
+  EXPECT_EQ(averaged, 2);
+
+  // The exchange: the compact gradients and the got flags, in one list.
+  std::vector<int64_t> sizes;
+  const int64_t bytes = s.averageGradients([&](std::vector<at::Tensor> &ts) {
+    for (at::Tensor &t : ts)
+      sizes.push_back(t.numel());
+  });
+  EXPECT_EQ(sizes, (std::vector<int64_t>{c.selected(ps[0].numel()),
+                                         c.selected(ps[1].numel()), 2}));
+  EXPECT_EQ(bytes, 4 * (sizes[0] + sizes[1] + sizes[2]));
+}
+
 TEST(Saps, TheLossScaleDoesNotChangeTheRanking) {
   std::vector<at::Tensor> ps = params(3);
   SapsConfig c{0.2, 1000, 10.0};

@@ -19,6 +19,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,8 +45,23 @@ public:
   /// Before a step's first backward: clears the compact gradients; at a
   /// re-rank step, the next gradient each tensor receives ranks it anew.
   /// `lossScale`: what the gradients to come are multiplied by (fp16),
-  /// divided out of the importance.
-  void beginStep(int64_t step, double lossScale = 1.0);
+  /// divided out of the importance. `rankable` false (data-parallel ranks
+  /// whose batches do not give every tensor a gradient alike): no ranking
+  /// this step — the selections stay, and a tensor never ranked folds
+  /// nothing.
+  void beginStep(int64_t step, double lossScale = 1.0, bool rankable = true);
+  /// Whether a gradient at `step` would rank a tensor (a re-rank step, or
+  /// one never ranked).
+  bool wouldRank(int64_t step) const;
+  /// Data parallelism: averages a dense gradient over the ranks in place,
+  /// before a ranking reads it (every rank then selects the same entries).
+  /// Unset: one process.
+  std::function<void(const at::Tensor &)> averageDense;
+  /// Averages the compact gradients (and which tensors got one) over the
+  /// ranks with `average` (in place): the exchange of a sparse step, 4 B
+  /// per selected entry. Returns the bytes handed to it.
+  int64_t averageGradients(
+      const std::function<void(std::vector<at::Tensor> &)> &average);
   /// Folds `grad` (a dense gradient of params()[i]) into i's compact one,
   /// re-ranking i first when the step asks.
   void add(size_t i, const at::Tensor &grad);
@@ -80,6 +96,7 @@ private:
     bool rerank = false; ///< rank at the next gradient
     bool ranked = false; ///< ranked at least once (index is a selection)
     bool got = false;    ///< received a gradient this step
+    bool skip = false;   ///< never ranked and not rankable: fold nothing
   };
   void rerank(size_t i, const at::Tensor &grad);
 
