@@ -181,13 +181,16 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
 
   // The planner's cut when it chose one (BudgetOp `stages`), else the
   // partition balancing the blocks' kept time.
-  std::vector<double> seconds;
-  for (const BlockCost &c : blocks)
-    seconds.push_back(c.fwd + c.bwd);
-  std::vector<int64_t> starts = balancedStages(seconds, S);
+  std::vector<int64_t> starts;
   if (std::optional<ArrayRef<int64_t>> given = budget.getStageStarts();
-      given && int64_t(given->size()) == S && given->back() < nblocks)
+      given && int64_t(given->size()) == S && given->back() < nblocks) {
     starts.assign(given->begin(), given->end());
+  } else {
+    std::vector<double> seconds;
+    for (const BlockCost &c : blocks)
+      seconds.push_back(c.fwd + c.bwd);
+    starts = balancedStages(seconds, S);
+  }
 
   // What a micro-batch's backward on a stage holds beyond its kept tensors:
   // a liveness walk over the stage's backbone backward units (in step

@@ -1450,10 +1450,13 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
           llvm::stable_sort(order, [&](size_t a, size_t b) {
             return worth(a) > worth(b);
           });
-          for (size_t c : order) {
-            if (pipe.stages[s].peakBytes <= planner.budget())
-              break;
-            plan.decisions[c] = Decision::Recompute;
+          if (pipe.stages[s].peakBytes <= planner.budget() || order.empty())
+            continue;
+          // The first k of the order recomputed; the least k that fits, by
+          // bisection (a stage's peak falls as it recomputes more).
+          auto recompute = [&](size_t k) {
+            for (auto [i, c] : llvm::enumerate(order))
+              plan.decisions[c] = i < k ? Decision::Recompute : Decision::Keep;
             plan.regions.clear();
             for (size_t d = 0; d < cands.size(); ++d)
               if (plan.decisions[d] == Decision::Recompute)
@@ -1461,7 +1464,15 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
             llvm::sort(plan.regions);
             attachPlan(model, plan);
             pipe = *planPipeline(model);
-          }
+            return pipe.stages[s].peakBytes <= planner.budget();
+          };
+          size_t lo = 0, hi = order.size(); // lo does not fit
+          if (recompute(hi))
+            while (hi - lo > 1) {
+              const size_t mid = lo + (hi - lo) / 2;
+              (recompute(mid) ? hi : lo) = mid;
+            }
+          recompute(hi);
         }
         return pipe;
       };
