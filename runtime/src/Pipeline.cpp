@@ -55,8 +55,6 @@ std::string describeActions(const std::vector<PipeAction> &actions) {
 }
 
 namespace {
-/// Tags: a micro-batch's activation and gradient; micro-batch 0's gate
-/// messages above every micro-batch's.
 /// The last unit of the region that starts at `u`; −1 when none does.
 int64_t regionEnd(const std::vector<std::pair<int64_t, int64_t>> &regions,
                   int64_t u) {
@@ -66,6 +64,8 @@ int64_t regionEnd(const std::vector<std::pair<int64_t, int64_t>> &regions,
   return -1;
 }
 
+/// Tags: a micro-batch's activation and gradient; micro-batch 0's gate
+/// messages above every micro-batch's.
 int activationTag(int64_t m) { return static_cast<int>(4 * m); }
 int gradientTag(int64_t m) { return static_cast<int>(4 * m + 1); }
 constexpr int kGateInfoTag = 1 << 24, kGateGradsTag = (1 << 24) + 1,
