@@ -238,11 +238,19 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
     StepTimeline::Live live = timeline.live();
     for (Operation *op : order)
       if (!skipped.contains(op))
-        for (Value result : op->getResults())
-          if (!aliasOf.count(result) && !isa<OffloadOp>(op))
-            live.add(position[op], lastUse(result, lastUse),
-                     CostModel::bytes(result.getType()),
-                     isForwardValue(result));
+        for (Value result : op->getResults()) {
+          if (aliasOf.count(result) || isa<OffloadOp>(op))
+            continue;
+          // A gradient only skipped ops read (an absent task's fused one)
+          // is never made.
+          if (!isForwardValue(result) && !result.use_empty() &&
+              llvm::all_of(result.getUsers(), [&](Operation *u) {
+                return skipped.contains(u);
+              }))
+            continue;
+          live.add(position[op], lastUse(result, lastUse),
+                   CostModel::bytes(result.getType()), isForwardValue(result));
+        }
     return live;
   };
   StepTimeline timeline(model, cost, order);
@@ -303,6 +311,14 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
         if (drop)
           dropped.insert(op);
       }
+      // A gradient sum only dropped units read (the residual stream above
+      // the top tap) is never made either.
+      for (Operation *op : llvm::reverse(order))
+        if (isa_and_nonnull<AddGradsOp>(op) && !op->use_empty() &&
+            llvm::all_of(op->getUsers(), [&](Operation *u) {
+              return dropped.contains(u);
+            }))
+          dropped.insert(op);
       SmallVector<Operation *> kept(order.begin(), order.end());
       for (Operation *&op : kept)
         if (dropped.contains(op))
