@@ -315,7 +315,6 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
   for (const BlockCost &c : blocks) {
     out.blockKeptBytes.push_back(c.kept);
     out.blockForwardSeconds.push_back(c.fwd);
-    out.blockSeconds.push_back(c.fwd + c.bwd + c.rerun);
   }
   out.gpipe = budget.getGpipe();
   out.replicas = budget.getReplicas();

@@ -51,8 +51,6 @@ struct PipelinePlanResult {
   /// under the plan, and its forward's time (what re-running it costs).
   llvm::SmallVector<int64_t> blockKeptBytes;
   llvm::SmallVector<double> blockForwardSeconds;
-  /// Per block: forward, backward and any re-run (what a split balances).
-  llvm::SmallVector<double> blockSeconds;
   bool gpipe = false;
   /// (S − 1) / (M + S − 1): the share of the step a stage idles.
   double bubble = 0;

@@ -1204,6 +1204,17 @@ int train(const std::string &name, const Program &p, const Options &o) {
   if (tc.zeroStage || tc.optimizerOffload)
     core.shardOptimizer(&comm);
   GradExchange::Result sent;
+  // Under SAPS, the parameters it does not manage (their gradients stay
+  // dense); the same every step.
+  std::vector<at::Tensor> sapsDense;
+  if (const SparseUpdate *sparse = core.sparseUpdate()) {
+    std::unordered_set<const void *> managed;
+    for (const at::Tensor &t : sparse->params())
+      managed.insert(t.unsafeGetTensorImpl());
+    for (const at::Tensor &t : core.model().trainableParameters())
+      if (!managed.count(t.unsafeGetTensorImpl()))
+        sapsDense.push_back(t);
+  }
   core.beforeUpdate = [&](StepStats &) {
     if (ZeroOptimizer *zero = core.zero(); zero && zero->stage() >= 2) {
       sent.bytesSent = sent.bytesSentUncompressed = zero->reduceScatter();
@@ -1216,14 +1227,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
     }
     // SAPS: the dense gradients (heads, what it does not manage), then the
     // selected entries' (the ranks select alike: docs/techniques.md D12).
-    std::unordered_set<const void *> managed;
-    for (const at::Tensor &t : sparse->params())
-      managed.insert(t.unsafeGetTensorImpl());
-    std::vector<at::Tensor> dense;
-    for (const at::Tensor &t : core.model().trainableParameters())
-      if (!managed.count(t.unsafeGetTensorImpl()))
-        dense.push_back(t);
-    sent = exchange.averageGradients(dense);
+    sent = exchange.averageGradients(sapsDense);
     const int64_t bytes = sparse->averageGradients(core.averageOverRanks);
     sent.bytesSent += bytes;
     sent.bytesSentUncompressed += bytes;
