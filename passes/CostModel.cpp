@@ -1179,11 +1179,11 @@ CostModel::gradientExchange(ArrayRef<AllReduceOp> buckets) const {
   int64_t values = 0;
   for (AllReduceOp op : buckets)
     values += op.getElements();
-  // ZeRO 2 (ZeroOptimizer::reduceScatter, at any world size): this rank's
-  // averaged run, beside one bucket of every rank's values.
+  // ZeRO 2 (only at more than one process): the backbone's gradients were
+  // summed and freed during the backward, this rank's run is held
+  // (StepTimeline); what is left is summed a bucket at a time.
   if (zeroStage() >= 2 && values > 0) {
-    m.transient = mtprt::ZeroLayout::gradientShardBytes(values, world) +
-                  mtprt::ZeroLayout::scatterTransientBytes(values, world);
+    m.transient = mtprt::ZeroLayout::releaseBucketBytes(values, world);
     return m;
   }
   if (world <= 1 || buckets.empty())

@@ -1571,7 +1571,12 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
                         : "");
           else
             diag.attachNote(budget.getLoc())
-                << "zero = 2 also shards the gradients after the backward";
+                << "zero = 2 also releases the gradients during the backward, "
+                   "keeping this rank's run of them: "
+                << formatBytes(CostModel::kGradientBytes * values -
+                               mtprt::ZeroLayout::gradientShardBytes(values,
+                                                                     world))
+                << " less per device at most";
         }
         // The optimizer offload: what of AdamW's state leaves the device.
         if (StrategyOp st = model.getStrategy(); st && !st.getOptimizerOffload()) {
@@ -1582,8 +1587,18 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
               << (result.minimalPeak - saved <= planner.budget() ? " (would fit)"
                                                                  : "");
         }
-        diag.attachNote(budget.getLoc())
-            << "more GPUs keep the global batch with a smaller micro batch";
+        // More gpus help a micro batch above one; sharding does not shrink
+        // the parameters themselves (ZeRO 3 is not built), a pipeline does.
+        if (micro > 1)
+          diag.attachNote(budget.getLoc())
+              << "more GPUs keep the global batch with a smaller micro batch";
+        const int64_t weights = report.atPeak.parameters;
+        if (weights >= planner.budget() / 2 && budget.getPipelineStages() <= 1)
+          diag.attachNote(budget.getLoc())
+              << "the parameters alone take " << formatBytes(weights)
+              << " per device, which no ZeRO stage built here shards: "
+                 "budget { pipeline = N } holds about 1/N of them on each of "
+                 "N stages (docs/pipeline.md)";
       }
       return signalPassFailure();
     }

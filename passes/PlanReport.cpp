@@ -99,7 +99,9 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
   if (buckets.empty())
     return;
   int64_t world = budget ? budget.getReplicas() : 1;
-  const int64_t zero = budget ? budget.getZeroStage() : 0;
+  // One process runs stage 2 as 1 (nothing to scatter).
+  const int64_t zero = std::min<int64_t>(budget ? budget.getZeroStage() : 0,
+                                         world > 1 ? 2 : 1);
   int64_t elements = 0, plain = 0, compressed = 0, payload = 0, count = 0;
   bool isCompressed = false;
   for (AllReduceOp op : buckets) {
@@ -140,14 +142,15 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
        << " (" << formatBytes(CostModel::kOptimizerBytes * elements)
        << " unsharded)";
     if (zero >= 2)
-      os << "; gradients reduce-scattered, "
+      os << "; gradients released during the backward (summed over the "
+            "ranks a bucket at a time as autograd makes them), "
          << formatBytes(mtprt::ZeroLayout::gradientShardBytes(elements, world))
          << " kept per rank";
     os << "\n";
     if (world > 1)
       os << "    ZeRO sends per process per step: "
-         << (zero >= 2 ? "reduce-scatter " +
-                             formatBytes(4 * (world - 1) * shard) + " + "
+         << (zero >= 2 ? "gradients " + formatBytes(4 * elements) +
+                             " (per micro-batch) + "
                        : std::string())
          << "all-gather of the updated parameters "
          << formatBytes(4 * (world - 1) * shard) << "\n";
@@ -169,7 +172,12 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
     os << "    exchange memory: ";
     if (m.resident)
       os << formatBytes(m.resident) << " resident (the GSC residual), ";
-    os << formatBytes(m.transient) << " at the exchange\n";
+    os << (zero >= 2 ? "at most " : "") << formatBytes(m.transient)
+       << " at the exchange"
+       << (zero >= 2 ? " (what the backward did not release, a bucket at a "
+                       "time)"
+                     : "")
+       << "\n";
   }
 }
 

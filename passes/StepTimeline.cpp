@@ -52,6 +52,10 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
                      ? mtprt::ZeroLayout::gatherTransientBytes(
                            values, world, /*gloo=*/cost.onCpu())
                      : 0;
+    // Stage 2 (only at more than one process) releases the backbone's
+    // gradients during the backward (ZeroOptimizer::release).
+    zeroRelease = zeroStage >= 2;
+    zeroBucket = mtprt::ZeroLayout::releaseBucketBytes(values, world);
   }
   workspace.assign(order.size(), 0);
   relief.assign(order.size(), {0, 0});
@@ -91,10 +95,18 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
         // The backbone backward leaves the top k layers' gradients to the
         // step's end (the fused per-task ones become them there).
         if (perTask && !bwd.getTaskAttr() && bwd.getUnit() != UnitKind::embed &&
-            int64_t(bwd.getLayer()) > topLayersFrom)
+            int64_t(bwd.getLayer()) > topLayersFrom) {
           deferred += bytes;
-        else
+        } else if (zeroRelease && !bwd.getTaskAttr()) {
+          // ZeRO 2: summed over the ranks and freed as autograd makes them
+          // (a head's, made by its own backward, wait for the exchange).
+          released.push_back({int(pos), bytes});
+          if (firstRelease < 0)
+            firstRelease = int(pos);
+        } else {
           gradientArrivals.push_back({int(pos), bytes});
+          held += bytes;
+        }
       }
     }
     if (isa<OptimizerStepOp>(op))
@@ -103,8 +115,22 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
       workspace[pos] += 2 * largestProtected;
     if (isa<OptimizerStepOp>(op) && deferred) {
       gradientArrivals.push_back({int(pos), deferred});
+      held += deferred;
       deferred = 0;
     }
+  }
+  if (zeroRelease) {
+    // The exchange sums what is still held a bucket at a time (its
+    // gradients freed as it goes): one bucket beside them, not the old
+    // reduce-scatter's buffers.
+    for (auto [pos, op] : llvm::enumerate(order))
+      if (isa_and_present<AllReduceOp>(op))
+        workspace[pos] = std::min(held, zeroBucket);
+    // A later micro-batch holds this rank's run and what is not released.
+    int64_t releasedBytes = 0;
+    for (const auto &r : released)
+      releasedBytes += r.second;
+    allGradients += zeroGradientShard - releasedBytes;
   }
 }
 
@@ -115,6 +141,7 @@ StepTimeline::Peak StepTimeline::sweep(const Live &live, int64_t fuseWorkspace,
   if (later)
     now.gradients = allGradients;
   auto arrival = gradientArrivals.begin();
+  auto release = released.begin();
   for (int p = 0, e = size(); p < e; ++p) {
     now.activations += live.activations[p];
     if (!live.activationGrads.empty())
@@ -124,12 +151,22 @@ StepTimeline::Peak StepTimeline::sweep(const Live &live, int64_t fuseWorkspace,
     int64_t accumulating = 0;
     for (; arrival != gradientArrivals.end() && arrival->first == p; ++arrival)
       (later ? accumulating : now.gradients) += arrival->second;
+    // ZeRO 2: this rank's run from the first release to the update; a
+    // released gradient is a transient where its unit makes it (and a
+    // bucket that sums it), less what the unit's peak lacks of it.
+    int64_t releasing = 0;
+    for (; release != released.end() && release->first == p; ++release)
+      releasing += release->second;
+    if (p == firstRelease && !later)
+      now.gradients += zeroGradientShard;
     now.workspace =
         (p == fusePosition ? fuseWorkspace : workspace[p]) + accumulating;
     // Inside a many-layer backward unit: its peak, not its start.
     MemoryBreakdown at = now;
     at.activations -= relief[p].first;
-    if (!later)
+    if (releasing)
+      at.workspace += std::max<int64_t>(0, releasing - relief[p].second);
+    else if (!later)
       at.gradients -= relief[p].second;
     if (p == updatePosition && zeroStage) {
       MemoryBreakdown update = at, gather = at;

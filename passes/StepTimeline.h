@@ -111,6 +111,13 @@ private:
   /// gradients freed and the updated runs all-gathered.
   int updatePosition = -1;
   int64_t zeroStage = 0, zeroGradientShard = 0, zeroGather = 0;
+  /// Stage 2's release: (position, bytes) of the backbone gradients it sums
+  /// and frees as they are made, the first's position, one bucket's bytes,
+  /// and the gradients held to the exchange (heads', deferred).
+  bool zeroRelease = false;
+  std::vector<std::pair<int, int64_t>> released;
+  int firstRelease = -1;
+  int64_t zeroBucket = 0, held = 0;
 };
 
 } // namespace mtp

@@ -413,6 +413,10 @@ void TrainerCore::beginStep(const Batch &fullBatch) {
     }
     saps_->beginStep(step_, st->scale, rankable);
   }
+  // ZeRO 2: the ranks agree whether this step releases its gradients
+  // during the backward (collective: every rank, every step).
+  if (zero_)
+    zero_->beginStep(st->present);
   st->unitBytes.assign(m.numUnits(), 0);
   st->losses.assign(nt, 0.0);
   st->gradNorms.assign(nt, 0.0);
@@ -1022,13 +1026,17 @@ void TrainerCore::backwardBackbone() {
   }
   if (pipelined())
     st.values.clear(); // only the roots hold the graph now
-  if (outs.empty())
-    return;
-  if (train_.scope == GradScope::Params)
-    torch::autograd::backward(outs, {}, /*retain_graph=*/false, false,
-                              st.lower);
-  else
-    torch::autograd::backward(outs, grads);
+  if (!outs.empty()) {
+    if (train_.scope == GradScope::Params)
+      torch::autograd::backward(outs, {}, /*retain_graph=*/false, false,
+                                st.lower);
+    else
+      torch::autograd::backward(outs, grads);
+  }
+  // ZeRO 2: the micro-batch's last released gradients, before the next
+  // micro-batch accumulates into them.
+  if (zero_)
+    zero_->endBackward();
 }
 
 void TrainerCore::finalizeGradients() {

@@ -7,13 +7,37 @@
 #include "mtprt/torch/Regions.h"
 
 #include <ATen/ops/_fused_adamw.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <map>
 #include <stdexcept>
 
 namespace mtprt {
+
+namespace {
+/// Hands a parameter's freshly accumulated gradient to stage 2's release
+/// (what DeepSpeed's stage 2 does with its gradient hooks).
+struct ReleaseHook : torch::autograd::PostAccumulateGradHook {
+  ReleaseHook(std::shared_ptr<ZeroOptimizer *> owner, int64_t i)
+      : owner(std::move(owner)), i(i) {}
+  void operator()(const torch::autograd::Variable &p) override {
+    ZeroOptimizer *z = *owner;
+    if (z && z->releasing() && p.grad().defined())
+      z->release(i);
+  }
+  std::shared_ptr<ZeroOptimizer *> owner;
+  int64_t i;
+};
+
+/// Ranks that release different parameters, or in another order, must not
+/// sum each other's gradients silently: an order-sensitive hash of what a
+/// micro-batch released, compared over the ranks at its end. Small enough
+/// that its sum over 256 ranks is exact in fp32.
+constexpr int64_t kSignatureModulus = 65521;
+} // namespace
 
 ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
                              std::vector<std::vector<at::Tensor>> groups,
@@ -51,6 +75,14 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
       segments_.push_back(
           {int64_t(i), groupOf_[i], a - offset_[i], e - a, a - lo});
   }
+  released_.assign(params_.size(), false);
+  if (stage_ >= 2) {
+    self_ = std::make_shared<ZeroOptimizer *>(this);
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].requires_grad())
+        torch::autograd::impl::set_post_acc_grad_hooks(
+            params_[i], std::make_unique<ReleaseHook>(self_, int64_t(i)));
+  }
   const at::TensorOptions o =
       params_.empty() ? at::TensorOptions().dtype(at::kFloat)
                       : params_.front().options().requires_grad(false);
@@ -62,6 +94,15 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
     expAvg_ = at::zeros({shard_}, o);
     expAvgSq_ = at::zeros({shard_}, o);
   }
+}
+
+ZeroOptimizer::~ZeroOptimizer() {
+  if (!self_)
+    return;
+  *self_ = nullptr;
+  for (const at::Tensor &p : params_)
+    if (torch::autograd::impl::post_acc_grad_hooks(p))
+      torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
 }
 
 void ZeroOptimizer::updateOnHost(double lr, const at::Tensor &param,
@@ -139,35 +180,174 @@ void ZeroOptimizer::agreeOnGradients() {
     has = flags[0].cpu();
   }
   auto a = has.accessor<float, 1>();
+  // Released ones were released on every rank (the ranks agreed to).
   for (size_t i = 0; i < params_.size(); ++i)
-    has_[i] = a[int64_t(i)] > 0;
+    has_[i] = a[int64_t(i)] > 0 || released_[i];
+  held_.assign(params_.size(), false);
+  for (size_t i = 0; i < params_.size(); ++i)
+    held_[i] = a[int64_t(i)] > 0;
+}
+
+void ZeroOptimizer::beginStep(const std::vector<bool> &present) {
+  if (stage_ < 2)
+    return;
+  released_.assign(params_.size(), false);
+  pending_.clear();
+  pendingValues_ = sentBytes_ = 0;
+  signatureCount_ = signature_ = 0;
+  gradShard_ = at::Tensor();
+  release_ = false;
+  if (!comm_ || !comm_->active() || world_ <= 1)
+    return;
+  at::Tensor flags = at::zeros({int64_t(present.size())}, at::kFloat);
+  for (size_t t = 0; t < present.size(); ++t)
+    flags[int64_t(t)] = present[t] ? 1.0f : 0.0f;
+  std::vector<at::Tensor> v{flags.to(comm_->device())};
+  comm_->allReduceSum(v);
+  const at::Tensor sum = v[0].cpu();
+  release_ = true;
+  for (size_t t = 0; t < present.size(); ++t) {
+    const float f = sum[int64_t(t)].item<float>();
+    release_ &= f == 0.0f || f == float(world_);
+  }
+  sentBytes_ = 4 * int64_t(present.size());
+}
+
+void ZeroOptimizer::addToShard(int64_t i, const at::Tensor &flat) {
+  const int64_t lo = rank_ * shard_, hi = std::min(total_, lo + shard_);
+  const int64_t a = std::max(lo, offset_[i]);
+  const int64_t e = std::min(hi, offset_[i] + params_[i].numel());
+  if (a >= e)
+    return;
+  if (!gradShard_.defined())
+    gradShard_ = at::zeros({shard_}, expAvg_.options());
+  gradShard_.narrow(0, a - lo, e - a)
+      .add_(flat.narrow(0, a - offset_[i], e - a).to(gradShard_.device()));
+}
+
+void ZeroOptimizer::reduceBucket(const std::vector<int64_t> &params) {
+  if (params.empty())
+    return;
+  int64_t n = 0;
+  for (int64_t i : params)
+    n += params_[i].numel();
+  at::Tensor buf;
+  const at::Tensor &only = params_[params.front()].grad();
+  if (params.size() == 1 && only.defined() && only.is_contiguous() &&
+      only.scalar_type() == at::kFloat) {
+    buf = only.view({-1}); // summed in place: nothing beside it
+  } else {
+    buf = at::empty({n}, params_[params.front()].options().requires_grad(false));
+    int64_t off = 0;
+    for (int64_t i : params) {
+      const int64_t k = params_[i].numel();
+      const at::Tensor &g = params_[i].grad();
+      if (g.defined())
+        buf.narrow(0, off, k).copy_(g.reshape({-1}));
+      else
+        buf.narrow(0, off, k).zero_();
+      params_[i].mutable_grad() = at::Tensor();
+      off += k;
+    }
+  }
+  if (comm_ && comm_->active()) {
+    std::vector<at::Tensor> one{buf};
+    comm_->allReduceSum(one);
+  }
+  int64_t off = 0;
+  for (int64_t i : params) {
+    addToShard(i, buf.narrow(0, off, params_[i].numel()));
+    params_[i].mutable_grad() = at::Tensor();
+    off += params_[i].numel();
+  }
+  sentBytes_ += 4 * n;
+}
+
+void ZeroOptimizer::flushPending() {
+  std::vector<int64_t> bucket = std::move(pending_);
+  pending_.clear();
+  pendingValues_ = 0;
+  reduceBucket(bucket);
+}
+
+void ZeroOptimizer::release(int64_t i) {
+  at::NoGradGuard noGrad;
+  released_[i] = true;
+  signature_ = (signature_ * 31 + i + 1) % kSignatureModulus;
+  ++signatureCount_;
+  const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
+  if (params_[i].numel() >= bucket) {
+    // Alone: summed in place, after what was pending (the same order on
+    // every rank).
+    flushPending();
+    reduceBucket({i});
+    return;
+  }
+  pending_.push_back(i);
+  pendingValues_ += params_[i].numel();
+  if (pendingValues_ >= bucket)
+    flushPending();
+}
+
+void ZeroOptimizer::endBackward() {
+  if (!release_)
+    return;
+  at::NoGradGuard noGrad;
+  flushPending();
+  std::vector<at::Tensor> v{
+      at::tensor(std::vector<float>{float(signatureCount_), float(signature_)},
+                 at::kFloat)
+          .to(comm_->device())};
+  comm_->allReduceSum(v);
+  const at::Tensor sum = v[0].cpu();
+  if (sum[0].item<float>() != float(world_ * signatureCount_) ||
+      sum[1].item<float>() != float(world_ * signature_))
+    throw std::runtime_error(
+        "ZeRO stage 2: the ranks made their parameters' gradients in a "
+        "different order (their models' graphs differ), so their released "
+        "gradients cannot be summed; train with budget { zero = 1 }");
+  sentBytes_ += 8;
+  signatureCount_ = signature_ = 0;
 }
 
 int64_t ZeroOptimizer::reduceScatter() {
   if (stage_ < 2)
     throw std::logic_error("mtprt: reduceScatter is ZeRO stage 2's exchange");
   at::NoGradGuard noGrad;
+  flushPending();
   agreeOnGradients();
-  gradShard_ = at::zeros({shard_}, expAvg_.options());
+  // What is still held (a head's gradients, every gradient of a step that
+  // did not release): summed in layout order, a bucket at a time, each
+  // bucket's gradients freed as it is done.
   const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
-  for (int64_t c = 0; c < shard_; c += bucket) {
-    const int64_t len = std::min(bucket, shard_ - c);
-    at::Tensor in = at::empty({world_ * len}, expAvg_.options());
-    for (int64_t q = 0; q < world_; ++q)
-      gather(q * shard_ + c, q * shard_ + c + len, in.narrow(0, q * len, len),
-             /*fromGrads=*/true);
-    at::Tensor out = gradShard_.narrow(0, c, len);
-    if (comm_ && comm_->active())
-      comm_->reduceScatterSum(out, in);
-    else
-      out.copy_(in);
+  std::vector<int64_t> run;
+  int64_t runValues = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!held_[i])
+      continue;
+    if (params_[i].numel() >= bucket) {
+      reduceBucket(run);
+      run.clear();
+      runValues = 0;
+      reduceBucket({int64_t(i)});
+      continue;
+    }
+    run.push_back(int64_t(i));
+    if ((runValues += params_[i].numel()) >= bucket) {
+      reduceBucket(run);
+      run.clear();
+      runValues = 0;
+    }
   }
+  reduceBucket(run);
+  if (!gradShard_.defined())
+    gradShard_ = at::zeros({shard_}, expAvg_.options());
   if (world_ > 1)
     gradShard_.div_(double(world_));
-  // The full gradients are spent: the update reads this rank's run.
+  release_ = false;
   for (at::Tensor &p : params_)
     p.mutable_grad() = at::Tensor();
-  return 4 * (world_ - 1) * shard_ + 4 * int64_t(params_.size());
+  return sentBytes_ + 4 * int64_t(params_.size());
 }
 
 bool ZeroOptimizer::finite() {

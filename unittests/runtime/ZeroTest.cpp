@@ -2,7 +2,8 @@
 //
 // One process (two and four: test/tools/zero.test): the layout's arithmetic,
 // the update against LibTorch's AdamW, parameters without a gradient, the
-// offloaded state in the host pool, and the checkpoint state's checks.
+// offloaded state in the host pool, and the checkpoint state's checks. Two
+// processes: stage 2's gradients released during the backward.
 
 #include "mtprt/Zero.h"
 #include "mtprt/torch/Optimizer.h"
@@ -12,6 +13,8 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <gtest/gtest.h>
+
+#include "MultiProcess.h"
 
 using namespace mtprt;
 
@@ -144,4 +147,122 @@ TEST(ZeroOptimizer, StateRoundTripsAndRefusesAnotherLayout) {
   bad[1] = -bad[1];
   EXPECT_THROW(zb.loadState(bad), std::runtime_error);
   EXPECT_THROW(zb.loadState({bad[0]}), std::runtime_error);
+}
+
+//===----------------------------------------------------------------------===//
+// Stage 2 at two processes: gradients released during the backward
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// One parameter of a bucket's values or more (summed in place) and two
+/// small ones (summed together), over two groups.
+std::vector<std::vector<at::Tensor>> releaseGroups() {
+  at::manual_seed(11);
+  return {{at::randn({200, 100}).requires_grad_(true),
+           at::randn({30}).requires_grad_(true)},
+          {at::randn({5, 5}).requires_grad_(true)}};
+}
+
+/// Rank r's loss Σ_i (r + 1)(i + 1)·Σ p_i²: its gradient 2(r + 1)(i + 1)·p_i,
+/// averaged over two ranks 3(i + 1)·p_i. Built last to first, so autograd
+/// makes the large one's gradient first.
+at::Tensor releaseLoss(const std::vector<at::Tensor> &ps, int rank) {
+  at::Tensor l = at::zeros({});
+  for (size_t i = ps.size(); i-- > 0;)
+    l = l + double((rank + 1) * (i + 1)) * ps[i].pow(2).sum();
+  return l;
+}
+
+at::Tensor flags(std::vector<int64_t> v) { return at::tensor(v); }
+
+at::Tensor definedGrads(const std::vector<at::Tensor> &ps) {
+  std::vector<int64_t> d;
+  for (const at::Tensor &p : ps)
+    d.push_back(p.grad().defined());
+  return at::tensor(d);
+}
+} // namespace
+
+TEST(ZeroWorker, DISABLED_Release) {
+  const int rank = std::atoi(std::getenv("RANK"));
+  Communicator comm(distOptionsFromEnv({}), /*serveStore=*/false);
+  auto gs = releaseGroups();
+  std::vector<at::Tensor> ps{gs[0][0], gs[0][1], gs[1][0]};
+  ZeroOptimizer z(&comm, 2, gs, AdamWHyper{});
+  auto save = [&](const std::string &name, const at::Tensor &t) {
+    mp::saveTensor(name, rank, t);
+  };
+
+  // The same tasks on both ranks: released as autograd makes them — the
+  // large one at once, the small ones at the micro-batch's end.
+  z.beginStep({true, true});
+  save("releasing1", at::tensor({int64_t(z.releasing())}));
+  releaseLoss(ps, rank).backward();
+  save("during1", definedGrads(ps));
+  z.endBackward();
+  save("after1", definedGrads(ps));
+  z.reduceScatter();
+  save("shard1", z.gradientShard());
+
+  // The ranks' tasks differ: nothing released, the exchange sums them.
+  z.beginStep({true, rank == 0});
+  save("releasing2", at::tensor({int64_t(z.releasing())}));
+  releaseLoss(ps, rank).backward();
+  z.endBackward();
+  save("after2", definedGrads(ps));
+  z.reduceScatter();
+  save("shard2", z.gradientShard());
+
+  // Two micro-batches: each released, their sums added.
+  z.beginStep({true, true});
+  for (int mb = 0; mb < 2; ++mb) {
+    releaseLoss(ps, rank).backward();
+    z.endBackward();
+  }
+  z.reduceScatter();
+  save("shard3", z.gradientShard());
+
+  // The ranks release in another order: an error on both, not a silent mix.
+  z.beginStep({true, true});
+  for (at::Tensor &p : ps)
+    p.mutable_grad() = at::ones_like(p);
+  z.release(rank == 0 ? 1 : 2);
+  z.release(rank == 0 ? 2 : 1);
+  int64_t refused = 0;
+  try {
+    z.endBackward();
+  } catch (const std::runtime_error &e) {
+    refused = std::string(e.what()).find("different order") !=
+              std::string::npos;
+  }
+  save("refused", at::tensor({refused}));
+}
+
+TEST(ZeroOptimizer, StageTwoReleasesGradientsDuringTheBackward) {
+  mp::Launch launch("ZeroWorker.DISABLED_Release", 2);
+  ASSERT_TRUE(launch.run(60)) << launch.log();
+  auto gs = releaseGroups();
+  std::vector<at::Tensor> ps{gs[0][0], gs[0][1], gs[1][0]};
+  std::vector<at::Tensor> avg;
+  for (size_t i = 0; i < ps.size(); ++i)
+    avg.push_back(3.0 * double(i + 1) * ps[i].detach().reshape({-1}));
+  const at::Tensor flat = at::cat(avg);
+  const int64_t shard = ZeroLayout::shardValues(flat.numel(), 2);
+  for (int r = 0; r < 2; ++r) {
+    at::Tensor want = at::zeros({shard});
+    const int64_t n = std::min(shard, flat.numel() - r * shard);
+    want.narrow(0, 0, n).copy_(flat.narrow(0, r * shard, n));
+    EXPECT_EQ(launch.load("releasing1", r).item<int64_t>(), 1);
+    // The large parameter is gone once the backward ends; the small ones
+    // wait for a bucket, then go too.
+    EXPECT_TRUE(at::equal(launch.load("during1", r), flags({0, 1, 1})))
+        << launch.load("during1", r);
+    EXPECT_TRUE(at::equal(launch.load("after1", r), flags({0, 0, 0})));
+    EXPECT_TRUE(at::allclose(launch.load("shard1", r), want, 1e-6, 1e-6));
+    EXPECT_EQ(launch.load("releasing2", r).item<int64_t>(), 0);
+    EXPECT_TRUE(at::equal(launch.load("after2", r), flags({1, 1, 1})));
+    EXPECT_TRUE(at::allclose(launch.load("shard2", r), want, 1e-6, 1e-6));
+    EXPECT_TRUE(at::allclose(launch.load("shard3", r), 2 * want, 1e-6, 1e-6));
+    EXPECT_EQ(launch.load("refused", r).item<int64_t>(), 1);
+  }
 }

@@ -57,6 +57,13 @@ struct ZeroLayout {
   static int64_t scatterTransientBytes(int64_t total, int64_t world) {
     return 4 * world * bucketValues(total, world);
   }
+  /// Stage 2 releases the gradients during the backward: a parameter's as
+  /// autograd makes it is summed over the ranks (alone and in place when it
+  /// has a bucket's values, else with the ones before it, a bucket at a
+  /// time), this rank's run of it added to its averaged run, and freed.
+  static int64_t releaseBucketBytes(int64_t total, int64_t world) {
+    return 4 * bucketValues(total, world);
+  }
 };
 
 } // namespace mtprt

@@ -24,6 +24,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,11 +46,27 @@ public:
   ZeroOptimizer(Communicator *comm, int stage,
                 std::vector<std::vector<at::Tensor>> groups, AdamWHyper hyper,
                 bool offload = false);
+  ~ZeroOptimizer();
+  ZeroOptimizer(const ZeroOptimizer &) = delete;
+  ZeroOptimizer &operator=(const ZeroOptimizer &) = delete;
 
   int stage() const { return stage_; }
   bool offloaded() const { return offload_; }
   int64_t totalValues() const { return total_; }
   int64_t shardValues() const { return shard_; }
+
+  /// Stage 2, before a step's first backward: whether this step releases
+  /// its gradients during the backward — every rank has labels for the same
+  /// tasks (`present`, one small all-reduce; collective). A step that does
+  /// not keeps them to reduceScatter().
+  void beginStep(const std::vector<bool> &present);
+  bool releasing() const { return release_; }
+  /// After each micro-batch's backward (collective when releasing): what
+  /// its last hooks left pending is reduced, so the next micro-batch's
+  /// gradients start afresh.
+  void endBackward();
+  /// A released parameter's fresh gradient (the hook's entry point).
+  void release(int64_t param);
 
   /// Stage 2's exchange, after the backward: this rank's run of the
   /// gradients averaged over ranks; every parameter's .grad freed. Returns
@@ -62,6 +79,8 @@ public:
   /// gradient for keep their values and step counts. Frees the gradients,
   /// then all-gathers the updated runs. Returns the bytes this rank sent.
   int64_t step(const std::vector<double> &lr);
+  /// Stage 2's averaged gradient run after reduceScatter() (tests).
+  const at::Tensor &gradientShard() const { return gradShard_; }
   /// A skipped update (fp16 overflow): stage 2's gradient run dropped.
   void discardGradients() { gradShard_ = at::Tensor(); }
 
@@ -88,6 +107,14 @@ private:
   /// parameter's own.
   at::Tensor gradientOf(const Segment &s) const;
   void agreeOnGradients();
+  /// Sums the gradients of `params` (layout order on every rank; zeros
+  /// where this rank has none) over the ranks, adds this rank's run of them
+  /// to gradShard_, and frees them. A bucket carries a signature of its
+  /// parameters, so ranks that reduced different ones fail loudly.
+  void reduceBucket(const std::vector<int64_t> &params);
+  void flushPending();
+  /// Adds this rank's run of parameter i's summed gradient (flat).
+  void addToShard(int64_t i, const at::Tensor &flat);
 
   Communicator *comm_;
   void updateOnHost(double lr, const at::Tensor &param, const at::Tensor &grad,
@@ -105,6 +132,14 @@ private:
   at::Tensor expAvg_, expAvgSq_, gradShard_;
   /// Offloaded beside a CUDA device: host buffers pinned.
   bool pinned_ = false;
+  /// Gradient release (stage 2, more than one rank).
+  bool release_ = false;
+  std::vector<bool> released_, held_;
+  int64_t signature_ = 0, signatureCount_ = 0;
+  std::vector<int64_t> pending_;
+  int64_t pendingValues_ = 0, sentBytes_ = 0;
+  /// The hooks' way back here (null once destroyed).
+  std::shared_ptr<ZeroOptimizer *> self_;
 };
 
 } // namespace mtprt
