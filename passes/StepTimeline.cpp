@@ -103,6 +103,8 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
           released.push_back({int(pos), bytes});
           if (firstRelease < 0)
             firstRelease = int(pos);
+          else if (secondRelease < 0)
+            secondRelease = int(pos);
         } else {
           gradientArrivals.push_back({int(pos), bytes});
           held += bytes;
@@ -151,13 +153,15 @@ StepTimeline::Peak StepTimeline::sweep(const Live &live, int64_t fuseWorkspace,
     int64_t accumulating = 0;
     for (; arrival != gradientArrivals.end() && arrival->first == p; ++arrival)
       (later ? accumulating : now.gradients) += arrival->second;
-    // ZeRO 2: this rank's run from the first release to the update; a
-    // released gradient is a transient where its unit makes it (and a
-    // bucket that sums it), less what the unit's peak lacks of it.
+    // ZeRO 2: this rank's run from the first sum to the update — made once
+    // the first releasing unit is done (its backward may be one fused node
+    // with the positions after it), so from the next releasing unit on; a
+    // released gradient is a transient where its unit makes it, less what
+    // the unit's peak lacks of it.
     int64_t releasing = 0;
     for (; release != released.end() && release->first == p; ++release)
       releasing += release->second;
-    if (p == firstRelease && !later)
+    if (p == secondRelease && !later)
       now.gradients += zeroGradientShard;
     now.workspace =
         (p == fusePosition ? fuseWorkspace : workspace[p]) + accumulating;

@@ -112,11 +112,12 @@ private:
   int updatePosition = -1;
   int64_t zeroStage = 0, zeroGradientShard = 0, zeroGather = 0;
   /// Stage 2's release: (position, bytes) of the backbone gradients it sums
-  /// and frees as they are made, the first's position, one bucket's bytes,
+  /// and frees as they are made, the first two's positions, one bucket's
+  /// bytes,
   /// and the gradients held to the exchange (heads', deferred).
   bool zeroRelease = false;
   std::vector<std::pair<int, int64_t>> released;
-  int firstRelease = -1;
+  int firstRelease = -1, secondRelease = -1;
   int64_t zeroBucket = 0, held = 0;
 };
 

@@ -8,6 +8,7 @@
 #include "mtprt/Crc32.h"
 
 #include "mtprt/torch/Distributed.h"
+#include "mtprt/torch/Optimizer.h"
 #include "mtprt/torch/Trainer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -94,6 +95,127 @@ std::pair<CheckpointHeader, std::string> readVerified(const std::string &path) {
 
 at::Generator cpuGenerator() { return at::detail::getDefaultCPUGenerator(); }
 
+torch::serialize::InputArchive openArchive(const std::string &path,
+                                           const std::string &payload) {
+  torch::serialize::InputArchive ar;
+  try {
+    ar.load_from(payload.data(), payload.size());
+  } catch (const std::exception &e) {
+    fail(path, "its checksum matches but LibTorch cannot read the archive "
+               "(written by another LibTorch?): " +
+                   torchMessage(e));
+  }
+  return ar;
+}
+
+/// AdamW's state whole: every parameter's step count and the two moments
+/// laid end to end in the optimizer's group order (the order ZeRO's layout
+/// cuts into runs: mtprt/Zero.h).
+struct WholeAdamW {
+  std::vector<int64_t> steps;
+  at::Tensor avg, sq;
+};
+
+std::vector<at::Tensor> optimizerParams(torch::optim::AdamW &opt) {
+  std::vector<at::Tensor> ps;
+  for (const auto &group : opt.param_groups())
+    for (const at::Tensor &p : group.params())
+      ps.push_back(p);
+  return ps;
+}
+
+WholeAdamW wholeFromOptimizer(torch::optim::AdamW &opt) {
+  WholeAdamW w;
+  std::vector<at::Tensor> avg, sq;
+  for (const at::Tensor &p : optimizerParams(opt)) {
+    torch::optim::AdamWParamState &st = adamwState(opt, p);
+    w.steps.push_back(st.step());
+    avg.push_back(st.exp_avg().detach().reshape({-1}).to(at::kFloat).cpu());
+    sq.push_back(st.exp_avg_sq().detach().reshape({-1}).to(at::kFloat).cpu());
+  }
+  w.avg = avg.empty() ? at::zeros({0}) : at::cat(avg);
+  w.sq = sq.empty() ? at::zeros({0}) : at::cat(sq);
+  return w;
+}
+
+void wholeToOptimizer(const WholeAdamW &w, torch::optim::AdamW &opt,
+                      const std::string &path) {
+  const std::vector<at::Tensor> ps = optimizerParams(opt);
+  int64_t total = 0;
+  for (const at::Tensor &p : ps)
+    total += p.numel();
+  if (w.steps.size() != ps.size() || w.avg.numel() != total)
+    fail(path, "its optimizer state has " + std::to_string(w.steps.size()) +
+                   " parameters and " + std::to_string(w.avg.numel()) +
+                   " values, the model " + std::to_string(ps.size()) +
+                   " and " + std::to_string(total));
+  int64_t off = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const at::Tensor &p = ps[i];
+    torch::optim::AdamWParamState &st = adamwState(opt, p);
+    st.step(w.steps[i]);
+    st.exp_avg(w.avg.narrow(0, off, p.numel()).view(p.sizes()).to(
+        p.options().requires_grad(false)).clone());
+    st.exp_avg_sq(w.sq.narrow(0, off, p.numel()).view(p.sizes()).to(
+        p.options().requires_grad(false)).clone());
+    off += p.numel();
+  }
+}
+
+/// ZeRO's state of every rank its layout names, put together: the runs
+/// end to end. `own` is the state already read from files[self].
+WholeAdamW wholeFromShards(const std::vector<std::string> &files, size_t self,
+                           const std::vector<at::Tensor> &own) {
+  auto layoutOf = [](const std::vector<at::Tensor> &z,
+                     const std::string &path) {
+    if (z.size() != 4 || z[0].numel() != 4 || z[0].scalar_type() != at::kLong)
+      fail(path, "its ZeRO state is malformed");
+    return z[0].cpu();
+  };
+  const at::Tensor layout = layoutOf(own, files[self]);
+  const int64_t world = layout[1].item<int64_t>(),
+                total = layout[2].item<int64_t>(),
+                shard = layout[3].item<int64_t>();
+  if (world < 1 || size_t(world) > files.size() || total < 0 || shard < 0 ||
+      shard * world < total)
+    fail(files[self], "its ZeRO layout (" + std::to_string(world) +
+                          " rank(s), " + std::to_string(total) +
+                          " values, runs of " + std::to_string(shard) +
+                          ") does not describe this run's checkpoint files");
+  WholeAdamW w;
+  std::vector<at::Tensor> avg, sq;
+  for (int64_t q = 0; q < world; ++q) {
+    std::vector<at::Tensor> z = own;
+    if (size_t(q) != self) {
+      auto [h, payload] = readVerified(files[q]);
+      torch::serialize::InputArchive ar = openArchive(files[q], payload);
+      std::optional<std::vector<at::Tensor>> read =
+          readTensors(ar, files[q], "zero");
+      if (!read)
+        fail(files[q], "holds no ZeRO state, while " + files[self] + " does");
+      z = std::move(*read);
+    }
+    if (!at::equal(layoutOf(z, files[q]), layout))
+      fail(files[q], "its ZeRO layout differs from " + files[self] + "'s");
+    if (z[2].numel() != shard || z[3].numel() != shard)
+      fail(files[q], "its ZeRO runs are not " + std::to_string(shard) +
+                         " values long");
+    const at::Tensor steps = z[1].to(at::kLong).cpu().contiguous();
+    if (q == 0)
+      w.steps.assign(steps.data_ptr<int64_t>(),
+                     steps.data_ptr<int64_t>() + steps.numel());
+    else if (int64_t(w.steps.size()) != steps.numel() ||
+             !std::equal(w.steps.begin(), w.steps.end(),
+                         steps.data_ptr<int64_t>()))
+      fail(files[q], "its step counts differ from rank 0's");
+    avg.push_back(z[2].reshape({-1}).to(at::kFloat).cpu());
+    sq.push_back(z[3].reshape({-1}).to(at::kFloat).cpu());
+  }
+  w.avg = at::cat(avg).narrow(0, 0, total);
+  w.sq = at::cat(sq).narrow(0, 0, total);
+  return w;
+}
+
 } // namespace
 
 std::string checkpointPath(const std::string &dir, int64_t step, int rank) {
@@ -170,6 +292,7 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
   ar.write("good_steps", c10::IValue(core.goodSteps()));
   ar.write("data_position", c10::IValue(extra.dataPosition));
   ar.write("data_records", c10::IValue(extra.dataRecords));
+  ar.write("batch_size", c10::IValue(extra.batchSize));
   ar.write("world", c10::IValue(int64_t(world)));
   {
     const auto &cos = core.lastCosines();
@@ -236,21 +359,24 @@ CheckpointHeader verifyCheckpoint(const std::string &path) {
   return readCheckpointFile(path);
 }
 
-CheckpointExtra loadCheckpoint(const std::string &path, int world,
-                               TrainerCore &core, GradExchange *exchange) {
+namespace {
+/// Restores files[self] into `core`; `files` are every rank's checkpoint of
+/// the run that wrote it, at one step. `resharded`: that run had another
+/// world size (the per-rank GSC residual is dropped). AdamW's state is read
+/// as it was written where its layout is the plan's, else put together
+/// whole (every rank's ZeRO run, or the replicated state) and laid out as
+/// the plan keeps it.
+CheckpointExtra restore(const std::vector<std::string> &files, size_t self,
+                        bool resharded, TrainerCore &core,
+                        GradExchange *exchange) {
+  const std::string &path = files[self];
   auto [header, payload] = readVerified(path);
-  if (header.world != world)
-    fail(path, "written by a run of world size " +
-                   std::to_string(header.world) + ", this run has " +
-                   std::to_string(world));
-  torch::serialize::InputArchive ar;
-  try {
-    ar.load_from(payload.data(), payload.size());
-  } catch (const std::exception &e) {
-    fail(path, "its checksum matches but LibTorch cannot read the archive "
-               "(written by another LibTorch?): " +
-                   torchMessage(e));
-  }
+  if (header.world != int64_t(files.size()) || header.rank != int64_t(self))
+    fail(path, "its header says rank " + std::to_string(header.rank) +
+                   " of " + std::to_string(header.world) + ", expected rank " +
+                   std::to_string(self) + " of " +
+                   std::to_string(files.size()));
+  torch::serialize::InputArchive ar = openArchive(path, payload);
   CheckpointExtra extra;
   try {
     at::NoGradGuard noGrad;
@@ -311,24 +437,54 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
             "(strategy { ewc }): resume it with the plan it was trained with",
             "it was trained with ewc (strategy { ewc }) and the plan has none: "
             "resume it with the plan it was trained with");
-    restore(core.zero(), "zero",
-            "it was trained with every rank holding AdamW's whole state on "
-            "the device and the plan shards or offloads it (budget { zero }, "
-            "strategy { optimizer_offload }): resume it with the plan it was "
-            "trained with",
-            "it holds this rank's shard of AdamW's state (budget { zero }) or "
-            "the host's (strategy { optimizer_offload }) and the plan keeps "
-            "it whole on the device: resume it with the plan it was trained "
-            "with");
-    torch::serialize::InputArchive opt;
-    ar.read("optimizer", opt);
-    core.optimizer().load(opt);
+    // AdamW's state: as written where the layouts agree (bit for bit),
+    // else whole, then laid out as this run keeps it (docs/zero.md).
+    {
+      std::optional<std::vector<at::Tensor>> zs = readTensors(ar, path, "zero");
+      ZeroOptimizer *zero = core.zero();
+      auto sameLayout = [&] {
+        if (!zs || !zero || zs->empty() || (*zs)[0].numel() != 4)
+          return false;
+        const at::Tensor l = (*zs)[0].to(at::kLong).cpu();
+        return l[1].item<int64_t>() == zero->worldSize() &&
+               l[2].item<int64_t>() == zero->totalValues() &&
+               l[3].item<int64_t>() == zero->shardValues();
+      };
+      torch::serialize::InputArchive opt;
+      ar.read("optimizer", opt);
+      if (!zs && !zero) {
+        core.optimizer().load(opt);
+      } else if (sameLayout()) {
+        try {
+          zero->loadState(*zs);
+        } catch (const std::runtime_error &e) {
+          fail(path, e.what());
+        }
+        core.optimizer().load(opt);
+      } else {
+        core.optimizer().load(opt); // the groups' options
+        WholeAdamW whole = zs ? wholeFromShards(files, self, *zs)
+                              : wholeFromOptimizer(core.optimizer());
+        if (zero) {
+          core.optimizer().state().clear();
+          try {
+            zero->loadWhole(whole.steps, whole.avg, whole.sq);
+          } catch (const std::runtime_error &e) {
+            fail(path, e.what());
+          }
+        } else {
+          wholeToOptimizer(whole, core.optimizer(), path);
+        }
+      }
+    }
     torch::serialize::InputArchive gate;
     ar.read("gate", gate);
     core.gate().load(gate);
+    // The error feedback is one rank's of one world size: resharded, it
+    // restarts from zero.
     if (exchange) {
       at::Tensor r;
-      if (ar.try_read("gsc_residual", r))
+      if (!resharded && ar.try_read("gsc_residual", r))
         exchange->residual() = r.to(core.model().device());
       else
         exchange->residual() = at::Tensor();
@@ -361,6 +517,12 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
         fail(path, "data_records is not a record count");
       extra.dataRecords = records.toInt();
     }
+    // Absent before resharding: unknown (-1).
+    if (c10::IValue batch; ar.try_read("batch_size", batch)) {
+      if (!batch.isInt() || batch.toInt() < -1)
+        fail(path, "batch_size is not a batch size");
+      extra.batchSize = batch.toInt();
+    }
     at::Tensor c;
     ar.read("last_cosines", c);
     auto &cos = core.lastCosines();
@@ -374,6 +536,35 @@ CheckpointExtra loadCheckpoint(const std::string &path, int world,
     fail(path, "does not fit this program: " + torchMessage(e));
   }
   return extra;
+}
+} // namespace
+
+CheckpointExtra loadCheckpoint(const std::string &path, int world,
+                               TrainerCore &core, GradExchange *exchange) {
+  const CheckpointHeader header = verifyCheckpoint(path);
+  if (header.world != world)
+    fail(path, "written by a run of world size " +
+                   std::to_string(header.world) + ", this run has " +
+                   std::to_string(world));
+  // Every rank's file at this step: read only where AdamW's state must be
+  // put together (the plan lays it out otherwise than the run that wrote it).
+  const std::string dir = path.substr(0, path.rfind('/'));
+  std::vector<std::string> files;
+  for (int q = 0; q < world; ++q)
+    files.push_back(q == header.rank ? path
+                                     : checkpointPath(dir, header.step, q));
+  return restore(files, size_t(header.rank), /*resharded=*/false, core,
+                 exchange);
+}
+
+CheckpointExtra loadResharded(const std::string &dir, int64_t step,
+                              int64_t writtenWorld, int rank,
+                              TrainerCore &core, GradExchange *exchange) {
+  std::vector<std::string> files;
+  for (int64_t q = 0; q < writtenWorld; ++q)
+    files.push_back(checkpointPath(dir, step, int(q)));
+  return restore(files, size_t(rank % writtenWorld), /*resharded=*/true, core,
+                 exchange);
 }
 
 std::vector<std::pair<std::string, at::Tensor>>

@@ -1308,9 +1308,9 @@ int train(const std::string &name, const Program &p, const Options &o) {
 
   // Resume: each rank picks its newest good checkpoint; the ranks agree on
   // the oldest of those steps. Checkpoints of a run with another process
-  // count are refused (each holds one rank's rows, RNG and GSC residual),
-  // and so is a directory where some ranks have one and others none:
-  // starting fresh there would silently drop the run.
+  // count are resharded from the newest step all its ranks wrote; a
+  // directory where some ranks of this run's size have one and others none
+  // is refused: starting fresh there would silently drop the run.
   int64_t position = 0;
   // D15: the plan's schedule sets each step's global batch, in whole
   // micro-batches on every rank (--batch-size fixes it); the data advances
@@ -1321,9 +1321,24 @@ int train(const std::string &name, const Program &p, const Options &o) {
       std::max<int64_t>(1, o.batchSize / dp / tc.microBatches) * dp;
   int64_t recordOffset = 0;
   auto extra = [&] {
-    return CheckpointExtra{position, schedule ? recordOffset : -1};
+    return CheckpointExtra{position, schedule ? recordOffset : -1,
+                           schedule ? int64_t(-1) : o.batchSize};
   };
   std::string lastGood; // the newest checkpoint of this run's state
+  // A fixed batch's position counts steps of one global batch: another
+  // batch would resume at other records.
+  auto checkResumedBatch = [&](const CheckpointExtra &saved,
+                               const std::string &path) {
+    if (!schedule && saved.dataRecords < 0 && saved.batchSize >= 0 &&
+        saved.batchSize != o.batchSize)
+      throw std::runtime_error(
+          path + " was trained with a global batch of " +
+          std::to_string(saved.batchSize) + ", this run's is " +
+          std::to_string(o.batchSize) +
+          ": its data position (in steps) would resume at other records; "
+          "resume with --batch-size " + std::to_string(saved.batchSize) +
+          " (or a plan with that global_batch)");
+  };
   if (o.resume) {
     int64_t chosen = -1, chosenWorld = -1;
     for (const auto &[step, path] : listCheckpoints(o.checkpointDir, d.rank)) {
@@ -1354,19 +1369,80 @@ int train(const std::string &name, const Program &p, const Options &o) {
     auto processes = [](int64_t n) {
       return std::to_string(n) + (n == 1 ? " process" : " processes");
     };
+    // Written by another number of processes: resharded (docs/zero.md,
+    // "Checkpoints") from the newest step every rank of that run wrote.
+    bool otherWorld = false;
+    for (int64_t r = 0; r < d.worldSize; ++r)
+      otherWorld |= all[r][0].item<int64_t>() >= 0 &&
+                    all[r][1].item<int64_t>() != d.worldSize;
+    if (otherWorld) {
+      if (pipeline.active())
+        stopAll("cannot resume " + o.checkpointDir +
+                ": it was written by a run of another number of processes, "
+                "and a pipeline's checkpoints are per stage; resume with the "
+                "processes it was trained with, or start fresh with another "
+                "--checkpoint-dir");
+      int64_t step = -1, written = -1;
+      std::string why = "no step has a checkpoint of every rank";
+      for (const auto &[s0, path0] : listCheckpoints(o.checkpointDir, 0)) {
+        try {
+          const CheckpointHeader h = verifyCheckpoint(path0);
+          if (h.world == d.worldSize)
+            continue;
+          for (int64_t q = 1; q < h.world; ++q) {
+            const std::string f = checkpointPath(o.checkpointDir, s0, int(q));
+            const CheckpointHeader hq = verifyCheckpoint(f);
+            if (hq.step != s0 || hq.rank != q || hq.world != h.world)
+              throw CheckpointError("mtprt: checkpoint " + f +
+                                    ": its header does not match its name");
+          }
+          step = s0;
+          written = h.world;
+          break;
+        } catch (const CheckpointError &e) {
+          why = e.what();
+          if (!o.resumeFallback)
+            break;
+        }
+      }
+      at::Tensor found =
+          at::stack(comm.allGather(at::tensor({step, written}, at::kLong)
+                                       .to(comm.device())))
+              .cpu();
+      for (int64_t r = 1; r < d.worldSize; ++r)
+        if (!at::equal(found[r], found[0]))
+          stopAll("cannot resume " + o.checkpointDir +
+                  ": the ranks found different checkpoints to reshard "
+                  "(is the directory shared and unchanging?)");
+      if (step < 0)
+        stopAll("cannot resume from " + o.checkpointDir +
+                ": it was written by a run of another number of processes, "
+                "and resharding it needs every rank's checkpoint of one step: " +
+                why + " (--resume-fallback takes an older step)");
+      const CheckpointExtra saved = loadResharded(
+          o.checkpointDir, step, written, d.rank, core, &exchange);
+      // A rank the written run did not have starts its dropout stream
+      // afresh (the others continue theirs).
+      if (d.rank >= written) {
+        at::Generator g = at::detail::getDefaultCPUGenerator();
+        g.set_current_seed(
+            o.seed * 7919 + static_cast<uint64_t>(d.rank) +
+            104729 * static_cast<uint64_t>(step));
+      }
+      position = saved.dataPosition;
+      checkResumedBatch(saved, checkpointPath(o.checkpointDir, step, 0));
+      recordOffset = std::max<int64_t>(0, saved.dataRecords);
+      if (rank0)
+        std::fprintf(stderr,
+                     "resumed from %s (step %lld), written by %s: resharded "
+                     "to %s (docs/zero.md)\n",
+                     checkpointPath(o.checkpointDir, step, 0).c_str(),
+                     static_cast<long long>(step), processes(written).c_str(),
+                     processes(d.worldSize).c_str());
+    }
     int64_t have = 0, none = -1, some = -1;
-    for (int64_t r = 0; r < d.worldSize; ++r) {
+    for (int64_t r = 0; r < d.worldSize && !otherWorld; ++r) {
       const int64_t step = all[r][0].item<int64_t>();
-      const int64_t world = all[r][1].item<int64_t>();
-      if (step >= 0 && world != d.worldSize)
-        stopAll("cannot resume from " +
-                checkpointPath(o.checkpointDir, step, int(r)) +
-                ": it was written by a run of " + processes(world) +
-                ", this run has " + std::to_string(d.worldSize) +
-                " (each checkpoint holds one rank's state); resume with " +
-                processes(world) +
-                (world > 1 ? " (--nproc " + std::to_string(world) + ")" : "") +
-                ", or start fresh with another --checkpoint-dir");
       if (step >= 0) {
         ++have;
         some = r;
@@ -1382,8 +1458,11 @@ int train(const std::string &name, const Program &p, const Options &o) {
               ") but rank " + std::to_string(none) +
               " has none; restore the missing rank's checkpoint files, or "
               "start fresh with another --checkpoint-dir");
-    const int64_t agreed = all.select(1, 0).min().item<int64_t>();
-    if (agreed >= 0) {
+    const int64_t agreed =
+        otherWorld ? -1 : all.select(1, 0).min().item<int64_t>();
+    if (otherWorld) {
+      // resharded above
+    } else if (agreed >= 0) {
       const std::string path = checkpointPath(o.checkpointDir, agreed, d.rank);
       const CheckpointExtra saved =
           loadCheckpoint(path, d.worldSize, core, &exchange);
@@ -1400,6 +1479,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
             path + " was trained with a fixed batch; resume with "
                    "--batch-size B (the plan now has a dynamic batch "
                    "schedule)");
+      checkResumedBatch(saved, path);
       recordOffset = std::max<int64_t>(0, saved.dataRecords);
       lastGood = path;
       if (rank0)

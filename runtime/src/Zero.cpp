@@ -272,6 +272,10 @@ void ZeroOptimizer::flushPending() {
 
 void ZeroOptimizer::release(int64_t i) {
   at::NoGradGuard noGrad;
+  // Every rank makes its run at the first release, whether or not the
+  // parameter is in it: the ranks hold alike (and the plan says so).
+  if (!gradShard_.defined())
+    gradShard_ = at::zeros({shard_}, expAvg_.options());
   released_[i] = true;
   signature_ = (signature_ * 31 + i + 1) % kSignatureModulus;
   ++signatureCount_;
@@ -486,6 +490,30 @@ void ZeroOptimizer::loadState(const std::vector<at::Tensor> &s) {
   at::NoGradGuard noGrad;
   expAvg_.copy_(s[2].reshape({-1}));
   expAvgSq_.copy_(s[3].reshape({-1}));
+}
+
+void ZeroOptimizer::loadWhole(const std::vector<int64_t> &steps,
+                              const at::Tensor &avg, const at::Tensor &sq) {
+  if (steps.size() != steps_.size() || avg.numel() != total_ ||
+      sq.numel() != total_)
+    throw std::runtime_error(
+        "its optimizer state has " + std::to_string(steps.size()) +
+        " parameters and " + std::to_string(avg.numel()) +
+        " values, the model " + std::to_string(steps_.size()) + " and " +
+        std::to_string(total_));
+  for (int64_t v : steps)
+    if (v < 0)
+      throw std::runtime_error("its optimizer state has a negative step count");
+  steps_ = steps;
+  at::NoGradGuard noGrad;
+  const int64_t lo = rank_ * shard_;
+  const int64_t n = std::max<int64_t>(0, std::min(shard_, total_ - lo));
+  expAvg_.zero_();
+  expAvgSq_.zero_();
+  if (n > 0) {
+    expAvg_.narrow(0, 0, n).copy_(avg.reshape({-1}).narrow(0, lo, n));
+    expAvgSq_.narrow(0, 0, n).copy_(sq.reshape({-1}).narrow(0, lo, n));
+  }
 }
 
 } // namespace mtprt

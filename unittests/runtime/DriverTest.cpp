@@ -884,55 +884,65 @@ TEST(Hardening, AnUpdateThatLeavesNonFiniteParametersIsNeverSaved) {
   EXPECT_TRUE(listCheckpoints(c, 0).empty());
 }
 
-TEST(Hardening, ResumingOneRanksCheckpointWithTwoIsRefused) {
+// Another number of processes: resharded (docs/zero.md, "Checkpoints").
+TEST(Hardening, ResumingOneRanksCheckpointWithTwoIsResharded) {
   TempDir d;
   const std::string one = d.path + "/one";
   std::string out;
   ASSERT_EQ(run({"--steps", "3", "--checkpoint-dir", one}, d, &out), 0) << out;
-  // (Before: rank 1 found nothing, so both ranks silently started fresh.)
   ASSERT_EQ(
       run({"--nproc", "2", "--steps", "6", "--checkpoint-dir", one, "--resume"},
           d, &out),
-      1)
-      << out;
-  EXPECT_NE(out.find(": error: cannot resume from " +
-                     checkpointPath(one, 3, 0) +
-                     ": it was written by a run of 1 process, this run has 2"),
-            std::string::npos)
-      << out;
-  EXPECT_EQ(listCheckpoints(one, 0).size(), 1u); // untouched
-  EXPECT_TRUE(listCheckpoints(one, 1).empty());
-}
-
-TEST(Hardening, ResumingTwoRanksCheckpointsWithOneOrAMissingOneIsRefused) {
-  TempDir d;
-  const std::string two = d.path + "/two";
-  std::string out;
-  ASSERT_EQ(
-      run({"--nproc", "2", "--steps", "3", "--checkpoint-dir", two}, d, &out),
       0)
       << out;
-  ASSERT_EQ(run({"--steps", "6", "--checkpoint-dir", two, "--resume"}, d, &out),
-            1)
-      << out;
-  EXPECT_NE(out.find(": error: cannot resume from " +
-                     checkpointPath(two, 3, 0) +
-                     ": it was written by a run of 2 processes, this run has 1"
-                     " (each checkpoint holds one rank's state); resume with 2 "
-                     "processes (--nproc 2)"),
+  EXPECT_NE(out.find("resumed from " + checkpointPath(one, 3, 0) +
+                     " (step 3), written by 1 process: resharded to 2 "
+                     "processes"),
             std::string::npos)
       << out;
-  // A rank whose checkpoint is missing: refused, not a fresh start.
-  ASSERT_EQ(::unlink(checkpointPath(two, 3, 1).c_str()), 0);
+  EXPECT_EQ(listCheckpoints(one, 1).size(), 1u); // rank 1's step 6
+  EXPECT_EQ(listCheckpoints(one, 1).front().first, 6);
+}
+
+TEST(Hardening, ResumingTwoRanksCheckpointsWithOneOrAMissingOne) {
+  TempDir d;
+  const std::string two = d.path + "/two", gap = d.path + "/gap";
+  std::string out;
+  for (const std::string &dir : {two, gap})
+    ASSERT_EQ(
+        run({"--nproc", "2", "--steps", "3", "--checkpoint-dir", dir}, d, &out),
+        0)
+        << out;
+  // A rank whose checkpoint is missing: refused, not a fresh start; and
+  // resharding it to one process needs it too.
+  ASSERT_EQ(::unlink(checkpointPath(gap, 3, 1).c_str()), 0);
   ASSERT_EQ(
-      run({"--nproc", "2", "--steps", "6", "--checkpoint-dir", two, "--resume"},
+      run({"--nproc", "2", "--steps", "6", "--checkpoint-dir", gap, "--resume"},
           d, &out),
       1)
       << out;
-  EXPECT_NE(out.find(": error: cannot resume from " + two +
+  EXPECT_NE(out.find(": error: cannot resume from " + gap +
                      ": rank 0 has a "
                      "checkpoint (" +
-                     checkpointPath(two, 3, 0) + ") but rank 1 has none"),
+                     checkpointPath(gap, 3, 0) + ") but rank 1 has none"),
+            std::string::npos)
+      << out;
+  ASSERT_EQ(run({"--steps", "6", "--checkpoint-dir", gap, "--resume"}, d, &out),
+            1)
+      << out;
+  EXPECT_NE(out.find(": error: cannot resume from " + gap +
+                     ": it was written by a run of another number of "
+                     "processes, and resharding it needs every rank's "
+                     "checkpoint of one step: mtprt: checkpoint " +
+                     checkpointPath(gap, 3, 1)),
+            std::string::npos)
+      << out;
+  EXPECT_TRUE(listCheckpoints(gap, 1).empty()); // nothing written
+  // Both there: one process resumes them.
+  ASSERT_EQ(run({"--steps", "6", "--checkpoint-dir", two, "--resume"}, d, &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("written by 2 processes: resharded to 1 process"),
             std::string::npos)
       << out;
 }

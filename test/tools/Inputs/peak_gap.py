@@ -16,6 +16,9 @@
   peak_gap.py --close-losses TOL A.jsonl B.jsonl  every step's task losses
                                          equal to TOL, relative (the same
                                          training, rounded otherwise)
+  peak_gap.py --continues TOL FULL.jsonl RESUMED.jsonl  each step RESUMED
+                                         logged has FULL's losses to TOL,
+                                         matched by step number
 Prints one line per file; exits 1 on a violation.
 """
 import json
@@ -49,6 +52,18 @@ def main(argv):
         close = len(a) == len(b) and worst <= tol
         print(f"losses within {tol:g} over {len(a)} steps: {close} (worst {worst:.1e})")
         return 0 if close else 1
+    if argv[0] == "--continues":
+        tol, a, b = float(argv[1]), steps(argv[2]), steps(argv[3])
+        full = {r["step"]: r["loss"] for r in a}
+        worst = max((abs(full[r["step"]][k] - r["loss"][k]) /
+                     max(abs(full[r["step"]][k]), 1e-30)
+                     for r in b if r["step"] in full for k in r["loss"]
+                     if r["loss"][k] is not None), default=0.0)
+        ok = all(r["step"] in full for r in b) and worst <= tol
+        first, last = b[0]["step"], b[-1]["step"]
+        print(f"continues steps {first}-{last} within {tol:g}: {ok} "
+              f"({'same' if worst == 0 else f'worst {worst:.1e}'})")
+        return 0 if ok else 1
     if argv[0] == "--same-losses":
         a, b = steps(argv[1]), steps(argv[2])
         same = len(a) == len(b) and all(x["loss"] == y["loss"] for x, y in zip(a, b))

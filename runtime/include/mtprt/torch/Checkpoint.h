@@ -42,6 +42,9 @@ struct CheckpointExtra {
   /// Records read so far under a dynamic batch schedule (D15); -1: a fixed
   /// batch (the position counts batches).
   int64_t dataRecords = -1;
+  /// The global batch the steps took (a fixed batch's position counts
+  /// them); -1: unknown (written before it was saved).
+  int64_t batchSize = -1;
 };
 
 std::string checkpointPath(const std::string &dir, int64_t step, int rank);
@@ -70,6 +73,16 @@ CheckpointHeader verifyCheckpoint(const std::string &path);
 /// size, parameter shapes), with LibTorch's message but not its backtrace.
 CheckpointExtra loadCheckpoint(const std::string &path, int world,
                                TrainerCore &core, GradExchange *exchange);
+
+/// Resumes a run written by `writtenWorld` processes (another world size
+/// than this run's) from their files at `step` in `dir`: the replicated
+/// state (parameters, AdamW's whole state, SAPS, EWC, counters, the data's
+/// position) from rank `rank % writtenWorld`'s file, the gate, RNG and
+/// cosines from it too, a ZeRO state put together from every rank's runs
+/// and cut as this run keeps it; the GSC residual restarts at zero.
+CheckpointExtra loadResharded(const std::string &dir, int64_t step,
+                              int64_t writtenWorld, int rank,
+                              TrainerCore &core, GradExchange *exchange);
 
 /// The model parameters of a checkpoint file by name (tests, tools).
 std::vector<std::pair<std::string, at::Tensor>>

@@ -51,6 +51,8 @@ public:
   ZeroOptimizer &operator=(const ZeroOptimizer &) = delete;
 
   int stage() const { return stage_; }
+  /// The ranks the state is cut over (1 for the offload alone).
+  int64_t worldSize() const { return world_; }
   bool offloaded() const { return offload_; }
   int64_t totalValues() const { return total_; }
   int64_t shardValues() const { return shard_; }
@@ -89,6 +91,11 @@ public:
   std::vector<at::Tensor> state() const;
   /// Restores state(); throws std::runtime_error naming what differs.
   void loadState(const std::vector<at::Tensor> &state);
+  /// Restores this rank's run of a whole state (a checkpoint written at
+  /// another world size or layout, put together): every parameter's step
+  /// count and the two moments laid end to end in the layout's order.
+  void loadWhole(const std::vector<int64_t> &steps, const at::Tensor &expAvg,
+                 const at::Tensor &expAvgSq);
 
 private:
   struct Segment {
