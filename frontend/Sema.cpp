@@ -1880,7 +1880,7 @@ void Sema::crossChecks(CheckedSpec &spec) {
                           "one process holds every shard");
     if (bu.zero >= 2 && s.collective == CollectivePolicy::compressed)
       error(bu.zeroLoc)
-          << "zero = 2 reduce-scatters the gradients uncompressed; "
+          << "zero = 2 sums the gradients uncompressed as the backward makes them; "
              "collective = compressed needs every rank's whole gradient "
              "(its error feedback): use zero = 1 with compression, or "
              "collective = none";

@@ -27,7 +27,7 @@ struct CompressCollectivesPass
     // A pipeline stage exchanges with its replicas only.
     int64_t world = budget ? budget.getReplicas() : 1;
     CollectivePolicy policy = strategy.getCollective();
-    // ZeRO 2 reduce-scatters plain gradients (docs/zero.md).
+    // ZeRO 2 sums plain gradients during the backward (docs/zero.md).
     const bool scattered = budget && budget.getZeroStage() >= 2;
     // SAPS exchanges the selected entries, uncompressed (docs/techniques.md
     // D12).

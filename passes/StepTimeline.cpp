@@ -123,8 +123,7 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
   }
   if (zeroRelease) {
     // The exchange sums what is still held a bucket at a time (its
-    // gradients freed as it goes): one bucket beside them, not the old
-    // reduce-scatter's buffers.
+    // gradients freed as it goes): one bucket beside them.
     for (auto [pos, op] : llvm::enumerate(order))
       if (isa_and_present<AllReduceOp>(op))
         workspace[pos] = std::min(held, zeroBucket);

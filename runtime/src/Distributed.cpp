@@ -308,29 +308,6 @@ void Communicator::allGatherInto(at::Tensor &out, const at::Tensor &t) {
   }
 }
 
-void Communicator::reduceScatterSum(at::Tensor &out, const at::Tensor &in) {
-  if (!impl_->backend) {
-    out.copy_(in.reshape({-1}));
-    return;
-  }
-  at::Tensor flat = in.contiguous();
-  try {
-    if (impl_->backend->getBackendName() == "gloo") {
-      // Gloo's reduce-scatter is a clone of the input all-reduced (its
-      // clones outliving the call): the same traffic in place, and the
-      // rank's run copied out, hold only the input.
-      std::vector<at::Tensor> one{flat};
-      finish(impl_->backend, impl_->backend->allreduce(one));
-      out.copy_(flat.narrow(0, int64_t(options_.rank) * out.numel(),
-                            out.numel()));
-      return;
-    }
-    finish(impl_->backend, impl_->backend->_reduce_scatter_base(out, flat));
-  } catch (const std::exception &e) {
-    collectiveFailed(options_, "reduce-scatter", e);
-  }
-}
-
 void Communicator::broadcast(at::Tensor &t, int root) {
   if (!impl_->backend)
     return;

@@ -1182,7 +1182,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
   gsc.bucket = o.bucket;
   if (tc.zeroStage >= 2 && o.compress && d.worldSize > 1)
     throw UsageError("the plan shards gradients (budget { zero = 2 }), which "
-                     "reduce-scatters them uncompressed: drop --compress, or "
+                     "sums them uncompressed during the backward: drop --compress, or "
                      "plan with zero = 1 (docs/zero.md)");
   // A pipeline stage exchanges gradients with its replicas only: their own
   // group (its keys prefixed in the same store).
@@ -1217,7 +1217,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
   }
   core.beforeUpdate = [&](StepStats &) {
     if (ZeroOptimizer *zero = core.zero(); zero && zero->stage() >= 2) {
-      sent.bytesSent = sent.bytesSentUncompressed = zero->reduceScatter();
+      sent.bytesSent = sent.bytesSentUncompressed = zero->sumGradients();
       return;
     }
     SparseUpdate *sparse = core.sparseUpdate();

@@ -727,7 +727,7 @@ Program programFromPlan(const Plan &plan) {
   // GSC by default where the spec asks for it (auto: when processes share
   // the gradients; one process exchanges nothing).
   p.compress = plan.collective != Collective::None;
-  // ZeRO 2 reduce-scatters plain gradients (the compiler refuses it with
+  // ZeRO 2 sums plain gradients during the backward (the compiler refuses it with
   // collective = compressed).
   p.train.zeroStage = int(plan.zero);
   if (plan.zero >= 2 && plan.collective == Collective::Auto)

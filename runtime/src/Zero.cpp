@@ -143,15 +143,11 @@ void ZeroOptimizer::forEachOverlap(int64_t lo, int64_t hi, F f) const {
   }
 }
 
-void ZeroOptimizer::gather(int64_t lo, int64_t hi, at::Tensor dst,
-                           bool fromGrads) const {
+void ZeroOptimizer::gather(int64_t lo, int64_t hi, at::Tensor dst) const {
   dst.zero_();
   forEachOverlap(lo, hi, [&](int64_t i, int64_t a, int64_t e) {
-    const at::Tensor &g = params_[i].grad();
-    if (fromGrads && !g.defined())
-      return;
-    const at::Tensor flat = fromGrads ? g.reshape({-1}) : flatParam(i);
-    dst.narrow(0, a - lo, e - a).copy_(flat.narrow(0, a - offset_[i], e - a));
+    dst.narrow(0, a - lo, e - a)
+        .copy_(flatParam(i).narrow(0, a - offset_[i], e - a));
   });
 }
 
@@ -314,9 +310,9 @@ void ZeroOptimizer::endBackward() {
   signatureCount_ = signature_ = 0;
 }
 
-int64_t ZeroOptimizer::reduceScatter() {
+int64_t ZeroOptimizer::sumGradients() {
   if (stage_ < 2)
-    throw std::logic_error("mtprt: reduceScatter is ZeRO stage 2's exchange");
+    throw std::logic_error("mtprt: sumGradients is ZeRO stage 2's exchange");
   at::NoGradGuard noGrad;
   flushPending();
   agreeOnGradients();
@@ -440,7 +436,7 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
   for (int64_t c = 0; c < shard_; c += bucket) {
     const int64_t len = std::min(bucket, shard_ - c);
     at::Tensor mine = at::empty({len}, expAvg_.options());
-    gather(rank_ * shard_ + c, rank_ * shard_ + c + len, mine, false);
+    gather(rank_ * shard_ + c, rank_ * shard_ + c + len, mine);
     at::Tensor all = at::empty({world_ * len}, expAvg_.options());
     comm_->allGatherInto(all, mine);
     mine = at::Tensor();

@@ -293,8 +293,8 @@ struct StepStats {
   int64_t bytesSent = 0, bytesSentUncompressed = 0;
   /// ZeRO: what a ring all-gather of the updated parameters sends from this
   /// rank, (W − 1) · 4 · S (the driver adds it to bytesSent and
-  /// bytesSentUncompressed; stage 2's reduce-scatter counts its ring traffic
-  /// the same way, while the plain exchange counts the 4·N it hands over).
+  /// bytesSentUncompressed; stage 2's sums count the 4 B per value they hand
+  /// over, once per micro-batch, as the plain exchange counts its 4·N).
   int64_t bytesSentParameters = 0;
   /// The plan's predicted peak (set by the driver from the plan); -1 unknown.
   int64_t predictedPeakBytes = -1;

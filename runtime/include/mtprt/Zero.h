@@ -5,9 +5,8 @@
 // one equal run of `shardValues` per rank (the last may hold padding). Rank r
 // keeps AdamW's two moments for its run only and updates only its run; the
 // updated values are all-gathered back, a bucket at a time. Stage 2 also
-// reduce-scatters the gradients, so after the backward each rank holds the
-// averaged gradient of its run only and frees the full ones before the
-// update. One definition for the compiler (which plans the per-rank bytes)
+// shards the gradients: each is summed over the ranks as the backward makes
+// it, the rank keeps the average of its run and frees the full one. One definition for the compiler (which plans the per-rank bytes)
 // and the runtime (which allocates them). Torch-free and LLVM-free.
 //
 //===----------------------------------------------------------------------===//
@@ -23,9 +22,10 @@ namespace mtprt {
 struct ZeroLayout {
   /// Values per rank per collective: an eighth of the run, at least 16 Ki
   /// and at most 4 Mi values (16 MiB of fp32) — the all-gather of the
-  /// updated parameters and stage 2's reduce-scatter run a bucket of each
-  /// rank's run at a time, so their buffers stay a small part of the state
-  /// they save, and a 10B model's step makes a few hundred collectives.
+  /// updated parameters runs a bucket of each rank's run at a time and stage
+  /// 2 sums gradients a bucket at a time, so their buffers stay a small part
+  /// of the state they save, and a 10B model's step makes a few hundred
+  /// collectives.
   static constexpr int64_t kMinBucketValues = int64_t(1) << 14;
   static constexpr int64_t kMaxBucketValues = int64_t(1) << 22;
 
@@ -49,13 +49,10 @@ struct ZeroLayout {
                                       bool gloo) {
     return 4 * ((gloo ? 2 * world : world) + 1) * bucketValues(total, world);
   }
-  /// Stage 2's exchange: the rank's averaged gradient run (held to the
-  /// update) and one bucket of every rank's values to reduce-scatter.
+  /// Stage 2: the rank's averaged gradient run (held from the first
+  /// release to the update).
   static int64_t gradientShardBytes(int64_t total, int64_t world) {
     return 4 * shardValues(total, world);
-  }
-  static int64_t scatterTransientBytes(int64_t total, int64_t world) {
-    return 4 * world * bucketValues(total, world);
   }
   /// Stage 2 releases the gradients during the backward: a parameter's as
   /// autograd makes it is summed over the ranks (alone and in place when it

@@ -82,10 +82,6 @@ public:
   /// Every rank's `t` into `out` (world size × t.numel() elements of t's
   /// dtype, contiguous), in rank order, with no buffer of the backend's own.
   void allGatherInto(at::Tensor &out, const at::Tensor &t);
-  /// Rank r's `out` (n elements, contiguous) becomes the sum over ranks of
-  /// `in`'s r-th run of n (in: world size × n elements). On gloo `in` is
-  /// all-reduced in place (gloo's own reduce-scatter is that, on a clone).
-  void reduceScatterSum(at::Tensor &out, const at::Tensor &in);
   void broadcast(at::Tensor &t, int root);
   void barrier();
   /// Point to point (pipeline stages): `t` to rank `peer` under `tag`,

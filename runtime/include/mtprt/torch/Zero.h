@@ -3,7 +3,7 @@
 // The layout is mtprt/Zero.h's. Stage 1: the gradients are averaged whole
 // (GradExchange, compressed or not); each rank updates its run of the
 // parameters with its run of the moments, frees the gradients, and the
-// updated runs are all-gathered. Stage 2: reduceScatter() replaces the
+// updated runs are all-gathered. Stage 2: sumGradients() replaces the
 // exchange — each rank receives the averaged gradient of its run only and the
 // full gradients are freed before the update. The update is ATen's
 // _fused_adamw_ on views of the parameters, so stage 1 gives the bits plain
@@ -60,7 +60,7 @@ public:
   /// Stage 2, before a step's first backward: whether this step releases
   /// its gradients during the backward — every rank has labels for the same
   /// tasks (`present`, one small all-reduce; collective). A step that does
-  /// not keeps them to reduceScatter().
+  /// not keeps them to sumGradients().
   void beginStep(const std::vector<bool> &present);
   bool releasing() const { return release_; }
   /// After each micro-batch's backward (collective when releasing): what
@@ -73,7 +73,7 @@ public:
   /// Stage 2's exchange, after the backward: this rank's run of the
   /// gradients averaged over ranks; every parameter's .grad freed. Returns
   /// the bytes this rank sent.
-  int64_t reduceScatter();
+  int64_t sumGradients();
   /// Whether every gradient this rank updates from is finite, agreed over
   /// ranks (fp16's overflow check).
   bool finite();
@@ -81,7 +81,7 @@ public:
   /// gradient for keep their values and step counts. Frees the gradients,
   /// then all-gathers the updated runs. Returns the bytes this rank sent.
   int64_t step(const std::vector<double> &lr);
-  /// Stage 2's averaged gradient run after reduceScatter() (tests).
+  /// Stage 2's averaged gradient run after sumGradients() (tests).
   const at::Tensor &gradientShard() const { return gradShard_; }
   /// A skipped update (fp16 overflow): stage 2's gradient run dropped.
   void discardGradients() { gradShard_ = at::Tensor(); }
@@ -105,10 +105,9 @@ private:
   /// f(i, a, e) for every parameter i with values [a, e) of the flat
   /// layout inside [lo, hi).
   template <typename F> void forEachOverlap(int64_t lo, int64_t hi, F f) const;
-  /// Copies [lo, hi) of the flat layout (values of `fromGrads` ? the
-  /// gradients, zeros where undefined : the parameters) into dst; zeros past
-  /// the end.
-  void gather(int64_t lo, int64_t hi, at::Tensor dst, bool fromGrads) const;
+  /// Copies [lo, hi) of the flat layout's parameter values into dst; zeros
+  /// past the end.
+  void gather(int64_t lo, int64_t hi, at::Tensor dst) const;
   void scatterParams(int64_t lo, const at::Tensor &src) const;
   /// The gradient segment `s` updates from: stage 2's run, else the
   /// parameter's own.
