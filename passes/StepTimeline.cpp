@@ -127,6 +127,14 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
     for (auto [pos, op] : llvm::enumerate(order))
       if (isa_and_present<AllReduceOp>(op))
         workspace[pos] = std::min(held, zeroBucket);
+    // The run is made at the first sum: in the first releasing unit's
+    // backward (so held from the next one), else at the exchange.
+    shardFrom = secondRelease >= 0 ? secondRelease
+                : firstRelease >= 0 ? firstRelease + 1
+                                    : -1;
+    for (auto [pos, op] : llvm::enumerate(order))
+      if (shardFrom < 0 && isa_and_present<AllReduceOp>(op))
+        shardFrom = int(pos);
     // A later micro-batch holds this rank's run and what is not released.
     int64_t releasedBytes = 0;
     for (const auto &r : released)
@@ -154,13 +162,13 @@ StepTimeline::Peak StepTimeline::sweep(const Live &live, int64_t fuseWorkspace,
       (later ? accumulating : now.gradients) += arrival->second;
     // ZeRO 2: this rank's run from the first sum to the update — made once
     // the first releasing unit is done (its backward may be one fused node
-    // with the positions after it), so from the next releasing unit on; a
-    // released gradient is a transient where its unit makes it, less what
-    // the unit's peak lacks of it.
+    // with the positions after it), so from the next releasing unit on
+    // (shardFrom); a released gradient is a transient where its unit makes
+    // it, less what the unit's peak lacks of it.
     int64_t releasing = 0;
     for (; release != released.end() && release->first == p; ++release)
       releasing += release->second;
-    if (p == secondRelease && !later)
+    if (p == shardFrom && !later)
       now.gradients += zeroGradientShard;
     now.workspace =
         (p == fusePosition ? fuseWorkspace : workspace[p]) + accumulating;

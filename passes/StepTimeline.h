@@ -117,7 +117,7 @@ private:
   /// and the gradients held to the exchange (heads', deferred).
   bool zeroRelease = false;
   std::vector<std::pair<int, int64_t>> released;
-  int firstRelease = -1, secondRelease = -1;
+  int firstRelease = -1, secondRelease = -1, shardFrom = -1;
   int64_t zeroBucket = 0, held = 0;
 };
 
