@@ -360,22 +360,25 @@ CheckpointHeader verifyCheckpoint(const std::string &path) {
 }
 
 namespace {
-/// Restores files[self] into `core`; `files` are every rank's checkpoint of
-/// the run that wrote it, at one step. `resharded`: that run had another
-/// world size (the per-rank GSC residual is dropped). AdamW's state is read
-/// as it was written where its layout is the plan's, else put together
-/// whole (every rank's ZeRO run, or the replicated state) and laid out as
-/// the plan keeps it.
-CheckpointExtra restore(const std::vector<std::string> &files, size_t self,
-                        bool resharded, TrainerCore &core,
-                        GradExchange *exchange) {
-  const std::string &path = files[self];
+/// Restores the checkpoint at `path` into `core`. Every rank's file of the
+/// run that wrote it, at its step, is read only where AdamW's state must be
+/// put together (the plan lays it out otherwise than that run). `resharded`:
+/// that run had another world size than this one's (the per-rank GSC
+/// residual is dropped); else its world size must be `world`.
+CheckpointExtra restore(const std::string &path, bool resharded, int world,
+                        TrainerCore &core, GradExchange *exchange) {
   auto [header, payload] = readVerified(path);
-  if (header.world != int64_t(files.size()) || header.rank != int64_t(self))
-    fail(path, "its header says rank " + std::to_string(header.rank) +
-                   " of " + std::to_string(header.world) + ", expected rank " +
-                   std::to_string(self) + " of " +
-                   std::to_string(files.size()));
+  if (!resharded && header.world != world)
+    fail(path, "written by a run of world size " +
+                   std::to_string(header.world) + ", this run has " +
+                   std::to_string(world));
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  std::vector<std::string> files;
+  for (int64_t q = 0; q < header.world; ++q)
+    files.push_back(q == header.rank ? path
+                                     : checkpointPath(dir, header.step, int(q)));
+  const size_t self = size_t(header.rank);
   torch::serialize::InputArchive ar = openArchive(path, payload);
   CheckpointExtra extra;
   try {
@@ -541,30 +544,15 @@ CheckpointExtra restore(const std::vector<std::string> &files, size_t self,
 
 CheckpointExtra loadCheckpoint(const std::string &path, int world,
                                TrainerCore &core, GradExchange *exchange) {
-  const CheckpointHeader header = verifyCheckpoint(path);
-  if (header.world != world)
-    fail(path, "written by a run of world size " +
-                   std::to_string(header.world) + ", this run has " +
-                   std::to_string(world));
-  // Every rank's file at this step: read only where AdamW's state must be
-  // put together (the plan lays it out otherwise than the run that wrote it).
-  const std::string dir = path.substr(0, path.rfind('/'));
-  std::vector<std::string> files;
-  for (int q = 0; q < world; ++q)
-    files.push_back(q == header.rank ? path
-                                     : checkpointPath(dir, header.step, q));
-  return restore(files, size_t(header.rank), /*resharded=*/false, core,
-                 exchange);
+  return restore(path, /*resharded=*/false, world, core, exchange);
 }
 
 CheckpointExtra loadResharded(const std::string &dir, int64_t step,
                               int64_t writtenWorld, int rank,
                               TrainerCore &core, GradExchange *exchange) {
-  std::vector<std::string> files;
-  for (int64_t q = 0; q < writtenWorld; ++q)
-    files.push_back(checkpointPath(dir, step, int(q)));
-  return restore(files, size_t(rank % writtenWorld), /*resharded=*/true, core,
-                 exchange);
+  // (The caller checked every file's header: this one names writtenWorld.)
+  return restore(checkpointPath(dir, step, int(rank % writtenWorld)),
+                 /*resharded=*/true, -1, core, exchange);
 }
 
 std::vector<std::pair<std::string, at::Tensor>>
