@@ -196,7 +196,8 @@ WholeAdamW wholeFromShards(const std::vector<std::string> &files, size_t self,
       z = std::move(*read);
     }
     if (!at::equal(layoutOf(z, files[q]), layout))
-      fail(files[q], "its ZeRO layout differs from " + files[self] + "'s");
+      fail(files[q], "its ZeRO layout differs from " + files[self] +
+                         "'s: are they checkpoints of one run?");
     if (z[2].numel() != shard || z[3].numel() != shard)
       fail(files[q], "its ZeRO runs are not " + std::to_string(shard) +
                          " values long");
