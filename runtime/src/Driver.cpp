@@ -1325,10 +1325,21 @@ int train(const std::string &name, const Program &p, const Options &o) {
                            schedule ? int64_t(-1) : o.batchSize};
   };
   std::string lastGood; // the newest checkpoint of this run's state
-  // A fixed batch's position counts steps of one global batch: another
-  // batch would resume at other records.
+  // The data's position is in records under a dynamic batch, in batches
+  // otherwise: resuming in the other mode would repeat or skip records; and
+  // a fixed batch's position counts steps of one global batch.
   auto checkResumedBatch = [&](const CheckpointExtra &saved,
                                const std::string &path) {
+    if (saved.dataRecords >= 0 && !schedule)
+      throw std::runtime_error(
+          path + " was trained with the plan's dynamic batch schedule; "
+                 "resume without --batch-size, from a plan with the same "
+                 "schedule");
+    if (saved.dataRecords < 0 && schedule && saved.dataPosition > 0)
+      throw std::runtime_error(
+          path + " was trained with a fixed batch; resume with "
+                 "--batch-size B (the plan now has a dynamic batch "
+                 "schedule)");
     if (!schedule && saved.dataRecords < 0 && saved.batchSize >= 0 &&
         saved.batchSize != o.batchSize)
       throw std::runtime_error(
@@ -1467,18 +1478,6 @@ int train(const std::string &name, const Program &p, const Options &o) {
       const CheckpointExtra saved =
           loadCheckpoint(path, d.worldSize, core, &exchange);
       position = saved.dataPosition;
-      // The data's position is in records under a dynamic batch, in batches
-      // otherwise: resuming in the other mode would repeat or skip records.
-      if (saved.dataRecords >= 0 && !schedule)
-        throw std::runtime_error(
-            path + " was trained with the plan's dynamic batch schedule; "
-                   "resume without --batch-size, from a plan with the same "
-                   "schedule");
-      if (saved.dataRecords < 0 && schedule && position > 0)
-        throw std::runtime_error(
-            path + " was trained with a fixed batch; resume with "
-                   "--batch-size B (the plan now has a dynamic batch "
-                   "schedule)");
       checkResumedBatch(saved, path);
       recordOffset = std::max<int64_t>(0, saved.dataRecords);
       lastGood = path;
