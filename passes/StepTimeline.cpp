@@ -52,11 +52,13 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
                      ? mtprt::ZeroLayout::gatherTransientBytes(
                            values, world, /*gloo=*/cost.onCpu())
                      : 0;
-    // Stage 2 (only at more than one process) releases the backbone's
-    // gradients during the backward (ZeroOptimizer::release).
-    zeroRelease = zeroStage >= 2;
-    zeroBucket = mtprt::ZeroLayout::releaseBucketBytes(values, world);
   }
+  // Stage 2 (only at more than one process) releases the backbone's
+  // gradients during the backward (ZeroOptimizer::release): where the first
+  // two releasing units are, and what is held to the exchange.
+  const bool zeroRelease = zeroStage >= 2;
+  int firstRelease = -1, secondRelease = -1;
+  int64_t held = 0;
   workspace.assign(order.size(), 0);
   relief.assign(order.size(), {0, 0});
   for (auto [pos, op] : llvm::enumerate(order)) {
@@ -124,17 +126,19 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
   if (zeroRelease) {
     // The exchange sums what is still held a bucket at a time (its
     // gradients freed as it goes): one bucket beside them.
-    for (auto [pos, op] : llvm::enumerate(order))
-      if (isa_and_present<AllReduceOp>(op))
-        workspace[pos] = std::min(held, zeroBucket);
     // The run is made at the first sum: in the first releasing unit's
     // backward (so held from the next one), else at the exchange.
     shardFrom = secondRelease >= 0 ? secondRelease
                 : firstRelease >= 0 ? firstRelease + 1
                                     : -1;
     for (auto [pos, op] : llvm::enumerate(order))
-      if (shardFrom < 0 && isa_and_present<AllReduceOp>(op))
-        shardFrom = int(pos);
+      if (isa_and_present<AllReduceOp>(op)) {
+        workspace[pos] = std::min(
+            held, mtprt::ZeroLayout::releaseBucketBytes(zeroValues(step),
+                                                        cost.processes()));
+        if (shardFrom < 0)
+          shardFrom = int(pos);
+      }
     // A later micro-batch holds this rank's run and what is not released.
     int64_t releasedBytes = 0;
     for (const auto &r : released)

@@ -112,13 +112,9 @@ private:
   int updatePosition = -1;
   int64_t zeroStage = 0, zeroGradientShard = 0, zeroGather = 0;
   /// Stage 2's release: (position, bytes) of the backbone gradients it sums
-  /// and frees as they are made, the first two's positions, one bucket's
-  /// bytes,
-  /// and the gradients held to the exchange (heads', deferred).
-  bool zeroRelease = false;
+  /// and frees as they are made, and where this rank's run is made.
   std::vector<std::pair<int, int64_t>> released;
-  int firstRelease = -1, secondRelease = -1, shardFrom = -1;
-  int64_t zeroBucket = 0, held = 0;
+  int shardFrom = -1;
 };
 
 } // namespace mtp
