@@ -1286,6 +1286,11 @@ int train(const std::string &name, const Program &p, const Options &o) {
   }
   if (rank0 && !core.model().pretrainedSummary().empty())
     std::fprintf(stderr, "%s\n", core.model().pretrainedSummary().c_str());
+  // ZeRO 3: what reads the parameters outside a step has them whole for
+  // the time (every rank gathers, rank 0 writes).
+  std::optional<TrainerCore::WholeParameters> whole;
+  if (!o.dumpHidden.empty() || !o.dumpInit.empty() || !o.profileUnits.empty())
+    whole.emplace(core.zero(), false);
   if (!o.dumpHidden.empty() && rank0) {
     writeHiddenStates(core.model(), data->batch(0, o.batchSize),
                       o.dumpHidden);
@@ -1305,6 +1310,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
     std::fprintf(stderr, "wrote the segments' costs to %s\n",
                  o.profileUnits.c_str());
   }
+  whole.reset();
 
   // Resume: each rank picks its newest good checkpoint; the ranks agree on
   // the oldest of those steps. Checkpoints of a run with another process
@@ -1430,6 +1436,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
                 ": it was written by a run of another number of processes, "
                 "and resharding it needs every rank's checkpoint of one step: " +
                 why + " (--resume-fallback takes an older step)");
+      TrainerCore::WholeParameters loading(core.zero(), /*written=*/true);
       const CheckpointExtra saved = loadResharded(
           o.checkpointDir, step, written, d.rank, core, &exchange);
       // A rank the written run did not have starts its dropout stream
@@ -1475,6 +1482,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
       // resharded above
     } else if (agreed >= 0) {
       const std::string path = checkpointPath(o.checkpointDir, agreed, d.rank);
+      TrainerCore::WholeParameters loading(core.zero(), /*written=*/true);
       const CheckpointExtra saved =
           loadCheckpoint(path, d.worldSize, core, &exchange);
       position = saved.dataPosition;
@@ -1491,7 +1499,10 @@ int train(const std::string &name, const Program &p, const Options &o) {
   }
   // --export: the backbone as Hugging Face weights, when training ends.
   auto exportBackbone = [&] {
-    if (o.exportDir.empty() || !rank0)
+    if (o.exportDir.empty())
+      return;
+    TrainerCore::WholeParameters exporting(core.zero(), false);
+    if (!rank0)
       return;
     exportPretrained(core.model(), o.exportDir, mc.weights);
     std::fprintf(stderr,
@@ -1500,6 +1511,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
                  o.exportDir.c_str(), o.exportDir.c_str());
   };
   if (predictSet) {
+    TrainerCore::WholeParameters predicting(core.zero(), false);
     if (rank0)
       writePredictions(core.model(), *predictSet, evalBatch, tc.precision,
                        o.predictOut, core.stepsTaken());
@@ -1524,6 +1536,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
     // Every rank evaluates (the same parameters, the same file): none waits
     // in a collective, under --timeout, while rank 0 alone works through a
     // large held-out set. Rank 0 reports.
+    TrainerCore::WholeParameters evaluating(core.zero(), false);
     lastEval = evaluate(core.model(), *evalSet, evalBatch, tc.precision);
     // The plan predicts the evaluation at its own micro batch and processes.
     if (asPlanned)
@@ -1601,6 +1614,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
   // The crash test's hook: pause inside the write of step N's checkpoint.
   const char *pauseAt = std::getenv("MTPRT_TEST_PAUSE_IN_CHECKPOINT");
   auto save = [&]() {
+    TrainerCore::WholeParameters saving(core.zero(), false);
     // Never a non-finite state over the last good one (an update can blow
     // the parameters up while the step's loss and gradients were finite).
     if (const std::string bad = nonFiniteParameter(core); !bad.empty())

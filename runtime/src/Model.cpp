@@ -1033,6 +1033,22 @@ std::vector<at::Tensor> Model::layerParameters(int64_t layer) const {
   return out;
 }
 
+std::vector<at::Tensor> Model::unitParameters(int64_t u) const {
+  if (u == 0)
+    return layerParameters(0);
+  std::vector<at::Tensor> layer = layerParameters((u + 1) / 2);
+  // layerParameters lists the attention's, then the MLP's and final norm's.
+  const AttentionParams &a = attn_.at((u + 1) / 2 - 1);
+  const int64_t n = a.norm.weight.defined() + a.norm.bias.defined() +
+                    a.qkv.weight.defined() + a.qkv.bias.defined() +
+                    a.out.weight.defined() + a.out.bias.defined();
+  if (u % 2)
+    layer.resize(size_t(n));
+  else
+    layer.erase(layer.begin(), layer.begin() + n);
+  return layer;
+}
+
 std::vector<at::Tensor> Model::backboneParameters() const {
   std::vector<at::Tensor> out;
   for (const auto &np : groups_[0])

@@ -227,7 +227,7 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
                   (stages > 1 ? "micro_batch x replicas = "
                               : "micro_batch x gpus = ") +
                   std::to_string(plan.microBatch * replicas));
-    plan.zero = c.range("target.zero", t->zero(), {0, 2});
+    plan.zero = c.range("target.zero", t->zero(), {0, 3});
     plan.memoryBytes = c.range("target.memory_bytes", t->memory_bytes(),
                                {0, INT64_MAX});
     plan.usableBytes = c.range("target.usable_bytes", t->usable_bytes(),

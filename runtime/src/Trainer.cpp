@@ -136,8 +136,15 @@ TrainerCore::TrainerCore(ModelConfig model, std::vector<HeadConfig> heads,
   gate_ = std::make_unique<Gate>(model_->config().seed, t.gateLr, t.gateEntropy,
                                  t.gateHidden);
 
-  if (t.zeroStage < 0 || t.zeroStage > 2)
-    bad("TrainConfig.zeroStage", "must be 0, 1 or 2");
+  if (t.zeroStage < 0 || t.zeroStage > 3)
+    bad("TrainConfig.zeroStage", "must be 0, 1, 2 or 3");
+  // ZeRO 3 gathers a unit before the backward that reaches it; the params
+  // scope's per-task backwards through the top layers would gather them
+  // per task, outside the plan.
+  if (t.zeroStage == 3 && t.scope == GradScope::Params)
+    bad("TrainConfig.zeroStage", "3 with the params gradient scope is not "
+                                 "supported (use the features or sum scope, "
+                                 "or zero = 2)");
   if ((t.zeroStage || t.optimizerOffload) && (t.saps || t.ewc))
     bad(t.zeroStage ? "TrainConfig.zeroStage" : "TrainConfig.optimizerOffload",
         "with saps or ewc is not supported");
@@ -207,6 +214,27 @@ void TrainerCore::shardOptimizer(Communicator *comm) {
       comm, train_.zeroStage, std::move(groups),
       AdamWHyper{train_.beta1, train_.beta2, train_.eps, train_.weightDecay},
       train_.optimizerOffload);
+  // ZeRO 3: each unit's trainable parameters sharded (heads stay whole).
+  if (zero_->stage() == 3) { // more than one rank (else it runs as 1)
+    std::vector<std::vector<at::Tensor>> units(model_->numUnits());
+    for (int64_t u = 0; u < model_->numUnits(); ++u)
+      for (const at::Tensor &p : model_->unitParameters(u))
+        if (p.requires_grad())
+          units[u].push_back(p);
+    zero_->shardParameters(units);
+  }
+}
+
+TrainerCore::WholeParameters::WholeParameters(ZeroOptimizer *zero, bool written)
+    : zero_(zero && zero->shardsParameters() ? zero : nullptr),
+      written_(written) {
+  if (zero_)
+    zero_->gatherAll();
+}
+
+TrainerCore::WholeParameters::~WholeParameters() {
+  if (zero_)
+    zero_->freeAll(written_);
 }
 
 TrainerCore::~TrainerCore() = default;
@@ -624,6 +652,14 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
             off->prefetch(g);
         });
   };
+  ZeroOptimizer *sharded =
+      zero_ && zero_->shardsParameters() ? zero_.get() : nullptr;
+  if (sharded && (mode == RegionMode::KeepOffload ||
+                  mode == RegionMode::CheckpointOffload))
+    bad("forward", "ZeRO 3 with offloaded activations (unit " +
+                       std::to_string(first) +
+                       ") is not supported: plan with zero = 2, or without "
+                       "the offload");
   if (mode == RegionMode::KeepOffload) {
     for (int64_t u = first; u <= last; ++u) {
       const std::string group = "unit" + std::to_string(u);
@@ -654,7 +690,11 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
                      "plan's — plan for this precision and device\n",
                      static_cast<long long>(u));
       }
+      if (sharded)
+        sharded->gatherUnits(u, u);
       x = partial ? m.unitPartial(u, x) : m.unit(u, x);
+      if (sharded)
+        sharded->forwardDone(u, u, x);
       account(u);
       if (isTap[u])
         st.taps[u / 2] = x;
@@ -684,7 +724,13 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       offloader_->waitOffloaded(group);
       st.offloadedRegions.push_back(group);
     } else {
+      // ZeRO 3: the region's units whole for its forward, again before its
+      // backward re-runs it.
+      if (sharded)
+        sharded->gatherUnits(first, last);
       x = checkpoint(fn, x, params);
+      if (sharded)
+        sharded->forwardDone(first, last, x);
     }
     // When the backward reaches this region, bring back its boundary and the
     // prefetchAhead - 1 offloaded ones below.
@@ -774,8 +820,16 @@ void TrainerCore::backwardHead(int64_t t) {
   *probing_ = true;
   struct Reset {
     bool &flag;
-    ~Reset() { flag = false; }
-  } reset{*probing_};
+    ZeroOptimizer *zero;
+    ~Reset() {
+      flag = false;
+      if (zero)
+        zero->setBackwardGathers(true);
+    }
+  } reset{*probing_, zero_.get()};
+  // ZeRO 3: this backward stops at the tap; the units below need nothing.
+  if (zero_)
+    zero_->setBackwardGathers(false);
   auto grads = torch::autograd::grad({st.loss[t]}, inputs, {},
                                      train_.scope == GradScope::Params, false,
                                      /*allow_unused=*/true);
@@ -940,6 +994,10 @@ void TrainerCore::fuseTaskGradients() {
             probe[t] = torch::autograd::grad(
                 {st.taps[m.heads()[t].tap]}, probeParams, {tg[t][0]},
                 /*retain_graph=*/true, false, /*allow_unused=*/true);
+          // ZeRO 3: the probed layer's units, gathered for it, go until
+          // the backbone backward.
+          if (zero_)
+            zero_->dropGathered();
         }
       }
       st.alpha = computeAlpha(tg, probe, meanLoss, norms, fusing, st.stats);

@@ -1,4 +1,4 @@
-//===- Zero.cpp - the sharded AdamW of ZeRO stages 1 and 2 ----------------===//
+//===- Zero.cpp - the sharded AdamW of ZeRO stages 1 to 3 -----------------===//
 
 #include "mtprt/torch/Zero.h"
 
@@ -14,10 +14,28 @@
 #include <algorithm>
 #include <map>
 #include <stdexcept>
+#include <unordered_map>
 
 namespace mtprt {
 
 namespace {
+/// Spans [begin, end) of the layout from the runs that own them (rank q
+/// owns [q·shard, (q+1)·shard)) into `dst`, one broadcast per owner: each
+/// rank receives exactly the values it lacks, as FSDP's all-gather does.
+void fillFromRuns(Communicator *comm, int rank, int64_t shard, int64_t begin,
+                  int64_t end, const at::Tensor &run, const at::Tensor &dst) {
+  for (int64_t q = begin / shard; q * shard < end; ++q) {
+    const int64_t a = std::max(begin, q * shard);
+    const int64_t e = std::min(end, (q + 1) * shard);
+    if (a >= e)
+      continue;
+    at::Tensor part = dst.narrow(0, a - begin, e - a);
+    if (q == rank)
+      part.copy_(run.narrow(0, a - q * shard, e - a));
+    comm->broadcast(part, int(q));
+  }
+}
+
 /// Hands a parameter's freshly accumulated gradient to stage 2's release
 /// (what DeepSpeed's stage 2 does with its gradient hooks).
 struct ReleaseHook : torch::autograd::PostAccumulateGradHook {
@@ -43,9 +61,9 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
                              std::vector<std::vector<at::Tensor>> groups,
                              AdamWHyper hyper, bool offload)
     : comm_(comm), stage_(stage), hyper_(hyper), offload_(offload) {
-  if (stage < (offload ? 0 : 1) || stage > 2)
+  if (stage < (offload ? 0 : 1) || stage > 3)
     throw std::invalid_argument("mtprt: ZeRO stage " + std::to_string(stage) +
-                                " is not 1 or 2");
+                                " is not 1, 2 or 3");
   if (stage >= 1 && comm && comm->active()) {
     world_ = comm->worldSize();
     rank_ = comm->rank();
@@ -207,6 +225,11 @@ void ZeroOptimizer::beginStep(const std::vector<bool> &present) {
     release_ &= f == 0.0f || f == float(world_);
   }
   sentBytes_ = 4 * int64_t(present.size());
+  // Stage 3 gathers a unit before its backward only where every rank runs
+  // the same backward; a step whose ranks' tasks differ (a library caller's)
+  // holds the parameters whole instead, as stage 2 holds its gradients.
+  if (!release_ && !units_.empty())
+    gatherAll();
 }
 
 void ZeroOptimizer::addToShard(int64_t i, const at::Tensor &flat) {
@@ -275,6 +298,12 @@ void ZeroOptimizer::release(int64_t i) {
   released_[i] = true;
   signature_ = (signature_ * 31 + i + 1) % kSignatureModulus;
   ++signatureCount_;
+  // Stage 3: a unit whose every gradient is made has run its backward.
+  if (!units_.empty() && unitOf_[i] >= 0) {
+    Unit &u = units_[unitOf_[i]];
+    if (++u.released == u.params && u.gathered)
+      allocateUnit(u, false);
+  }
   const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
   if (params_[i].numel() >= bucket) {
     // Alone: summed in place, after what was pending (the same order on
@@ -290,8 +319,11 @@ void ZeroOptimizer::release(int64_t i) {
 }
 
 void ZeroOptimizer::endBackward() {
+  for (Unit &u : units_)
+    u.released = 0;
   if (!release_)
-    return;
+    return; // stage 3: every unit stays whole to the step's end
+  freeGathered();
   at::NoGradGuard noGrad;
   flushPending();
   std::vector<at::Tensor> v{
@@ -403,12 +435,16 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
       continue;
     if (offload_) {
       updateOnHost(lr[s.group],
-                   flatParam(s.param).narrow(0, s.begin, s.length),
+                   units_.empty()
+                       ? flatParam(s.param).narrow(0, s.begin, s.length)
+                       : paramShard_.narrow(0, s.shardOffset, s.length),
                    gradientOf(s), s.shardOffset, double(steps_[s.param]));
       continue;
     }
     Lists &l = byGroup[s.group];
-    l.params.push_back(flatParam(s.param).narrow(0, s.begin, s.length));
+    l.params.push_back(units_.empty()
+                           ? flatParam(s.param).narrow(0, s.begin, s.length)
+                           : paramShard_.narrow(0, s.shardOffset, s.length));
     l.grads.push_back(gradientOf(s));
     l.avgs.push_back(expAvg_.narrow(0, s.shardOffset, s.length));
     l.sqs.push_back(expAvgSq_.narrow(0, s.shardOffset, s.length));
@@ -432,6 +468,21 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
     p.mutable_grad() = at::Tensor();
   if (world_ <= 1)
     return 0;
+  if (!units_.empty()) {
+    // Stage 3: the sharded units are gathered at their next use (what is
+    // whole now is stale); the parameters kept whole on every rank take
+    // their updated values from their runs' owners.
+    freeGathered();
+    int64_t sent = 0;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (unitOf_[i] < 0 && has_[i]) {
+        fillFromRuns(comm_, rank_, shard_, offset_[i],
+                     offset_[i] + params_[i].numel(), paramShard_,
+                     flatParam(int64_t(i)));
+        sent += 4 * params_[i].numel() / world_;
+      }
+    return sent;
+  }
   const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
   for (int64_t c = 0; c < shard_; c += bucket) {
     const int64_t len = std::min(bucket, shard_ - c);
@@ -510,6 +561,150 @@ void ZeroOptimizer::loadWhole(const std::vector<int64_t> &steps,
     expAvg_.narrow(0, 0, n).copy_(avg.reshape({-1}).narrow(0, lo, n));
     expAvgSq_.narrow(0, 0, n).copy_(sq.reshape({-1}).narrow(0, lo, n));
   }
+}
+
+//===--- Stage 3 ----------------------------------------------------------===//
+
+void ZeroOptimizer::shardParameters(
+    const std::vector<std::vector<at::Tensor>> &units) {
+  if (stage_ < 3 || world_ <= 1 || !comm_ || !comm_->active())
+    throw std::logic_error(
+        "mtprt: shardParameters needs ZeRO stage 3 over more than one rank");
+  if (!units_.empty())
+    throw std::logic_error("mtprt: shardParameters: already sharded");
+  at::NoGradGuard noGrad;
+  std::unordered_map<const void *, int64_t> index;
+  for (size_t i = 0; i < params_.size(); ++i)
+    index[params_[i].unsafeGetTensorImpl()] = int64_t(i);
+  unitOf_.assign(params_.size(), -1);
+  std::vector<Unit> made(units.size());
+  for (size_t u = 0; u < units.size(); ++u) {
+    Unit &unit = made[u];
+    std::vector<int64_t> mine;
+    for (const at::Tensor &p : units[u]) {
+      auto it = index.find(p.unsafeGetTensorImpl());
+      if (it == index.end() || unitOf_[it->second] >= 0)
+        throw std::logic_error("mtprt: shardParameters: unit " +
+                               std::to_string(u) +
+                               " has a parameter the optimizer does not "
+                               "update, or another unit's");
+      unitOf_[it->second] = int64_t(u);
+      mine.push_back(it->second);
+    }
+    std::sort(mine.begin(), mine.end());
+    for (size_t k = 1; k < mine.size(); ++k)
+      if (mine[k] != mine[0] + int64_t(k))
+        throw std::logic_error(
+            "mtprt: shardParameters: unit " + std::to_string(u) +
+            "'s parameters are not a run of the optimizer's layout");
+    if (mine.empty())
+      continue;
+    unit.params = int64_t(mine.size());
+    unit.begin = offset_[mine.front()];
+    unit.end = offset_[mine.back()] + params_[mine.back()].numel();
+  }
+  // Every rank's run of the values, then each unit's parameters made views
+  // of its flat buffer, freed.
+  paramShard_ = at::empty({shard_}, expAvg_.options());
+  gather(rank_ * shard_, rank_ * shard_ + shard_, paramShard_);
+  for (size_t u = 0; u < made.size(); ++u) {
+    Unit &unit = made[u];
+    if (unit.params == 0)
+      continue;
+    unit.flat = at::empty({unit.end - unit.begin}, expAvg_.options());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (unitOf_[i] != int64_t(u))
+        continue;
+      at::Tensor view = unit.flat.narrow(0, offset_[i] - unit.begin,
+                                         params_[i].numel());
+      view.copy_(flatParam(int64_t(i)));
+      params_[i].set_data(view.view(params_[i].sizes()));
+    }
+    unit.gathered = true;
+    gatheredBytes_ += 4 * (unit.end - unit.begin);
+    allocateUnit(unit, false);
+  }
+  units_ = std::move(made);
+}
+
+void ZeroOptimizer::allocateUnit(Unit &unit, bool allocate) {
+  if (unit.gathered == allocate || unit.params == 0)
+    return;
+  c10::StorageImpl *s = unit.flat.storage().unsafeGetStorageImpl();
+  const int64_t bytes = 4 * (unit.end - unit.begin);
+  if (allocate) {
+    s->set_data_ptr_noswap(s->allocator()->allocate(size_t(bytes)));
+    s->set_nbytes(size_t(bytes));
+    gatheredBytes_ += bytes;
+  } else {
+    // Every parameter of the unit is a view of this storage: freeing it
+    // frees them (their autograd-saved references included).
+    s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
+    s->set_nbytes(0);
+    gatheredBytes_ -= bytes;
+  }
+  unit.gathered = allocate;
+}
+
+void ZeroOptimizer::gatherUnits(int64_t first, int64_t last) {
+  if (units_.empty())
+    return;
+  at::NoGradGuard noGrad;
+  first = std::max<int64_t>(first, 0);
+  last = std::min<int64_t>(last, int64_t(units_.size()) - 1);
+  for (int64_t u = first; u <= last; ++u) {
+    Unit &unit = units_[u];
+    if (unit.gathered || unit.params == 0)
+      continue;
+    allocateUnit(unit, true);
+    fillFromRuns(comm_, rank_, shard_, unit.begin, unit.end, paramShard_,
+                 unit.flat);
+  }
+}
+
+
+void ZeroOptimizer::freeGathered() {
+  for (Unit &u : units_)
+    allocateUnit(u, false);
+}
+
+void ZeroOptimizer::forwardDone(int64_t first, int64_t last,
+                                const at::Tensor &out) {
+  if (units_.empty() || !release_)
+    return;
+  for (int64_t u = std::max<int64_t>(first, 0);
+       u <= std::min<int64_t>(last, int64_t(units_.size()) - 1); ++u)
+    allocateUnit(units_[u], false);
+  if (!out.requires_grad())
+    return;
+  std::shared_ptr<ZeroOptimizer *> owner = self_;
+  std::shared_ptr<bool> on = gatherHooks_;
+  const_cast<at::Tensor &>(out).register_hook(
+      [owner, on, first, last](const at::Tensor &) {
+        if (*owner && *on)
+          (*owner)->gatherUnits(first, last);
+      });
+}
+
+void ZeroOptimizer::gatherAll() {
+  gatherUnits(0, int64_t(units_.size()) - 1);
+}
+
+void ZeroOptimizer::freeAll(bool written) {
+  if (units_.empty())
+    return;
+  if (written) {
+    at::NoGradGuard noGrad;
+    gather(rank_ * shard_, rank_ * shard_ + shard_, paramShard_);
+  }
+  freeGathered();
+}
+
+int64_t ZeroOptimizer::largestUnitBytes() const {
+  int64_t most = 0;
+  for (const Unit &u : units_)
+    most = std::max(most, 4 * (u.end - u.begin));
+  return most;
 }
 
 } // namespace mtprt

@@ -191,6 +191,9 @@ public:
 
   /// Layer l's parameters (0 = the embedding tables).
   std::vector<at::Tensor> layerParameters(int64_t layer) const;
+  /// Unit u's parameters (0: the embeddings; 2l−1 / 2l: layer l's
+  /// attention / MLP, the last MLP with the final norm).
+  std::vector<at::Tensor> unitParameters(int64_t u) const;
   std::vector<at::Tensor> backboneParameters() const;
   std::vector<at::Tensor> headParameters(int64_t h) const;
   std::vector<at::Tensor> parameters() const;

@@ -14,6 +14,15 @@
 // there, updated by the same fused AdamW on the CPU, the parameters copied
 // back; the device holds none of the state.
 //
+// Stage 3 (FSDP's layout on ZeRO's run): the backbone units' parameters are
+// sharded too. Each unit's parameters become views of one flat buffer (the
+// unit's span of the layout); the buffer's storage is freed between uses,
+// so the device holds this rank's run of every value (the update works on
+// it) and, for a unit's forward or backward, that unit whole: gatherUnits()
+// fills it from the runs' owners before the forward, a hook on the unit's
+// output before its backward, and the unit is freed once its gradients are
+// released. Heads and frozen layers stay whole on every rank.
+//
 // Internal API (LibTorch).
 //
 //===----------------------------------------------------------------------===//
@@ -81,6 +90,41 @@ public:
   /// gradient for keep their values and step counts. Frees the gradients,
   /// then all-gathers the updated runs. Returns the bytes this rank sent.
   int64_t step(const std::vector<double> &lr);
+  //===--- Stage 3: the parameters sharded --------------------------------===//
+
+  /// Shards `units[u]`'s parameters (each unit's consecutive in the layout
+  /// and in this order; an empty unit stays whole) and frees them. Needs
+  /// stage 3 and more than one rank; the values are every rank's current
+  /// ones (the same on every rank).
+  void shardParameters(const std::vector<std::vector<at::Tensor>> &units);
+  bool shardsParameters() const { return !units_.empty(); }
+  /// Units [first, last]'s parameters whole (collective: every rank gathers
+  /// the same units in the same order). Those already whole stay.
+  void gatherUnits(int64_t first, int64_t last);
+  /// After units [first, last]'s forward made `out`: freed, and gathered
+  /// again when the backward reaches `out` (a hook; quiet while
+  /// backwardGathers is off). A step that does not release (beginStep)
+  /// keeps them.
+  void forwardDone(int64_t first, int64_t last, const at::Tensor &out);
+  /// After a partial backward (the cosine probe): what it gathered freed,
+  /// unless the step keeps every unit.
+  void dropGathered() {
+    if (release_)
+      freeGathered();
+  }
+  /// Off while a head's own backward runs: it stops at the tap, so the
+  /// units below it need nothing.
+  void setBackwardGathers(bool on) { *gatherHooks_ = on; }
+  /// Every sharded unit whole (a checkpoint's save or load, an evaluation,
+  /// an export), then freed; `written`: the values were changed (a load),
+  /// so this rank's run is taken from them first.
+  void gatherAll();
+  void freeAll(bool written);
+  /// Bytes of the parameters gathered whole now, and the most at once
+  /// (tests, the measured breakdown).
+  int64_t gatheredBytes() const { return gatheredBytes_; }
+  int64_t largestUnitBytes() const;
+
   /// Stage 2's averaged gradient run after sumGradients() (tests).
   const at::Tensor &gradientShard() const { return gradShard_; }
   /// A skipped update (fp16 overflow): stage 2's gradient run dropped.
@@ -144,6 +188,21 @@ private:
   int64_t signature_ = 0, signatureCount_ = 0;
   std::vector<int64_t> pending_;
   int64_t pendingValues_ = 0, sentBytes_ = 0;
+  /// Stage 3: each sharded unit's flat buffer and its span of the layout;
+  /// the unit of each parameter (-1: whole on every rank) and how many of a
+  /// unit's gradients this micro-batch has released.
+  struct Unit {
+    at::Tensor flat;
+    int64_t begin = 0, end = 0, params = 0, released = 0;
+    bool gathered = false;
+  };
+  void allocateUnit(Unit &unit, bool allocate);
+  void freeGathered();
+  std::vector<Unit> units_;
+  std::vector<int64_t> unitOf_;
+  at::Tensor paramShard_;
+  int64_t gatheredBytes_ = 0;
+  std::shared_ptr<bool> gatherHooks_ = std::make_shared<bool>(true);
   /// The hooks' way back here (null once destroyed).
   std::shared_ptr<ZeroOptimizer *> self_;
 };
