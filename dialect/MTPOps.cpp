@@ -1083,8 +1083,8 @@ LogicalResult BudgetOp::verify() {
     return emitOpError("global batch ")
            << getGlobalBatch() << " is not a multiple of micro_batch x "
            << (getPipeline() ? "replicas" : "gpus") << " = " << perStep;
-  if (getZeroStage() > 2)
-    return emitOpError("ZeRO stage ") << getZeroStage() << " is not 1 or 2";
+  if (getZeroStage() > 3)
+    return emitOpError("ZeRO stage ") << getZeroStage() << " is not 1, 2 or 3";
   if (getZero() && getZeroAuto())
     return emitOpError("has both a ZeRO stage and zero_auto");
   if (std::optional<APFloat> flops = getPeakFlops())

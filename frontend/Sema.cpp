@@ -1114,15 +1114,11 @@ void Sema::checkBudget(const ast::Section *section, CheckedSpec &spec,
     out.zeroLoc = f.locOf("zero");
     if (v->kind == ast::Value::Kind::Ident && v->name == "auto") {
       out.zeroAuto = true;
-    } else if (v->kind == ast::Value::Kind::Number && v->isInteger &&
-               v->integer == 3) {
-      error(v->loc) << "zero = 3 (parameters sharded and all-gathered per "
-                       "layer) is not supported yet: zero = 2 shards the "
-                       "optimizer state and the gradients (docs/zero.md)";
     } else if (v->kind == ast::Value::Kind::Number) {
-      out.zero = integer(*v, "zero", {0, 2}).value_or(0);
+      out.zero = integer(*v, "zero", {0, 3}).value_or(0);
     } else {
-      error(v->loc) << "'zero' expects 0, 1, 2 or auto, got " << describe(*v);
+      error(v->loc) << "'zero' expects 0, 1, 2, 3 or auto, got "
+                    << describe(*v);
     }
   }
 
@@ -1878,9 +1874,20 @@ void Sema::crossChecks(CheckedSpec &spec) {
     else if (bu.gpus == 1)
       warning(bu.zeroLoc, "zero = " + z + " has no effect with gpus = 1: "
                           "one process holds every shard");
+    if (bu.zero == 3 && s.scope == GradientScope::params)
+      error(bu.zeroLoc)
+          << "zero = 3 with gradient_scope = params is not supported: each "
+             "task's backward through the top layers would gather their "
+             "parameters again; use features or sum, or zero = 2";
+    if (bu.zero == 3 && s.offload == OffloadPolicy::cpu_pinned)
+      error(bu.zeroLoc)
+          << "zero = 3 with offload = cpu_pinned is not supported: the "
+             "offloaded blocks' saved tensors would hold their gathered "
+             "parameters; write offload = none (or auto, which plans none), "
+             "or zero = 2";
     if (bu.zero >= 2 && s.collective == CollectivePolicy::compressed)
       error(bu.zeroLoc)
-          << "zero = 2 sums the gradients uncompressed as the backward makes them; "
+          << "zero = " << bu.zero << " sums the gradients uncompressed as the backward makes them; "
              "collective = compressed needs every rank's whole gradient "
              "(its error feedback): use zero = 1 with compression, or "
              "collective = none";

@@ -942,14 +942,22 @@ int64_t CostModel::cosineProbeWorkspace(
     int64_t path = chain;
     const int64_t low = std::max<int64_t>(1, paths[k].first),
                   high = paths[k].second;
+    // ZeRO 3: every block on the path whole (a region's whole region),
+    // freed after the task's probe.
+    int64_t gathered = 0;
+    for (int64_t blk = paths[k].first; blk <= high; ++blk)
+      gathered += shardedBlockBytes(blk);
     for (auto [first, last] : regions)
       if (last >= low && first <= high) {
         int64_t rerun = innerChain;
-        for (int64_t blk = first; blk <= last; ++blk)
+        for (int64_t blk = first; blk <= last; ++blk) {
           rerun += perBlock[blk % 2];
+          if (blk < paths[k].first || blk > high)
+            gathered += shardedBlockBytes(blk);
+        }
         path = std::max(path, rerun);
       }
-    probe = std::max(probe, k * held + path);
+    probe = std::max(probe, k * held + path + gathered);
   }
   return std::max(probe, n * held + 8 * n * widest);
 }
@@ -1133,6 +1141,23 @@ int64_t CostModel::zeroStage() const {
   // ZeroOptimizer does).
   const int64_t stage = budget ? budget.getZeroStage() : 0;
   return processes() > 1 ? stage : std::min<int64_t>(stage, 1);
+}
+
+int64_t CostModel::shardedBlockBytes(int64_t block) const {
+  const int64_t layer = (block + 1) / 2;
+  if (zeroStage() < 3 || block < 0 || layer > int64_t(backbone.getLayers()) ||
+      frozen(layer))
+    return 0;
+  if (block == 0)
+    return kWeightBytes * embeddingParameters();
+  if (block % 2)
+    return kWeightBytes * (unitParameters(UnitKind::attn_norm) +
+                           unitParameters(UnitKind::qkv) +
+                           unitParameters(UnitKind::attn_out));
+  return kWeightBytes *
+         (unitParameters(UnitKind::mlp_norm) + unitParameters(UnitKind::mlp_up) +
+          unitParameters(UnitKind::mlp_down) +
+          (layer == int64_t(backbone.getLayers()) ? finalNormParameters() : 0));
 }
 
 // Mirrors GradExchange::averageGradients / sum and gscEncodeInto /

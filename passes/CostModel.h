@@ -257,6 +257,19 @@ public:
   /// as 1). It shards the values
   /// the gradient exchange sums (every trainable parameter but the gate's).
   int64_t zeroStage() const;
+  /// ZeRO 3 (mtprt/torch/Zero.h): the fp32 bytes of backbone block
+  /// `block`'s parameters (runtime numbering: 0 the embeddings, 2l−1 / 2l
+  /// layer l's attention / MLP, the last with the final norm), which the
+  /// runtime gathers whole around the block's forward and backward and
+  /// otherwise holds a 1/W run of. 0 for a frozen block (kept whole) or
+  /// below stage 3.
+  int64_t shardedBlockBytes(int64_t block) const;
+  /// Whether block `block`'s backward reads its parameters (so ZeRO 3
+  /// gathers them for it): the embeddings' does only through BERT's
+  /// LayerNorm — a lookup's gradient needs the indices alone.
+  bool backwardReadsParameters(int64_t block) const {
+    return block != 0 || backbone.isPostNorm();
+  }
   /// strategy { optimizer_offload = cpu }: AdamW's state (of the values
   /// ZeRO would shard) and its update on the host (docs/zero.md).
   bool optimizerOffload() const;

@@ -201,7 +201,8 @@ void MemoryPlanner::Impl::build() {
       strategy ? strategy.getOffload() : OffloadPolicy::automatic;
   if (strategy)
     maxLatency = strategy.getMaxOffloadLatency().convertToDouble();
-  bool canOffload = offload != OffloadPolicy::none;
+  // ZeRO 3 does not combine with activation offload (the runtime's).
+  bool canOffload = offload != OffloadPolicy::none && cost.zeroStage() < 3;
 
   // Regions end at every tap: the runtime hands heads the region's output.
   int64_t topTap = 0, lowTap = backbone.getLayers(), tasks = 0;
@@ -1359,8 +1360,21 @@ static void chooseStateSharding(ModelOp model, const MeasuredCosts *measured,
   SmallVector<bool> offloads =
       offloadAuto ? SmallVector<bool>{false, true}
                   : SmallVector<bool>{strategy && strategy.getOptimizerOffload()};
+  SmallVector<std::pair<bool, int64_t>> tries;
   for (bool offload : offloads)
-    for (int64_t stage : stages) {
+    for (int64_t stage : stages)
+      tries.push_back({offload, stage});
+  // ZeRO 3 last, as DeepSpeed advises: its gathers cost every step's time
+  // (not with the params scope or activation offload, which it does not
+  // combine with).
+  if (zeroAuto && mayScatter &&
+      (!strategy ||
+       (strategy.getGradientScope() != GradientScope::params &&
+        strategy.getOffload() != OffloadPolicy::cpu_pinned)))
+    for (bool offload : offloads)
+      tries.push_back({offload, 3});
+  for (auto [offload, stage] : tries) {
+    {
       if (budget) {
         if (stage)
           budget.setZeroAttr(b.getI64IntegerAttr(stage));
@@ -1386,6 +1400,7 @@ static void chooseStateSharding(ModelOp model, const MeasuredCosts *measured,
       if (MemoryPlanner(model, measured).solve(options).fits)
         return;
     }
+  }
 }
 
 namespace {
@@ -1587,18 +1602,24 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
               << (result.minimalPeak - saved <= planner.budget() ? " (would fit)"
                                                                  : "");
         }
-        // More gpus help a micro batch above one; sharding does not shrink
-        // the parameters themselves (ZeRO 3 is not built), a pipeline does.
+        // More gpus help a micro batch above one; ZeRO 3 shards the
+        // parameters themselves, a pipeline holds a part of them.
         if (micro > 1)
           diag.attachNote(budget.getLoc())
               << "more GPUs keep the global batch with a smaller micro batch";
         const int64_t weights = report.atPeak.parameters;
-        if (weights >= planner.budget() / 2 && budget.getPipelineStages() <= 1)
+        if (weights >= planner.budget() / 2 && budget.getPipelineStages() <= 1) {
+          if (budget.getGpus() > 1 && budget.getZeroStage() < 3)
+            diag.attachNote(budget.getLoc())
+                << "the parameters alone take " << formatBytes(weights)
+                << " per device: zero = 3 shards them over the "
+                << budget.getGpus()
+                << " gpus, each layer gathered whole only for its forward "
+                   "and backward (docs/zero.md)";
           diag.attachNote(budget.getLoc())
-              << "the parameters alone take " << formatBytes(weights)
-              << " per device, which no ZeRO stage built here shards: "
-                 "budget { pipeline = N } holds about 1/N of them on each of "
-                 "N stages (docs/pipeline.md)";
+              << "budget { pipeline = N } holds about 1/N of the parameters "
+                 "on each of N stages (docs/pipeline.md)";
+        }
       }
       return signalPassFailure();
     }

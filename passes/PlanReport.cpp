@@ -99,9 +99,9 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
   if (buckets.empty())
     return;
   int64_t world = budget ? budget.getReplicas() : 1;
-  // One process runs stage 2 as 1 (nothing to scatter).
+  // One process runs stages 2 and 3 as 1 (nothing to scatter).
   const int64_t zero = std::min<int64_t>(budget ? budget.getZeroStage() : 0,
-                                         world > 1 ? 2 : 1);
+                                         world > 1 ? 3 : 1);
   int64_t elements = 0, plain = 0, compressed = 0, payload = 0, count = 0;
   bool isCompressed = false;
   for (AllReduceOp op : buckets) {
@@ -147,13 +147,36 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
          << formatBytes(mtprt::ZeroLayout::gradientShardBytes(elements, world))
          << " kept per rank";
     os << "\n";
+    // ZeRO 3: the backbone's blocks sharded too (CostModel's bytes).
+    int64_t sharded = 0, largest = 0;
+    if (zero >= 3 && world > 1) {
+      CostModel cost(model);
+      for (int64_t b = 0; b <= 2 * int64_t(model.getBackbone().getLayers());
+           ++b) {
+        sharded += cost.shardedBlockBytes(b);
+        largest = std::max(largest, cost.shardedBlockBytes(b));
+      }
+      os << "    ZeRO 3: the backbone's parameters sharded, "
+         << formatBytes(sharded) << " as a run of "
+         << formatBytes(4 * shard)
+         << " per rank (with the heads' values; heads and frozen layers "
+            "stay whole); each block gathered whole for its forward and "
+            "again for its backward, freed after (largest block "
+         << formatBytes(largest) << ")\n";
+    }
     if (world > 1)
       os << "    ZeRO sends per process per step: "
          << (zero >= 2 ? "gradients " + formatBytes(4 * elements) +
                              " (per micro-batch) + "
                        : std::string())
-         << "all-gather of the updated parameters "
-         << formatBytes(4 * (world - 1) * shard) << "\n";
+         << (zero >= 3
+                 ? "its run of each block, twice per micro-batch (each rank "
+                   "receives " +
+                       formatBytes(2 * (sharded - sharded / world)) +
+                       " per micro-batch)"
+                 : "all-gather of the updated parameters " +
+                       formatBytes(4 * (world - 1) * shard))
+         << "\n";
   }
   if (strategy && strategy.getOptimizerOffload()) {
     const int64_t shard =
@@ -707,6 +730,21 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
           {"device_bytes", offloaded ? int64_t(0) : state},
           {"host_bytes", offloaded ? state : int64_t(0)},
           {"unsharded_bytes", CostModel::kOptimizerBytes * values}};
+      if (budget.getZeroStage() >= 3 && budget.getGpus() > 1) {
+        CostModel cost(model);
+        int64_t sharded = 0, largest = 0;
+        for (int64_t b = 0;
+             b <= 2 * int64_t(model.getBackbone().getLayers()); ++b) {
+          sharded += cost.shardedBlockBytes(b);
+          largest = std::max(largest, cost.shardedBlockBytes(b));
+        }
+        out["sharded_parameters"] = Object{
+            {"bytes", sharded},
+            {"run_bytes",
+             CostModel::kWeightBytes *
+                 mtprt::ZeroLayout::shardValues(values, world)},
+            {"largest_block_bytes", largest}};
+      }
     }
   }
   return out;

@@ -53,6 +53,26 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
                            values, world, /*gloo=*/cost.onCpu())
                      : 0;
   }
+  // ZeRO 3: the backbone's trainable blocks are held as this rank's run of
+  // every value (heads whole beside it); a block is gathered whole around
+  // its forward and backward (sweep), nothing after the update.
+  blockAt.assign(order.size(), -1);
+  if (zeroStage >= 3) {
+    const int64_t blocks = 2 * int64_t(model.getBackbone().getLayers()) + 1;
+    for (int64_t b = 0; b < blocks; ++b)
+      resident.parameters -= cost.shardedBlockBytes(b);
+    resident.parameters += CostModel::kWeightBytes *
+                           mtprt::ZeroLayout::shardValues(zeroValues(step),
+                                                          cost.processes());
+    zeroGather = 0;
+    for (auto [pos, op] : llvm::enumerate(order))
+      if (std::optional<UnitRef> unit = op ? getUnitRef(op) : std::nullopt;
+          unit && !unit->task) {
+        const int64_t b = getBlockNumber(unit->kind, unit->layer);
+        if (isa<FwdOp>(op) || cost.backwardReadsParameters(b))
+          blockAt[pos] = int(b);
+      }
+  }
   // Stage 2 (only at more than one process) releases the backbone's
   // gradients during the backward (ZeroOptimizer::release): where the first
   // two releasing units are, and what is held to the exchange.
@@ -147,8 +167,23 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
   }
 }
 
-StepTimeline::Peak StepTimeline::sweep(const Live &live, int64_t fuseWorkspace,
-                                       bool later) const {
+StepTimeline::Peak
+StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
+                    ArrayRef<std::pair<int64_t, int64_t>> regions) const {
+  // ZeRO 3: what is gathered while block b runs — the block, or its
+  // checkpoint region's blocks (gathered together, freed together).
+  auto gathered = [&](int b) -> int64_t {
+    if (b < 0)
+      return 0;
+    for (auto [first, last] : regions)
+      if (b >= first && b <= last) {
+        int64_t sum = 0;
+        for (int64_t k = first; k <= last; ++k)
+          sum += cost.shardedBlockBytes(k);
+        return sum;
+      }
+    return cost.shardedBlockBytes(b);
+  };
   Peak best;
   MemoryBreakdown now = resident;
   if (later)
@@ -178,6 +213,7 @@ StepTimeline::Peak StepTimeline::sweep(const Live &live, int64_t fuseWorkspace,
         (p == fusePosition ? fuseWorkspace : workspace[p]) + accumulating;
     // Inside a many-layer backward unit: its peak, not its start.
     MemoryBreakdown at = now;
+    at.parameters += gathered(blockAt[p]);
     at.activations -= relief[p].first;
     if (releasing)
       at.workspace += std::max<int64_t>(0, releasing - relief[p].second);
@@ -210,7 +246,7 @@ StepTimeline::peak(const Live &live,
       fuse ? fuseWorkspaceBeyondResults(fuse, cost, regions, false,
                                         fuseWorkspace)
            : 0,
-      /*later=*/false);
+      /*later=*/false, regions);
   if (!twoSweeps)
     return first;
   Peak later = sweep(live,
@@ -218,6 +254,6 @@ StepTimeline::peak(const Live &live,
                                                        /*laterMicroBatch=*/true,
                                                        fuseWorkspace)
                           : 0,
-                     /*later=*/true);
+                     /*later=*/true, regions);
   return later.bytes > first.bytes ? later : first;
 }

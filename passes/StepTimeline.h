@@ -76,7 +76,8 @@ public:
             llvm::ArrayRef<std::pair<int64_t, int64_t>> regions) const;
 
 private:
-  Peak sweep(const Live &live, int64_t fuseWorkspace, bool later) const;
+  Peak sweep(const Live &live, int64_t fuseWorkspace, bool later,
+             llvm::ArrayRef<std::pair<int64_t, int64_t>> regions) const;
 
   const CostModel &cost;
   std::vector<mlir::Operation *> order;
@@ -115,6 +116,10 @@ private:
   /// and frees as they are made, and where this rank's run is made.
   std::vector<std::pair<int, int64_t>> released;
   int shardFrom = -1;
+  /// ZeRO 3: per position, the backbone block whose forward or backward
+  /// runs there (-1: none); its parameters are whole then (a checkpoint
+  /// region's: the region's blocks').
+  std::vector<int> blockAt;
 };
 
 } // namespace mtp

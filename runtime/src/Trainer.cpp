@@ -654,6 +654,11 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
   };
   ZeroOptimizer *sharded =
       zero_ && zero_->shardsParameters() ? zero_.get() : nullptr;
+  // A lookup's backward needs the indices alone: the embeddings are gathered
+  // again only for BERT's LayerNorm (CostModel::backwardReadsParameters).
+  auto backwardReadsParameters = [&](int64_t u) {
+    return u != 0 || m.config().postNorm();
+  };
   if (sharded && (mode == RegionMode::KeepOffload ||
                   mode == RegionMode::CheckpointOffload))
     bad("forward", "ZeRO 3 with offloaded activations (unit " +
@@ -694,7 +699,7 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
         sharded->gatherUnits(u, u);
       x = partial ? m.unitPartial(u, x) : m.unit(u, x);
       if (sharded)
-        sharded->forwardDone(u, u, x);
+        sharded->forwardDone(u, u, x, backwardReadsParameters(u));
       account(u);
       if (isTap[u])
         st.taps[u / 2] = x;
@@ -990,14 +995,15 @@ void TrainerCore::fuseTaskGradients() {
             bool &flag;
             ~Reset() { flag = false; }
           } reset{*probing_};
-          for (int64_t t : withGrad)
+          for (int64_t t : withGrad) {
             probe[t] = torch::autograd::grad(
                 {st.taps[m.heads()[t].tap]}, probeParams, {tg[t][0]},
                 /*retain_graph=*/true, false, /*allow_unused=*/true);
-          // ZeRO 3: the probed layer's units, gathered for it, go until
-          // the backbone backward.
-          if (zero_)
-            zero_->dropGathered();
+            // ZeRO 3: the units on the task's path, gathered for it, go
+            // until the backbone backward.
+            if (zero_)
+              zero_->dropGathered();
+          }
         }
       }
       st.alpha = computeAlpha(tg, probe, meanLoss, norms, fusing, st.stats);

@@ -669,13 +669,13 @@ void ZeroOptimizer::freeGathered() {
 }
 
 void ZeroOptimizer::forwardDone(int64_t first, int64_t last,
-                                const at::Tensor &out) {
+                                const at::Tensor &out, bool backwardReads) {
   if (units_.empty() || !release_)
     return;
   for (int64_t u = std::max<int64_t>(first, 0);
        u <= std::min<int64_t>(last, int64_t(units_.size()) - 1); ++u)
     allocateUnit(units_[u], false);
-  if (!out.requires_grad())
+  if (!out.requires_grad() || !backwardReads)
     return;
   std::shared_ptr<ZeroOptimizer *> owner = self_;
   std::shared_ptr<bool> on = gatherHooks_;

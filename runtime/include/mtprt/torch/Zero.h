@@ -101,11 +101,12 @@ public:
   /// Units [first, last]'s parameters whole (collective: every rank gathers
   /// the same units in the same order). Those already whole stay.
   void gatherUnits(int64_t first, int64_t last);
-  /// After units [first, last]'s forward made `out`: freed, and gathered
-  /// again when the backward reaches `out` (a hook; quiet while
-  /// backwardGathers is off). A step that does not release (beginStep)
+  /// After units [first, last]'s forward made `out`: freed, and (when
+  /// their backward reads them) gathered again when the backward reaches
+  /// `out` (a hook; quiet while backwardGathers is off). A step that does not release (beginStep)
   /// keeps them.
-  void forwardDone(int64_t first, int64_t last, const at::Tensor &out);
+  void forwardDone(int64_t first, int64_t last, const at::Tensor &out,
+                   bool backwardReads = true);
   /// After a partial backward (the cosine probe): what it gathered freed,
   /// unless the step keeps every unit.
   void dropGathered() {
