@@ -942,19 +942,24 @@ int64_t CostModel::cosineProbeWorkspace(
     int64_t path = chain;
     const int64_t low = std::max<int64_t>(1, paths[k].first),
                   high = paths[k].second;
-    // ZeRO 3: every block on the path whole (a region's whole region),
-    // freed after the task's probe.
+    // ZeRO 3: one block on the path whole at a time (a region's blocks
+    // together), each freed as the probe's backward leaves it.
     int64_t gathered = 0;
-    for (int64_t blk = paths[k].first; blk <= high; ++blk)
-      gathered += shardedBlockBytes(blk);
+    for (int64_t blk = paths[k].first; blk <= high; ++blk) {
+      int64_t here = shardedBlockBytes(blk);
+      for (auto [first, last] : regions)
+        if (blk >= first && blk <= last) {
+          here = 0;
+          for (int64_t r = first; r <= last; ++r)
+            here += shardedBlockBytes(r);
+        }
+      gathered = std::max(gathered, here);
+    }
     for (auto [first, last] : regions)
       if (last >= low && first <= high) {
         int64_t rerun = innerChain;
-        for (int64_t blk = first; blk <= last; ++blk) {
+        for (int64_t blk = first; blk <= last; ++blk)
           rerun += perBlock[blk % 2];
-          if (blk < paths[k].first || blk > high)
-            gathered += shardedBlockBytes(blk);
-        }
         path = std::max(path, rerun);
       }
     probe = std::max(probe, k * held + path + gathered);

@@ -131,6 +131,15 @@ MemoryBreakdown mtp::residentState(ModelOp model, const CostModel &cost,
     if (!cost.optimizerOffload())
       resident.optimizer += adamwStateBytes(model);
   }
+  // ZeRO 3: this rank's run of every value instead of the backbone's
+  // trainable blocks (StepTimeline gathers a block where it runs).
+  if (cost.zeroStage() >= 3) {
+    for (int64_t b = 0; b <= 2 * int64_t(model.getBackbone().getLayers()); ++b)
+      resident.parameters -= cost.shardedBlockBytes(b);
+    resident.parameters +=
+        CostModel::kWeightBytes *
+        mtprt::ZeroLayout::shardValues(zeroValues(step), cost.processes());
+  }
   resident.exchange =
       cost.gradientExchange(
               llvm::to_vector(step.getBody().front().getOps<AllReduceOp>()))
@@ -480,9 +489,16 @@ EvalPeak evaluationPeak(ModelOp model, const CostModel &cost,
   MemoryBreakdown now =
       residentState(model, cost, budget ? budget.getAccumulationSteps() : 1);
   EvalPeak peak{now.total(), nullptr, now};
+  const int64_t residentParameters = now.parameters;
   for (size_t i = 0; i < forward.size(); ++i) {
     now.activations += delta[i];
     now.workspace = workspace[i];
+    // ZeRO 3: the block running is gathered whole (Model::setAroundUnit).
+    now.parameters = residentParameters;
+    if (std::optional<UnitRef> unit = getUnitRef(forward[i]);
+        unit && !unit->task)
+      now.parameters +=
+          cost.shardedBlockBytes(getBlockNumber(unit->kind, unit->layer));
     if (now.total() > peak.bytes)
       peak = {now.total(), forward[i], now};
   }

@@ -54,16 +54,10 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
                      : 0;
   }
   // ZeRO 3: the backbone's trainable blocks are held as this rank's run of
-  // every value (heads whole beside it); a block is gathered whole around
-  // its forward and backward (sweep), nothing after the update.
+  // every value (residentState); a block is gathered whole around its
+  // forward and backward (sweep), nothing after the update.
   blockAt.assign(order.size(), -1);
   if (zeroStage >= 3) {
-    const int64_t blocks = 2 * int64_t(model.getBackbone().getLayers()) + 1;
-    for (int64_t b = 0; b < blocks; ++b)
-      resident.parameters -= cost.shardedBlockBytes(b);
-    resident.parameters += CostModel::kWeightBytes *
-                           mtprt::ZeroLayout::shardValues(zeroValues(step),
-                                                          cost.processes());
     zeroGather = 0;
     for (auto [pos, op] : llvm::enumerate(order))
       if (std::optional<UnitRef> unit = op ? getUnitRef(op) : std::nullopt;

@@ -257,8 +257,11 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
   torch::serialize::OutputArchive ar;
   {
     torch::serialize::OutputArchive model;
+    // ZeRO 3: each parameter put together from the runs, one at a time.
+    ZeroOptimizer *zero = core.zero();
+    const bool sharded = zero && zero->shardsParameters();
     for (const auto &[name, p] : core.model().namedParameters())
-      model.write(name, p);
+      model.write(name, sharded ? zero->hostValues(p) : p);
     ar.write("model", model);
   }
   {
@@ -409,7 +412,11 @@ CheckpointExtra restore(const std::string &path, bool resharded, int world,
       if (!v.sizes().equals(p.sizes()))
         fail(path, "parameter " + name + " has shape " + c10::str(v.sizes()) +
                        ", the model " + c10::str(p.sizes()));
-      p.copy_(v);
+      // ZeRO 3: a sharded parameter's run of this rank.
+      if (ZeroOptimizer *zero = core.zero(); zero && zero->shardsParameters())
+        zero->setValues(p, v);
+      else
+        p.copy_(v);
     }
     // SAPS's and EWC's state before the optimizer's: a checkpoint of the
     // other kind gets these messages, not LibTorch's about group sizes. The

@@ -942,13 +942,21 @@ bool resetResidentPeak() {
 /// The parameter of `core` that is not finite (empty when all are), found
 /// with one device-to-host read for all of them.
 std::string nonFiniteParameter(TrainerCore &core) {
+  // ZeRO 3: the sharded parameters are checked as the ranks' runs (every
+  // rank calls this at the same step), the whole ones as they are.
+  ZeroOptimizer *zero = core.zero();
+  const bool sharded = zero && zero->shardsParameters();
+  if (sharded && !zero->runFinite())
+    return "of the sharded backbone (ZeRO 3)";
   std::vector<at::Tensor> finite;
   for (const at::Tensor &t : core.model().parameters())
-    finite.push_back(at::isfinite(t).all());
+    if (!sharded || t.storage().nbytes() > 0)
+      finite.push_back(at::isfinite(t).all());
   if (finite.empty() || at::stack(finite).all().item<bool>())
     return "";
   for (const auto &[name, t] : core.model().namedParameters())
-    if (!at::isfinite(t).all().item<bool>())
+    if ((!sharded || t.storage().nbytes() > 0) &&
+        !at::isfinite(t).all().item<bool>())
       return name;
   return "?";
 }
@@ -1436,7 +1444,6 @@ int train(const std::string &name, const Program &p, const Options &o) {
                 ": it was written by a run of another number of processes, "
                 "and resharding it needs every rank's checkpoint of one step: " +
                 why + " (--resume-fallback takes an older step)");
-      TrainerCore::WholeParameters loading(core.zero(), /*written=*/true);
       const CheckpointExtra saved = loadResharded(
           o.checkpointDir, step, written, d.rank, core, &exchange);
       // A rank the written run did not have starts its dropout stream
@@ -1482,7 +1489,6 @@ int train(const std::string &name, const Program &p, const Options &o) {
       // resharded above
     } else if (agreed >= 0) {
       const std::string path = checkpointPath(o.checkpointDir, agreed, d.rank);
-      TrainerCore::WholeParameters loading(core.zero(), /*written=*/true);
       const CheckpointExtra saved =
           loadCheckpoint(path, d.worldSize, core, &exchange);
       position = saved.dataPosition;
@@ -1536,7 +1542,6 @@ int train(const std::string &name, const Program &p, const Options &o) {
     // Every rank evaluates (the same parameters, the same file): none waits
     // in a collective, under --timeout, while rank 0 alone works through a
     // large held-out set. Rank 0 reports.
-    TrainerCore::WholeParameters evaluating(core.zero(), false);
     lastEval = evaluate(core.model(), *evalSet, evalBatch, tc.precision);
     // The plan predicts the evaluation at its own micro batch and processes.
     if (asPlanned)
@@ -1614,7 +1619,6 @@ int train(const std::string &name, const Program &p, const Options &o) {
   // The crash test's hook: pause inside the write of step N's checkpoint.
   const char *pauseAt = std::getenv("MTPRT_TEST_PAUSE_IN_CHECKPOINT");
   auto save = [&]() {
-    TrainerCore::WholeParameters saving(core.zero(), false);
     // Never a non-finite state over the last good one (an update can blow
     // the parameters up while the step's loss and gradients were finite).
     if (const std::string bad = nonFiniteParameter(core); !bad.empty())

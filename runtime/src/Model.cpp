@@ -735,6 +735,16 @@ at::Tensor Model::unit(int64_t u, const at::Tensor &x) const {
                            " is on another pipeline stage (this one holds " +
                            std::to_string(firstUnit()) + ".." +
                            std::to_string(lastUnit()) + ")");
+  if (aroundUnit_ && !at::GradMode::is_enabled()) {
+    aroundUnit_(u, true);
+    at::Tensor y = runUnit(u, x);
+    aroundUnit_(u, false);
+    return y;
+  }
+  return runUnit(u, x);
+}
+
+at::Tensor Model::runUnit(int64_t u, const at::Tensor &x) const {
   // The frozen run from the embeddings up: nothing below needs a gradient,
   // so nothing is recorded or kept for one.
   std::optional<at::NoGradGuard> noGrad;

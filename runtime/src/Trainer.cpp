@@ -222,6 +222,9 @@ void TrainerCore::shardOptimizer(Communicator *comm) {
         if (p.requires_grad())
           units[u].push_back(p);
     zero_->shardParameters(units);
+    // An evaluation's units (and a region's first pass) gather and free
+    // their own.
+    model_->setAroundUnit(zero_->aroundUnit());
   }
 }
 

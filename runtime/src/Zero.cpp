@@ -228,8 +228,9 @@ void ZeroOptimizer::beginStep(const std::vector<bool> &present) {
   // Stage 3 gathers a unit before its backward only where every rank runs
   // the same backward; a step whose ranks' tasks differ (a library caller's)
   // holds the parameters whole instead, as stage 2 holds its gradients.
-  if (!release_ && !units_.empty())
-    gatherAll();
+  stepKeepsWhole_ = !release_ && !units_.empty();
+  if (stepKeepsWhole_)
+    gatherUnits(0, int64_t(units_.size()) - 1);
 }
 
 void ZeroOptimizer::addToShard(int64_t i, const at::Tensor &flat) {
@@ -472,6 +473,7 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
     // Stage 3: the sharded units are gathered at their next use (what is
     // whole now is stale); the parameters kept whole on every rank take
     // their updated values from their runs' owners.
+    stepKeepsWhole_ = false;
     freeGathered();
     int64_t sent = 0;
     for (size_t i = 0; i < params_.size(); ++i)
@@ -675,18 +677,30 @@ void ZeroOptimizer::forwardDone(int64_t first, int64_t last,
   for (int64_t u = std::max<int64_t>(first, 0);
        u <= std::min<int64_t>(last, int64_t(units_.size()) - 1); ++u)
     allocateUnit(units_[u], false);
-  if (!out.requires_grad() || !backwardReads)
+  if (!out.requires_grad())
     return;
+  // The gradient of `out` is whole once every unit above has run its
+  // backward (the backbone is a chain): those are freed here — in a
+  // partial backward (the cosine probe), which releases no gradient, this
+  // is what frees them — and these gathered.
   std::shared_ptr<ZeroOptimizer *> owner = self_;
   std::shared_ptr<bool> on = gatherHooks_;
   const_cast<at::Tensor &>(out).register_hook(
-      [owner, on, first, last](const at::Tensor &) {
-        if (*owner && *on)
-          (*owner)->gatherUnits(first, last);
+      [owner, on, first, last, backwardReads](const at::Tensor &) {
+        ZeroOptimizer *z = *owner;
+        if (!z || !*on)
+          return;
+        for (int64_t u = last + 1; u < int64_t(z->units_.size()); ++u)
+          z->allocateUnit(z->units_[u], false);
+        if (backwardReads)
+          z->gatherUnits(first, last);
       });
 }
 
 void ZeroOptimizer::gatherAll() {
+  if (units_.empty())
+    return;
+  ++wholeDepth_;
   gatherUnits(0, int64_t(units_.size()) - 1);
 }
 
@@ -697,7 +711,73 @@ void ZeroOptimizer::freeAll(bool written) {
     at::NoGradGuard noGrad;
     gather(rank_ * shard_, rank_ * shard_ + shard_, paramShard_);
   }
-  freeGathered();
+  if (--wholeDepth_ <= 0) {
+    wholeDepth_ = 0;
+    if (!stepKeepsWhole_)
+      freeGathered();
+  }
+}
+
+std::function<void(int64_t, bool)> ZeroOptimizer::aroundUnit() {
+  std::shared_ptr<ZeroOptimizer *> owner = self_;
+  return [owner](int64_t u, bool before) {
+    ZeroOptimizer *z = *owner;
+    if (!z || z->units_.empty() || u < 0 || u >= int64_t(z->units_.size()))
+      return;
+    if (before)
+      z->gatherUnits(u, u);
+    else if (z->wholeDepth_ == 0 && !z->stepKeepsWhole_)
+      z->allocateUnit(z->units_[u], false);
+  };
+}
+
+bool ZeroOptimizer::runFinite() {
+  double bad = paramShard_.defined() && !at::isfinite(paramShard_).all().item<bool>();
+  if (comm_ && comm_->active()) {
+    std::vector<at::Tensor> flag{
+        at::full({1}, bad, at::TensorOptions().dtype(at::kFloat))
+            .to(comm_->device())};
+    comm_->allReduceSum(flag);
+    bad = flag[0].cpu().item<double>();
+  }
+  return bad == 0;
+}
+
+int64_t ZeroOptimizer::indexOf(const at::Tensor &param) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].unsafeGetTensorImpl() == param.unsafeGetTensorImpl())
+      return int64_t(i);
+  return -1;
+}
+
+at::Tensor ZeroOptimizer::hostValues(const at::Tensor &param) {
+  at::NoGradGuard noGrad;
+  const int64_t i = units_.empty() ? -1 : indexOf(param);
+  if (i < 0 || unitOf_[i] < 0 || units_[unitOf_[i]].gathered)
+    return param.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  at::Tensor whole = at::empty({param.numel()}, paramShard_.options());
+  fillFromRuns(comm_, rank_, shard_, offset_[i], offset_[i] + param.numel(),
+               paramShard_, whole);
+  return whole.view(param.sizes()).to(at::kCPU);
+}
+
+void ZeroOptimizer::setValues(const at::Tensor &param,
+                              const at::Tensor &values) {
+  at::NoGradGuard noGrad;
+  const int64_t i = units_.empty() ? -1 : indexOf(param);
+  // A whole one (a head, a frozen layer) in place; every one of the layout
+  // in this rank's run too, which the update reads.
+  if (i < 0 || unitOf_[i] < 0 || units_[unitOf_[i]].gathered)
+    param.detach().copy_(values);
+  if (i < 0)
+    return;
+  const at::Tensor flat = values.reshape({-1}).to(paramShard_.device());
+  const int64_t lo = rank_ * shard_, hi = std::min(total_, lo + shard_);
+  const int64_t a = std::max(lo, offset_[i]);
+  const int64_t e = std::min(hi, offset_[i] + param.numel());
+  if (a < e)
+    paramShard_.narrow(0, a - lo, e - a)
+        .copy_(flat.narrow(0, a - offset_[i], e - a));
 }
 
 int64_t ZeroOptimizer::largestUnitBytes() const {

@@ -194,6 +194,12 @@ public:
   /// Unit u's parameters (0: the embeddings; 2l−1 / 2l: layer l's
   /// attention / MLP, the last MLP with the final norm).
   std::vector<at::Tensor> unitParameters(int64_t u) const;
+  /// Called as (u, true) before and (u, false) after unit u runs without
+  /// autograd (an evaluation, a checkpoint region's first pass): ZeRO 3
+  /// gathers the unit's parameters there and frees them after.
+  void setAroundUnit(std::function<void(int64_t, bool)> f) {
+    aroundUnit_ = std::move(f);
+  }
   std::vector<at::Tensor> backboneParameters() const;
   std::vector<at::Tensor> headParameters(int64_t h) const;
   std::vector<at::Tensor> parameters() const;
@@ -288,6 +294,9 @@ private:
       groups_; ///< [0]=backbone, 1+h = head h
   /// keepStage: the units and heads held (lastUnit_ -1: all).
   int64_t firstUnit_ = 0, lastUnit_ = -1;
+  std::function<void(int64_t, bool)> aroundUnit_;
+  /// unit() past its checks and aroundUnit_.
+  at::Tensor runUnit(int64_t u, const at::Tensor &x) const;
   std::vector<bool> heldHeads_;
 };
 

@@ -33,6 +33,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -116,11 +117,25 @@ public:
   /// Off while a head's own backward runs: it stops at the tap, so the
   /// units below it need nothing.
   void setBackwardGathers(bool on) { *gatherHooks_ = on; }
-  /// Every sharded unit whole (a checkpoint's save or load, an evaluation,
-  /// an export), then freed; `written`: the values were changed (a load),
-  /// so this rank's run is taken from them first.
+  /// Every sharded unit whole (an export, a prediction, a dump), then
+  /// freed; `written`: the values were changed, so this rank's run is taken
+  /// from them first. Nested scopes keep them whole to the outermost.
   void gatherAll();
   void freeAll(bool written);
+  /// Model::setAroundUnit's hook: a unit run without autograd (an
+  /// evaluation, a checkpoint region's first pass) is gathered before and
+  /// freed after, unless everything is kept whole now.
+  std::function<void(int64_t, bool)> aroundUnit();
+  /// A parameter's values, whole, in a tensor of its own on the host (a
+  /// checkpoint's save: collective for a sharded one, one parameter's
+  /// values on the device at a time).
+  at::Tensor hostValues(const at::Tensor &param);
+  /// Whether every value of this rank's run is finite, agreed over the
+  /// ranks (collective).
+  bool runFinite();
+  /// Sets a parameter's values (a checkpoint's load): a sharded one's run
+  /// on this rank, a whole one's in place. No collective.
+  void setValues(const at::Tensor &param, const at::Tensor &values);
   /// Bytes of the parameters gathered whole now, and the most at once
   /// (tests, the measured breakdown).
   int64_t gatheredBytes() const { return gatheredBytes_; }
@@ -203,6 +218,10 @@ private:
   std::vector<int64_t> unitOf_;
   at::Tensor paramShard_;
   int64_t gatheredBytes_ = 0;
+  /// gatherAll scopes open; a step that keeps every unit whole (beginStep).
+  int wholeDepth_ = 0;
+  bool stepKeepsWhole_ = false;
+  int64_t indexOf(const at::Tensor &param) const;
   std::shared_ptr<bool> gatherHooks_ = std::make_shared<bool>(true);
   /// The hooks' way back here (null once destroyed).
   std::shared_ptr<ZeroOptimizer *> self_;
