@@ -1394,7 +1394,7 @@ def run_planned(args, b, r, name, m, tasks, strategy, budget, steps, world):
 
 
 def section_zero(args, b, r, out):
-    """ZeRO stages 1 and 2 (docs/zero.md): memory per rank and step time at
+    """ZeRO stages 1 to 3 (docs/zero.md): memory per rank and step time at
     1, 2 and 4 processes (gloo on loopback), on a model whose parameters
     outweigh its activations, each plan beside what it measured."""
     steps = 8 if args.quick else 20
@@ -1406,7 +1406,8 @@ def section_zero(args, b, r, out):
     strategy = {"checkpoint": "none", "offload": "none", "gfm": "none", "dgfg": "none",
                 "clip": "none", "lr": "cosine(1e-3, warmup = 5)", "collective": "none"}
     res, rows = {}, []
-    settings = [(0, False), (1, False), (2, False), (0, True), (2, True)]
+    settings = [(0, False), (1, False), (2, False), (3, False), (0, True), (2, True),
+                (3, True)]
     for world in (1, 2, 4):
         for stage, offload in settings:
             budget = budget_block(args, 2 << 30, micro_batch=2, global_batch=2 * world)
