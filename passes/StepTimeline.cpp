@@ -166,17 +166,23 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
                     ArrayRef<std::pair<int64_t, int64_t>> regions) const {
   // ZeRO 3: what is gathered while block b runs — the block, or its
   // checkpoint region's blocks (gathered together, freed together).
+  std::vector<int64_t> gatherOf;
+  if (zeroStage >= 3) {
+    for (int b : blockAt)
+      if (b >= int(gatherOf.size()))
+        gatherOf.resize(b + 1, 0);
+    for (size_t b = 0; b < gatherOf.size(); ++b)
+      gatherOf[b] = cost.shardedBlockBytes(int64_t(b));
+    for (auto [first, last] : regions) {
+      int64_t sum = 0;
+      for (int64_t k = first; k <= last; ++k)
+        sum += cost.shardedBlockBytes(k);
+      for (int64_t k = first; k <= last && k < int64_t(gatherOf.size()); ++k)
+        gatherOf[k] = sum;
+    }
+  }
   auto gathered = [&](int b) -> int64_t {
-    if (b < 0)
-      return 0;
-    for (auto [first, last] : regions)
-      if (b >= first && b <= last) {
-        int64_t sum = 0;
-        for (int64_t k = first; k <= last; ++k)
-          sum += cost.shardedBlockBytes(k);
-        return sum;
-      }
-    return cost.shardedBlockBytes(b);
+    return b < 0 || b >= int(gatherOf.size()) ? 0 : gatherOf[b];
   };
   Peak best;
   MemoryBreakdown now = resident;

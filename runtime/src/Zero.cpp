@@ -22,18 +22,24 @@ namespace {
 /// Spans [begin, end) of the layout from the runs that own them (rank q
 /// owns [q·shard, (q+1)·shard)) into `dst`, one broadcast per owner: each
 /// rank receives exactly the values it lacks, as FSDP's all-gather does.
-void fillFromRuns(Communicator *comm, int rank, int64_t shard, int64_t begin,
-                  int64_t end, const at::Tensor &run, const at::Tensor &dst) {
+/// Returns the bytes this rank contributed.
+int64_t fillFromRuns(Communicator *comm, int rank, int64_t shard,
+                     int64_t begin, int64_t end, const at::Tensor &run,
+                     const at::Tensor &dst) {
+  int64_t sent = 0;
   for (int64_t q = begin / shard; q * shard < end; ++q) {
     const int64_t a = std::max(begin, q * shard);
     const int64_t e = std::min(end, (q + 1) * shard);
     if (a >= e)
       continue;
     at::Tensor part = dst.narrow(0, a - begin, e - a);
-    if (q == rank)
+    if (q == rank) {
       part.copy_(run.narrow(0, a - q * shard, e - a));
+      sent += 4 * (e - a);
+    }
     comm->broadcast(part, int(q));
   }
+  return sent;
 }
 
 /// Hands a parameter's freshly accumulated gradient to stage 2's release
@@ -207,7 +213,7 @@ void ZeroOptimizer::beginStep(const std::vector<bool> &present) {
     return;
   released_.assign(params_.size(), false);
   pending_.clear();
-  pendingValues_ = sentBytes_ = 0;
+  pendingValues_ = sentBytes_ = gatherSent_ = 0;
   signatureCount_ = signature_ = 0;
   gradShard_ = at::Tensor();
   release_ = false;
@@ -475,14 +481,14 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
     // their updated values from their runs' owners.
     stepKeepsWhole_ = false;
     freeGathered();
-    int64_t sent = 0;
+    // What this rank contributed to the step's gathers, and to these.
+    int64_t sent = gatherSent_;
+    gatherSent_ = 0;
     for (size_t i = 0; i < params_.size(); ++i)
-      if (unitOf_[i] < 0 && has_[i]) {
-        fillFromRuns(comm_, rank_, shard_, offset_[i],
-                     offset_[i] + params_[i].numel(), paramShard_,
-                     flatParam(int64_t(i)));
-        sent += 4 * params_[i].numel() / world_;
-      }
+      if (unitOf_[i] < 0 && has_[i])
+        sent += fillFromRuns(comm_, rank_, shard_, offset_[i],
+                             offset_[i] + params_[i].numel(), paramShard_,
+                             flatParam(int64_t(i)));
     return sent;
   }
   const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
@@ -659,11 +665,10 @@ void ZeroOptimizer::gatherUnits(int64_t first, int64_t last) {
     if (unit.gathered || unit.params == 0)
       continue;
     allocateUnit(unit, true);
-    fillFromRuns(comm_, rank_, shard_, unit.begin, unit.end, paramShard_,
-                 unit.flat);
+    gatherSent_ += fillFromRuns(comm_, rank_, shard_, unit.begin, unit.end,
+                                paramShard_, unit.flat);
   }
 }
-
 
 void ZeroOptimizer::freeGathered() {
   for (Unit &u : units_)
@@ -732,7 +737,8 @@ std::function<void(int64_t, bool)> ZeroOptimizer::aroundUnit() {
 }
 
 bool ZeroOptimizer::runFinite() {
-  double bad = paramShard_.defined() && !at::isfinite(paramShard_).all().item<bool>();
+  double bad = paramShard_.defined() &&
+                !at::isfinite(paramShard_).all().item<bool>();
   if (comm_ && comm_->active()) {
     std::vector<at::Tensor> flag{
         at::full({1}, bad, at::TensorOptions().dtype(at::kFloat))
@@ -778,13 +784,6 @@ void ZeroOptimizer::setValues(const at::Tensor &param,
   if (a < e)
     paramShard_.narrow(0, a - lo, e - a)
         .copy_(flat.narrow(0, a - offset_[i], e - a));
-}
-
-int64_t ZeroOptimizer::largestUnitBytes() const {
-  int64_t most = 0;
-  for (const Unit &u : units_)
-    most = std::max(most, 4 * (u.end - u.begin));
-  return most;
 }
 
 } // namespace mtprt

@@ -136,10 +136,8 @@ public:
   /// Sets a parameter's values (a checkpoint's load): a sharded one's run
   /// on this rank, a whole one's in place. No collective.
   void setValues(const at::Tensor &param, const at::Tensor &values);
-  /// Bytes of the parameters gathered whole now, and the most at once
-  /// (tests, the measured breakdown).
+  /// Bytes of the parameters gathered whole now (tests).
   int64_t gatheredBytes() const { return gatheredBytes_; }
-  int64_t largestUnitBytes() const;
 
   /// Stage 2's averaged gradient run after sumGradients() (tests).
   const at::Tensor &gradientShard() const { return gradShard_; }
@@ -217,7 +215,7 @@ private:
   std::vector<Unit> units_;
   std::vector<int64_t> unitOf_;
   at::Tensor paramShard_;
-  int64_t gatheredBytes_ = 0;
+  int64_t gatheredBytes_ = 0, gatherSent_ = 0;
   /// gatherAll scopes open; a step that keeps every unit whole (beginStep).
   int wholeDepth_ = 0;
   bool stepKeepsWhole_ = false;
