@@ -1165,6 +1165,15 @@ int64_t CostModel::shardedBlockBytes(int64_t block) const {
           (layer == int64_t(backbone.getLayers()) ? finalNormParameters() : 0));
 }
 
+CostModel::ShardedBlocks CostModel::shardedBlocks() const {
+  ShardedBlocks out;
+  for (int64_t b = 0; b <= 2 * int64_t(backbone.getLayers()); ++b) {
+    out.total += shardedBlockBytes(b);
+    out.largest = std::max(out.largest, shardedBlockBytes(b));
+  }
+  return out;
+}
+
 // Mirrors GradExchange::averageGradients / sum and gscEncodeInto /
 // decodeAdd in runtime/src/Distributed.cpp; every term is a tensor the
 // runtime allocates (fp32 values 4 B, int64 positions 8 B, bytes 1 B).

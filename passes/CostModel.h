@@ -264,6 +264,11 @@ public:
   /// otherwise holds a 1/W run of. 0 for a frozen block (kept whole) or
   /// below stage 3.
   int64_t shardedBlockBytes(int64_t block) const;
+  /// Over every block: the bytes ZeRO 3 shards, and the largest block's.
+  struct ShardedBlocks {
+    int64_t total = 0, largest = 0;
+  };
+  ShardedBlocks shardedBlocks() const;
   /// Whether block `block`'s backward reads its parameters (so ZeRO 3
   /// gathers them for it): the embeddings' does only through BERT's
   /// LayerNorm — a lookup's gradient needs the indices alone.

@@ -134,8 +134,7 @@ MemoryBreakdown mtp::residentState(ModelOp model, const CostModel &cost,
   // ZeRO 3: this rank's run of every value instead of the backbone's
   // trainable blocks (StepTimeline gathers a block where it runs).
   if (cost.zeroStage() >= 3) {
-    for (int64_t b = 0; b <= 2 * int64_t(model.getBackbone().getLayers()); ++b)
-      resident.parameters -= cost.shardedBlockBytes(b);
+    resident.parameters -= cost.shardedBlocks().total;
     resident.parameters +=
         CostModel::kWeightBytes *
         mtprt::ZeroLayout::shardValues(zeroValues(step), cost.processes());

@@ -148,22 +148,16 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
          << " kept per rank";
     os << "\n";
     // ZeRO 3: the backbone's blocks sharded too (CostModel's bytes).
-    int64_t sharded = 0, largest = 0;
-    if (zero >= 3 && world > 1) {
-      CostModel cost(model);
-      for (int64_t b = 0; b <= 2 * int64_t(model.getBackbone().getLayers());
-           ++b) {
-        sharded += cost.shardedBlockBytes(b);
-        largest = std::max(largest, cost.shardedBlockBytes(b));
-      }
+    const CostModel::ShardedBlocks blocks = CostModel(model).shardedBlocks();
+    const int64_t sharded = blocks.total;
+    if (zero >= 3 && world > 1)
       os << "    ZeRO 3: the backbone's parameters sharded, "
          << formatBytes(sharded) << " as a run of "
          << formatBytes(4 * shard)
          << " per rank (with the heads' values; heads and frozen layers "
             "stay whole); each block gathered whole for its forward and "
             "again for its backward, freed after (largest block "
-         << formatBytes(largest) << ")\n";
-    }
+         << formatBytes(blocks.largest) << ")\n";
     if (world > 1)
       os << "    ZeRO sends per process per step: "
          << (zero >= 2 ? "gradients " + formatBytes(4 * elements) +
@@ -731,19 +725,14 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
           {"host_bytes", offloaded ? state : int64_t(0)},
           {"unsharded_bytes", CostModel::kOptimizerBytes * values}};
       if (budget.getZeroStage() >= 3 && budget.getGpus() > 1) {
-        CostModel cost(model);
-        int64_t sharded = 0, largest = 0;
-        for (int64_t b = 0;
-             b <= 2 * int64_t(model.getBackbone().getLayers()); ++b) {
-          sharded += cost.shardedBlockBytes(b);
-          largest = std::max(largest, cost.shardedBlockBytes(b));
-        }
+        const CostModel::ShardedBlocks blocks =
+            CostModel(model).shardedBlocks();
         out["sharded_parameters"] = Object{
-            {"bytes", sharded},
+            {"bytes", blocks.total},
             {"run_bytes",
              CostModel::kWeightBytes *
                  mtprt::ZeroLayout::shardValues(values, world)},
-            {"largest_block_bytes", largest}};
+            {"largest_block_bytes", blocks.largest}};
       }
     }
   }

@@ -403,6 +403,10 @@ bool ZeroOptimizer::finite() {
       }
     }
   }
+  return noRankBad(bad);
+}
+
+bool ZeroOptimizer::noRankBad(double bad) {
   if (comm_ && comm_->active()) {
     std::vector<at::Tensor> flag{
         at::full({1}, bad, at::TensorOptions().dtype(at::kFloat))
@@ -737,16 +741,8 @@ std::function<void(int64_t, bool)> ZeroOptimizer::aroundUnit() {
 }
 
 bool ZeroOptimizer::runFinite() {
-  double bad = paramShard_.defined() &&
-                !at::isfinite(paramShard_).all().item<bool>();
-  if (comm_ && comm_->active()) {
-    std::vector<at::Tensor> flag{
-        at::full({1}, bad, at::TensorOptions().dtype(at::kFloat))
-            .to(comm_->device())};
-    comm_->allReduceSum(flag);
-    bad = flag[0].cpu().item<double>();
-  }
-  return bad == 0;
+  return noRankBad(paramShard_.defined() &&
+                   !at::isfinite(paramShard_).all().item<bool>());
 }
 
 int64_t ZeroOptimizer::indexOf(const at::Tensor &param) const {

@@ -220,6 +220,9 @@ private:
   int wholeDepth_ = 0;
   bool stepKeepsWhole_ = false;
   int64_t indexOf(const at::Tensor &param) const;
+  /// Whether `bad` (1: this rank found a non-finite value) is 0 on every
+  /// rank (collective).
+  bool noRankBad(double bad);
   std::shared_ptr<bool> gatherHooks_ = std::make_shared<bool>(true);
   /// The hooks' way back here (null once destroyed).
   std::shared_ptr<ZeroOptimizer *> self_;
