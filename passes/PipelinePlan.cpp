@@ -66,10 +66,13 @@ struct Regions {
   }
   /// Whether the backbone backward holds `v` from its forward (else:
   /// re-created). A stage runs its heads' backward with their forward, so
-  /// what only they read is gone before.
+  /// what only they read is gone before — but a tap (mtp.release) is the
+  /// root of the backbone backward, held until it returns.
   bool kept(Value v) const {
     const int64_t r = v.getDefiningOp() ? of(v.getDefiningOp()) : -1;
     return llvm::any_of(v.getUsers(), [&](Operation *u) {
+      if (isa<ReleaseOp>(u))
+        return true;
       auto bwd = dyn_cast<BwdOp>(u);
       return bwd && !bwd.getTaskAttr() && (r < 0 || of(u) != r);
     });
@@ -202,24 +205,72 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
   // step's first backward, when none exists yet).
   auto backwardExtra = [&](int64_t first, int64_t last,
                            bool paramGrads) -> int64_t {
-    llvm::SmallVector<BwdOp> ops;
-    for (BwdOp bwd : step.getBody().front().getOps<BwdOp>())
-      if (!bwd.getTaskAttr()) {
-        const int64_t b = std::clamp<int64_t>(
-            getBlockNumber(bwd.getUnit(), bwd.getLayer()), 0, nblocks - 1);
-        if (b >= first && b <= last)
-          ops.push_back(bwd);
+    // The stage's backbone backward units and the gradient sums among them
+    // (mtp.add_grads: a residual's two paths, a tap's fused gradient added
+    // to the one coming down), in step order.
+    llvm::SmallVector<Operation *> ops;
+    llvm::DenseSet<Operation *> inStage;
+    auto onStage = [&](BwdOp bwd) {
+      if (bwd.getTaskAttr())
+        return false;
+      const int64_t b = std::clamp<int64_t>(
+          getBlockNumber(bwd.getUnit(), bwd.getLayer()), 0, nblocks - 1);
+      return b >= first && b <= last;
+    };
+    for (Operation &op : step.getBody().front()) {
+      bool in = false;
+      if (auto bwd = dyn_cast<BwdOp>(op))
+        in = onStage(bwd);
+      else if (isa<AddGradsOp>(op))
+        // A sum the stage makes: of its own units' gradients (a residual),
+        // or a tap's fused gradient and the one received (the root of the
+        // stage's backward). Another stage's sum is what it sends.
+        in = llvm::any_of(op.getOperands(),
+                          [&](Value v) {
+                            return inStage.contains(v.getDefiningOp());
+                          }) ||
+             (llvm::any_of(op.getOperands(),
+                           [](Value v) {
+                             return isa_and_nonnull<FuseTaskGradsOp>(
+                                 v.getDefiningOp());
+                           }) &&
+              llvm::any_of(op.getUsers(), [&](Operation *u) {
+                auto bwd = dyn_cast<BwdOp>(u);
+                return bwd && onStage(bwd);
+              }));
+      if (in) {
+        ops.push_back(&op);
+        inStage.insert(&op);
       }
+    }
     const int64_t n = int64_t(ops.size());
     if (n == 0)
       return 0;
+    auto gradsOf = [](Operation *op) -> ValueRange {
+      if (auto bwd = dyn_cast<BwdOp>(op))
+        return bwd.getGrads();
+      return op->getOperands();
+    };
+    auto madeBy = [](Operation *op) -> ValueRange {
+      if (auto bwd = dyn_cast<BwdOp>(op))
+        return bwd.getInputGrads();
+      return op->getResults();
+    };
     llvm::DenseMap<Value, int64_t> lastUse, def;
-    for (auto [i, bwd] : llvm::enumerate(ops)) {
-      for (Value v : bwd->getOperands())
+    for (auto [i, op] : llvm::enumerate(ops)) {
+      for (Value v : op->getOperands())
         lastUse[v] = int64_t(i);
-      for (Value r : bwd.getInputGrads())
+      for (Value r : madeBy(op))
         def[r] = int64_t(i);
     }
+    // An aliased input gradient is the incoming one: that lives as long as
+    // its aliases are read (last first, so chains carry through).
+    for (Operation *op : llvm::reverse(ops))
+      if (auto bwd = dyn_cast<BwdOp>(op); bwd && bwd.getAliases())
+        for (Value r : bwd.getInputGrads().take_front(bwd.getAliases()))
+          if (auto it = lastUse.find(r); it != lastUse.end())
+            lastUse[bwd.getGrads().front()] =
+                std::max(lastUse[bwd.getGrads().front()], it->second);
     // The kept tensors: those the stage's own forward made (counted in
     // keptBytesPerMicroBatch); only their release here matters. A
     // checkpoint region's re-created ones appear before its first backward
@@ -228,8 +279,8 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     int64_t kept = 0;
     std::vector<int64_t> freedAfter(n, 0), recreated(n, 0), rerunWs(n, 0);
     llvm::DenseMap<int64_t, int64_t> regionStart, regionEnd;
-    for (auto [i, bwd] : llvm::enumerate(ops))
-      if (const int64_t r = regions.of(bwd); r >= 0) {
+    for (auto [i, op] : llvm::enumerate(ops))
+      if (const int64_t r = regions.of(op); r >= 0) {
         regionStart.try_emplace(r, int64_t(i));
         regionEnd[r] = int64_t(i);
       }
@@ -246,29 +297,35 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       }
     }
     llvm::DenseSet<Value> seen;
-    for (BwdOp bwd : ops)
-      for (Value v : bwd.getSaved())
-        if (seen.insert(v).second && v.getDefiningOp<FwdOp>() &&
-            !v.getDefiningOp<FwdOp>().getTaskAttr()) {
-          if (regions.kept(v))
-            kept += CostModel::bytes(v.getType());
-          else
-            recreated[regionStart.lookup(
-                regions.of(v.getDefiningOp()))] +=
-                CostModel::bytes(v.getType());
-          freedAfter[lastUse[v]] += CostModel::bytes(v.getType());
-        }
-    // Gradients: [def, lastUse] (external ones from 0), aliases own none.
+    for (Operation *op : ops)
+      if (auto bwd = dyn_cast<BwdOp>(op))
+        for (Value v : bwd.getSaved())
+          if (seen.insert(v).second && v.getDefiningOp<FwdOp>() &&
+              !v.getDefiningOp<FwdOp>().getTaskAttr()) {
+            if (regions.kept(v))
+              kept += CostModel::bytes(v.getType());
+            else
+              recreated[regionStart.lookup(
+                  regions.of(v.getDefiningOp()))] +=
+                  CostModel::bytes(v.getType());
+            freedAfter[lastUse[v]] += CostModel::bytes(v.getType());
+          }
+    // Gradients: [def, lastUse], aliases own none. One from outside the
+    // stage is there from the start: a tap's fused gradient until its last
+    // use, the received one (PipelineRunner holds it) to the end.
     std::vector<int64_t> born(n + 1, 0), dies(n + 1, 0);
     llvm::DenseSet<Value> counted;
-    for (auto [i, bwd] : llvm::enumerate(ops)) {
-      for (Value g : bwd.getGrads())
+    for (auto [i, op] : llvm::enumerate(ops)) {
+      for (Value g : gradsOf(op))
         if (!def.count(g) && counted.insert(g).second) {
           born[0] += CostModel::bytes(g.getType());
-          dies[lastUse[g]] += CostModel::bytes(g.getType());
+          dies[isa_and_nonnull<FuseTaskGradsOp>(g.getDefiningOp())
+                   ? lastUse[g]
+                   : n - 1] += CostModel::bytes(g.getType());
         }
-      for (auto [j, r] : llvm::enumerate(bwd.getInputGrads())) {
-        if (int64_t(j) < int64_t(bwd.getAliases()))
+      auto bwd = dyn_cast<BwdOp>(op);
+      for (auto [j, r] : llvm::enumerate(madeBy(op))) {
+        if (bwd && int64_t(j) < int64_t(bwd.getAliases()))
           continue;
         born[i] += CostModel::bytes(r.getType());
         // Used by another stage (sent) or by nothing: freed after its
@@ -283,18 +340,23 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       grads += born[i];
       keptNow += recreated[i];
       worst = std::max(worst, keptNow + grads + rerunWs[i] - kept);
+      auto bwd = dyn_cast<BwdOp>(ops[i]);
+      if (!bwd) {
+        grads -= dies[i];
+        continue;
+      }
       // Its parameters' gradients: kept from here in the first backward;
       // later made beside the resident ones and added in (a transient).
-      int64_t ws = int64_t(ops[i].getWorkspace());
+      int64_t ws = int64_t(bwd.getWorkspace());
       // A checkpoint region's backward (one autograd::grad) hands its
       // parameters' gradients out together at its end: later backwards
       // hold the region's new ones beside the resident ones until then.
-      const int64_t r = regions.of(ops[i]);
-      regionGrads = r >= 0 ? regionGrads + cm.gradientBytes(ops[i]) : 0;
+      const int64_t r = regions.of(bwd);
+      regionGrads = r >= 0 ? regionGrads + cm.gradientBytes(bwd) : 0;
       if (paramGrads)
-        grads += cm.gradientBytes(ops[i]);
+        grads += cm.gradientBytes(bwd);
       else
-        ws += r >= 0 ? regionGrads : cm.gradientBytes(ops[i]);
+        ws += r >= 0 ? regionGrads : cm.gradientBytes(bwd);
       if (r >= 0 && regionEnd.lookup(r) == i)
         regionGrads = 0;
       worst = std::max(worst, keptNow + grads + ws - kept);

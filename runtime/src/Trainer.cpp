@@ -712,9 +712,13 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       if (isTap[u])
         bad("forward", "a checkpoint region may not contain a tap (unit " +
                            std::to_string(u) + ") before its end");
+    // Only the region's units' parameters: autograd accumulates a
+    // parameter's gradient once every node with an edge to it has run, so
+    // a layer's MLP region handed its attention's too would hold its new
+    // gradients until the attention's region ran (+3% on a pipeline stage).
     std::vector<at::Tensor> params;
-    for (int64_t l = (first + 1) / 2; l <= (last + 1) / 2; ++l)
-      for (const at::Tensor &p : m.layerParameters(l))
+    for (int64_t u = first; u <= last; ++u)
+      for (const at::Tensor &p : m.unitParameters(u))
         params.push_back(p);
     const Model *mp = &m;
     RegionFn fn = [mp, first, last](const at::Tensor &v) {
