@@ -372,6 +372,12 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       model.getStrategy() &&
       model.getStrategy().getGradientScope() == GradientScope::features;
   const int64_t tapBytes = CostModel::bytes(cm.hiddenType());
+  bool gate = false;
+  for (FuseTaskGradsOp f : step.getBody().front().getOps<FuseTaskGradsOp>())
+    gate = f.getGateHidden().has_value();
+  const int64_t gateBuffer = features && gate && tasks.size() >= 2
+                                 ? int64_t(tasks.size()) * tapBytes
+                                 : 0;
 
   PipelinePlanResult out;
   for (const BlockCost &c : blocks) {
@@ -431,9 +437,15 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     // outputs), the others wait.
     const int64_t tapsHeld =
         features ? int64_t(st.tasks.size()) * tapBytes : 0;
+    // With the DGFG gate, micro-batch 0's processed tap gradients go up
+    // the pipe for the cosines: a stage before the last holds that buffer
+    // (every task's) from micro-batch 0's forward until α comes back
+    // before its backward, so through the first forwards only.
+    const int64_t gateHeld = s + 1 < S ? gateBuffer : 0;
     auto heldWith = [&](int64_t inFlight, bool paramGrads) {
       return std::max(
-          inFlight * (st.keptBytesPerMicroBatch + tapsHeld) + atForward,
+          inFlight * (st.keptBytesPerMicroBatch + tapsHeld) + atForward +
+              (paramGrads ? gateHeld : 0),
           inFlight * st.keptBytesPerMicroBatch + (inFlight - 1) * tapsHeld +
               backwardExtra(st.firstUnit, st.lastUnit, paramGrads));
     };

@@ -233,6 +233,12 @@ StepStats PipelineRunner::step(const Batch &batch, bool applyUpdate) {
       core_.resumeMicroBatch(m);
       if (m == 0 && features && !last) {
         alphaMsg = recvHost(nt + 1 + nt * nt, next_, kAlphaTag);
+        // The gate's inputs went up before α came down: those sends are
+        // done (gloo's finish only in wait), and their buffers — the
+        // processed tap gradients when the cosines are measured — go now,
+        // not at the step's end.
+        world_.waitSend(next_, kGateInfoTag);
+        world_.waitSend(next_, kGateGradsTag);
         std::vector<double> alpha(nt);
         for (int64_t t = 0; t < nt; ++t)
           alpha[t] = alphaMsg[t].item<double>();
