@@ -33,6 +33,10 @@ struct DevicePreset {
   /// Seconds one kernel costs however small: a GPU's launch, a CPU op's
   /// dispatch through ATen. What an update of many small tensors is made of.
   double kernelLatency;
+  /// Between devices of one node (the collectives' bus), bytes/s per
+  /// direction, and the seconds each message step costs however small
+  /// (CostModel::collectiveSeconds).
+  double interconnectBandwidth, messageLatency;
 };
 
 /// All presets, in the order the docs list them.

@@ -275,6 +275,7 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
                        MTP_PrecisionAttr:$precision,
                        OptionalAttr<MTP_PositiveI64Attr>:$memory_bandwidth,
                        OptionalAttr<F64Attr>:$peak_flops,
+                       OptionalAttr<MTP_PositiveI64Attr>:$interconnect_bandwidth,
                        OptionalAttr<MTP_PositiveI64Attr>:$zero,
                        UnitAttr:$zero_auto,
                        OptionalAttr<MTP_PositiveI64Attr>:$pipeline,
@@ -286,6 +287,7 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
     `link` custom<Bandwidth>($link_bandwidth) `gpus` $gpus
     `batch` $global_batch `micro` $micro_batch `precision` $precision
     (`hbm` $memory_bandwidth^ `Bps`)? (`flops` $peak_flops^)?
+    (`interconnect` $interconnect_bandwidth^ `Bps`)?
     (`zero` $zero^)? (`zero_auto` $zero_auto^)?
     (`pipeline` $pipeline^)? (`gpipe` $gpipe^)?
     (`stages` $stage_starts^)? attr-dict

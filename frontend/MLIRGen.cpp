@@ -72,6 +72,8 @@ public:
                              PrecisionAttr::get(ctx(), b.precision),
                              b.hbm ? i64(*b.hbm) : IntegerAttr(),
                              b.peakFlops ? f64(*b.peakFlops) : FloatAttr(),
+                             b.interconnect ? i64(*b.interconnect)
+                                            : IntegerAttr(),
                              b.zero ? i64(b.zero) : IntegerAttr(),
                              b.zeroAuto ? builder.getUnitAttr() : UnitAttr(),
                              b.pipeline > 1 ? i64(b.pipeline) : IntegerAttr(),

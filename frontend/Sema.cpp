@@ -114,7 +114,7 @@ constexpr StringRef kBudgetKeys[] = {
     "device",       "memory",      "headroom",     "host_link",
     "gpus",         "global_batch", "micro_batch", "accumulation",
     "precision",    "hbm_bandwidth", "peak_tflops", "zero",
-    "pipeline"};
+    "pipeline",     "interconnect"};
 constexpr StringRef kStrategyKeys[] = {
     "checkpoint", "offload", "gfm",  "gradient_scope",
     "dgfg",       "clip",    "lr",   "collective", "dynamic_batch", "saps", "ewc",
@@ -1092,6 +1092,8 @@ void Sema::checkBudget(const ast::Section *section, CheckedSpec &spec,
     out.link = bandwidth(*v, "host_link").value_or(out.link);
   if (const ast::Value *v = f.get("hbm_bandwidth"))
     out.hbm = bandwidth(*v, "hbm_bandwidth");
+  if (const ast::Value *v = f.get("interconnect"))
+    out.interconnect = bandwidth(*v, "interconnect");
   if (const ast::Value *v = f.get("peak_tflops"))
     if (std::optional<double> t = real(*v, "peak_tflops", 0.0, 1e6, true))
       out.peakFlops = *t * 1e12;

@@ -89,6 +89,8 @@ struct CheckedSpec {
     Precision precision;
     std::optional<int64_t> hbm;
     std::optional<double> peakFlops;
+    /// Between the devices (the collectives' bus), bytes/s per direction.
+    std::optional<int64_t> interconnect;
     /// ZeRO stage; zeroAuto: the planner chooses.
     int64_t zero = 0;
     bool zeroAuto = false;

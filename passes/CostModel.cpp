@@ -1127,6 +1127,100 @@ int64_t CostModel::allGatherBytes(int64_t payload, int64_t world) {
   return world <= 1 ? 0 : (world - 1) * payload;
 }
 
+double CostModel::interconnectBandwidth() const {
+  if (budget)
+    if (std::optional<uint64_t> override = budget.getInterconnectBandwidth())
+      return double(*override);
+  return preset->interconnectBandwidth;
+}
+
+double CostModel::messageLatency() const { return preset->messageLatency; }
+
+void CostModel::Communication::add(std::string what, int64_t wireBytes,
+                                   int64_t steps, double bw, double latency) {
+  const double s = double(steps) * latency + double(wireBytes) / bw;
+  bytes += wireBytes;
+  messages += steps;
+  seconds += s;
+  for (auto &p : parts)
+    if (p.first == what) {
+      p.second += s;
+      return;
+    }
+  parts.push_back({std::move(what), s});
+}
+
+CostModel::Communication CostModel::stepCommunication() const {
+  Communication c;
+  const int64_t W = processes();
+  StepOp step = model.getStep();
+  // A pipeline's stages exchange only their own gradients (PipelinePlan).
+  if (W <= 1 || !step || (budget && budget.getPipelineStages() > 1))
+    return c;
+  const double bw = interconnectBandwidth(), a = messageLatency();
+  const int64_t M = budget ? budget.getAccumulationSteps() : 1;
+  int64_t elements = 0;
+  for (AllReduceOp op : step.getBody().front().getOps<AllReduceOp>())
+    elements += op.getElements();
+  const int64_t zero = zeroStage();
+  const int64_t log2W = int64_t(std::ceil(std::log2(double(W))));
+  auto allReduce = [&](const char *what, int64_t bytes) {
+    c.add(what, 2 * (W - 1) * bytes / W, 2 * (W - 1), bw, a);
+  };
+  if (zero < 2) {
+    // mtprt::GradExchange at the step's end: one collective per bucket.
+    for (AllReduceOp op : step.getBody().front().getOps<AllReduceOp>()) {
+      if (op.getCompressed())
+        c.add("gradient all-gather (GSC)",
+              allGatherBytes(compressedPayloadBytes(
+                                 op.getElements(),
+                                 op.getTopk()->convertToDouble(),
+                                 *op.getBlock(), *op.getBits()),
+                             W),
+              W - 1, bw, a);
+      else
+        allReduce("gradient all-reduce", 4 * op.getElements());
+    }
+  } else {
+    // Stage 2 sums the backbone's gradients as autograd makes them, every
+    // micro-batch, a release bucket at a time (still all-reduces: reduces
+    // to the owners are not built).
+    const int64_t bucket =
+        mtprt::ZeroLayout::releaseBucketBytes(elements, W);
+    const int64_t total = 4 * elements;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t done = 0; done < total; done += bucket)
+        allReduce("ZeRO gradient sums", std::min(bucket, total - done));
+  }
+  if (zero >= 1) {
+    // The updated runs all-gathered, a bucket of values at a time.
+    const int64_t shard = mtprt::ZeroLayout::shardValues(elements, W);
+    const int64_t bucket = mtprt::ZeroLayout::bucketValues(elements, W);
+    for (int64_t done = 0; done < shard; done += bucket)
+      c.add("ZeRO parameter all-gather",
+            (W - 1) * 4 * std::min(bucket, shard - done), W - 1, bw, a);
+  }
+  if (zero >= 3) {
+    // Each sharded block gathered for its forward and (when its backward
+    // reads it) again for its backward, every micro-batch: one broadcast
+    // per rank whose run it spans, this rank receiving what it lacks.
+    const int64_t run = 4 * mtprt::ZeroLayout::shardValues(elements, W);
+    const int64_t nblocks = 2 * int64_t(backbone.getLayers()) + 1;
+    for (int64_t b = 0; b < nblocks; ++b) {
+      const int64_t bytes = shardedBlockBytes(b);
+      if (!bytes)
+        continue;
+      const int64_t owners =
+          std::min<int64_t>(W, (bytes + run - 1) / std::max<int64_t>(run, 1) + 1);
+      const int64_t times = backwardReadsParameters(b) ? 2 : 1;
+      for (int64_t k = 0; k < M * times; ++k)
+        c.add("ZeRO 3 block gathers", bytes - bytes / W, owners * log2W, bw,
+              a);
+    }
+  }
+  return c;
+}
+
 int64_t CostModel::processes() const {
   // A pipeline stage exchanges gradients with its data-parallel replicas.
   return budget ? std::max<int64_t>(1, budget.getReplicas()) : 1;

@@ -248,6 +248,32 @@ public:
                                         int64_t block, int64_t bits);
   static int64_t allGatherBytes(int64_t payload, int64_t world);
 
+  /// Between the devices: bytes/s per direction (the budget's
+  /// `interconnect`, else the preset's) and the seconds one message step
+  /// costs however small (the preset's).
+  double interconnectBandwidth() const;
+  double messageLatency() const;
+  /// What one rank's collectives and sends cost in a step (docs/
+  /// cost-model.md, "Communication"): each is `steps` message steps of
+  /// latency plus the bytes it puts on the wire over the interconnect — a
+  /// ring all-reduce of B over W ranks 2(W−1) steps and 2(W−1)/W·B, an
+  /// all-gather of a part p (W−1) steps and (W−1)·p, a broadcast of B
+  /// ⌈log2 W⌉ steps and B, a send B in one. The runtime blocks on them
+  /// (nothing overlaps compute yet), so their seconds add to the step's.
+  struct Communication {
+    int64_t bytes = 0;    ///< this rank's, on the wire per step
+    int64_t messages = 0; ///< message steps per step
+    double seconds = 0;
+    /// The parts, in the order they run: (what, seconds).
+    llvm::SmallVector<std::pair<std::string, double>> parts;
+    void add(std::string what, int64_t wireBytes, int64_t steps, double bw,
+             double latency);
+  };
+  /// The data-parallel exchange of a step (the mtp.allreduce buckets,
+  /// compressed or not, ZeRO's sums and gathers) over processes() ranks;
+  /// a pipeline's boundary sends are PipelinePlan's.
+  Communication stepCommunication() const;
+
   //===--- The data-parallel gradient exchange's memory ------------------===//
 
   /// Processes the plan is for: the budget's gpus (on `cpu`, the runtime's

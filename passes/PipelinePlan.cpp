@@ -458,10 +458,23 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       st.peakBytes = std::max(st.peakBytes, st.stateBytes +
                                                 heldWith(later, false) + sent);
     }
-    slowest = std::max(slowest, st.forwardSeconds + st.backwardSeconds);
+    // docs/cost-model.md, "Communication": a receive is a message and the
+    // boundary's bytes; the replicas sum the stage's gradients at the end.
+    st.communicationSeconds =
+        double(int64_t(s > 0) + int64_t(s + 1 < S)) *
+        (cm.messageLatency() + double(boundary) / cm.interconnectBandwidth());
+    if (const int64_t R = out.replicas; R > 1)
+      out.exchangeSeconds = std::max(
+          out.exchangeSeconds,
+          double(2 * (R - 1)) * cm.messageLatency() +
+              double(2 * (R - 1) * CostModel::kGradientBytes *
+                     st.trainableParameters / R) /
+                  cm.interconnectBandwidth());
+    slowest = std::max(slowest, st.forwardSeconds + st.backwardSeconds +
+                                    st.communicationSeconds);
     out.stages.push_back(std::move(st));
   }
   out.bubble = double(S - 1) / double(M + S - 1);
-  out.stepSeconds = double(M + S - 1) * slowest;
+  out.stepSeconds = double(M + S - 1) * slowest + out.exchangeSeconds;
   return out;
 }

@@ -32,6 +32,9 @@ struct PipelineStagePlan {
   int64_t parameters = 0, trainableParameters = 0, backboneTrainable = 0;
   /// One micro-batch's forward and backward on the cost model's roofline.
   double forwardSeconds = 0, backwardSeconds = 0;
+  /// One micro-batch's waits on the interconnect: the activation it
+  /// receives and the gradient it receives (the sends do not block).
+  double communicationSeconds = 0;
   /// What one micro-batch keeps here from its forward to its backward (the
   /// received boundary included), and how many are held at once.
   int64_t keptBytesPerMicroBatch = 0, inFlight = 1;
@@ -54,8 +57,11 @@ struct PipelinePlanResult {
   bool gpipe = false;
   /// (S − 1) / (M + S − 1): the share of the step a stage idles.
   double bubble = 0;
-  /// The step on the slowest stage's time: (M + S − 1) micro-batch slots.
+  /// The step on the slowest stage's time: (M + S − 1) micro-batch slots
+  /// (compute and its receives), then the replicas' exchange.
   double stepSeconds = 0;
+  /// The slowest stage's gradient all-reduce over its replicas.
+  double exchangeSeconds = 0;
   int64_t peakBytes() const;
 };
 

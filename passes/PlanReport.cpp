@@ -196,6 +196,35 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
                      : "")
        << "\n";
   }
+  // Their time (docs/cost-model.md, "Communication"): the runtime blocks on
+  // them, so it adds to the step's.
+  if (world > 1 && budget.getPipelineStages() <= 1) {
+    const CostModel::Communication comm = cost.stepCommunication();
+    os << "    communication: " << milliseconds(comm.seconds)
+       << " per step per process (";
+    llvm::interleaveComma(comm.parts, os, [&](const auto &p) {
+      os << p.first << " " << milliseconds(p.second);
+    });
+    os << ") at " << llvm::format("%.1f", cost.interconnectBandwidth() * 1e-9)
+       << " GB/s and " << microseconds(cost.messageLatency())
+       << " a message ("
+       << (budget && budget.getInterconnectBandwidth()
+               ? std::string("the budget's interconnect")
+               : "the " + cost.device().name.str() +
+                     " preset's; budget `interconnect` sets it")
+       << "); nothing overlaps compute";
+    if (StepPlanAttr plan = step.getPlanAttr();
+        plan && plan.getKeepStepSeconds().convertToDouble() > 0) {
+      const double compute = plan.getKeepStepSeconds().convertToDouble() +
+                             plan.getAddedSeconds().convertToDouble();
+      os << "; the step " << milliseconds(compute + comm.seconds)
+         << " with it ("
+         << llvm::format("%.0f%%", 100.0 * comm.seconds /
+                                       (compute + comm.seconds))
+         << " communication)";
+    }
+    os << "\n";
+  }
 }
 
 SmallVector<Row> rowsOf(ModelOp model, const MemoryReport &report) {
@@ -262,7 +291,19 @@ static void printPipeline(ModelOp model, llvm::raw_ostream &os) {
      << " per step; bubble (S-1)/(M+S-1) = "
      << llvm::format("%.3f", pipe->bubble) << "; predicted step "
      << llvm::formatv("{0:f3} ms", pipe->stepSeconds * 1e3)
-     << " on the slowest stage; "
+     << " on the slowest stage (its receives "
+     << milliseconds(llvm::max_element(pipe->stages,
+                                       [](const auto &a, const auto &b) {
+                                         return a.communicationSeconds <
+                                                b.communicationSeconds;
+                                       })
+                         ->communicationSeconds)
+     << " per micro-batch"
+     << (pipe->exchangeSeconds > 0
+             ? ", the replicas' exchange " +
+                   milliseconds(pipe->exchangeSeconds)
+             : std::string())
+     << "); "
      << (llvm::any_of(pipe->stages,
                       [](const PipelineStagePlan &st) {
                         return !st.recomputed.empty();
@@ -680,6 +721,21 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
                            {"zero", budget.getZeroStage()},
                            {"fits", peak <= usable},
                            {"margin_bytes", usable - peak}};
+    // docs/cost-model.md, "Communication": one process's per step.
+    if (CostModel cost(model);
+        cost.processes() > 1 && budget.getPipelineStages() <= 1) {
+      const CostModel::Communication comm = cost.stepCommunication();
+      Object parts;
+      for (const auto &p : comm.parts)
+        parts[p.first] = p.second;
+      out["communication"] =
+          Object{{"bytes", comm.bytes},
+                 {"messages", comm.messages},
+                 {"seconds", comm.seconds},
+                 {"parts_s", std::move(parts)},
+                 {"interconnect_bytes_per_s", cost.interconnectBandwidth()},
+                 {"message_latency_s", cost.messageLatency()}};
+    }
     // docs/pipeline.md: the stages (their peaks decide the fit).
     if (std::optional<PipelinePlanResult> pipe = planPipeline(model)) {
       Array stages;
@@ -699,6 +755,7 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
             {"state_bytes", st.stateBytes},
             {"forward_s", st.forwardSeconds},
             {"backward_s", st.backwardSeconds},
+            {"communication_s", st.communicationSeconds},
             {"recomputed_units",
              Array(st.recomputed)}});
       }
@@ -707,7 +764,8 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
                                {"schedule", pipe->gpipe ? "gpipe" : "1f1b"},
                                {"micro_batches", pipe->microBatches},
                                {"bubble", pipe->bubble},
-                               {"step_s", pipe->stepSeconds}};
+                               {"step_s", pipe->stepSeconds},
+                               {"exchange_s", pipe->exchangeSeconds}};
       (*out.getObject("budget"))["fits"] = pipe->peakBytes() <= usable;
       (*out.getObject("budget"))["margin_bytes"] = usable - pipe->peakBytes();
     }

@@ -6,6 +6,8 @@
 #include "mtprt/kernels/Specialized.h"
 
 // No gloo here: the gloo process group is made in DistributedGloo.cpp.
+#include <atomic>
+#include <chrono>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -263,11 +265,29 @@ namespace {
       std::to_string(o.timeoutS) +
       " s timeout, or the network failed): " + oneLine(e));
 }
+
+/// Every communicator's time blocked in a collective, a receive or a send's
+/// wait, in this process (the `comm_s` metric).
+std::atomic<int64_t> gBusyNs{0};
+struct Busy {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~Busy() {
+    gBusyNs.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - start)
+                          .count(),
+                      std::memory_order_relaxed);
+  }
+};
 } // namespace
+
+double Communicator::busySeconds() {
+  return double(gBusyNs.load(std::memory_order_relaxed)) * 1e-9;
+}
 
 void Communicator::allReduceSum(std::vector<at::Tensor> &tensors) {
   if (!impl_->backend)
     return;
+  const Busy busy;
   try {
     for (at::Tensor &t : tensors) {
       std::vector<at::Tensor> one{t};
@@ -281,6 +301,7 @@ void Communicator::allReduceSum(std::vector<at::Tensor> &tensors) {
 std::vector<at::Tensor> Communicator::allGather(const at::Tensor &t) {
   if (!impl_->backend)
     return {t};
+  const Busy busy;
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < worldSize(); ++r)
     out[0].push_back(at::empty_like(t));
@@ -298,6 +319,7 @@ void Communicator::allGatherInto(at::Tensor &out, const at::Tensor &t) {
     out.copy_(t.reshape({-1}));
     return;
   }
+  const Busy busy;
   // One flat output the backend writes into: the list form has gloo gather
   // into a flat buffer of its own and copy out of it (twice the bytes).
   at::Tensor in = t.contiguous();
@@ -311,6 +333,7 @@ void Communicator::allGatherInto(at::Tensor &out, const at::Tensor &t) {
 void Communicator::broadcast(at::Tensor &t, int root) {
   if (!impl_->backend)
     return;
+  const Busy busy;
   std::vector<at::Tensor> one{t};
   c10d::BroadcastOptions bo;
   bo.rootRank = root;
@@ -336,6 +359,7 @@ void Communicator::send(const at::Tensor &t, int peer, int tag) {
 void Communicator::recv(at::Tensor &t, int peer, int tag) {
   if (!impl_->backend)
     throw std::logic_error("mtprt: recv without a process group");
+  const Busy busy;
   std::vector<at::Tensor> one{t};
   try {
     // The tensor is the caller's (no buffer of gloo's to outlive it): the
@@ -347,6 +371,7 @@ void Communicator::recv(at::Tensor &t, int peer, int tag) {
 }
 
 void Communicator::waitSends() {
+  const Busy busy;
   try {
     for (auto &s : impl_->sends)
       s.work->wait();
@@ -358,6 +383,7 @@ void Communicator::waitSends() {
 }
 
 void Communicator::waitSend(int peer, int tag) {
+  const Busy busy;
   auto &sends = impl_->sends;
   for (auto it = sends.begin(); it != sends.end(); ++it)
     if (it->peer == peer && it->tag == tag) {
@@ -385,6 +411,7 @@ void Communicator::reapSends() {
 void Communicator::barrier() {
   if (!impl_->backend)
     return;
+  const Busy busy;
   try {
     finish(impl_->backend, impl_->backend->barrier());
   } catch (const std::exception &e) {

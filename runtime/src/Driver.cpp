@@ -1720,11 +1720,14 @@ int train(const std::string &name, const Program &p, const Options &o) {
       profilerOn = true;
     }
     const auto stepStart = std::chrono::steady_clock::now();
+    const double busyBefore = Communicator::busySeconds();
     StepStats s = runner   ? runner->step(mine)
                   : p.step ? p.step(trainer)
                            : trainer.step(p.schedule);
     if (runner)
       s.pipelineWaitS = runner->lastWaitSeconds();
+    if (d.worldSize > 1)
+      s.commS = Communicator::busySeconds() - busyBefore;
     if (tuner) {
       // Steps of other batch sizes compared per record (D15).
       if (tuner->record(std::chrono::duration<double>(

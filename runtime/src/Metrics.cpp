@@ -49,6 +49,8 @@ std::string toJsonLine(const StepStats &s) {
     j["predicted_peak_bytes_by_rank"] = s.rankPredictedPeakBytes;
   if (s.pipelineWaitS >= 0)
     j["pipeline_wait_s"] = s.pipelineWaitS;
+  if (s.commS >= 0)
+    j["comm_s"] = s.commS;
   j["predicted_peak_bytes"] =
       s.predictedPeakBytes < 0 ? Json(nullptr) : Json(s.predictedPeakBytes);
   j["host_pool_bytes"] = s.hostPoolBytes;

@@ -288,6 +288,9 @@ struct StepStats {
   /// in rank order; and the seconds this rank waited for its neighbours.
   std::vector<int64_t> rankPredictedPeakBytes;
   double pipelineWaitS = -1.0; ///< -1: no pipeline
+  /// Seconds this rank was blocked on the other ranks in the step
+  /// (collectives, receives, sends' waits); -1: one process.
+  double commS = -1.0;
   /// Gradient exchange (data parallel): this rank's bytes handed to the
   /// collectives, and the same gradients' fp32 size; 0 at world size 1.
   int64_t bytesSent = 0, bytesSentUncompressed = 0;

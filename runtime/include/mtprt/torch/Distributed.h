@@ -96,6 +96,11 @@ public:
   /// Lets go of the sends that have finished, without waiting.
   void reapSends();
 
+  /// Seconds every communicator of this process has spent blocked in
+  /// collectives, receives and sends' waits so far (a step's `comm_s` is
+  /// the difference across it).
+  static double busySeconds();
+
 private:
   DistOptions options_;
   struct Impl;
