@@ -1393,6 +1393,17 @@ def run_planned(args, b, r, name, m, tasks, strategy, budget, steps, world):
     return r.mtpc(runner, steps, extra=extra)["records"]
 
 
+def planned_communication(args, r, name, m, tasks, strategy, budget, steps):
+    """`mtpc plan`'s communication per step for the spec (seconds; 0 at one
+    process)."""
+    src = r.tmp(".mtp")
+    with open(src, "w") as f:
+        f.write(spec_text(name, m, tasks, strategy, budget,
+                          {"steps": steps, "seed": 1, "log_every": 1}))
+    p = run([args.mtpc, "plan", src, "--format=json"])
+    return json.loads(p.stdout).get("communication", {}).get("seconds", 0.0)
+
+
 def section_zero(args, b, r, out):
     """ZeRO stages 1 to 3 (docs/zero.md): memory per rank and step time at
     1, 2 and 4 processes (gloo on loopback), on a model whose parameters
@@ -1423,7 +1434,10 @@ def section_zero(args, b, r, out):
                  "predicted": later[0]["predicted_peak_bytes"],
                  "host": max(x.get("host_pool_bytes", 0) for x in later),
                  "step_s": median([x["step_time_s"] for x in later]),
-                 "sent": median([x["bytes_sent"] for x in later])}
+                 "sent": median([x["bytes_sent"] for x in later]),
+                 "comm_plan": planned_communication(args, r, "bench_z", m, tasks, st, budget,
+                                                    steps),
+                 "comm_s": median([x.get("comm_s", 0.0) for x in later])}
             name = "%d %s" % (stage, "+ offload" if offload else "")
             res["%d/%s" % (world, name.strip())] = e
             base = res["%d/0" % world]
@@ -1433,7 +1447,9 @@ def section_zero(args, b, r, out):
                          fmt_ratio(e["measured"] / base["measured"]),
                          fmt_bytes(e["host"]),
                          "%.1f ms" % (1000 * e["step_s"]),
-                         fmt_ratio(e["step_s"] / base["step_s"]), fmt_bytes(e["sent"])])
+                         fmt_ratio(e["step_s"] / base["step_s"]), fmt_bytes(e["sent"]),
+                         "—" if world == 1 else "%.1f / %.1f ms" % (1000 * e["comm_plan"],
+                                                                   1000 * e["comm_s"])])
     # The peer a PyTorch user reaches for: torch's ZeroRedundancyOptimizer
     # (stage 1) against its plain data parallelism, same model and init.
     peer_rows = []
@@ -1472,9 +1488,11 @@ def section_zero(args, b, r, out):
                "(the first left out), gloo on loopback on this machine's cores. Memory: "
                "rank 0's tracked peak per step against the plan's; time: median step; sent: "
                "bytes rank 0 hands to the collectives per step; host: the host pool (the offloaded "
-               "state and the update's buckets).\n" % steps)
+               "state and the update's buckets); comm: `mtpc plan`'s communication per step "
+               "(docs/cost-model.md) / rank 0's measured `comm_s` (blocked on the others: "
+               "the transfers and the wait for a slower rank).\n" % steps)
     out.append(table(["processes", "zero", "predicted", "measured", "gap", "vs zero 0",
-                      "host", "step", "vs zero 0", "sent / step"], rows))
+                      "host", "step", "vs zero 0", "sent / step", "comm plan / measured"], rows))
     out.append("\nBeside torch's `ZeroRedundancyOptimizer` (stage 1; bench/peer_zero.py: "
                "the same model from the binary's `--dump-init`, gloo, the gradients averaged "
                "by one flattened all-reduce, AdamW whole or sharded). Memory stage 1 changes: "
