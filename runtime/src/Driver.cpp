@@ -1298,7 +1298,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
   // the time (every rank gathers, rank 0 writes).
   std::optional<TrainerCore::WholeParameters> whole;
   if (!o.dumpHidden.empty() || !o.dumpInit.empty() || !o.profileUnits.empty())
-    whole.emplace(core.zero(), false);
+    whole.emplace(core.zero());
   if (!o.dumpHidden.empty() && rank0) {
     writeHiddenStates(core.model(), data->batch(0, o.batchSize),
                       o.dumpHidden);
@@ -1507,7 +1507,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
   auto exportBackbone = [&] {
     if (o.exportDir.empty())
       return;
-    TrainerCore::WholeParameters exporting(core.zero(), false);
+    TrainerCore::WholeParameters exporting(core.zero());
     if (!rank0)
       return;
     exportPretrained(core.model(), o.exportDir, mc.weights);
@@ -1517,7 +1517,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
                  o.exportDir.c_str(), o.exportDir.c_str());
   };
   if (predictSet) {
-    TrainerCore::WholeParameters predicting(core.zero(), false);
+    TrainerCore::WholeParameters predicting(core.zero());
     if (rank0)
       writePredictions(core.model(), *predictSet, evalBatch, tc.precision,
                        o.predictOut, core.stepsTaken());

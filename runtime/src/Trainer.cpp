@@ -228,16 +228,15 @@ void TrainerCore::shardOptimizer(Communicator *comm) {
   }
 }
 
-TrainerCore::WholeParameters::WholeParameters(ZeroOptimizer *zero, bool written)
-    : zero_(zero && zero->shardsParameters() ? zero : nullptr),
-      written_(written) {
+TrainerCore::WholeParameters::WholeParameters(ZeroOptimizer *zero)
+    : zero_(zero && zero->shardsParameters() ? zero : nullptr) {
   if (zero_)
     zero_->gatherAll();
 }
 
 TrainerCore::WholeParameters::~WholeParameters() {
   if (zero_)
-    zero_->freeAll(written_);
+    zero_->freeAll();
 }
 
 TrainerCore::~TrainerCore() = default;

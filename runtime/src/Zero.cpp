@@ -713,13 +713,9 @@ void ZeroOptimizer::gatherAll() {
   gatherUnits(0, int64_t(units_.size()) - 1);
 }
 
-void ZeroOptimizer::freeAll(bool written) {
+void ZeroOptimizer::freeAll() {
   if (units_.empty())
     return;
-  if (written) {
-    at::NoGradGuard noGrad;
-    gather(rank_ * shard_, rank_ * shard_ + shard_, paramShard_);
-  }
   if (--wholeDepth_ <= 0) {
     wholeDepth_ = 0;
     if (!stepKeepsWhole_)

@@ -338,15 +338,15 @@ TEST(ZeroWorker, DISABLED_ShardedParameters) {
     for (size_t i = 0; i < p3.size(); ++i)
       same &= at::equal(p3[i], p2[i]);
     save("sameAsStageTwo", at::tensor({same}));
-    // A load writes the whole parameters: this rank's run follows.
-    at::NoGradGuard noGrad;
-    p3[0].mul_(2);
-    z3.freeAll(/*written=*/true);
+    z3.freeAll();
   }
+  // A load writes each rank's run; a gather puts the parameter together
+  // from them.
+  z3.setValues(p3[0], 2 * p2[0].detach());
   z3.gatherAll();
   save("written", at::tensor({int64_t(
                       at::equal(p3[0], 2 * p2[0].detach()))}));
-  z3.freeAll(false);
+  z3.freeAll();
 }
 
 TEST(ZeroOptimizer, StageThreeShardsAndGathersTheParameters) {

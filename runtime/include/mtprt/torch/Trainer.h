@@ -168,20 +168,18 @@ public:
   void shardOptimizer(Communicator *comm);
   /// The sharded optimizer (nullptr without ZeRO).
   ZeroOptimizer *zero() { return zero_.get(); }
-  /// ZeRO 3: every parameter whole while it lives (a checkpoint's save or
-  /// load, an evaluation, an export; collective: every rank makes one);
-  /// `written`: the parameters were loaded, so each rank's run is taken
-  /// from them. Nothing without ZeRO 3.
+  /// ZeRO 3: every parameter whole while it lives, to read (an export, a
+  /// prediction, a dump; collective: every rank makes one). Nothing without
+  /// ZeRO 3.
   class WholeParameters {
   public:
-    WholeParameters(ZeroOptimizer *zero, bool written);
+    explicit WholeParameters(ZeroOptimizer *zero);
     ~WholeParameters();
     WholeParameters(const WholeParameters &) = delete;
     WholeParameters &operator=(const WholeParameters &) = delete;
 
   private:
     ZeroOptimizer *zero_;
-    bool written_;
   };
   /// SAPS's sparse update of the backbone (nullptr without it): its state
   /// replaces the backbone's AdamW state and dense gradients.

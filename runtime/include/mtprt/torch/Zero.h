@@ -118,10 +118,10 @@ public:
   /// units below it need nothing.
   void setBackwardGathers(bool on) { *gatherHooks_ = on; }
   /// Every sharded unit whole (an export, a prediction, a dump), then
-  /// freed; `written`: the values were changed, so this rank's run is taken
-  /// from them first. Nested scopes keep them whole to the outermost.
+  /// freed (read only: a load writes the runs, setValues). Nested scopes
+  /// keep them whole to the outermost.
   void gatherAll();
-  void freeAll(bool written);
+  void freeAll();
   /// Model::setAroundUnit's hook: a unit run without autograd (an
   /// evaluation, a checkpoint region's first pass) is gathered before and
   /// freed after, unless everything is kept whole now.
