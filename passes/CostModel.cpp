@@ -1167,6 +1167,10 @@ CostModel::Communication CostModel::stepCommunication() const {
   auto allReduce = [&](const char *what, int64_t bytes) {
     c.add(what, 2 * (W - 1) * bytes / W, 2 * (W - 1), bw, a);
   };
+  // `total` bytes in collectives of at most `bucket` each: how many.
+  auto pieces = [](int64_t total, int64_t bucket) {
+    return bucket > 0 ? (total + bucket - 1) / bucket : int64_t(0);
+  };
   if (zero < 2) {
     // mtprt::GradExchange at the step's end: one collective per bucket.
     for (AllReduceOp op : step.getBody().front().getOps<AllReduceOp>()) {
@@ -1187,18 +1191,16 @@ CostModel::Communication CostModel::stepCommunication() const {
     // to the owners are not built).
     const int64_t bucket =
         mtprt::ZeroLayout::releaseBucketBytes(elements, W);
-    const int64_t total = 4 * elements;
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t done = 0; done < total; done += bucket)
-        allReduce("ZeRO gradient sums", std::min(bucket, total - done));
+    const int64_t total = 4 * elements, n = pieces(total, bucket);
+    c.add("ZeRO gradient sums", M * 2 * (W - 1) * total / W,
+          M * n * 2 * (W - 1), bw, a);
   }
   if (zero >= 1) {
     // The updated runs all-gathered, a bucket of values at a time.
     const int64_t shard = mtprt::ZeroLayout::shardValues(elements, W);
     const int64_t bucket = mtprt::ZeroLayout::bucketValues(elements, W);
-    for (int64_t done = 0; done < shard; done += bucket)
-      c.add("ZeRO parameter all-gather",
-            (W - 1) * 4 * std::min(bucket, shard - done), W - 1, bw, a);
+    c.add("ZeRO parameter all-gather", (W - 1) * 4 * shard,
+          pieces(shard, bucket) * (W - 1), bw, a);
   }
   if (zero >= 3) {
     // Each sharded block gathered for its forward and (when its backward
@@ -1212,10 +1214,9 @@ CostModel::Communication CostModel::stepCommunication() const {
         continue;
       const int64_t owners =
           std::min<int64_t>(W, (bytes + run - 1) / std::max<int64_t>(run, 1) + 1);
-      const int64_t times = backwardReadsParameters(b) ? 2 : 1;
-      for (int64_t k = 0; k < M * times; ++k)
-        c.add("ZeRO 3 block gathers", bytes - bytes / W, owners * log2W, bw,
-              a);
+      const int64_t times = M * (backwardReadsParameters(b) ? 2 : 1);
+      c.add("ZeRO 3 block gathers", times * (bytes - bytes / W),
+            times * owners * log2W, bw, a);
     }
   }
   return c;
