@@ -84,6 +84,9 @@ def worker(rank, a, port, out):
             json.dump({"nproc": a.nproc, "zero": a.zero, "step_time_s": times, "loss": losses,
                        "rss_base": [int(x[0]) for x in every],
                        "rss_peak": [int(x[1]) for x in every]}, f)
+    # Every rank done before any tears gloo down (one leaving while another
+    # was still in a collective aborted the peer now and then).
+    dist.barrier()
     dist.destroy_process_group()
 
 

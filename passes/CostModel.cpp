@@ -1195,12 +1195,20 @@ CostModel::Communication CostModel::stepCommunication() const {
     c.add("ZeRO gradient sums", M * 2 * (W - 1) * total / W,
           M * n * 2 * (W - 1), bw, a);
   }
-  if (zero >= 1) {
+  if (zero == 1 || zero == 2) {
     // The updated runs all-gathered, a bucket of values at a time.
     const int64_t shard = mtprt::ZeroLayout::shardValues(elements, W);
     const int64_t bucket = mtprt::ZeroLayout::bucketValues(elements, W);
     c.add("ZeRO parameter all-gather", (W - 1) * 4 * shard,
           pieces(shard, bucket) * (W - 1), bw, a);
+  } else if (zero >= 3) {
+    // Stage 3 gathers the sharded blocks at their next use instead; what
+    // stays whole (heads, frozen layers) takes its updated values from the
+    // owners of its runs: a broadcast per owner.
+    const int64_t whole =
+        std::max<int64_t>(0, 4 * elements - shardedBlocks().total);
+    c.add("ZeRO 3 whole parameters' broadcasts", whole - whole / W,
+          W * log2W, bw, a);
   }
   if (zero >= 3) {
     // Each sharded block gathered for its forward and (when its backward
