@@ -295,6 +295,25 @@ def MTP_PhaseAttr : AttrDef<MTP_Dialect, "Phase"> {
   let assemblyFormat = "`<` $steps `steps` `on` $tasks `>`";
 }
 
+def MTP_PipelineChoiceAttr : AttrDef<MTP_Dialect, "PipelineChoice"> {
+  let mnemonic = "pipeline_choice";
+  let summary = "one number of stages `pipeline = auto` planned";
+  let description = [{
+    `#mtp.pipeline_choice<2 stages peak 21037056 step 1.2e-02 fits>`: the
+    planner's outcome for a pipeline of 2 stages (1: data parallelism over
+    every gpu) — its predicted peak (the largest stage's) and step in
+    seconds; `refused "why"` instead of `fits` when no plan fit.
+  }];
+  let parameters = (ins "int64_t":$stages, "int64_t":$peak_bytes,
+                        APFloatParameter<"the predicted step">:$step_seconds,
+                        "::mlir::StringAttr":$refusal);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    bool fits() const { return !getRefusal() || getRefusal().getValue().empty(); }
+  }];
+}
+
 def MTP_UnitKind : I32EnumAttr<"UnitKind", "a unit of the training step", [
     // docs/contracts.md#granularity; the runtime runs each as one call.
     I32EnumAttrCase<"embed", 0>,          // token + position embeddings, dropout

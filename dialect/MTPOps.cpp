@@ -440,6 +440,59 @@ mtprt::EwcConfig EwcAttr::getConfig() const {
 }
 
 //===----------------------------------------------------------------------===//
+// PipelineChoiceAttr
+//===----------------------------------------------------------------------===//
+
+// <2 stages peak 21037056 step 1.2e-02 fits | refused "why">
+Attribute PipelineChoiceAttr::parse(AsmParser &parser, Type) {
+  SMLoc loc = parser.getCurrentLocation();
+  int64_t stages = 0, peak = 0;
+  double step = 0;
+  std::string refusal;
+  if (parser.parseLess() || parser.parseInteger(stages) ||
+      parser.parseKeyword("stages") || parser.parseKeyword("peak") ||
+      parser.parseInteger(peak) || parser.parseKeyword("step") ||
+      parser.parseFloat(step))
+    return {};
+  if (failed(parser.parseOptionalKeyword("fits")) &&
+      (parser.parseKeyword("refused") || parser.parseString(&refusal)))
+    return {};
+  if (parser.parseGreater())
+    return {};
+  return getChecked([&] { return parser.emitError(loc); },
+                    parser.getContext(), stages, peak, APFloat(step),
+                    StringAttr::get(parser.getContext(), refusal));
+}
+
+void PipelineChoiceAttr::print(AsmPrinter &printer) const {
+  printer << '<' << getStages() << " stages peak " << getPeakBytes()
+          << " step ";
+  printer.printFloat(getStepSeconds());
+  if (fits())
+    printer << " fits>";
+  else {
+    printer << " refused ";
+    printer.printString(getRefusal().getValue());
+    printer << '>';
+  }
+}
+
+LogicalResult
+PipelineChoiceAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                           int64_t stages, int64_t peak, APFloat step,
+                           StringAttr) {
+  if (!limits::kPipelineStages.contains(stages))
+    return emitError() << "a pipeline choice's stages must lie in ["
+                       << limits::kPipelineStages.lo << ", "
+                       << limits::kPipelineStages.hi << "], got " << stages;
+  if (peak < 0 || !(step.convertToDouble() >= 0.0) ||
+      std::isinf(step.convertToDouble()))
+    return emitError() << "a pipeline choice's peak and step must be "
+                          "non-negative and finite";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // AdaptersAttr
 //===----------------------------------------------------------------------===//
 
@@ -1067,8 +1120,10 @@ LogicalResult BudgetOp::verify() {
              << getGpus() << " is not a multiple of the pipeline's "
              << getPipelineStages() << " stages";
   }
-  if (getGpipe() && getPipelineStages() < 2)
+  if (getGpipe() && getPipelineStages() < 2 && !getPipelineAuto())
     return emitOpError("gpipe needs a pipeline of two stages or more");
+  if (getPipelineChoices() && !getPipelineAuto())
+    return emitOpError("choices are pipeline_auto's record; it is absent");
   if (std::optional<ArrayRef<int64_t>> starts = getStageStarts()) {
     if (int64_t(starts->size()) != getPipelineStages() || starts->empty() ||
         starts->front() != 0)

@@ -259,6 +259,9 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
     backward (otherwise one-forward-one-backward, 1F1B). `stages` is the
     planner's cut: each stage's first unit (runtime block numbers, the first
     0); absent, the cut balances the stages' time (docs/pipeline.md).
+    `pipeline_auto` lets the planner choose the stages among the divisors of
+    `gpus` (the fitting plan with the least predicted step); `choices`
+    records what it planned for each, and `pipeline` holds its choice.
 
     ```mlir
     mtp.budget device "A100_32GB" memory 32 GiB headroom 2 GiB
@@ -279,6 +282,9 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
                        OptionalAttr<MTP_PositiveI64Attr>:$zero,
                        UnitAttr:$zero_auto,
                        OptionalAttr<MTP_PositiveI64Attr>:$pipeline,
+                       UnitAttr:$pipeline_auto,
+                       OptionalAttr<TypedArrayAttrBase<MTP_PipelineChoiceAttr,
+                           "the stage counts pipeline = auto planned">>:$pipeline_choices,
                        UnitAttr:$gpipe,
                        OptionalAttr<DenseI64ArrayAttr>:$stage_starts);
   let assemblyFormat = [{
@@ -289,7 +295,8 @@ def MTP_BudgetOp : MTP_Op<"budget", [HasParent<"ModelOp">]> {
     (`hbm` $memory_bandwidth^ `Bps`)? (`flops` $peak_flops^)?
     (`interconnect` $interconnect_bandwidth^ `Bps`)?
     (`zero` $zero^)? (`zero_auto` $zero_auto^)?
-    (`pipeline` $pipeline^)? (`gpipe` $gpipe^)?
+    (`pipeline` $pipeline^)? (`pipeline_auto` $pipeline_auto^)?
+    (`choices` $pipeline_choices^)? (`gpipe` $gpipe^)?
     (`stages` $stage_starts^)? attr-dict
   }];
   let hasVerifier = 1;

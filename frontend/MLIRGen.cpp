@@ -77,7 +77,11 @@ public:
                              b.zero ? i64(b.zero) : IntegerAttr(),
                              b.zeroAuto ? builder.getUnitAttr() : UnitAttr(),
                              b.pipeline > 1 ? i64(b.pipeline) : IntegerAttr(),
-                             b.pipeline > 1 && spec.strategy.gpipe
+                             b.pipelineAuto ? builder.getUnitAttr()
+                                            : UnitAttr(),
+                             /*pipeline_choices=*/ArrayAttr(),
+                             (b.pipeline > 1 || b.pipelineAuto) &&
+                                     spec.strategy.gpipe
                                  ? builder.getUnitAttr()
                                  : UnitAttr(),
                              /*stage_starts=*/DenseI64ArrayAttr());

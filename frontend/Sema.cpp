@@ -1128,8 +1128,16 @@ void Sema::checkBudget(const ast::Section *section, CheckedSpec &spec,
   // splits over the replicas.
   if (const ast::Value *v = f.get("pipeline")) {
     out.pipelineLoc = f.locOf("pipeline");
-    out.pipeline =
-        integer(*v, "pipeline", limits::kPipelineStages).value_or(1);
+    // auto: the batch is set up as for data parallelism over every gpu,
+    // which splits as evenly over the replicas of any divisor.
+    if (v->kind == ast::Value::Kind::Ident && v->name == "auto")
+      out.pipelineAuto = true;
+    else if (v->kind == ast::Value::Kind::Number)
+      out.pipeline =
+          integer(*v, "pipeline", limits::kPipelineStages).value_or(1);
+    else
+      error(v->loc) << "'pipeline' expects a number of stages or auto, got "
+                    << describe(*v);
     if (out.gpus % out.pipeline != 0) {
       auto diag = error(out.pipelineLoc);
       diag << "'pipeline' = " << out.pipeline << " does not divide gpus = "
@@ -1895,10 +1903,15 @@ void Sema::crossChecks(CheckedSpec &spec) {
              "collective = none";
   }
   // docs/pipeline.md: what a stage runs today; the rest is refused by name.
-  if (bu.pipeline > 1) {
+  if (bu.pipelineAuto && bu.gpus == 1)
+    warning(bu.pipelineLoc, "pipeline = auto has nothing to choose with "
+                            "gpus = 1: one process holds every stage");
+  if (bu.pipeline > 1 || bu.pipelineAuto) {
     const int64_t units = 2 * spec.backbone.layers + 1;
+    const std::string stages =
+        bu.pipelineAuto ? "auto" : std::to_string(bu.pipeline);
     auto refuse = [&](const char *what, const char *why) {
-      error(bu.pipelineLoc) << "pipeline = " << bu.pipeline << " with " << what
+      error(bu.pipelineLoc) << "pipeline = " << stages << " with " << what
                             << " is not supported yet: " << why
                             << " (docs/pipeline.md)";
     };

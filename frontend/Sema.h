@@ -98,6 +98,8 @@ struct CheckedSpec {
     /// docs/pipeline.md: backbone stages, one process each (1: none);
     /// gpus = pipeline × data-parallel replicas.
     int64_t pipeline = 1;
+    /// pipeline = auto: the planner chooses among the divisors of gpus.
+    bool pipelineAuto = false;
     ast::Location pipelineLoc;
     ast::Location loc;
   } budget;

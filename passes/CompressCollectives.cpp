@@ -13,6 +13,48 @@ namespace mtp {
 using namespace mlir;
 using namespace mtp;
 
+/// Whether the step's buckets go compressed over `world` processes: asked
+/// for, or `auto` with more than one and nothing that exchanges otherwise.
+bool mtp::compressesBuckets(ModelOp model, int64_t world) {
+  StrategyOp strategy = model.getStrategy();
+  if (!strategy)
+    return false;
+  BudgetOp budget = model.getBudget();
+  CollectivePolicy policy = strategy.getCollective();
+  // ZeRO 2 sums plain gradients during the backward (docs/zero.md).
+  const bool scattered = budget && budget.getZeroStage() >= 2;
+  // SAPS exchanges the selected entries, uncompressed (docs/techniques.md
+  // D12).
+  const bool sparse = bool(strategy.getSapsAttr());
+  return policy == CollectivePolicy::compressed ||
+         (policy == CollectivePolicy::automatic && world > 1 && !scattered &&
+          !sparse);
+}
+
+void mtp::setBucketsCompressed(ModelOp model, bool compress) {
+  StepOp step = model.getStep();
+  StrategyOp strategy = model.getStrategy();
+  if (!step || !strategy)
+    return;
+  Builder b(model.getContext());
+  for (AllReduceOp op : step.getBody().front().getOps<AllReduceOp>()) {
+    if (!compress) {
+      op.removeCompressedAttr();
+      op.removeTopkAttr();
+      op.removeBlockAttr();
+      op.removeBitsAttr();
+      op.removeDecayAttr();
+      continue;
+    }
+    op.setCompressed(true);
+    op.setTopkAttr(b.getF64FloatAttr(strategy.getTopk().convertToDouble()));
+    op.setBlockAttr(b.getI64IntegerAttr(strategy.getQuantBlock()));
+    op.setBitsAttr(b.getI64IntegerAttr(strategy.getQuantBits()));
+    op.setDecayAttr(
+        b.getF64FloatAttr(strategy.getResidualDecay().convertToDouble()));
+  }
+}
+
 namespace {
 struct CompressCollectivesPass
     : public mtp::impl::CompressCollectivesBase<CompressCollectivesPass> {
@@ -24,18 +66,13 @@ struct CompressCollectivesPass
     if (!step || !strategy)
       return;
     BudgetOp budget = model.getBudget();
-    // A pipeline stage exchanges with its replicas only.
-    int64_t world = budget ? budget.getReplicas() : 1;
+    // A pipeline stage exchanges with its replicas only (pipeline = auto:
+    // every gpu until the planner chooses; docs/pipeline.md).
+    int64_t world = !budget                   ? 1
+                    : budget.getPipelineAuto() ? budget.getGpus()
+                                               : budget.getReplicas();
     CollectivePolicy policy = strategy.getCollective();
-    // ZeRO 2 sums plain gradients during the backward (docs/zero.md).
-    const bool scattered = budget && budget.getZeroStage() >= 2;
-    // SAPS exchanges the selected entries, uncompressed (docs/techniques.md
-    // D12).
-    const bool sparse = bool(strategy.getSapsAttr());
-    bool compress =
-        policy == CollectivePolicy::compressed ||
-        (policy == CollectivePolicy::automatic && world > 1 && !scattered &&
-         !sparse);
+    const bool compress = compressesBuckets(model, world);
     auto buckets = step.getBody().front().getOps<AllReduceOp>();
     if (!compress) {
       if (remarks)
@@ -45,7 +82,6 @@ struct CompressCollectivesPass
                            << world << " devices)";
       return;
     }
-    Builder b(model.getContext());
     if (remarks)
       model.emitRemark() << "compressed " << llvm::range_size(buckets)
                          << " gradient buckets: top-k "
@@ -55,14 +91,7 @@ struct CompressCollectivesPass
                          << ", "
                          << strategy.getQuantBits() << "-bit blocks of "
                          << strategy.getQuantBlock();
-    for (AllReduceOp op : buckets) {
-      op.setCompressed(true);
-      op.setTopkAttr(b.getF64FloatAttr(strategy.getTopk().convertToDouble()));
-      op.setBlockAttr(b.getI64IntegerAttr(strategy.getQuantBlock()));
-      op.setBitsAttr(b.getI64IntegerAttr(strategy.getQuantBits()));
-      op.setDecayAttr(
-          b.getF64FloatAttr(strategy.getResidualDecay().convertToDouble()));
-    }
+    setBucketsCompressed(model, true);
   }
 };
 } // namespace

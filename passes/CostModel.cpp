@@ -1164,27 +1164,14 @@ CostModel::Communication CostModel::stepCommunication() const {
     elements += op.getElements();
   const int64_t zero = zeroStage();
   const int64_t log2W = int64_t(std::ceil(std::log2(double(W))));
-  auto allReduce = [&](const char *what, int64_t bytes) {
-    c.add(what, 2 * (W - 1) * bytes / W, 2 * (W - 1), bw, a);
-  };
   // `total` bytes in collectives of at most `bucket` each: how many.
   auto pieces = [](int64_t total, int64_t bucket) {
     return bucket > 0 ? (total + bucket - 1) / bucket : int64_t(0);
   };
   if (zero < 2) {
     // mtprt::GradExchange at the step's end: one collective per bucket.
-    for (AllReduceOp op : step.getBody().front().getOps<AllReduceOp>()) {
-      if (op.getCompressed())
-        c.add("gradient all-gather (GSC)",
-              allGatherBytes(compressedPayloadBytes(
-                                 op.getElements(),
-                                 op.getTopk()->convertToDouble(),
-                                 *op.getBlock(), *op.getBits()),
-                             W),
-              W - 1, bw, a);
-      else
-        allReduce("gradient all-reduce", 4 * op.getElements());
-    }
+    for (AllReduceOp op : step.getBody().front().getOps<AllReduceOp>())
+      addGradientExchange(c, op.getElements(), op);
   } else {
     // Stage 2 sums the backbone's gradients as autograd makes them, every
     // micro-batch, a release bucket at a time (still all-reduces: reduces
@@ -1228,6 +1215,24 @@ CostModel::Communication CostModel::stepCommunication() const {
     }
   }
   return c;
+}
+
+void CostModel::addGradientExchange(Communication &c, int64_t values,
+                                    AllReduceOp like) const {
+  const int64_t W = processes();
+  if (W <= 1 || values <= 0)
+    return;
+  const double bw = interconnectBandwidth(), a = messageLatency();
+  if (like && like.getCompressed())
+    c.add("gradient all-gather (GSC)",
+          allGatherBytes(compressedPayloadBytes(
+                             values, like.getTopk()->convertToDouble(),
+                             *like.getBlock(), *like.getBits()),
+                         W),
+          W - 1, bw, a);
+  else
+    c.add("gradient all-reduce", 2 * (W - 1) * 4 * values / W, 2 * (W - 1),
+          bw, a);
 }
 
 int64_t CostModel::processes() const {
@@ -1316,11 +1321,16 @@ int64_t CostModel::gscBucketTransient(int64_t n, double topk, int64_t block,
 
 CostModel::ExchangeMemory
 CostModel::gradientExchange(ArrayRef<AllReduceOp> buckets) const {
-  ExchangeMemory m;
-  const int64_t world = processes();
   int64_t values = 0;
   for (AllReduceOp op : buckets)
     values += op.getElements();
+  return gradientExchange(values, buckets.empty() ? AllReduceOp() : buckets.front());
+}
+
+CostModel::ExchangeMemory CostModel::gradientExchange(int64_t values,
+                                                      AllReduceOp like) const {
+  ExchangeMemory m;
+  const int64_t world = processes();
   // ZeRO 2 (only at more than one process): the backbone's gradients were
   // summed and freed during the backward, this rank's run is held
   // (StepTimeline); what is left is summed a bucket at a time.
@@ -1328,17 +1338,16 @@ CostModel::gradientExchange(ArrayRef<AllReduceOp> buckets) const {
     m.transient = mtprt::ZeroLayout::releaseBucketBytes(values, world);
     return m;
   }
-  if (world <= 1 || buckets.empty())
+  if (world <= 1 || !like || values <= 0)
     return m;
   // Every gradient flattened into one fp32 vector, summed in place (an
   // uncompressed all-reduce needs nothing more).
   m.transient = 4 * values;
-  AllReduceOp first = buckets.front();
-  if (!first.getCompressed())
+  if (!like.getCompressed())
     return m;
   m.resident = 4 * values;
-  const double topk = first.getTopk()->convertToDouble();
-  const int64_t block = *first.getBlock();
+  const double topk = like.getTopk()->convertToDouble();
+  const int64_t block = *like.getBlock();
   // The runtime encodes runs of kGscBucketValues of the flattened vector,
   // one after another: the largest run's transient counts.
   int64_t widest =

@@ -273,6 +273,11 @@ public:
   /// compressed or not, ZeRO's sums and gathers) over processes() ranks;
   /// a pipeline's boundary sends are PipelinePlan's.
   Communication stepCommunication() const;
+  /// One gradient exchange of `values` fp32 values over processes() ranks,
+  /// as the bucket `like` goes (GSC's all-gather of the compressed
+  /// payload, else a ring all-reduce); a pipeline stage's with its replicas.
+  void addGradientExchange(Communication &c, int64_t values,
+                           AllReduceOp like) const;
 
   //===--- The data-parallel gradient exchange's memory ------------------===//
 
@@ -324,6 +329,10 @@ public:
   /// gradient exchange"). Zero at one process. The memory analysis and the
   /// planner's simulator both ask this.
   ExchangeMemory gradientExchange(llvm::ArrayRef<AllReduceOp> buckets) const;
+  /// The same for `values` gradient values exchanged as `like` is (its
+  /// compression; none: no exchange): a pipeline stage's own, over its
+  /// replicas.
+  ExchangeMemory gradientExchange(int64_t values, AllReduceOp like) const;
   /// The transient of one GSC bucket of n values at `world` processes: the
   /// largest of its encode (|g| and top-k's values and positions; sorting
   /// the positions; the kept values beside them and, for a bitmap, a byte

@@ -110,6 +110,22 @@ std::vector<int64_t> mtp::balancedStages(llvm::ArrayRef<double> seconds,
   return starts;
 }
 
+double mtp::dataParallelStepSeconds(ModelOp model) {
+  StepOp step = model.getStep();
+  BudgetOp budget = model.getBudget();
+  if (!step)
+    return 0;
+  const CostModel cm(model);
+  double units = 0;
+  for (Operation &op : step.getBody().front())
+    if (isa<FwdOp, BwdOp>(op))
+      units += cm.opSeconds(&op);
+  if (StepPlanAttr plan = step.getPlanAttr())
+    units += plan.getAddedSeconds().convertToDouble();
+  const int64_t M = budget ? budget.getAccumulationSteps() : 1;
+  return double(M) * units + cm.stepCommunication().seconds;
+}
+
 std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
   BudgetOp budget = model.getBudget();
   StepOp step = model.getStep();
@@ -379,6 +395,9 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
                                  ? int64_t(tasks.size()) * tapBytes
                                  : 0;
 
+  auto allReduces = step.getBody().front().getOps<AllReduceOp>();
+  const AllReduceOp firstBucket =
+      allReduces.empty() ? AllReduceOp() : *allReduces.begin();
   PipelinePlanResult out;
   for (const BlockCost &c : blocks) {
     out.blockKeptBytes.push_back(c.kept);
@@ -458,18 +477,25 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       st.peakBytes = std::max(st.peakBytes, st.stateBytes +
                                                 heldWith(later, false) + sent);
     }
+    // The replicas' exchange of the stage's gradients: GSC's error-feedback
+    // residual is held through the step, and the exchange's own transient
+    // comes after the last backward, beside the state.
+    if (out.replicas > 1) {
+      const CostModel::ExchangeMemory ex =
+          cm.gradientExchange(st.trainableParameters, firstBucket);
+      st.peakBytes = std::max(st.peakBytes + ex.resident,
+                              st.stateBytes + ex.resident + ex.transient);
+    }
     // docs/cost-model.md, "Communication": a receive is a message and the
     // boundary's bytes; the replicas sum the stage's gradients at the end.
     st.communicationSeconds =
         double(int64_t(s > 0) + int64_t(s + 1 < S)) *
         (cm.messageLatency() + double(boundary) / cm.interconnectBandwidth());
-    if (const int64_t R = out.replicas; R > 1)
-      out.exchangeSeconds = std::max(
-          out.exchangeSeconds,
-          double(2 * (R - 1)) * cm.messageLatency() +
-              double(2 * (R - 1) * CostModel::kGradientBytes *
-                     st.trainableParameters / R) /
-                  cm.interconnectBandwidth());
+    if (out.replicas > 1) {
+      CostModel::Communication ex;
+      cm.addGradientExchange(ex, st.trainableParameters, firstBucket);
+      out.exchangeSeconds = std::max(out.exchangeSeconds, ex.seconds);
+    }
     slowest = std::max(slowest, st.forwardSeconds + st.backwardSeconds +
                                     st.communicationSeconds);
     out.stages.push_back(std::move(st));

@@ -71,6 +71,12 @@ struct PipelinePlanResult {
 /// balancedStages over the blocks' kept time.
 std::optional<PipelinePlanResult> planPipeline(ModelOp model);
 
+/// The step of a data-parallel plan in the pipeline's terms (to compare
+/// with PipelinePlanResult::stepSeconds, as pipeline = auto does): each
+/// micro-batch's units forward and backward with the plan's added time,
+/// times the micro-batches per step, then the step's communication.
+double dataParallelStepSeconds(ModelOp model);
+
 /// The linear partition of blocks with these times into S contiguous
 /// stages minimizing the slowest: each stage's first block.
 std::vector<int64_t> balancedStages(llvm::ArrayRef<double> seconds,

@@ -37,6 +37,7 @@
 #include "llvm/ADT/StringSet.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 namespace mtp {
@@ -1403,6 +1404,300 @@ static void chooseStateSharding(ModelOp model, const MeasuredCosts *measured,
   }
 }
 
+/// The plan of `model` as its budget stands (a pipeline's per-stage plan,
+/// or the joint solver's), attached to its step; diagnosed when none fits.
+static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
+                               const SolveOptions &options) {
+  chooseStateSharding(model, measured, options);
+  MemoryPlanner planner(model, measured);
+  // docs/pipeline.md: each stage keeps its activations unless its peak is
+  // over the budget; then (checkpoint = auto) its blocks are recomputed,
+  // each its own region so none crosses a stage, the most bytes kept per
+  // second of re-run first, until it fits. The stages' peaks decide. The
+  // cut, recorded as the budget's `stages`, balances the kept time
+  // (re-balancing on the time with the re-runs made no example faster:
+  // a block moved down the pipe meets more micro-batches in flight).
+  if (std::optional<PipelinePlanResult> initial = planPipeline(model)) {
+    const std::vector<Candidate> &cands = planner.getCandidates();
+    BudgetOp budget = model.getBudget();
+    Builder builder(model.getContext());
+    const PlanResult keepAll = planner.evaluate(
+        std::vector<Decision>(cands.size(), Decision::Keep));
+    bool canRecompute = false;
+    auto fitStages = [&](ArrayRef<int64_t> starts, PlanResult &plan) {
+      budget.setStageStartsAttr(builder.getDenseI64ArrayAttr(starts));
+      plan = keepAll;
+      attachPlan(model, plan);
+      PipelinePlanResult pipe = *planPipeline(model);
+      for (size_t s = 0; s < pipe.stages.size(); ++s) {
+        const PipelineStagePlan stage = pipe.stages[s];
+        SmallVector<size_t> order;
+        for (size_t c = 0; c < cands.size(); ++c)
+          if (cands[c].blocks.size() == 1 &&
+              cands[c].blocks[0] >= stage.firstUnit &&
+              cands[c].blocks[0] <= stage.lastUnit &&
+              planner.allowed(c, Decision::Recompute))
+            order.push_back(c);
+        canRecompute |= !order.empty();
+        auto worth = [&](size_t c) {
+          const int64_t b = cands[c].blocks[0];
+          return double(pipe.blockKeptBytes[b]) /
+                 std::max(1e-12, pipe.blockForwardSeconds[b]);
+        };
+        llvm::stable_sort(order, [&](size_t a, size_t b) {
+          return worth(a) > worth(b);
+        });
+        if (pipe.stages[s].peakBytes <= planner.budget() || order.empty())
+          continue;
+        // The first k of the order recomputed; the least k that fits, by
+        // bisection (a stage's peak falls as it recomputes more).
+        auto recompute = [&](size_t k) {
+          for (auto [i, c] : llvm::enumerate(order))
+            plan.decisions[c] = i < k ? Decision::Recompute : Decision::Keep;
+          plan.regions.clear();
+          for (size_t d = 0; d < cands.size(); ++d)
+            if (plan.decisions[d] == Decision::Recompute)
+              plan.regions.push_back({cands[d].blocks[0], cands[d].blocks[0]});
+          llvm::sort(plan.regions);
+          attachPlan(model, plan);
+          pipe = *planPipeline(model);
+          return pipe.stages[s].peakBytes <= planner.budget();
+        };
+        size_t lo = 0, hi = order.size(); // lo does not fit
+        if (recompute(hi))
+          while (hi - lo > 1) {
+            const size_t mid = lo + (hi - lo) / 2;
+            (recompute(mid) ? hi : lo) = mid;
+          }
+        recompute(hi);
+      }
+      return pipe;
+    };
+    std::vector<int64_t> starts;
+    for (const PipelineStagePlan &st : initial->stages)
+      starts.push_back(st.firstUnit);
+    PlanResult plan;
+    PipelinePlanResult pipe = fitStages(starts, plan);
+    if (llvm::is_contained(plan.decisions, Decision::Recompute)) {
+      // The added time and the step's summary for these decisions; the
+      // regions stay one block each.
+      auto regions = plan.regions;
+      plan = planner.evaluate(plan.decisions);
+      plan.regions = std::move(regions);
+    }
+    for (auto [s, stage] : llvm::enumerate(pipe.stages))
+      if (stage.peakBytes > planner.budget()) {
+        auto diag = budget.emitError()
+                    << "pipeline stage " << s << " (units "
+                    << stage.firstUnit << " to " << stage.lastUnit
+                    << ") needs " << formatBytes(stage.peakBytes)
+                    << ", over the usable " << formatBytes(planner.budget());
+        if (budget.getPipelineAuto())
+          diag.attachNote(budget.getLoc())
+              << "more gpus (gpus = " << budget.getGpus() * 2
+              << ") let pipeline = auto cut more stages; a smaller "
+                 "micro_batch shrinks the "
+              << stage.inFlight << " micro-batches in flight";
+        else
+          diag.attachNote(budget.getLoc())
+              << "more stages (pipeline = "
+              << budget.getPipelineStages() * 2
+              << ") split the parameters further; a smaller micro_batch "
+                 "shrinks the "
+              << stage.inFlight << " micro-batches in flight";
+        if (!canRecompute)
+          diag.attachNote(budget.getLoc())
+              << "strategy { checkpoint = auto } recomputes an over-budget "
+                 "stage's blocks";
+        else if (!stage.recomputed.empty())
+          diag.attachNote(budget.getLoc())
+              << "that is with " << stage.recomputed.size()
+              << " of its blocks recomputed";
+        return failure();
+      }
+    // The plan's peaks are the largest stage's (docs/pipeline.md).
+    plan.peakBytes = plan.uniformPeak = plan.minimalPeak = pipe.peakBytes();
+    plan.keepPeak = initial->peakBytes();
+    plan.fits = true;
+    attachPlan(model, plan);
+    return success();
+  }
+  PlanResult result = planner.solve(options);
+  if (!result.fits) {
+    BudgetOp budget = model.getBudget();
+    auto diag = (budget ? budget.emitError() : model.emitError())
+                << "no plan fits the budget: the smallest peak any plan "
+                   "reaches is "
+                << formatBytes(result.minimalPeak) << ", over the usable "
+                << formatBytes(planner.budget());
+    // What would fit, estimated from how activations scale.
+    if (budget) {
+      int64_t micro = budget.getMicroBatch();
+      const MemoryReport report = analyzeMemory(model);
+      int64_t state = report.atPeak.parameters + report.atPeak.optimizer +
+                      report.atPeak.gradients;
+      int64_t perSample = std::max<int64_t>(
+          1, (result.minimalPeak - state) / std::max<int64_t>(1, micro));
+      int64_t fitMicro = (planner.budget() - state) / perSample;
+      if (fitMicro >= 1 && fitMicro < micro)
+        diag.attachNote(budget.getLoc())
+            << "micro_batch = " << fitMicro
+            << " would fit (estimated: activations scale with the micro "
+               "batch)";
+      else if (fitMicro < 1)
+        diag.attachNote(budget.getLoc())
+            << "even one sequence per micro batch needs about "
+            << formatBytes(state + perSample)
+            << ": parameters, gradients and optimizer state alone take "
+            << formatBytes(state);
+      StrategyOp strategy = model.getStrategy();
+      if (strategy && strategy.getOffload() == OffloadPolicy::none)
+        diag.attachNote(strategy.getLoc()) << "offload = auto lets the plan "
+                                              "move saved tensors to the host";
+      if (budget.getPrecision() == Precision::fp32)
+        diag.attachNote(budget.getLoc())
+            << "precision = bf16 roughly halves the activations";
+      // ZeRO: what sharding the state over the gpus would take off.
+      if (budget.getGpus() > 1 && budget.getZeroStage() < 2) {
+        const int64_t values = zeroValues(model.getStep());
+        const int64_t world = budget.getGpus();
+        const int64_t saved =
+            budget.getZeroStage() == 0
+                ? CostModel::kOptimizerBytes * values -
+                      mtprt::ZeroLayout::stateBytes(values, world)
+                : 0;
+        if (saved > 0)
+          diag.attachNote(budget.getLoc())
+              << "zero = 1 shards AdamW's state over the " << world
+              << " gpus: " << formatBytes(saved) << " less per device"
+              << (result.minimalPeak - saved <= planner.budget()
+                      ? " (would fit)"
+                      : "");
+        else
+          diag.attachNote(budget.getLoc())
+              << "zero = 2 also releases the gradients during the backward, "
+                 "keeping this rank's run of them: "
+              << formatBytes(CostModel::kGradientBytes * values -
+                             mtprt::ZeroLayout::gradientShardBytes(values,
+                                                                   world))
+              << " less per device at most";
+      }
+      // The optimizer offload: what of AdamW's state leaves the device.
+      if (StrategyOp st = model.getStrategy(); st && !st.getOptimizerOffload()) {
+        const int64_t saved = adamwStateBytes(model);
+        diag.attachNote(st.getLoc())
+            << "optimizer_offload = cpu keeps AdamW's state on the host: "
+            << formatBytes(saved) << " less per device"
+            << (result.minimalPeak - saved <= planner.budget() ? " (would fit)"
+                                                               : "");
+      }
+      // More gpus help a micro batch above one; ZeRO 3 shards the
+      // parameters themselves, a pipeline holds a part of them.
+      if (micro > 1)
+        diag.attachNote(budget.getLoc())
+            << "more GPUs keep the global batch with a smaller micro batch";
+      const int64_t weights = report.atPeak.parameters;
+      if (weights >= planner.budget() / 2 && budget.getPipelineStages() <= 1) {
+        if (budget.getGpus() > 1 && budget.getZeroStage() < 3)
+          diag.attachNote(budget.getLoc())
+              << "the parameters alone take " << formatBytes(weights)
+              << " per device: zero = 3 shards them over the "
+              << budget.getGpus()
+              << " gpus, each layer gathered whole only for its forward "
+                 "and backward (docs/zero.md)";
+        diag.attachNote(budget.getLoc())
+            << "budget { pipeline = N } holds about 1/N of the parameters "
+               "on each of N stages (docs/pipeline.md)";
+      }
+    }
+    return failure();
+  }
+  attachPlan(model, result);
+  return success();
+}
+
+/// pipeline = auto (docs/pipeline.md): every divisor S of gpus (up to the
+/// backbone's units) planned in turn — S = 1 is data parallelism over every
+/// gpu — and the fitting plan with the least predicted step kept, the fewer
+/// stages on a tie. Each try is recorded in the budget's `choices`; when
+/// none fits, the largest S's refusal is the error, with the others' noted.
+static LogicalResult choosePipeline(ModelOp model, const MeasuredCosts *measured,
+                                    const SolveOptions &options) {
+  BudgetOp budget = model.getBudget();
+  MLIRContext *ctx = model.getContext();
+  Builder b(ctx);
+  const int64_t gpus = budget.getGpus();
+  const int64_t units = 2 * int64_t(model.getBackbone().getLayers()) + 1;
+  auto setStages = [&](int64_t S) {
+    if (S > 1)
+      budget.setPipelineAttr(b.getI64IntegerAttr(S));
+    else
+      budget.removePipelineAttr();
+    budget.removeStageStartsAttr();
+    // The replicas changed, and with them what collective = auto does.
+    setBucketsCompressed(model, compressesBuckets(model, budget.getReplicas()));
+  };
+  SmallVector<Attribute> choices;
+  SmallVector<std::pair<int64_t, std::string>> refused;
+  int64_t best = 0, largest = 1;
+  double bestStep = std::numeric_limits<double>::infinity();
+  for (int64_t S = 1; S <= std::min(gpus, units); ++S) {
+    if (gpus % S != 0)
+      continue;
+    largest = S;
+    setStages(S);
+    std::string why;
+    LogicalResult planned = failure();
+    {
+      // A try's refusal is recorded, not reported.
+      ScopedDiagnosticHandler quiet(ctx, [&](Diagnostic &d) {
+        if (d.getSeverity() == DiagnosticSeverity::Error && why.empty())
+          why = d.str();
+        return success();
+      });
+      planned = planModel(model, measured, options);
+    }
+    int64_t peak = 0;
+    double step = 0;
+    if (succeeded(planned)) {
+      if (std::optional<PipelinePlanResult> pipe = planPipeline(model)) {
+        peak = pipe->peakBytes();
+        step = pipe->stepSeconds;
+      } else {
+        peak = model.getStep().getPlanAttr().getPlannedPeakBytes();
+        step = dataParallelStepSeconds(model);
+      }
+      if (step < bestStep) {
+        best = S;
+        bestStep = step;
+      }
+    } else {
+      refused.push_back({S, why});
+    }
+    choices.push_back(PipelineChoiceAttr::get(ctx, S, peak, APFloat(step),
+                                              b.getStringAttr(why)));
+  }
+  budget.setPipelineChoicesAttr(b.getArrayAttr(choices));
+  setStages(best ? best : largest);
+  if (best)
+    return planModel(model, measured, options);
+  // None fits: the largest S's own diagnosis, with the others' refusals.
+  ScopedDiagnosticHandler annotate(ctx, [&](Diagnostic &d) {
+    if (d.getSeverity() == DiagnosticSeverity::Error) {
+      for (auto &[S, why] : refused)
+        if (S != largest)
+          d.attachNote(budget.getLoc())
+              << "pipeline = auto tried " << S
+              << (S == 1 ? " stage (data parallelism over every gpu): "
+                         : " stages: ")
+              << why;
+      refused.clear();
+    }
+    return failure(); // on to the caller's handler
+  });
+  return planModel(model, measured, options);
+}
+
 namespace {
 struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
   using PlanMemoryBase::PlanMemoryBase;
@@ -1426,204 +1721,12 @@ struct PlanMemoryPass : public mtp::impl::PlanMemoryBase<PlanMemoryPass> {
     SolveOptions options;
     options.maxNodes = std::max<int64_t>(0, maxNodes);
     options.exactFloor = exactFloor;
-    chooseStateSharding(model, measured ? &*measured : nullptr, options);
-    MemoryPlanner planner(model, measured ? &*measured : nullptr);
-    // docs/pipeline.md: each stage keeps its activations unless its peak is
-    // over the budget; then (checkpoint = auto) its blocks are recomputed,
-    // each its own region so none crosses a stage, the most bytes kept per
-    // second of re-run first, until it fits. The stages' peaks decide. The
-    // cut, recorded as the budget's `stages`, balances the kept time
-    // (re-balancing on the time with the re-runs made no example faster:
-    // a block moved down the pipe meets more micro-batches in flight).
-    if (std::optional<PipelinePlanResult> initial = planPipeline(model)) {
-      const std::vector<Candidate> &cands = planner.getCandidates();
-      BudgetOp budget = model.getBudget();
-      Builder builder(model.getContext());
-      const PlanResult keepAll = planner.evaluate(
-          std::vector<Decision>(cands.size(), Decision::Keep));
-      bool canRecompute = false;
-      auto fitStages = [&](ArrayRef<int64_t> starts, PlanResult &plan) {
-        budget.setStageStartsAttr(builder.getDenseI64ArrayAttr(starts));
-        plan = keepAll;
-        attachPlan(model, plan);
-        PipelinePlanResult pipe = *planPipeline(model);
-        for (size_t s = 0; s < pipe.stages.size(); ++s) {
-          const PipelineStagePlan stage = pipe.stages[s];
-          SmallVector<size_t> order;
-          for (size_t c = 0; c < cands.size(); ++c)
-            if (cands[c].blocks.size() == 1 &&
-                cands[c].blocks[0] >= stage.firstUnit &&
-                cands[c].blocks[0] <= stage.lastUnit &&
-                planner.allowed(c, Decision::Recompute))
-              order.push_back(c);
-          canRecompute |= !order.empty();
-          auto worth = [&](size_t c) {
-            const int64_t b = cands[c].blocks[0];
-            return double(pipe.blockKeptBytes[b]) /
-                   std::max(1e-12, pipe.blockForwardSeconds[b]);
-          };
-          llvm::stable_sort(order, [&](size_t a, size_t b) {
-            return worth(a) > worth(b);
-          });
-          if (pipe.stages[s].peakBytes <= planner.budget() || order.empty())
-            continue;
-          // The first k of the order recomputed; the least k that fits, by
-          // bisection (a stage's peak falls as it recomputes more).
-          auto recompute = [&](size_t k) {
-            for (auto [i, c] : llvm::enumerate(order))
-              plan.decisions[c] = i < k ? Decision::Recompute : Decision::Keep;
-            plan.regions.clear();
-            for (size_t d = 0; d < cands.size(); ++d)
-              if (plan.decisions[d] == Decision::Recompute)
-                plan.regions.push_back({cands[d].blocks[0], cands[d].blocks[0]});
-            llvm::sort(plan.regions);
-            attachPlan(model, plan);
-            pipe = *planPipeline(model);
-            return pipe.stages[s].peakBytes <= planner.budget();
-          };
-          size_t lo = 0, hi = order.size(); // lo does not fit
-          if (recompute(hi))
-            while (hi - lo > 1) {
-              const size_t mid = lo + (hi - lo) / 2;
-              (recompute(mid) ? hi : lo) = mid;
-            }
-          recompute(hi);
-        }
-        return pipe;
-      };
-      std::vector<int64_t> starts;
-      for (const PipelineStagePlan &st : initial->stages)
-        starts.push_back(st.firstUnit);
-      PlanResult plan;
-      PipelinePlanResult pipe = fitStages(starts, plan);
-      if (llvm::is_contained(plan.decisions, Decision::Recompute)) {
-        // The added time and the step's summary for these decisions; the
-        // regions stay one block each.
-        auto regions = plan.regions;
-        plan = planner.evaluate(plan.decisions);
-        plan.regions = std::move(regions);
-      }
-      for (auto [s, stage] : llvm::enumerate(pipe.stages))
-        if (stage.peakBytes > planner.budget()) {
-          auto diag = budget.emitError()
-                      << "pipeline stage " << s << " (units "
-                      << stage.firstUnit << " to " << stage.lastUnit
-                      << ") needs " << formatBytes(stage.peakBytes)
-                      << ", over the usable " << formatBytes(planner.budget());
-          diag.attachNote(budget.getLoc())
-              << "more stages (pipeline = "
-              << budget.getPipelineStages() * 2
-              << ") split the parameters further; a smaller micro_batch "
-                 "shrinks the "
-              << stage.inFlight << " micro-batches in flight";
-          if (!canRecompute)
-            diag.attachNote(budget.getLoc())
-                << "strategy { checkpoint = auto } recomputes an over-budget "
-                   "stage's blocks";
-          else if (!stage.recomputed.empty())
-            diag.attachNote(budget.getLoc())
-                << "that is with " << stage.recomputed.size()
-                << " of its blocks recomputed";
-          return signalPassFailure();
-        }
-      // The plan's peaks are the largest stage's (docs/pipeline.md).
-      plan.peakBytes = plan.uniformPeak = plan.minimalPeak = pipe.peakBytes();
-      plan.keepPeak = initial->peakBytes();
-      plan.fits = true;
-      attachPlan(model, plan);
-      return;
-    }
-    PlanResult result = planner.solve(options);
-    if (!result.fits) {
-      BudgetOp budget = model.getBudget();
-      auto diag = (budget ? budget.emitError() : model.emitError())
-                  << "no plan fits the budget: the smallest peak any plan "
-                     "reaches is "
-                  << formatBytes(result.minimalPeak) << ", over the usable "
-                  << formatBytes(planner.budget());
-      // What would fit, estimated from how activations scale.
-      if (budget) {
-        int64_t micro = budget.getMicroBatch();
-        const MemoryReport &report = getAnalysis<StepMemoryAnalysis>().report;
-        int64_t state = report.atPeak.parameters + report.atPeak.optimizer +
-                        report.atPeak.gradients;
-        int64_t perSample = std::max<int64_t>(
-            1, (result.minimalPeak - state) / std::max<int64_t>(1, micro));
-        int64_t fitMicro = (planner.budget() - state) / perSample;
-        if (fitMicro >= 1 && fitMicro < micro)
-          diag.attachNote(budget.getLoc())
-              << "micro_batch = " << fitMicro
-              << " would fit (estimated: activations scale with the micro "
-                 "batch)";
-        else if (fitMicro < 1)
-          diag.attachNote(budget.getLoc())
-              << "even one sequence per micro batch needs about "
-              << formatBytes(state + perSample)
-              << ": parameters, gradients and optimizer state alone take "
-              << formatBytes(state);
-        StrategyOp strategy = model.getStrategy();
-        if (strategy && strategy.getOffload() == OffloadPolicy::none)
-          diag.attachNote(strategy.getLoc()) << "offload = auto lets the plan "
-                                                "move saved tensors to the host";
-        if (budget.getPrecision() == Precision::fp32)
-          diag.attachNote(budget.getLoc())
-              << "precision = bf16 roughly halves the activations";
-        // ZeRO: what sharding the state over the gpus would take off.
-        if (budget.getGpus() > 1 && budget.getZeroStage() < 2) {
-          const int64_t values = zeroValues(model.getStep());
-          const int64_t world = budget.getGpus();
-          const int64_t saved =
-              budget.getZeroStage() == 0
-                  ? CostModel::kOptimizerBytes * values -
-                        mtprt::ZeroLayout::stateBytes(values, world)
-                  : 0;
-          if (saved > 0)
-            diag.attachNote(budget.getLoc())
-                << "zero = 1 shards AdamW's state over the " << world
-                << " gpus: " << formatBytes(saved) << " less per device"
-                << (result.minimalPeak - saved <= planner.budget()
-                        ? " (would fit)"
-                        : "");
-          else
-            diag.attachNote(budget.getLoc())
-                << "zero = 2 also releases the gradients during the backward, "
-                   "keeping this rank's run of them: "
-                << formatBytes(CostModel::kGradientBytes * values -
-                               mtprt::ZeroLayout::gradientShardBytes(values,
-                                                                     world))
-                << " less per device at most";
-        }
-        // The optimizer offload: what of AdamW's state leaves the device.
-        if (StrategyOp st = model.getStrategy(); st && !st.getOptimizerOffload()) {
-          const int64_t saved = adamwStateBytes(model);
-          diag.attachNote(st.getLoc())
-              << "optimizer_offload = cpu keeps AdamW's state on the host: "
-              << formatBytes(saved) << " less per device"
-              << (result.minimalPeak - saved <= planner.budget() ? " (would fit)"
-                                                                 : "");
-        }
-        // More gpus help a micro batch above one; ZeRO 3 shards the
-        // parameters themselves, a pipeline holds a part of them.
-        if (micro > 1)
-          diag.attachNote(budget.getLoc())
-              << "more GPUs keep the global batch with a smaller micro batch";
-        const int64_t weights = report.atPeak.parameters;
-        if (weights >= planner.budget() / 2 && budget.getPipelineStages() <= 1) {
-          if (budget.getGpus() > 1 && budget.getZeroStage() < 3)
-            diag.attachNote(budget.getLoc())
-                << "the parameters alone take " << formatBytes(weights)
-                << " per device: zero = 3 shards them over the "
-                << budget.getGpus()
-                << " gpus, each layer gathered whole only for its forward "
-                   "and backward (docs/zero.md)";
-          diag.attachNote(budget.getLoc())
-              << "budget { pipeline = N } holds about 1/N of the parameters "
-                 "on each of N stages (docs/pipeline.md)";
-        }
-      }
+    const MeasuredCosts *table = measured ? &*measured : nullptr;
+    BudgetOp budget = model.getBudget();
+    if (failed(budget && budget.getPipelineAuto()
+                   ? choosePipeline(model, table, options)
+                   : planModel(model, table, options)))
       return signalPassFailure();
-    }
-    attachPlan(model, result);
   }
 };
 } // namespace

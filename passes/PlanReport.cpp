@@ -335,6 +335,30 @@ static void printPipeline(ModelOp model, llvm::raw_ostream &os) {
   }
 }
 
+/// pipeline = auto's tries (docs/pipeline.md): each number of stages with
+/// its predicted peak and step, or why it did not fit.
+static void printPipelineChoices(ModelOp model, llvm::raw_ostream &os) {
+  BudgetOp budget = model.getBudget();
+  ArrayAttr choices = budget ? budget.getPipelineChoicesAttr() : ArrayAttr();
+  if (!choices)
+    return;
+  os << "  pipeline = auto chose " << budget.getPipelineStages()
+     << (budget.getPipelineStages() == 1
+             ? " stage (data parallelism over every gpu)"
+             : " stages")
+     << ": the fitting plan with the least predicted step\n";
+  for (auto c : choices.getAsRange<PipelineChoiceAttr>()) {
+    os << "    " << c.getStages() << (c.getStages() == 1 ? " stage: " : " stages: ");
+    if (c.fits())
+      os << "peak " << formatBytes(c.getPeakBytes()) << ", step "
+         << milliseconds(c.getStepSeconds().convertToDouble());
+    else
+      os << "refused: " << c.getRefusal().getValue();
+    os << (c.getStages() == budget.getPipelineStages() ? "  <- chosen" : "")
+       << "\n";
+  }
+}
+
 void mtp::printPlan(ModelOp model, const MemoryReport &report,
                     llvm::raw_ostream &os) {
   CostModel cost(model);
@@ -349,6 +373,7 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
   os << ", attention " << stringifyAttentionKind(CostModel(model).attention())
      << ", pointwise " << stringifyPointwiseKind(CostModel(model).pointwise());
   os << "\n";
+  printPipelineChoices(model, os);
   printPipeline(model, os);
   StrategyOp strategy = model.getStrategy();
   if (BatchScheduleAttr dynamic =
@@ -768,6 +793,21 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
                                {"exchange_s", pipe->exchangeSeconds}};
       (*out.getObject("budget"))["fits"] = pipe->peakBytes() <= usable;
       (*out.getObject("budget"))["margin_bytes"] = usable - pipe->peakBytes();
+    }
+    if (ArrayAttr choices = budget.getPipelineChoicesAttr()) {
+      Array tried;
+      for (auto c : choices.getAsRange<PipelineChoiceAttr>()) {
+        Object o{{"stages", c.getStages()}, {"fits", c.fits()}};
+        if (c.fits()) {
+          o["peak_bytes"] = c.getPeakBytes();
+          o["step_s"] = c.getStepSeconds().convertToDouble();
+        } else {
+          o["refusal"] = c.getRefusal().getValue().str();
+        }
+        tried.push_back(std::move(o));
+      }
+      out["pipeline_auto"] = Object{{"chosen", budget.getPipelineStages()},
+                                    {"tried", std::move(tried)}};
     }
     // docs/zero.md: what AdamW's state takes per process, where.
     StrategyOp st = model.getStrategy();

@@ -1119,6 +1119,16 @@ void TrainerCore::finalizeGradients() {
   if (st.finalized)
     return;
   st.finalized = true;
+  // A pipeline stage's last micro-batch is spent: its received activation,
+  // that one's gradient (sent down) and its taps go before the exchange and
+  // the update, not at the step's end (the plan counts none of them there).
+  if (pipelined()) {
+    st.values.clear();
+    st.taps.clear();
+    st.taskGrads.clear();
+    st.boundaryIn = at::Tensor();
+    st.boundaryGrad = at::Tensor();
+  }
   Model &m = *model_;
   const int64_t nt = m.numHeads();
   if (train_.scope == GradScope::Params) {
