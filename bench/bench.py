@@ -1558,6 +1558,29 @@ def section_pipeline(args, b, r, out):
                          "%+.1f%%" % (100 * e["worst_gap"]),
                          "—" if e["bubble"] is None else "%.3f" % e["bubble"],
                          "—" if e["wait_share"] is None else "%.3f" % e["wait_share"]])
+    # pipeline = auto on the same spec: what the planner would choose at
+    # each process count, beside what was measured.
+    auto_rows = []
+    for world in (2, 4):
+        budget = budget_block(args, 2 << 30, micro_batch=micro, global_batch=global_batch)
+        budget["gpus"] = world
+        budget["pipeline"] = "auto"
+        src = r.tmp(".mtp")
+        with open(src, "w") as f:
+            f.write(spec_text("bench_p", m, tasks, strategy, budget,
+                              {"steps": steps, "seed": 1, "log_every": 1}))
+        p = json.loads(run([args.mtpc, "plan", src, "--format=json"] + b.device_flags()).stdout)
+        a = p["pipeline_auto"]
+        res["%d/auto" % world] = a
+        measured = {"1": res["%d/dp" % world]["samples_per_s"],
+                    str(world): res["%d/1f1b" % world]["samples_per_s"]}
+        fastest = max(measured, key=measured.get)
+        auto_rows.append([str(world), str(a["chosen"]),
+                          ", ".join("%d: %s" % (t["stages"], "%.1f ms" % (1e3 * t["step_s"])
+                                                if t["fits"] else "refused")
+                                    for t in a["tried"]),
+                          ", ".join("%s: %.0f/s" % kv for kv in measured.items()),
+                          fastest])
     out.append("### Pipeline stages against data parallelism (docs/pipeline.md)\n")
     out.append("8 layers, hidden 128, ffn 512, seq 32, three tasks (layers 2, 5, 8), global "
                "batch 32 in micro-batches of 4 (a pipeline runs 8 through its stages, data "
@@ -1571,6 +1594,11 @@ def section_pipeline(args, b, r, out):
                "recomputes blocks).\n" % steps)
     out.append(table(["processes", "run", "samples/s", "vs DP", "peak per rank",
                       "largest vs DP", "worst gap", "bubble", "wait share"], rows))
+    out.append("\n`pipeline = auto` on the same spec (2 GiB, everything fits): the stages it "
+               "chooses, its predicted step per number of stages, and the measured throughput "
+               "of data parallelism (1) and of the 1F1B pipeline over every process.\n")
+    out.append(table(["processes", "auto chose", "predicted step by stages",
+                      "measured by stages", "measured fastest"], auto_rows))
     return res
 
 
