@@ -238,22 +238,24 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       if (auto bwd = dyn_cast<BwdOp>(op))
         in = onStage(bwd);
       else if (isa<AddGradsOp>(op))
-        // A sum the stage makes: of its own units' gradients (a residual),
-        // or a tap's fused gradient and the one received (the root of the
-        // stage's backward). Another stage's sum is what it sends.
+        // A sum the stage makes: a tap's fused gradient and the one coming
+        // down (the root of the tap's stage's backward: there, even when
+        // the other comes from the stage above), or of the stage's own
+        // units' gradients (a residual's; sent down when the stage's first
+        // block reads it).
         in = llvm::any_of(op.getOperands(),
-                          [&](Value v) {
-                            return inStage.contains(v.getDefiningOp());
-                          }) ||
-             (llvm::any_of(op.getOperands(),
-                           [](Value v) {
-                             return isa_and_nonnull<FuseTaskGradsOp>(
-                                 v.getDefiningOp());
-                           }) &&
-              llvm::any_of(op.getUsers(), [&](Operation *u) {
-                auto bwd = dyn_cast<BwdOp>(u);
-                return bwd && onStage(bwd);
-              }));
+                          [](Value v) {
+                            return isa_and_nonnull<FuseTaskGradsOp>(
+                                v.getDefiningOp());
+                          })
+                 ? llvm::any_of(op.getUsers(),
+                                [&](Operation *u) {
+                                  auto bwd = dyn_cast<BwdOp>(u);
+                                  return bwd && onStage(bwd);
+                                })
+                 : llvm::any_of(op.getOperands(), [&](Value v) {
+                     return inStage.contains(v.getDefiningOp());
+                   });
       if (in) {
         ops.push_back(&op);
         inStage.insert(&op);
@@ -327,17 +329,16 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
             freedAfter[lastUse[v]] += CostModel::bytes(v.getType());
           }
     // Gradients: [def, lastUse], aliases own none. One from outside the
-    // stage is there from the start: a tap's fused gradient until its last
-    // use, the received one (PipelineRunner holds it) to the end.
+    // stage is there from the start to the end: the backward's roots — a
+    // tap's fused gradient, the received one — are held by autograd's
+    // graph root (and PipelineRunner) until the backward returns.
     std::vector<int64_t> born(n + 1, 0), dies(n + 1, 0);
     llvm::DenseSet<Value> counted;
     for (auto [i, op] : llvm::enumerate(ops)) {
       for (Value g : gradsOf(op))
         if (!def.count(g) && counted.insert(g).second) {
           born[0] += CostModel::bytes(g.getType());
-          dies[isa_and_nonnull<FuseTaskGradsOp>(g.getDefiningOp())
-                   ? lastUse[g]
-                   : n - 1] += CostModel::bytes(g.getType());
+          dies[n - 1] += CostModel::bytes(g.getType());
         }
       auto bwd = dyn_cast<BwdOp>(op);
       for (auto [j, r] : llvm::enumerate(madeBy(op))) {
