@@ -1169,9 +1169,11 @@ CostModel::Communication CostModel::stepCommunication() const {
     return bucket > 0 ? (total + bucket - 1) / bucket : int64_t(0);
   };
   if (zero < 2) {
-    // mtprt::GradExchange at the step's end: one collective per bucket.
-    for (AllReduceOp op : step.getBody().front().getOps<AllReduceOp>())
-      addGradientExchange(c, op.getElements(), op);
+    // mtprt::GradExchange at the step's end, over every bucket's values
+    // flattened into one vector.
+    auto buckets = step.getBody().front().getOps<AllReduceOp>();
+    if (!buckets.empty())
+      addGradientExchange(c, elements, *buckets.begin());
   } else {
     // Stage 2 sums the backbone's gradients as autograd makes them, every
     // micro-batch, a release bucket at a time (still all-reduces: reduces
@@ -1223,16 +1225,25 @@ void CostModel::addGradientExchange(Communication &c, int64_t values,
   if (W <= 1 || values <= 0)
     return;
   const double bw = interconnectBandwidth(), a = messageLatency();
-  if (like && like.getCompressed())
+  if (like && like.getCompressed()) {
+    // GSC encodes and all-gathers runs of kGscBucketValues, one after
+    // another (mtprt::GradExchange::sum).
+    const double topk = like.getTopk()->convertToDouble();
+    const int64_t full = values / kGscBucketValues,
+                  rest = values % kGscBucketValues;
+    auto payload = [&](int64_t n) {
+      return allGatherBytes(
+          compressedPayloadBytes(n, topk, *like.getBlock(), *like.getBits()),
+          W);
+    };
     c.add("gradient all-gather (GSC)",
-          allGatherBytes(compressedPayloadBytes(
-                             values, like.getTopk()->convertToDouble(),
-                             *like.getBlock(), *like.getBits()),
-                         W),
-          W - 1, bw, a);
-  else
+          full * payload(kGscBucketValues) + (rest ? payload(rest) : 0),
+          (full + (rest ? 1 : 0)) * (W - 1), bw, a);
+  } else {
+    // One ring all-reduce of the flattened gradients.
     c.add("gradient all-reduce", 2 * (W - 1) * 4 * values / W, 2 * (W - 1),
           bw, a);
+  }
 }
 
 int64_t CostModel::processes() const {

@@ -1410,6 +1410,15 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
                                const SolveOptions &options) {
   chooseStateSharding(model, measured, options);
   MemoryPlanner planner(model, measured);
+  // A pipeline's split and its keep-everything peak are read with every
+  // unit kept: a plan attached before (pipeline = auto's previous try, an
+  // earlier run of this pass) may hold regions.
+  std::optional<PlanResult> keepAll;
+  if (BudgetOp b = model.getBudget(); b && b.getPipelineStages() >= 2) {
+    keepAll = planner.evaluate(
+        std::vector<Decision>(planner.getCandidates().size(), Decision::Keep));
+    attachPlan(model, *keepAll);
+  }
   // docs/pipeline.md: each stage keeps its activations unless its peak is
   // over the budget; then (checkpoint = auto) its blocks are recomputed,
   // each its own region so none crosses a stage, the most bytes kept per
@@ -1421,12 +1430,10 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
     const std::vector<Candidate> &cands = planner.getCandidates();
     BudgetOp budget = model.getBudget();
     Builder builder(model.getContext());
-    const PlanResult keepAll = planner.evaluate(
-        std::vector<Decision>(cands.size(), Decision::Keep));
     bool canRecompute = false;
     auto fitStages = [&](ArrayRef<int64_t> starts, PlanResult &plan) {
       budget.setStageStartsAttr(builder.getDenseI64ArrayAttr(starts));
-      plan = keepAll;
+      plan = *keepAll;
       attachPlan(model, plan);
       PipelinePlanResult pipe = *planPipeline(model);
       for (size_t s = 0; s < pipe.stages.size(); ++s) {
@@ -1494,10 +1501,14 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
                     << ", over the usable " << formatBytes(planner.budget());
         if (budget.getPipelineAuto())
           diag.attachNote(budget.getLoc())
-              << "more gpus (gpus = " << budget.getGpus() * 2
-              << ") let pipeline = auto cut more stages; a smaller "
-                 "micro_batch shrinks the "
-              << stage.inFlight << " micro-batches in flight";
+              << (budget.getPipelineStages() <
+                          2 * int64_t(model.getBackbone().getLayers()) + 1
+                      ? "more gpus (gpus = " +
+                            std::to_string(budget.getGpus() * 2) +
+                            ") let pipeline = auto cut more stages"
+                      : "every stage already holds one unit")
+              << "; a smaller micro_batch shrinks the " << stage.inFlight
+              << " micro-batches in flight";
         else
           diag.attachNote(budget.getLoc())
               << "more stages (pipeline = "
@@ -1649,7 +1660,8 @@ static LogicalResult choosePipeline(ModelOp model, const MeasuredCosts *measured
     std::string why;
     LogicalResult planned = failure();
     {
-      // A try's refusal is recorded, not reported.
+      // A try's refusal is recorded, not reported. (The handler is the
+      // context's: mtpc plans one model at a time.)
       ScopedDiagnosticHandler quiet(ctx, [&](Diagnostic &d) {
         if (d.getSeverity() == DiagnosticSeverity::Error && why.empty())
           why = d.str();
@@ -1672,6 +1684,8 @@ static LogicalResult choosePipeline(ModelOp model, const MeasuredCosts *measured
         bestStep = step;
       }
     } else {
+      if (why.empty())
+        why = "no plan fits";
       refused.push_back({S, why});
     }
     choices.push_back(PipelineChoiceAttr::get(ctx, S, peak, APFloat(step),
