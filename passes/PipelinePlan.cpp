@@ -359,6 +359,10 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       worst = std::max(worst, keptNow + grads + rerunWs[i] - kept);
       auto bwd = dyn_cast<BwdOp>(ops[i]);
       if (!bwd) {
+        // A sum inside a region's backward: the region's new parameter
+        // gradients (a later backward's) are still held beside it.
+        worst = std::max(worst, keptNow + grads +
+                                    (paramGrads ? 0 : regionGrads) - kept);
         grads -= dies[i];
         continue;
       }
