@@ -1124,6 +1124,9 @@ LogicalResult BudgetOp::verify() {
     return emitOpError("gpipe needs a pipeline of two stages or more");
   if (getPipelineChoices() && !getPipelineAuto())
     return emitOpError("choices are pipeline_auto's record; it is absent");
+  if (getPipelineAuto() && (getZero() || getZeroAuto()))
+    return emitOpError("pipeline_auto with ZeRO: a pipeline's stages do not "
+                       "shard their state (docs/pipeline.md)");
   if (std::optional<ArrayRef<int64_t>> starts = getStageStarts()) {
     if (int64_t(starts->size()) != getPipelineStages() || starts->empty() ||
         starts->front() != 0)

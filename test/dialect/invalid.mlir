@@ -175,6 +175,33 @@ mtp.model @zero_memory {
 
 // -----
 
+mtp.model @auto_pipeline_with_zero {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{'mtp.budget' op pipeline_auto with ZeRO: a pipeline's stages do not shard their state (docs/pipeline.md)}}
+  mtp.budget device "cpu" memory 1 GiB headroom 0 B link 32 GBps gpus 4 batch 8 micro 2 precision fp32 zero_auto pipeline_auto
+}
+
+// -----
+
+mtp.model @choices_without_auto {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{'mtp.budget' op choices are pipeline_auto's record; it is absent}}
+  mtp.budget device "cpu" memory 1 GiB headroom 0 B link 32 GBps gpus 4 batch 8 micro 2 precision fp32 pipeline 2 choices [#mtp.pipeline_choice<2 stages peak 100 step 1.0e-03 fits>]
+}
+
+// -----
+
+mtp.model @bad_pipeline_choice {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0
+  // expected-error @+1 {{a pipeline choice's peak and step must be non-negative and finite}}
+  mtp.budget device "cpu" memory 1 GiB headroom 0 B link 32 GBps gpus 4 batch 8 micro 2 precision fp32 pipeline 2 pipeline_auto choices [#mtp.pipeline_choice<2 stages peak -1 step 1.0e-03 fits>]
+}
+
+// -----
+
 mtp.model @headroom_too_big {
   mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 100, seq = 16, dropout = 0.1)
   mtp.task @a : tag(labels = 5) from layer 1 loss cross_entropy weight 1.0

@@ -70,3 +70,13 @@ mtp.model @generic {
   // CHECK: mtp.task @a : tag(labels = 5) from layer 2 loss cross_entropy weight 1.000000e+00 lr cosine(2.000000e-04, warmup = 3)
   "mtp.task"() <{sym_name = "a", head = #mtp<head tag>, labels = 5 : i64, tap_layer = 2 : i64, loss = #mtp<loss cross_entropy>, weight = 1.0 : f64, lr = #mtp.lr<cosine(2.0e-4, warmup = 3)>}> : () -> ()
 }
+
+// pipeline = auto's record: each try's stages, peak and step, or why not
+// (quotes escaped).
+// CHECK-LABEL: mtp.model @auto_pipeline
+mtp.model @auto_pipeline {
+  mtp.backbone transformer(layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 1000, seq = 32, dropout = 0.1)
+  mtp.task @a : tag(labels = 5) from layer 2 loss cross_entropy weight 1.0
+  // CHECK: gpus 4 batch 16 micro 4 precision fp32 pipeline 2 pipeline_auto choices [#mtp.pipeline_choice<1 stages peak 0 step 0.000000e+00 refused "no plan \22fits\22">, #mtp.pipeline_choice<2 stages peak 3420992 step 8.250000e-03 fits>] gpipe
+  mtp.budget device "cpu" memory 5 MiB headroom 0 B link 10 GBps gpus 4 batch 16 micro 4 precision fp32 pipeline 2 pipeline_auto choices [#mtp.pipeline_choice<1 stages peak 0 step 0.0 refused "no plan \"fits\"">, #mtp.pipeline_choice<2 stages peak 3420992 step 8.25e-3 fits>] gpipe
+}
