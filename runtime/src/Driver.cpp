@@ -1138,6 +1138,16 @@ int train(const std::string &name, const Program &p, const Options &o) {
   mc.seed = p.model.seed + o.seed;
   if (o.cosineEvery)
     tc.cosineEvery = *o.cosineEvery;
+  // docs/pipeline.md: measured cosines send every task's processed tap
+  // gradients up the pipe; the plan counts that buffer only with the gate.
+  if (o.cosineEvery && *o.cosineEvery > 0 && !p.train.gate &&
+      p.pipeline.active() && p.pipeline.size() > 1 && d.rank == 0)
+    std::fprintf(stderr,
+                 "mtprt: warning: --cosine-every %lld without the DGFG gate: "
+                 "at measured steps the stages before the last hold every "
+                 "task's tap gradients, which the plan does not count (its "
+                 "peaks assume no cosines without the gate)\n",
+                 static_cast<long long>(*o.cosineEvery));
   // D15: a --batch-size fixes a dynamic batch; the plan's micro batch stays.
   if (p.dynamicBatch && o.batchGiven) {
     const int64_t micro = std::max<int64_t>(
