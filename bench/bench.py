@@ -1393,15 +1393,20 @@ def run_planned(args, b, r, name, m, tasks, strategy, budget, steps, world):
     return r.mtpc(runner, steps, extra=extra)["records"]
 
 
-def planned_communication(args, r, name, m, tasks, strategy, budget, steps):
-    """`mtpc plan`'s communication per step for the spec (seconds; 0 at one
-    process)."""
+def planned_json(args, r, name, m, tasks, strategy, budget, steps, flags=()):
+    """`mtpc plan --format=json` of the spec, parsed."""
     src = r.tmp(".mtp")
     with open(src, "w") as f:
         f.write(spec_text(name, m, tasks, strategy, budget,
                           {"steps": steps, "seed": 1, "log_every": 1}))
-    p = run([args.mtpc, "plan", src, "--format=json"])
-    return json.loads(p.stdout).get("communication", {}).get("seconds", 0.0)
+    return json.loads(run([args.mtpc, "plan", src, "--format=json"] + list(flags)).stdout)
+
+
+def planned_communication(args, r, name, m, tasks, strategy, budget, steps):
+    """`mtpc plan`'s communication per step for the spec (seconds; 0 at one
+    process)."""
+    return planned_json(args, r, name, m, tasks, strategy, budget,
+                        steps).get("communication", {}).get("seconds", 0.0)
 
 
 def section_zero(args, b, r, out):
@@ -1565,12 +1570,8 @@ def section_pipeline(args, b, r, out):
         budget = budget_block(args, 2 << 30, micro_batch=micro, global_batch=global_batch)
         budget["gpus"] = world
         budget["pipeline"] = "auto"
-        src = r.tmp(".mtp")
-        with open(src, "w") as f:
-            f.write(spec_text("bench_p", m, tasks, strategy, budget,
-                              {"steps": steps, "seed": 1, "log_every": 1}))
-        p = json.loads(run([args.mtpc, "plan", src, "--format=json"] + b.device_flags()).stdout)
-        a = p["pipeline_auto"]
+        a = planned_json(args, r, "bench_p", m, tasks, strategy, budget, steps,
+                         b.device_flags())["pipeline_auto"]
         res["%d/auto" % world] = a
         measured = {"1": res["%d/dp" % world]["samples_per_s"],
                     str(world): res["%d/1f1b" % world]["samples_per_s"]}

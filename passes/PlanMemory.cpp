@@ -1688,8 +1688,9 @@ static LogicalResult choosePipeline(ModelOp model, const MeasuredCosts *measured
         why = "no plan fits";
       refused.push_back({S, why});
     }
-    choices.push_back(PipelineChoiceAttr::get(ctx, S, peak, APFloat(step),
-                                              b.getStringAttr(why)));
+    choices.push_back(PipelineChoiceAttr::get(
+        ctx, S, peak, APFloat(step),
+        b.getStringAttr(succeeded(planned) ? "" : why)));
   }
   budget.setPipelineChoicesAttr(b.getArrayAttr(choices));
   setStages(best ? best : largest);
