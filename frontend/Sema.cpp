@@ -1943,8 +1943,9 @@ void Sema::crossChecks(CheckedSpec &spec) {
                            "fits (write none or auto)");
     if (s.offload != OffloadPolicy::none &&
         s.offload != OffloadPolicy::automatic)
-      refuse("offload", "each stage keeps its activations on the device "
-                        "(write offload = none, or leave it out)");
+      refuse("offload", "a stage keeps its activations on the device, or "
+                        "with offload = auto offloads blocks until it fits "
+                        "(write none or auto)");
   } else if (s.pipelineScheduleLoc.line != 0) {
     warning(s.pipelineScheduleLoc,
             "pipeline_schedule has no effect without budget { pipeline = 2 "

@@ -378,6 +378,9 @@ public:
   llvm::SmallVector<std::pair<int64_t, int64_t>> cosineProbePaths() const;
   /// Seconds to move `bytes` one way over the host link.
   double transferSeconds(int64_t bytes) const;
+  /// Offloaded groups the runtime's backward asks back at once (the
+  /// group reached and those below it: mtprt's Schedule::prefetchAhead).
+  static constexpr int64_t kPrefetchAhead = 2;
   /// The budget a plan may use (memory minus headroom); INT64_MAX without a
   /// budget.
   int64_t usableBytes() const;

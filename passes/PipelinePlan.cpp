@@ -9,6 +9,7 @@
 #include "passes/PipelinePlan.h"
 
 #include "passes/CostModel.h"
+#include "passes/MemoryAnalysis.h"
 
 #include "llvm/ADT/DenseSet.h"
 
@@ -38,7 +39,36 @@ struct BlockCost {
   bool outputKept = false;
   /// In a checkpoint region: re-run before its backward.
   bool recomputed = false;
+  /// Saved bytes the plan sends to the host after the block's forward and
+  /// brings back for its backward (in `kept` no more).
+  int64_t offloaded = 0;
+  /// What offloading the block would send to the host (those bytes under
+  /// any decision).
+  int64_t offloadable = 0;
 };
+
+/// Whether the plan sends `v`, a backbone forward's output, to the host
+/// between its forward and its backward: planned (the unit's decision is
+/// offload and only its own block's backward reads it, MaterializeOffload's
+/// rule) or materialized (an mtp.offload takes it).
+bool offloaded(FwdOp fwd, Value v) {
+  if (fwd.getTaskAttr())
+    return false;
+  if (llvm::any_of(v.getUsers(),
+                   [](Operation *u) { return isa<OffloadOp>(u); }))
+    return true;
+  return fwd.getDecision() == Decision::Offload &&
+         placeOffload(fwd, v).has_value();
+}
+
+/// A value a backward reads, as its forward made it (through a
+/// materialized offload's prefetch).
+Value fromForward(Value v) {
+  if (auto pre = v.getDefiningOp<PrefetchOp>())
+    if (auto off = pre.getHost().getDefiningOp<OffloadOp>())
+      return off.getValue();
+  return v;
+}
 
 /// The plan's checkpoint regions by backbone block (the fwd units' `region`
 /// attributes): a value a recomputed unit makes is kept only where a unit
@@ -168,8 +198,14 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
         c.recomputed = true;
       }
       for (Value r : fwd.getOutputs())
-        if (regions.kept(r))
+        if (offloaded(fwd, r))
+          c.offloaded += CostModel::bytes(r.getType());
+        else if (regions.kept(r))
           c.kept += CostModel::bytes(r.getType());
+      if (!fwd.getTaskAttr())
+        for (Value r : fwd.getOutputs())
+          if (offloaded(fwd, r) || placeOffload(fwd, r))
+            c.offloadable += CostModel::bytes(r.getType());
       // A region's boundary stays saved for its recompute, read in the
       // backward or not.
       if (const int64_t r = regions.of(fwd); r >= 0)
@@ -219,8 +255,11 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
   // gradient — from the start), plus the unit's workspace.
   // `paramGrads`: the units' parameter gradients appear as they run (the
   // step's first backward, when none exists yet).
-  auto backwardExtra = [&](int64_t first, int64_t last,
-                           bool paramGrads) -> int64_t {
+  // An offloaded block's tensors come back (`fetchAt`: block → the block
+  // whose backward's start brings them) and go after their last use.
+  auto backwardExtra = [&](int64_t first, int64_t last, bool paramGrads,
+                           const llvm::DenseMap<int64_t, int64_t> &fetchAt)
+      -> int64_t {
     // The stage's backbone backward units and the gradient sums among them
     // (mtp.add_grads: a residual's two paths, a tap's fused gradient added
     // to the one coming down), in step order.
@@ -314,20 +353,39 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
             CostModel::bytes(fwd.getOutput().getType());
       }
     }
+    auto blockOfOp = [&](Operation *op) {
+      auto bwd = cast<BwdOp>(op);
+      return std::clamp<int64_t>(getBlockNumber(bwd.getUnit(), bwd.getLayer()),
+                                 0, nblocks - 1);
+    };
+    llvm::DenseMap<int64_t, int64_t> blockStart;
+    for (auto [i, op] : llvm::enumerate(ops))
+      if (isa<BwdOp>(op))
+        blockStart.try_emplace(blockOfOp(op), int64_t(i));
     llvm::DenseSet<Value> seen;
-    for (Operation *op : ops)
+    for (auto [i, op] : llvm::enumerate(ops))
       if (auto bwd = dyn_cast<BwdOp>(op))
-        for (Value v : bwd.getSaved())
-          if (seen.insert(v).second && v.getDefiningOp<FwdOp>() &&
-              !v.getDefiningOp<FwdOp>().getTaskAttr()) {
-            if (regions.kept(v))
-              kept += CostModel::bytes(v.getType());
-            else
-              recreated[regionStart.lookup(
-                  regions.of(v.getDefiningOp()))] +=
-                  CostModel::bytes(v.getType());
-            freedAfter[lastUse[v]] += CostModel::bytes(v.getType());
+        for (Value v : bwd.getSaved()) {
+          const Value f = fromForward(v);
+          auto def = f.getDefiningOp<FwdOp>();
+          if (!seen.insert(v).second || !def || def.getTaskAttr())
+            continue;
+          const int64_t bytes = CostModel::bytes(v.getType());
+          if (offloaded(def, f)) {
+            const int64_t b = std::clamp<int64_t>(
+                getBlockNumber(def.getUnit(), def.getLayer()), 0,
+                nblocks - 1);
+            auto at = blockStart.find(fetchAt.lookup(b));
+            recreated[at != blockStart.end() ? std::min(at->second,
+                                                        int64_t(i))
+                                             : int64_t(i)] += bytes;
+          } else if (regions.kept(f)) {
+            kept += bytes;
+          } else {
+            recreated[regionStart.lookup(regions.of(def))] += bytes;
           }
+          freedAfter[lastUse[v]] += bytes;
+        }
     // Gradients: [def, lastUse], aliases own none. One from outside the
     // stage is there from the start to the end: the backward's roots — a
     // tap's fused gradient, the received one — are held by autograd's
@@ -407,6 +465,8 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
   for (const BlockCost &c : blocks) {
     out.blockKeptBytes.push_back(c.kept);
     out.blockForwardSeconds.push_back(c.fwd);
+    out.blockBackwardSeconds.push_back(c.bwd);
+    out.blockOffloadableBytes.push_back(c.offloadable);
   }
   out.gpipe = budget.getGpipe();
   out.replicas = budget.getReplicas();
@@ -430,8 +490,53 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       st.tasks.append(c.tasks.begin(), c.tasks.end());
       if (c.recomputed)
         st.recomputed.push_back(b);
+      if (c.offloaded) {
+        st.offloaded.push_back(b);
+        st.offloadedBytesPerMicroBatch += c.offloaded;
+      }
     }
     llvm::sort(st.tasks);
+    // Offload (docs/pipeline.md): as the runtime's gradient hooks bring the
+    // blocks back — an offloaded block's backward start fetches it and the
+    // kPrefetchAhead − 1 offloaded below; a checkpoint region's, or a kept
+    // block's right above an offloaded one, the kPrefetchAhead − 1 below
+    // it — each comes back at the first of those that reaches it. Copies out wait after each block's forward (the
+    // copy beyond the block's own compute is exposed); copies in queue on
+    // one link in the backward's order, stalling it where one is late.
+    llvm::DenseMap<int64_t, int64_t> fetchAt;
+    int64_t offloadTransient = 0;
+    {
+      std::vector<int64_t> below;
+      for (int64_t b = st.firstUnit; b <= st.lastUnit; ++b) {
+        const BlockCost &c = blocks[b];
+        int64_t n = 0;
+        if (c.offloaded) {
+          below.push_back(b);
+          fetchAt[b] = b;
+          n = CostModel::kPrefetchAhead;
+          offloadTransient = std::max(offloadTransient, c.offloaded);
+          st.transferSeconds += std::max(
+              0.0, cm.transferSeconds(c.offloaded) - c.fwd);
+        } else if (c.recomputed || (!below.empty() && below.back() == b - 1)) {
+          n = CostModel::kPrefetchAhead - 1;
+        }
+        for (auto it = below.rbegin(); it != below.rend() && n > 0; ++it, --n)
+          fetchAt[*it] = std::max(fetchAt[*it], b);
+      }
+      double now = 0, link = 0;
+      llvm::DenseMap<int64_t, double> back;
+      for (int64_t b = st.lastUnit; b >= st.firstUnit; --b) {
+        for (int64_t g = b; g >= st.firstUnit; --g)
+          if (auto it = fetchAt.find(g); it != fetchAt.end() && it->second == b)
+            back[g] = link = std::max(link, now) +
+                             cm.transferSeconds(blocks[g].offloaded);
+        if (auto it = back.find(b); it != back.end() && it->second > now) {
+          st.transferSeconds += it->second - now;
+          now = it->second;
+        }
+        now += blocks[b].bwd + blocks[b].rerun;
+      }
+    }
     // The received activation is kept for the first unit's backward; the
     // sent one is the root the stage's backward starts from.
     if (s > 0)
@@ -466,12 +571,15 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     // (every task's) from micro-batch 0's forward until α comes back
     // before its backward, so through the first forwards only.
     const int64_t gateHeld = s + 1 < S ? gateBuffer : 0;
+    // A block's offloaded tensors are on the device in its forward until
+    // their copies finish (the runtime waits for them there).
     auto heldWith = [&](int64_t inFlight, bool paramGrads) {
       return std::max(
-          inFlight * (st.keptBytesPerMicroBatch + tapsHeld) + atForward +
+          inFlight * (st.keptBytesPerMicroBatch + tapsHeld) +
+              std::max(atForward, offloadTransient) +
               (paramGrads ? gateHeld : 0),
           inFlight * st.keptBytesPerMicroBatch + (inFlight - 1) * tapsHeld +
-              backwardExtra(st.firstUnit, st.lastUnit, paramGrads));
+              backwardExtra(st.firstUnit, st.lastUnit, paramGrads, fetchAt));
     };
     st.peakBytes = st.stateBytes -
                    CostModel::kGradientBytes * st.backboneTrainable +
@@ -502,6 +610,7 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       out.exchangeSeconds = std::max(out.exchangeSeconds, ex.seconds);
     }
     slowest = std::max(slowest, st.forwardSeconds + st.backwardSeconds +
+                                    st.transferSeconds +
                                     st.communicationSeconds);
     out.stages.push_back(std::move(st));
   }

@@ -30,7 +30,8 @@ struct PipelineStagePlan {
   llvm::SmallVector<int64_t> tasks;
   /// Parameters held (trainable: with gradients and AdamW's state).
   int64_t parameters = 0, trainableParameters = 0, backboneTrainable = 0;
-  /// One micro-batch's forward and backward on the cost model's roofline.
+  /// One micro-batch's forward and backward on the cost model's roofline
+  /// (a recomputed block's re-run in the backward).
   double forwardSeconds = 0, backwardSeconds = 0;
   /// One micro-batch's waits on the interconnect: the activation it
   /// receives and the gradient it receives (the sends do not block).
@@ -45,15 +46,25 @@ struct PipelineStagePlan {
   int64_t peakBytes = 0;
   /// Blocks in checkpoint regions (re-run before their backward).
   llvm::SmallVector<int64_t> recomputed;
+  /// Blocks whose saved tensors go to the host between a micro-batch's
+  /// forward and its backward (not in keptBytesPerMicroBatch), their bytes,
+  /// and the copies' time one micro-batch's compute does not hide.
+  llvm::SmallVector<int64_t> offloaded;
+  int64_t offloadedBytesPerMicroBatch = 0;
+  double transferSeconds = 0;
 };
 
 struct PipelinePlanResult {
-  llvm::SmallVector<PipelineStagePlan> stages;
+  std::vector<PipelineStagePlan> stages;
   int64_t microBatches = 1, replicas = 1;
   /// Per backbone block (runtime numbers): what one micro-batch keeps of it
   /// under the plan, and its forward's time (what re-running it costs).
   llvm::SmallVector<int64_t> blockKeptBytes;
   llvm::SmallVector<double> blockForwardSeconds;
+  /// Per block: its backward's time, and what offloading it would send to
+  /// the host per micro-batch.
+  llvm::SmallVector<double> blockBackwardSeconds;
+  llvm::SmallVector<int64_t> blockOffloadableBytes;
   bool gpipe = false;
   /// (S − 1) / (M + S − 1): the share of the step a stage idles.
   double bubble = 0;

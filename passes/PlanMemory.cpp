@@ -1420,17 +1420,24 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
     attachPlan(model, *keepAll);
   }
   // docs/pipeline.md: each stage keeps its activations unless its peak is
-  // over the budget; then (checkpoint = auto) its blocks are recomputed,
-  // each its own region so none crosses a stage, the most bytes kept per
-  // second of re-run first, until it fits. The stages' peaks decide. The
-  // cut, recorded as the budget's `stages`, balances the kept time
+  // over the budget; then its blocks are offloaded (offload = auto) or
+  // recomputed (checkpoint = auto, each its own region so none crosses a
+  // stage), whichever frees a block's bytes for less time, the most bytes
+  // per second first, until it fits. The stages' peaks decide. The cut,
+  // recorded as the budget's `stages`, balances the kept time
   // (re-balancing on the time with the re-runs made no example faster:
   // a block moved down the pipe meets more micro-batches in flight).
   if (std::optional<PipelinePlanResult> initial = planPipeline(model)) {
     const std::vector<Candidate> &cands = planner.getCandidates();
     BudgetOp budget = model.getBudget();
     Builder builder(model.getContext());
-    bool canRecompute = false;
+    const CostModel cm(model);
+    bool canFree = false;
+    struct Choice {
+      size_t candidate;
+      Decision decision;
+      double worth; ///< bytes freed per second added
+    };
     auto fitStages = [&](ArrayRef<int64_t> starts, PlanResult &plan) {
       budget.setStageStartsAttr(builder.getDenseI64ArrayAttr(starts));
       plan = *keepAll;
@@ -1438,29 +1445,56 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
       PipelinePlanResult pipe = *planPipeline(model);
       for (size_t s = 0; s < pipe.stages.size(); ++s) {
         const PipelineStagePlan stage = pipe.stages[s];
-        SmallVector<size_t> order;
-        for (size_t c = 0; c < cands.size(); ++c)
-          if (cands[c].blocks.size() == 1 &&
-              cands[c].blocks[0] >= stage.firstUnit &&
-              cands[c].blocks[0] <= stage.lastUnit &&
-              planner.allowed(c, Decision::Recompute))
-            order.push_back(c);
-        canRecompute |= !order.empty();
-        auto worth = [&](size_t c) {
+        SmallVector<Choice> order;
+        for (size_t c = 0; c < cands.size(); ++c) {
+          if (cands[c].blocks.size() != 1 ||
+              cands[c].blocks[0] < stage.firstUnit ||
+              cands[c].blocks[0] > stage.lastUnit)
+            continue;
           const int64_t b = cands[c].blocks[0];
-          return double(pipe.blockKeptBytes[b]) /
-                 std::max(1e-12, pipe.blockForwardSeconds[b]);
-        };
-        llvm::stable_sort(order, [&](size_t a, size_t b) {
-          return worth(a) > worth(b);
+          const int64_t kept = pipe.blockKeptBytes[b],
+                        offloadable = pipe.blockOffloadableBytes[b];
+          const double rerun = pipe.blockForwardSeconds[b];
+          // An offload's copy out hides behind the block's forward, its
+          // copy back behind the backward of the block above.
+          const double copy = cm.transferSeconds(offloadable);
+          const double exposed =
+              std::max(0.0, copy - rerun) +
+              std::max(0.0, copy - (b < stage.lastUnit
+                                        ? pipe.blockBackwardSeconds[b + 1]
+                                        : 0.0));
+          const bool canRe = planner.allowed(c, Decision::Recompute),
+                     canOff = offloadable > 0 &&
+                              planner.allowed(c, Decision::Offload);
+          const double reWorth = double(kept) / std::max(1e-12, rerun),
+                       offWorth = double(offloadable) / std::max(1e-12, exposed);
+          if (canOff && (!canRe || offWorth > reWorth)) {
+            order.push_back({c, Decision::Offload, offWorth});
+            // Recompute frees the rest of the block too: taken later in
+            // the order (after the offload) where that is still needed.
+            if (canRe && kept > offloadable)
+              order.push_back(
+                  {c, Decision::Recompute,
+                   std::min(offWorth, double(kept - offloadable) /
+                                          std::max(1e-12, rerun - exposed))});
+          } else if (canRe) {
+            order.push_back({c, Decision::Recompute, reWorth});
+          }
+        }
+        canFree |= !order.empty();
+        llvm::stable_sort(order, [](const Choice &a, const Choice &b) {
+          return a.worth > b.worth;
         });
         if (pipe.stages[s].peakBytes <= planner.budget() || order.empty())
           continue;
-        // The first k of the order recomputed; the least k that fits, by
-        // bisection (a stage's peak falls as it recomputes more).
+        // The first k of the order taken (a block's later choice over its
+        // earlier); the least k that fits, by bisection (a stage's peak
+        // falls as it frees more).
         auto recompute = [&](size_t k) {
-          for (auto [i, c] : llvm::enumerate(order))
-            plan.decisions[c] = i < k ? Decision::Recompute : Decision::Keep;
+          for (const Choice &choice : order)
+            plan.decisions[choice.candidate] = Decision::Keep;
+          for (const Choice &choice : ArrayRef(order).take_front(k))
+            plan.decisions[choice.candidate] = choice.decision;
           plan.regions.clear();
           for (size_t d = 0; d < cands.size(); ++d)
             if (plan.decisions[d] == Decision::Recompute)
@@ -1485,9 +1519,10 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
       starts.push_back(st.firstUnit);
     PlanResult plan;
     PipelinePlanResult pipe = fitStages(starts, plan);
-    if (llvm::is_contained(plan.decisions, Decision::Recompute)) {
-      // The added time and the step's summary for these decisions; the
-      // regions stay one block each.
+    if (llvm::is_contained(plan.decisions, Decision::Recompute) ||
+        llvm::is_contained(plan.decisions, Decision::Offload)) {
+      // The added time, the offloads and the step's summary for these
+      // decisions; the regions stay one block each.
       auto regions = plan.regions;
       plan = planner.evaluate(plan.decisions);
       plan.regions = std::move(regions);
@@ -1516,14 +1551,15 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
               << ") split the parameters further; a smaller micro_batch "
                  "shrinks the "
               << stage.inFlight << " micro-batches in flight";
-        if (!canRecompute)
+        if (!canFree)
           diag.attachNote(budget.getLoc())
               << "strategy { checkpoint = auto } recomputes an over-budget "
-                 "stage's blocks";
-        else if (!stage.recomputed.empty())
+                 "stage's blocks, offload = auto offloads them";
+        else if (!stage.recomputed.empty() || !stage.offloaded.empty())
           diag.attachNote(budget.getLoc())
               << "that is with " << stage.recomputed.size()
-              << " of its blocks recomputed";
+              << " of its blocks recomputed and " << stage.offloaded.size()
+              << " offloaded";
         return failure();
       }
     // The plan's peaks are the largest stage's (docs/pipeline.md).

@@ -304,12 +304,21 @@ static void printPipeline(ModelOp model, llvm::raw_ostream &os) {
                    milliseconds(pipe->exchangeSeconds)
              : std::string())
      << "); "
-     << (llvm::any_of(pipe->stages,
-                      [](const PipelineStagePlan &st) {
-                        return !st.recomputed.empty();
-                      })
-             ? "over-budget stages recompute blocks"
-             : "each stage keeps its activations")
+     << [&]() -> std::string {
+          const bool re = llvm::any_of(pipe->stages, [](const auto &st) {
+            return !st.recomputed.empty();
+          });
+          const bool off = llvm::any_of(pipe->stages, [](const auto &st) {
+            return !st.offloaded.empty();
+          });
+          if (!re && !off)
+            return "each stage keeps its activations";
+          return std::string("over-budget stages ") +
+                 (re && off ? "recompute and offload"
+                  : re      ? "recompute"
+                            : "offload") +
+                 " blocks";
+        }()
      << "\n";
   for (auto [s, st] : llvm::enumerate(pipe->stages)) {
     os << "    stage " << s << ": " << unitName(st.firstUnit) << " .. "
@@ -320,7 +329,8 @@ static void printPipeline(ModelOp model, llvm::raw_ostream &os) {
     for (auto [i, t] : llvm::enumerate(st.tasks))
       os << (i ? ", " : " ") << tasks[t].getSymName();
     os << "; " << st.parameters << " parameters; "
-       << llvm::formatv("{0:f3} ms", (st.forwardSeconds + st.backwardSeconds) *
+       << llvm::formatv("{0:f3} ms", (st.forwardSeconds + st.backwardSeconds +
+                                     st.transferSeconds) *
                                          1e3)
        << " per micro-batch; peak " << formatBytes(st.peakBytes) << " ("
        << st.inFlight << " micro-batch" << (st.inFlight == 1 ? "" : "es")
@@ -330,6 +340,14 @@ static void printPipeline(ModelOp model, llvm::raw_ostream &os) {
       os << "; recomputes";
       for (auto [i, b] : llvm::enumerate(st.recomputed))
         os << (i ? ", " : " ") << unitName(b);
+    }
+    if (!st.offloaded.empty()) {
+      os << "; offloads";
+      for (auto [i, b] : llvm::enumerate(st.offloaded))
+        os << (i ? ", " : " ") << unitName(b);
+      os << " (" << formatBytes(st.offloadedBytesPerMicroBatch)
+         << " a micro-batch, copies exposing "
+         << llvm::formatv("{0:f3} ms", st.transferSeconds * 1e3) << ")";
     }
     os << "\n";
   }
@@ -781,8 +799,11 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
             {"forward_s", st.forwardSeconds},
             {"backward_s", st.backwardSeconds},
             {"communication_s", st.communicationSeconds},
-            {"recomputed_units",
-             Array(st.recomputed)}});
+            {"recomputed_units", Array(st.recomputed)},
+            {"offloaded_units", Array(st.offloaded)},
+            {"offloaded_bytes_per_micro_batch",
+             st.offloadedBytesPerMicroBatch},
+            {"transfer_s", st.transferSeconds}});
       }
       out["pipeline"] = Object{{"stages", std::move(stages)},
                                {"replicas", pipe->replicas},

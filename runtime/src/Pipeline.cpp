@@ -11,6 +11,7 @@
 #include "mtprt/torch/Distributed.h"
 #include "mtprt/torch/Trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -150,16 +151,28 @@ StepStats PipelineRunner::step(const Batch &batch, bool applyUpdate) {
       // The stage's units, each checkpoint region as one call (the
       // region keeps only its input and re-runs before its backward).
       ValueId out = v;
+      auto offloaded = [&](int64_t u) {
+        return std::find(stage.offloadUnits.begin(), stage.offloadUnits.end(),
+                         u) != stage.offloadUnits.end();
+      };
       for (int64_t u = stage.firstUnit; u <= stage.lastUnit;) {
         int64_t end = regionEnd(stage.regions, u);
-        const bool region = end >= 0;
-        // A run of kept units in one call.
-        if (!region)
-          for (end = u;
-               end < stage.lastUnit && regionEnd(stage.regions, end + 1) < 0;)
+        const bool region = end >= 0, offload = !region && offloaded(u);
+        // A run of kept units in one call; an offloaded unit alone (its
+        // saved tensors one group of this micro-batch's, brought back when
+        // its backward reaches it).
+        if (!region && !offload)
+          for (end = u; end < stage.lastUnit &&
+                        regionEnd(stage.regions, end + 1) < 0 &&
+                        !offloaded(end + 1);)
             ++end;
+        if (offload)
+          end = u;
         const ValueId next = core_.forward(
-            u, end, out, region ? RegionMode::Checkpoint : RegionMode::Keep);
+            u, end, out,
+            region    ? RegionMode::Checkpoint
+            : offload ? RegionMode::KeepOffload
+                      : RegionMode::Keep);
         if (out != v)
           core_.release(out);
         out = next;

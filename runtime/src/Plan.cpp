@@ -645,7 +645,7 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
       if (owner[t] < 0)
         c.field("pipeline.stages", "no stage runs head " + std::to_string(t));
     // Each checkpoint region runs inside one stage's process; a stage
-    // offloads nothing and runs no block at tensor grain.
+    // offloads its own blocks (no head) and runs none at tensor grain.
     for (const auto &[first, last] : plan.schedule.regions) {
       bool inside = false;
       for (PipelineStageConfig &st : plan.pipeline.stages)
@@ -658,10 +658,13 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
                                std::to_string(last) +
                                " crosses a pipeline stage's boundary");
     }
-    if (!plan.schedule.offloadUnits.empty() ||
-        !plan.schedule.offloadHeadList.empty() ||
+    for (int64_t u : plan.schedule.offloadUnits)
+      for (PipelineStageConfig &st : plan.pipeline.stages)
+        if (u >= st.firstUnit && u <= st.lastUnit)
+          st.offloadUnits.push_back(u);
+    if (!plan.schedule.offloadHeadList.empty() ||
         !plan.schedule.partialUnits.empty())
-      c.field("units", "a pipeline stage offloads nothing and recomputes "
+      c.field("units", "a pipeline stage offloads no head and recomputes "
                        "whole blocks only (docs/pipeline.md)");
     plan.pipeline.gpipe = pp->gpipe();
     plan.pipeline.microBatches = c.range("pipeline.micro_batches",

@@ -669,7 +669,9 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
                        "the offload");
   if (mode == RegionMode::KeepOffload) {
     for (int64_t u = first; u <= last; ++u) {
-      const std::string group = "unit" + std::to_string(u);
+      // Per micro-batch: a pipeline stage holds several in flight.
+      const std::string group =
+          "unit" + std::to_string(u) + "/" + std::to_string(st.mb);
       {
         // The unit's input is the unit before's output: it stays.
         Offloader::Scope scope(*offloader_, group, {x});
@@ -702,6 +704,12 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       x = partial ? m.unitPartial(u, x) : m.unit(u, x);
       if (sharded)
         sharded->forwardDone(u, u, x, backwardReadsParameters(u));
+      // A kept unit right above an offloaded one asks it back when the
+      // backward reaches it: one block ahead, as the plan counts.
+      if (!st.offloadedRegions.empty() &&
+          st.offloadedRegions.back() ==
+              "unit" + std::to_string(u - 1) + "/" + std::to_string(st.mb))
+        armPrefetch(x, std::string());
       account(u);
       if (isTap[u])
         st.taps[u / 2] = x;
@@ -723,7 +731,8 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
     RegionFn fn = [mp, first, last](const at::Tensor &v) {
       return mp->runUnits(first, last, v);
     };
-    const std::string group = "region" + std::to_string(first);
+    const std::string group =
+        "region" + std::to_string(first) + "/" + std::to_string(st.mb);
     // The token ids, and a tap (on the device for its head and the backbone
     // backward anyway), are never offloaded.
     if (mode == RegionMode::CheckpointOffload && first > 0 &&

@@ -23,6 +23,10 @@ struct PipelineStageConfig {
   int64_t inFlight = 1;
   /// The plan's checkpoint regions inside this stage (none crosses one).
   std::vector<std::pair<int64_t, int64_t>> regions;
+  /// Its offloaded units (Schedule::offloadUnits inside the stage): their
+  /// saved tensors go to the host pool between each micro-batch's forward
+  /// and its backward.
+  std::vector<int64_t> offloadUnits;
 };
 
 struct PipelineConfig {
