@@ -1525,11 +1525,13 @@ def section_pipeline(args, b, r, out):
     micro, global_batch = 4, 32
     res, rows = {}, []
     for world in (1, 2, 4):
-        for kind in (("dp",) if world == 1 else ("dp", "1f1b", "gpipe", "1f1b+recompute")):
+        for kind in (("dp",) if world == 1 else
+                     ("dp", "1f1b", "gpipe", "1f1b+recompute", "1f1b+offload")):
             memory = 2 << 30
-            if kind == "1f1b+recompute":
+            if kind in ("1f1b+recompute", "1f1b+offload"):
                 # 85% of the largest stage's plan kept whole: the stages over
-                # it recompute blocks (checkpoint = auto).
+                # it recompute (checkpoint = auto) or offload (offload =
+                # auto) blocks.
                 memory = int(0.85 * max(res["%d/1f1b" % world]["predicted"]))
             budget = budget_block(args, memory, micro_batch=micro, global_batch=global_batch)
             budget["gpus"] = world
@@ -1539,6 +1541,8 @@ def section_pipeline(args, b, r, out):
                 st["pipeline_schedule"] = kind.split("+")[0]
             if kind == "1f1b+recompute":
                 st["checkpoint"] = "auto"
+            if kind == "1f1b+offload":
+                st["offload"] = "auto"
             recs = run_planned(args, b, r, "bench_p", m, tasks, st, budget, steps, world)
             later = recs[1:] or recs
             ranks = later[-1].get("measured_peak_bytes_by_rank") or [later[-1]["measured_peak_bytes"]]
@@ -1592,7 +1596,8 @@ def section_pipeline(args, b, r, out):
                "step spent waiting for a neighbour (bubble and transfer), beside the "
                "theoretical bubble (S − 1)/(M + S − 1). 1f1b+recompute: the budget at 85%% "
                "of the 1F1B plan's largest stage, `checkpoint = auto` (an over-budget stage "
-               "recomputes blocks).\n" % steps)
+               "recomputes blocks); 1f1b+offload: the same budget, `offload = auto` (it "
+               "offloads them to the host pool instead).\n" % steps)
     out.append(table(["processes", "run", "samples/s", "vs DP", "peak per rank",
                       "largest vs DP", "worst gap", "bubble", "wait share"], rows))
     out.append("\n`pipeline = auto` on the same spec (2 GiB, everything fits): the stages it "
