@@ -498,9 +498,9 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     llvm::sort(st.tasks);
     // Offload (docs/pipeline.md): as the runtime's gradient hooks bring the
     // blocks back — an offloaded block's backward start fetches it and the
-    // kPrefetchAhead − 1 offloaded below; a checkpoint region's, or a kept
-    // block's right above an offloaded one, the kPrefetchAhead − 1 below
-    // it — each comes back at the first of those that reaches it. Copies out wait after each block's forward (the
+    // kPrefetchAhead − 1 offloaded below; another block's right above an
+    // offloaded one, that one — each comes back at the first of those
+    // that reaches it. Copies out wait after each block's forward (the
     // copy beyond the block's own compute is exposed); copies in queue on
     // one link in the backward's order, stalling it where one is late.
     llvm::DenseMap<int64_t, int64_t> fetchAt;
@@ -517,7 +517,7 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
           offloadTransient = std::max(offloadTransient, c.offloaded);
           st.transferSeconds += std::max(
               0.0, cm.transferSeconds(c.offloaded) - c.fwd);
-        } else if (c.recomputed || (!below.empty() && below.back() == b - 1)) {
+        } else if (!below.empty() && below.back() == b - 1) {
           n = CostModel::kPrefetchAhead - 1;
         }
         for (auto it = below.rbegin(); it != below.rend() && n > 0; ++it, --n)

@@ -298,6 +298,8 @@ struct TrainerCore::MicroState {
   bool fused = false;
   std::vector<at::Tensor> rootOuts, rootGrads;
   std::vector<std::string> offloadedRegions; ///< bottom to top
+  /// The last unit of offloadedRegions.back() (−1: none).
+  int64_t lastOffloadedUnit = -1;
   /// Features scope: GFM and clip ran (processTaskGradients): the tasks
   /// fused, their norms and losses (before their weights) for the gate.
   bool processed = false;
@@ -630,14 +632,20 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       st.unitBytes[u] += now - before;
     before = now;
   };
-  // When the backward reaches `out`, bring back `group` and the
-  // prefetchAhead - 1 offloaded groups below it.
-  auto armPrefetch = [&](const at::Tensor &out, const std::string &group) {
+  // When the backward reaches `out` (the output of units up to `last`),
+  // bring back `group` and the prefetchAhead - 1 offloaded groups below it;
+  // `out` of a group not offloaded asks only when the offloaded one ends
+  // right below it (one group ahead, as the planners count: earlier would
+  // hold it on the device through the backward of the units between).
+  auto armPrefetch = [&](const at::Tensor &out, const std::string &group,
+                         int64_t first) {
     if (st.offloadedRegions.empty() || prefetchAhead_ <= 0 ||
         !out.requires_grad())
       return;
     std::vector<std::string> fetch;
     const bool mine = st.offloadedRegions.back() == group;
+    if (!mine && st.lastOffloadedUnit != first - 1)
+      return;
     int64_t n = mine ? prefetchAhead_ : prefetchAhead_ - 1;
     for (auto it = st.offloadedRegions.rbegin();
          it != st.offloadedRegions.rend() && n > 0; ++it, --n)
@@ -679,7 +687,8 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       }
       offloader_->waitOffloaded(group);
       st.offloadedRegions.push_back(group);
-      armPrefetch(x, group);
+      st.lastOffloadedUnit = u;
+      armPrefetch(x, group, u);
       account(u);
       if (isTap[u])
         st.taps[u / 2] = x;
@@ -704,12 +713,7 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       x = partial ? m.unitPartial(u, x) : m.unit(u, x);
       if (sharded)
         sharded->forwardDone(u, u, x, backwardReadsParameters(u));
-      // A kept unit right above an offloaded one asks it back when the
-      // backward reaches it: one block ahead, as the plan counts.
-      if (!st.offloadedRegions.empty() &&
-          st.offloadedRegions.back() ==
-              "unit" + std::to_string(u - 1) + "/" + std::to_string(st.mb))
-        armPrefetch(x, std::string());
+      armPrefetch(x, std::string(), u);
       account(u);
       if (isTap[u])
         st.taps[u / 2] = x;
@@ -743,6 +747,7 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       }
       offloader_->waitOffloaded(group);
       st.offloadedRegions.push_back(group);
+      st.lastOffloadedUnit = last;
     } else {
       // ZeRO 3: the region's units whole for its forward, again before its
       // backward re-runs it.
@@ -754,7 +759,7 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
     }
     // When the backward reaches this region, bring back its boundary and the
     // prefetchAhead - 1 offloaded ones below.
-    armPrefetch(x, group);
+    armPrefetch(x, group, first);
     account(last);
     if (isTap[last])
       st.taps[last / 2] = x;
