@@ -37,6 +37,10 @@ struct DevicePreset {
   /// direction, and the seconds each message step costs however small
   /// (CostModel::collectiveSeconds).
   double interconnectBandwidth, messageLatency;
+  /// The seconds of one message step of a broadcast (a tree's level), where
+  /// the library's broadcast costs less than its other collectives' steps
+  /// (gloo on loopback); messageLatency elsewhere.
+  double broadcastLatency;
 };
 
 /// All presets, in the order the docs list them.

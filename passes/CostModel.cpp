@@ -1136,6 +1136,10 @@ double CostModel::interconnectBandwidth() const {
 
 double CostModel::messageLatency() const { return preset->messageLatency; }
 
+double CostModel::broadcastLatency() const {
+  return preset->broadcastLatency;
+}
+
 void CostModel::Communication::add(std::string what, int64_t wireBytes,
                                    int64_t steps, double bw, double latency) {
   const double s = double(steps) * latency + double(wireBytes) / bw;
@@ -1197,7 +1201,7 @@ CostModel::Communication CostModel::stepCommunication() const {
     const int64_t whole =
         std::max<int64_t>(0, 4 * elements - shardedBlocks().total);
     c.add("ZeRO 3 whole parameters' broadcasts", whole - whole / W,
-          W * log2W, bw, a);
+          W * log2W, bw, broadcastLatency());
   }
   if (zero >= 3) {
     // Each sharded block gathered for its forward and (when its backward
@@ -1213,7 +1217,7 @@ CostModel::Communication CostModel::stepCommunication() const {
           std::min<int64_t>(W, (bytes + run - 1) / std::max<int64_t>(run, 1) + 1);
       const int64_t times = M * (backwardReadsParameters(b) ? 2 : 1);
       c.add("ZeRO 3 block gathers", times * (bytes - bytes / W),
-            times * owners * log2W, bw, a);
+            times * owners * log2W, bw, broadcastLatency());
     }
   }
   return c;

@@ -253,6 +253,8 @@ public:
   /// costs however small (the preset's).
   double interconnectBandwidth() const;
   double messageLatency() const;
+  /// A broadcast's message step (the preset's broadcastLatency).
+  double broadcastLatency() const;
   /// What one rank's collectives and sends cost in a step (docs/
   /// cost-model.md, "Communication"): each is `steps` message steps of
   /// latency plus the bytes it puts on the wire over the interconnect — a

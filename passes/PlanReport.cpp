@@ -207,7 +207,12 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
     });
     os << ") at " << llvm::format("%.1f", cost.interconnectBandwidth() * 1e-9)
        << " GB/s and " << microseconds(cost.messageLatency())
-       << " a message ("
+       << " a message"
+       << (cost.broadcastLatency() != cost.messageLatency()
+               ? ", " + microseconds(cost.broadcastLatency()) +
+                     " a broadcast's step"
+               : std::string())
+       << " ("
        << (budget && budget.getInterconnectBandwidth()
                ? std::string("the budget's interconnect")
                : "the " + cost.device().name.str() +
@@ -777,7 +782,8 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
                  {"seconds", comm.seconds},
                  {"parts_s", std::move(parts)},
                  {"interconnect_bytes_per_s", cost.interconnectBandwidth()},
-                 {"message_latency_s", cost.messageLatency()}};
+                 {"message_latency_s", cost.messageLatency()},
+                 {"broadcast_latency_s", cost.broadcastLatency()}};
     }
     // docs/pipeline.md: the stages (their peaks decide the fit).
     if (std::optional<PipelinePlanResult> pipe = planPipeline(model)) {
