@@ -236,16 +236,14 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
 
   // The planner's cut when it chose one (BudgetOp `stages`), else the
   // partition balancing the blocks' kept time.
-  std::vector<int64_t> starts;
+  std::vector<double> seconds;
+  for (const BlockCost &c : blocks)
+    seconds.push_back(c.fwd + c.bwd);
+  const std::vector<int64_t> balanced = balancedStages(seconds, S);
+  std::vector<int64_t> starts = balanced;
   if (std::optional<ArrayRef<int64_t>> given = budget.getStageStarts();
-      given && int64_t(given->size()) == S && given->back() < nblocks) {
+      given && int64_t(given->size()) == S && given->back() < nblocks)
     starts.assign(given->begin(), given->end());
-  } else {
-    std::vector<double> seconds;
-    for (const BlockCost &c : blocks)
-      seconds.push_back(c.fwd + c.bwd);
-    starts = balancedStages(seconds, S);
-  }
 
   // What a micro-batch's backward on a stage holds beyond its kept tensors:
   // a liveness walk over the stage's backbone backward units (in step
@@ -468,6 +466,7 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     out.blockBackwardSeconds.push_back(c.bwd);
     out.blockOffloadableBytes.push_back(c.offloadable);
   }
+  out.movedForMemory = starts != balanced;
   out.gpipe = budget.getGpipe();
   out.replicas = budget.getReplicas();
   out.microBatches = budget.getAccumulationSteps();

@@ -66,6 +66,9 @@ struct PipelinePlanResult {
   llvm::SmallVector<double> blockBackwardSeconds;
   llvm::SmallVector<int64_t> blockOffloadableBytes;
   bool gpipe = false;
+  /// The cut is not the time-balanced one: the planner moved blocks off a
+  /// stage over the budget (docs/pipeline.md, "Balancing memory").
+  bool movedForMemory = false;
   /// (S − 1) / (M + S − 1): the share of the step a stage idles.
   double bubble = 0;
   /// The step on the slowest stage's time: (M + S − 1) micro-batch slots

@@ -1519,6 +1519,78 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
       starts.push_back(st.firstUnit);
     PlanResult plan;
     PipelinePlanResult pipe = fitStages(starts, plan);
+    // A stage still over the budget gives blocks to a neighbour with room
+    // (docs/pipeline.md, "Balancing memory"): one layer across one of its
+    // cuts at a time, the move that leaves the least total excess over the
+    // budget (then the faster step), while the excess falls. Not tried when
+    // the stages' state alone exceeds every stage's budget together.
+    auto excess = [&](const PipelinePlanResult &p) {
+      int64_t e = 0;
+      for (const PipelineStagePlan &st : p.stages)
+        e += std::max<int64_t>(0, st.peakBytes - planner.budget());
+      return e;
+    };
+    int64_t state = 0;
+    for (const PipelineStagePlan &st : pipe.stages)
+      state += st.stateBytes;
+    const int64_t S = int64_t(starts.size());
+    const int64_t nblocks = 2 * int64_t(model.getBackbone().getLayers()) + 1;
+    bool tried = false;
+    for (int64_t round = 0;
+         excess(pipe) > 0 && state < S * planner.budget() && round < nblocks;
+         ++round) {
+      std::optional<std::tuple<int64_t, double, std::vector<int64_t>>> best;
+      for (int64_t s = 0; s < S; ++s) {
+        if (pipe.stages[s].peakBytes <= planner.budget() ||
+            pipe.stages[s].firstUnit == pipe.stages[s].lastUnit)
+          continue;
+        // Its first block to the stage before, or its last to the one
+        // after; alone, or with each stage beyond passing one on in turn
+        // (later stages hold fewer micro-batches in flight under 1F1B).
+        for (int64_t side : {0, 1, 2, 3}) {
+          // A layer at a time (its attention and MLP blocks), so a cut at a
+          // layer's end stays there: a cut between a layer's attention and
+          // its MLP is over-predicted by up to 6% (docs/pipeline.md).
+          std::vector<int64_t> moved = starts;
+          if (side == 0 && s > 0) {
+            moved[s] += 2;
+          } else if (side == 1 && s + 1 < S) {
+            moved[s + 1] -= 2;
+          } else if (side == 2 && s > 1) {
+            for (int64_t t = 1; t <= s; ++t)
+              moved[t] += 2;
+          } else if (side == 3 && s + 2 < S) {
+            for (int64_t t = s + 1; t < S; ++t)
+              moved[t] -= 2;
+          } else {
+            continue;
+          }
+          // Every stage keeps a block.
+          bool valid = moved[0] == 0;
+          for (int64_t t = 1; t < S; ++t)
+            valid &= moved[t] > moved[t - 1];
+          if (!valid || moved[S - 1] >= nblocks)
+            continue;
+          PlanResult trial;
+          tried = true;
+          const PipelinePlanResult p = fitStages(moved, trial);
+          const std::tuple<int64_t, double, std::vector<int64_t>> t{
+              excess(p), p.stepSeconds, moved};
+          if (!best || std::get<0>(t) < std::get<0>(*best) ||
+              (std::get<0>(t) == std::get<0>(*best) &&
+               std::get<1>(t) < std::get<1>(*best)))
+            best = t;
+        }
+      }
+      if (!best || std::get<0>(*best) >= excess(pipe))
+        break;
+      starts = std::get<2>(*best);
+      pipe = fitStages(starts, plan);
+      tried = false;
+    }
+    // A trial left its split recorded: the chosen one again.
+    if (tried)
+      pipe = fitStages(starts, plan);
     if (llvm::is_contained(plan.decisions, Decision::Recompute) ||
         llvm::is_contained(plan.decisions, Decision::Offload)) {
       // The added time, the offloads and the step's summary for these

@@ -324,6 +324,9 @@ static void printPipeline(ModelOp model, llvm::raw_ostream &os) {
                             : "offload") +
                  " blocks";
         }()
+     << (pipe->movedForMemory
+             ? "; the cut moved off the time balance to fit the budget"
+             : "")
      << "\n";
   for (auto [s, st] : llvm::enumerate(pipe->stages)) {
     os << "    stage " << s << ": " << unitName(st.firstUnit) << " .. "
@@ -815,6 +818,7 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
                                {"replicas", pipe->replicas},
                                {"schedule", pipe->gpipe ? "gpipe" : "1f1b"},
                                {"micro_batches", pipe->microBatches},
+                               {"moved_for_memory", pipe->movedForMemory},
                                {"bubble", pipe->bubble},
                                {"step_s", pipe->stepSeconds},
                                {"exchange_s", pipe->exchangeSeconds}};
