@@ -354,9 +354,14 @@ UnitCost CostModel::unfrozenUnit(UnitKind kind, TaskOp task) const {
       // The backward recomputes the scores block by block.
       cost.bwdFlops = 10 * b * s * s * h + 5 * bass;
       cost.fwdWorkspace = flashAttentionBuffers(s, s, /*backward=*/false);
-      // The q, k, v gradients in the kernel's layout, beside its buffers.
-      cost.bwdWorkspace =
-          3 * e * bsh + flashAttentionBuffers(s, s, /*backward=*/true);
+      // The kernel writes the q, k, v gradients in its own layout beside
+      // its buffers, and returns: q, k and v (the saved QKV output) are
+      // freed before the split's backward copies those into the QKV
+      // gradient. So the QKV gradient (the unit's input gradient) stands
+      // for the kernel's three in the unit's transient, not beside them
+      // (measured: the kernel's allocations are the peak, the copy after
+      // is lower by the freed QKV).
+      cost.bwdWorkspace = flashAttentionBuffers(s, s, /*backward=*/true);
       return cost;
     }
     // q·scale, k^T and v as contiguous [B*a, ., .] bmm operands.

@@ -1549,8 +1549,7 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
         // (later stages hold fewer micro-batches in flight under 1F1B).
         for (int64_t side : {0, 1, 2, 3}) {
           // A layer at a time (its attention and MLP blocks), so a cut at a
-          // layer's end stays there: a cut between a layer's attention and
-          // its MLP is over-predicted by up to 6% (docs/pipeline.md).
+          // layer's end stays there.
           std::vector<int64_t> moved = starts;
           if (side == 0 && s > 0) {
             moved[s] += 2;
