@@ -2,7 +2,8 @@
 //
 // docs/pipeline.md. The split is the linear partition of the backbone's
 // blocks (each with the heads on its tap) that minimizes the slowest stage's
-// time, which sets the pipeline's step; ties keep the earlier cut.
+// time, which sets the pipeline's step; ties keep the earlier cut. The
+// planner may record another (BudgetOp `stages`) to fit the memory.
 //
 //===----------------------------------------------------------------------===//
 
@@ -30,6 +31,9 @@ namespace {
 /// What one backbone block (with the heads on its tap) costs per micro-batch.
 struct BlockCost {
   double fwd = 0, bwd = 0;
+  /// The backbone units' alone (a stage runs the heads on a tap with its
+  /// forward, after the copies out have been waited for).
+  double unitsFwd = 0, unitsBwd = 0;
   /// A recomputed block's forward again, in its backward (not in the
   /// split's balance, so recompute decisions never move the cut).
   double rerun = 0;
@@ -192,6 +196,8 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
           blockOf(fwd.getUnit(), fwd.getLayer(), fwd.getTaskAttr());
       BlockCost &c = blocks[b];
       c.fwd += cm.opSeconds(&op);
+      if (!fwd.getTaskAttr())
+        c.unitsFwd += cm.opSeconds(&op);
       // A recomputed unit runs again before its region's backward.
       if (regions.of(fwd) >= 0) {
         c.rerun += cm.opSeconds(&op);
@@ -229,8 +235,11 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
       if (!task)
         c.outputKept = regions.kept(fwd.getOutput());
     } else if (auto bwd = dyn_cast<BwdOp>(op)) {
-      blocks[blockOf(bwd.getUnit(), bwd.getLayer(), bwd.getTaskAttr())]
-          .bwd += cm.opSeconds(&op);
+      BlockCost &c =
+          blocks[blockOf(bwd.getUnit(), bwd.getLayer(), bwd.getTaskAttr())];
+      c.bwd += cm.opSeconds(&op);
+      if (!bwd.getTaskAttr())
+        c.unitsBwd += cm.opSeconds(&op);
     }
   }
 
@@ -462,8 +471,8 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
   PipelinePlanResult out;
   for (const BlockCost &c : blocks) {
     out.blockKeptBytes.push_back(c.kept);
-    out.blockForwardSeconds.push_back(c.fwd);
-    out.blockBackwardSeconds.push_back(c.bwd);
+    out.blockForwardSeconds.push_back(c.unitsFwd);
+    out.blockBackwardSeconds.push_back(c.unitsBwd);
     out.blockOffloadableBytes.push_back(c.offloadable);
   }
   out.movedForMemory = starts != balanced;
@@ -496,31 +505,27 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
     }
     llvm::sort(st.tasks);
     // Offload (docs/pipeline.md): as the runtime's gradient hooks bring the
-    // blocks back — an offloaded block's backward start fetches it and the
-    // kPrefetchAhead − 1 offloaded below; another block's right above an
-    // offloaded one, that one — each comes back at the first of those
-    // that reaches it. Copies out wait after each block's forward (the
-    // copy beyond the block's own compute is exposed); copies in queue on
-    // one link in the backward's order, stalling it where one is late.
+    // blocks back — a block's backward start asks for itself when it is
+    // offloaded and for the offloaded blocks right below it, each ending
+    // where the one above starts, kPrefetchAhead in all — each comes back
+    // at the first that reaches it. Copies out wait after each block's
+    // forward (the copy beyond the block's own compute is exposed); copies
+    // in queue on one link in the backward's order, stalling it where one
+    // is late.
     llvm::DenseMap<int64_t, int64_t> fetchAt;
     int64_t offloadTransient = 0;
     {
-      std::vector<int64_t> below;
       for (int64_t b = st.firstUnit; b <= st.lastUnit; ++b) {
         const BlockCost &c = blocks[b];
-        int64_t n = 0;
         if (c.offloaded) {
-          below.push_back(b);
-          fetchAt[b] = b;
-          n = CostModel::kPrefetchAhead;
           offloadTransient = std::max(offloadTransient, c.offloaded);
           st.transferSeconds += std::max(
-              0.0, cm.transferSeconds(c.offloaded) - c.fwd);
-        } else if (!below.empty() && below.back() == b - 1) {
-          n = CostModel::kPrefetchAhead - 1;
+              0.0, cm.transferSeconds(c.offloaded) - c.unitsFwd);
         }
-        for (auto it = below.rbegin(); it != below.rend() && n > 0; ++it, --n)
-          fetchAt[*it] = std::max(fetchAt[*it], b);
+        int64_t n = CostModel::kPrefetchAhead - (c.offloaded ? 0 : 1);
+        for (int64_t k = c.offloaded ? b : b - 1;
+             k >= st.firstUnit && blocks[k].offloaded && n > 0; --k, --n)
+          fetchAt[k] = std::max(fetchAt.lookup(k), b);
       }
       double now = 0, link = 0;
       llvm::DenseMap<int64_t, double> back;
@@ -533,7 +538,7 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
           st.transferSeconds += it->second - now;
           now = it->second;
         }
-        now += blocks[b].bwd + blocks[b].rerun;
+        now += blocks[b].unitsBwd + blocks[b].rerun;
       }
     }
     // The received activation is kept for the first unit's backward; the

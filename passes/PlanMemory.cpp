@@ -1424,9 +1424,10 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
   // recomputed (checkpoint = auto, each its own region so none crosses a
   // stage), whichever frees a block's bytes for less time, the most bytes
   // per second first, until it fits. The stages' peaks decide. The cut,
-  // recorded as the budget's `stages`, balances the kept time
-  // (re-balancing on the time with the re-runs made no example faster:
-  // a block moved down the pipe meets more micro-batches in flight).
+  // recorded as the budget's `stages`, balances the kept time (re-balancing
+  // on the time with the re-runs made no example faster: a block moved down
+  // the pipe meets more micro-batches in flight), unless a stage still over
+  // the budget moves it (below).
   if (std::optional<PipelinePlanResult> initial = planPipeline(model)) {
     const std::vector<Candidate> &cands = planner.getCandidates();
     BudgetOp budget = model.getBudget();
@@ -1522,8 +1523,9 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
     // A stage still over the budget gives blocks to a neighbour with room
     // (docs/pipeline.md, "Balancing memory"): one layer across one of its
     // cuts at a time, the move that leaves the least total excess over the
-    // budget (then the faster step), while the excess falls. Not tried when
-    // the stages' state alone exceeds every stage's budget together.
+    // budget (then the faster step), while the excess falls, for up to 2S
+    // moves. Not tried when the stages' state alone exceeds every stage's
+    // budget together.
     auto excess = [&](const PipelinePlanResult &p) {
       int64_t e = 0;
       for (const PipelineStagePlan &st : p.stages)
@@ -1537,7 +1539,8 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
     const int64_t nblocks = 2 * int64_t(model.getBackbone().getLayers()) + 1;
     bool tried = false;
     for (int64_t round = 0;
-         excess(pipe) > 0 && state < S * planner.budget() && round < nblocks;
+         excess(pipe) > 0 && state < S * planner.budget() &&
+         round < std::min<int64_t>(nblocks, 2 * S);
          ++round) {
       std::optional<std::tuple<int64_t, double, std::vector<int64_t>>> best;
       for (int64_t s = 0; s < S; ++s) {

@@ -659,22 +659,35 @@ Offloader::Scope::Scope(Offloader &offloader, std::string group,
 
 Offloader::Scope::~Scope() { scopeStack.pop_back(); }
 
+namespace {
+/// The entries of `group` — or, where no group has that name, of every
+/// "group/<micro-batch>" (the trainer names a unit's offloaded tensors per
+/// micro-batch: "unit5/2"; the API's "unit5" means all of them). The
+/// caller holds the mutex.
+std::vector<std::weak_ptr<Entry>>
+groupEntries(const std::map<std::string, std::vector<std::weak_ptr<Entry>>> &groups,
+             const std::string &group) {
+  if (auto it = groups.find(group); it != groups.end())
+    return it->second;
+  std::vector<std::weak_ptr<Entry>> out;
+  const std::string prefix = group + "/";
+  for (auto it = groups.lower_bound(prefix);
+       it != groups.end() && it->first.rfind(prefix, 0) == 0; ++it)
+    out.insert(out.end(), it->second.begin(), it->second.end());
+  return out;
+}
+} // namespace
+
 void Offloader::prefetch(const std::string &group) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  auto it = impl_->groups.find(group);
-  if (it == impl_->groups.end())
-    return;
-  for (const auto &weak : it->second)
+  for (const auto &weak : groupEntries(impl_->groups, group))
     if (auto e = weak.lock())
       impl_->startFetch(e);
 }
 
 void Offloader::waitOffloaded(const std::string &group) {
   std::unique_lock<std::mutex> lock(impl_->mutex);
-  auto it = impl_->groups.find(group);
-  if (it == impl_->groups.end())
-    return;
-  for (const auto &weak : it->second) {
+  for (const auto &weak : groupEntries(impl_->groups, group)) {
     auto e = weak.lock();
     if (!e)
       continue;

@@ -298,8 +298,8 @@ struct TrainerCore::MicroState {
   bool fused = false;
   std::vector<at::Tensor> rootOuts, rootGrads;
   std::vector<std::string> offloadedRegions; ///< bottom to top
-  /// The last unit of offloadedRegions.back() (−1: none).
-  int64_t lastOffloadedUnit = -1;
+  /// Each offloaded group's first and last unit.
+  std::vector<std::pair<int64_t, int64_t>> offloadedSpans;
   /// Features scope: GFM and clip ran (processTaskGradients): the tasks
   /// fused, their norms and losses (before their weights) for the gate.
   bool processed = false;
@@ -632,11 +632,12 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       st.unitBytes[u] += now - before;
     before = now;
   };
-  // When the backward reaches `out` (the output of units up to `last`),
-  // bring back `group` and the prefetchAhead - 1 offloaded groups below it;
-  // `out` of a group not offloaded asks only when the offloaded one ends
-  // right below it (one group ahead, as the planners count: earlier would
-  // hold it on the device through the backward of the units between).
+  // When the backward reaches `out` (the output of the group whose first
+  // unit is `first`), bring back `group` when it is offloaded and the
+  // offloaded groups right below it, each ending where the one above
+  // starts, prefetchAhead in all: one group ahead, as the planners count
+  // (one further down would stay on the device through the backward of
+  // the units between).
   auto armPrefetch = [&](const at::Tensor &out, const std::string &group,
                          int64_t first) {
     if (st.offloadedRegions.empty() || prefetchAhead_ <= 0 ||
@@ -644,12 +645,15 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       return;
     std::vector<std::string> fetch;
     const bool mine = st.offloadedRegions.back() == group;
-    if (!mine && st.lastOffloadedUnit != first - 1)
-      return;
     int64_t n = mine ? prefetchAhead_ : prefetchAhead_ - 1;
-    for (auto it = st.offloadedRegions.rbegin();
-         it != st.offloadedRegions.rend() && n > 0; ++it, --n)
-      fetch.push_back(*it);
+    int64_t below = first; // the lowest unit fetched so far
+    for (size_t k = st.offloadedRegions.size(); k-- > 0 && n > 0; --n) {
+      if (!(mine && k + 1 == st.offloadedRegions.size()) &&
+          st.offloadedSpans[k].second != below - 1)
+        break;
+      fetch.push_back(st.offloadedRegions[k]);
+      below = st.offloadedSpans[k].first;
+    }
     if (fetch.empty())
       return;
     Offloader *off = offloader_.get();
@@ -687,7 +691,7 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       }
       offloader_->waitOffloaded(group);
       st.offloadedRegions.push_back(group);
-      st.lastOffloadedUnit = u;
+      st.offloadedSpans.push_back({u, u});
       armPrefetch(x, group, u);
       account(u);
       if (isTap[u])
@@ -747,7 +751,7 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       }
       offloader_->waitOffloaded(group);
       st.offloadedRegions.push_back(group);
-      st.lastOffloadedUnit = last;
+      st.offloadedSpans.push_back({first, last});
     } else {
       // ZeRO 3: the region's units whole for its forward, again before its
       // backward re-runs it.
@@ -757,8 +761,8 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       if (sharded)
         sharded->forwardDone(first, last, x);
     }
-    // When the backward reaches this region, bring back its boundary and the
-    // prefetchAhead - 1 offloaded ones below.
+    // When the backward reaches this region, bring back its boundary and
+    // the offloaded groups right below (armPrefetch).
     armPrefetch(x, group, first);
     account(last);
     if (isTap[last])

@@ -80,7 +80,8 @@ public:
   void optimizerStep();
   /// The optimizer step (unless applyUpdate is false) and the statistics.
   StepStats endStep(bool applyUpdate = true);
-  /// Offload groups: "head<h>" and "region<first unit>".
+  /// Offload groups: "head<h>", "unit<u>" and "region<first unit>" (every
+  /// micro-batch's of that unit: "unit<u>/<m>" names one).
   void prefetch(const std::string &group);
   void waitOffloaded(const std::string &group);
   /// How many offloaded region boundaries a region's backward prefetches.
