@@ -203,15 +203,16 @@ std::optional<PipelinePlanResult> mtp::planPipeline(ModelOp model) {
         c.rerun += cm.opSeconds(&op);
         c.recomputed = true;
       }
-      for (Value r : fwd.getOutputs())
-        if (offloaded(fwd, r))
-          c.offloaded += CostModel::bytes(r.getType());
+      for (Value r : fwd.getOutputs()) {
+        const int64_t bytes = CostModel::bytes(r.getType());
+        const bool off = offloaded(fwd, r);
+        if (off)
+          c.offloaded += bytes;
         else if (regions.kept(r))
-          c.kept += CostModel::bytes(r.getType());
-      if (!fwd.getTaskAttr())
-        for (Value r : fwd.getOutputs())
-          if (offloaded(fwd, r) || placeOffload(fwd, r))
-            c.offloadable += CostModel::bytes(r.getType());
+          c.kept += bytes;
+        if (off || (!fwd.getTaskAttr() && placeOffload(fwd, r)))
+          c.offloadable += bytes;
+      }
       // A region's boundary stays saved for its recompute, read in the
       // backward or not.
       if (const int64_t r = regions.of(fwd); r >= 0)

@@ -1542,7 +1542,12 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
          excess(pipe) > 0 && state < S * planner.budget() &&
          round < std::min<int64_t>(nblocks, 2 * S);
          ++round) {
-      std::optional<std::tuple<int64_t, double, std::vector<int64_t>>> best;
+      struct Move {
+        int64_t excess;
+        double step;
+        std::vector<int64_t> starts;
+      };
+      std::optional<Move> best;
       for (int64_t s = 0; s < S; ++s) {
         if (pipe.stages[s].peakBytes <= planner.budget() ||
             pipe.stages[s].firstUnit == pipe.stages[s].lastUnit)
@@ -1576,17 +1581,15 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
           PlanResult trial;
           tried = true;
           const PipelinePlanResult p = fitStages(moved, trial);
-          const std::tuple<int64_t, double, std::vector<int64_t>> t{
-              excess(p), p.stepSeconds, moved};
-          if (!best || std::get<0>(t) < std::get<0>(*best) ||
-              (std::get<0>(t) == std::get<0>(*best) &&
-               std::get<1>(t) < std::get<1>(*best)))
-            best = t;
+          Move m{excess(p), p.stepSeconds, std::move(moved)};
+          if (!best || std::pair(m.excess, m.step) <
+                           std::pair(best->excess, best->step))
+            best = std::move(m);
         }
       }
-      if (!best || std::get<0>(*best) >= excess(pipe))
+      if (!best || best->excess >= excess(pipe))
         break;
-      starts = std::get<2>(*best);
+      starts = best->starts;
       pipe = fitStages(starts, plan);
       tried = false;
     }
