@@ -149,6 +149,11 @@ struct Dims {
 
 UnitCost CostModel::unit(UnitKind kind, TaskOp task, int64_t layer) const {
   UnitCost cost = unfrozenUnit(kind, task);
+  // 16-bit weights: the linear reads (and keeps) the parameter itself.
+  if (parameterBytes(kind, task, layer) == 2)
+    llvm::erase_if(cost.saved, [](const SavedTensor &t) {
+      return t.name == "weight" || t.name == "bias";
+    });
   if (task || layer < 0 || !frozen(layer))
     return cost;
   if (layer <= noGradTop())
@@ -917,7 +922,8 @@ int64_t CostModel::cosineProbeWorkspace(
                 f = backbone.getFfn();
   // The up-projection's width: Llama's holds the gate's and the up's rows.
   const int64_t up = backbone.hasGatedMlp() ? 2 * f : f;
-  // Gradients are fp32 (the runtime's grads of fp32 master weights).
+  // Gradients are fp32 (the runtime's grads of fp32 master weights), but
+  // for 16-bit projections.
   int64_t probeParams, chain, widest;
   if (common == 0) {
     probeParams = embeddingParameters();
@@ -927,7 +933,8 @@ int64_t CostModel::cosineProbeWorkspace(
     probeParams = layerParameters();
     // SwiGLU's backward adds a second zero-filled up-width buffer (one per
     // half) beside the accumulated one.
-    chain = 4 * (b * s * h + b * s * (up + f) + h * up + h) +
+    chain = 4 * (b * s * h + b * s * (up + f)) +
+            parameterBytes(UnitKind::mlp_up, {}, common) * (h * up + h) +
             (backbone.hasGatedMlp() ? 4 * b * s * up : 0);
     // The Gram's double copies are of the layer's widest weight: the
     // up-projection, or the fused QKV where it is wider (ffn < 3·hidden).
@@ -938,7 +945,13 @@ int64_t CostModel::cosineProbeWorkspace(
             : 3 * h;
     widest = std::max(h * up, qkvRows * h);
   }
-  const int64_t held = kGradientBytes * probeParams;
+  // 16-bit projections' gradients take 2 bytes a value.
+  int64_t held = kGradientBytes * probeParams;
+  if (common > 0)
+    for (UnitKind k : {UnitKind::qkv, UnitKind::attn_out, UnitKind::mlp_up,
+                       UnitKind::mlp_down})
+      held -= (kGradientBytes - parameterBytes(k, {}, common)) *
+              unitParameters(k);
   // A region's re-run: its blocks' tensors, and the inner backward's chain.
   const int64_t innerChain = 4 * (b * s * h + b * s * up + h * up + h);
   const int64_t perBlock[2] = {blockRecomputeBytes(2), blockRecomputeBytes(1)};
@@ -1110,7 +1123,9 @@ int64_t CostModel::gradientBytes(BwdOp bwd) const {
                         : int64_t(bwd.getLayer()))) {
     return 0;
   }
-  return kGradientBytes * unitParameters(bwd.getUnit(), task);
+  return (task ? kGradientBytes
+               : parameterBytes(bwd.getUnit(), task, bwd.getLayer())) *
+         unitParameters(bwd.getUnit(), task);
 }
 
 int64_t CostModel::allReduceBytes(int64_t elements, int64_t world) {
@@ -1263,6 +1278,42 @@ int64_t CostModel::processes() const {
 bool CostModel::optimizerOffload() const {
   StrategyOp s = model.getStrategy();
   return s && s.getOptimizerOffload();
+}
+
+bool CostModel::halfProjections() const {
+  StrategyOp strategy = model.getStrategy();
+  return mtprt::ZeroLayout::halfProjections(
+      optimizerOffload(), budget && budget.getPrecision() != Precision::fp32,
+      budget ? budget.getZeroStage() : 0, processes(),
+      strategy && strategy.getGradientScope() == GradientScope::params);
+}
+
+namespace {
+bool isProjection(UnitKind kind) {
+  return kind == UnitKind::qkv || kind == UnitKind::attn_out ||
+         kind == UnitKind::mlp_up || kind == UnitKind::mlp_down;
+}
+} // namespace
+
+int64_t CostModel::halfProjectionValues() const {
+  if (!halfProjections())
+    return 0;
+  const int64_t perLayer =
+      unitParameters(UnitKind::qkv) + unitParameters(UnitKind::attn_out) +
+      unitParameters(UnitKind::mlp_up) + unitParameters(UnitKind::mlp_down);
+  int64_t values = 0;
+  for (int64_t l = 1; l <= int64_t(backbone.getLayers()); ++l)
+    if (!frozen(l))
+      values += perLayer;
+  return values;
+}
+
+int64_t CostModel::parameterBytes(UnitKind kind, TaskOp task,
+                                  int64_t layer) const {
+  return !task && isProjection(kind) && layer >= 1 && !frozen(layer) &&
+                 halfProjections()
+             ? 2
+             : kWeightBytes;
 }
 
 bool CostModel::onCpu() const {

@@ -311,6 +311,17 @@ public:
   /// strategy { optimizer_offload = cpu }: AdamW's state (of the values
   /// ZeRO would shard) and its update on the host (docs/zero.md).
   bool optimizerOffload() const;
+  /// ZeRO-Offload's 16-bit weights (mtprt/Zero.h halfProjections: the
+  /// offload at bf16 / fp16, ZeRO stage 0 or 1): the trainable layers'
+  /// projections (weights and biases) are held at 2 bytes a value on the
+  /// device, their gradients too, and autocast makes no copy of them; the
+  /// fp32 masters are the host's.
+  bool halfProjections() const;
+  /// The values halfProjections holds at 16 bits (0 without it).
+  int64_t halfProjectionValues() const;
+  /// Bytes a value of unit `kind`'s parameters (and of their gradients) takes
+  /// on the device in backbone layer `layer` (task units: 4).
+  int64_t parameterBytes(UnitKind kind, TaskOp task, int64_t layer) const;
   /// The budget's device is the CPU (the processes exchange over gloo).
   bool onCpu() const;
   /// The runtime's GSC bucket: GradExchange encodes the flattened gradients

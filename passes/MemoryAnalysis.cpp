@@ -118,7 +118,10 @@ MemoryBreakdown mtp::residentState(ModelOp model, const CostModel &cost,
   StepOp step = model.getStep();
   const ParameterGroups groups = parameterGroups(step);
   MemoryBreakdown resident;
-  resident.parameters = CostModel::kWeightBytes * groups.total;
+  // 16-bit projections take 2 of the 4 bytes (their masters are the
+  // host's).
+  resident.parameters = CostModel::kWeightBytes * groups.total -
+                        2 * cost.halfProjectionValues();
   resident.optimizer =
       CostModel::kOptimizerBytes * (groups.trainable - groups.sparse) +
       mtprt::SapsConfig::kBytesPerSelected * groups.selected +

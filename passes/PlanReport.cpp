@@ -175,12 +175,31 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
   if (strategy && strategy.getOptimizerOffload()) {
     const int64_t shard =
         mtprt::ZeroLayout::shardValues(elements, zero ? world : 1);
-    os << "    optimizer offload: AdamW's state of " << shard
-       << " values on the host, " << formatBytes(8 * shard)
-       << " per process, none on the device; each step the update copies "
-       << formatBytes(4 * shard) << " of gradients and "
-       << formatBytes(4 * shard)
-       << " of parameters to the host and the parameters back\n";
+    const CostModel cost(model);
+    if (const int64_t half = cost.halfProjectionValues()) {
+      // ZeRO-Offload's 16-bit weights: the update reads the masters, not
+      // the device's parameters.
+      os << "    optimizer offload: AdamW's state and the fp32 master weights "
+            "of "
+         << shard << " values on the host, "
+         << formatBytes(mtprt::ZeroLayout::stateBytes(shard, 1) +
+                        mtprt::ZeroLayout::masterBytes(shard, 1))
+         << " per process, none on the device; the projections' " << half
+         << " values are " << stringifyPrecision(model.getBudget().getPrecision())
+         << " on the device (" << formatBytes(2 * half)
+         << " fewer bytes of parameters and of gradients each); each step the "
+            "update copies "
+         << (shard == elements ? formatBytes(4 * shard - 2 * half) + " of "
+                               : std::string("this run's "))
+         << "gradients to the host and the parameters back\n";
+    } else {
+      os << "    optimizer offload: AdamW's state of " << shard
+         << " values on the host, " << formatBytes(8 * shard)
+         << " per process, none on the device; each step the update copies "
+         << formatBytes(4 * shard) << " of gradients and "
+         << formatBytes(4 * shard)
+         << " of parameters to the host and the parameters back\n";
+    }
   }
   if (world > 1 || zero >= 2) {
     CostModel cost(model);
@@ -847,12 +866,24 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
       const int64_t values = zeroValues(model.getStep());
       const int64_t world = budget.getZeroStage() ? budget.getGpus() : 1;
       const int64_t state = adamwStateBytes(model);
+      const CostModel cost(model);
+      // 16-bit weights: their fp32 masters beside the moments.
+      const int64_t masters =
+          cost.halfProjections()
+              ? mtprt::ZeroLayout::masterBytes(values, world)
+              : 0;
       out["optimizer_state"] = Object{
           {"values", values},
           {"run_values", mtprt::ZeroLayout::shardValues(values, world)},
           {"device_bytes", offloaded ? int64_t(0) : state},
-          {"host_bytes", offloaded ? state : int64_t(0)},
+          {"host_bytes", offloaded ? state + masters : int64_t(0)},
           {"unsharded_bytes", CostModel::kOptimizerBytes * values}};
+      if (masters) {
+        out["optimizer_state"].getAsObject()->insert(
+            {"master_bytes", masters});
+        out["optimizer_state"].getAsObject()->insert(
+            {"half_values", cost.halfProjectionValues()});
+      }
       if (budget.getZeroStage() >= 3 && budget.getGpus() > 1) {
         const CostModel::ShardedBlocks blocks =
             CostModel(model).shardedBlocks();

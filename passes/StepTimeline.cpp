@@ -25,7 +25,8 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
                            budget ? budget.getAccumulationSteps() - 1 : 0);
   // SAPS folds the backbone's dense gradients away as they arrive (its
   // compact gradient is resident state).
-  allGradients = CostModel::kGradientBytes * (groups.trainable - groups.sparse);
+  allGradients = CostModel::kGradientBytes * (groups.trainable - groups.sparse) -
+                 2 * cost.halfProjectionValues();
   const bool sparse = groups.sparse > 0;
   // EWC's penalty gradient: two temporaries of the largest protected tensor
   // (θ − θ*, then times F) at the optimizer step.

@@ -257,9 +257,10 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
   torch::serialize::OutputArchive ar;
   {
     torch::serialize::OutputArchive model;
-    // ZeRO 3: each parameter put together from the runs, one at a time.
+    // ZeRO 3: each parameter put together from the runs, one at a time;
+    // 16-bit weights: their fp32 masters.
     ZeroOptimizer *zero = core.zero();
-    const bool sharded = zero && zero->shardsParameters();
+    const bool sharded = zero && zero->holdsValues();
     for (const auto &[name, p] : core.model().namedParameters())
       model.write(name, sharded ? zero->hostValues(p) : p);
     ar.write("model", model);
@@ -412,8 +413,9 @@ CheckpointExtra restore(const std::string &path, bool resharded, int world,
       if (!v.sizes().equals(p.sizes()))
         fail(path, "parameter " + name + " has shape " + c10::str(v.sizes()) +
                        ", the model " + c10::str(p.sizes()));
-      // ZeRO 3: a sharded parameter's run of this rank.
-      if (ZeroOptimizer *zero = core.zero(); zero && zero->shardsParameters())
+      // ZeRO 3: a sharded parameter's run of this rank; 16-bit weights:
+      // the master's too.
+      if (ZeroOptimizer *zero = core.zero(); zero && zero->holdsValues())
         zero->setValues(p, v);
       else
         p.copy_(v);

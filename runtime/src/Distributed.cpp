@@ -846,19 +846,27 @@ GradExchange::averageGradients(const std::vector<at::Tensor> &params) {
   // missing everywhere leaves its head untouched, as on one process).
   at::Tensor has = at::empty({int64_t(params.size())}, at::kFloat);
   // (Filled on the CPU, moved to the collectives' device below.)
-  std::vector<at::Tensor> parts;
+  // One fp32 buffer, each gradient copied in (a 16-bit one cast on the
+  // way: no fp32 copy of it beside the buffer).
+  int64_t n = 0;
+  for (const at::Tensor &p : params)
+    n += p.numel();
+  at::Tensor flat = at::empty(
+      {n}, at::TensorOptions().dtype(at::kFloat).device(comm_->device()));
+  int64_t from = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor &g = params[i].grad();
     has[i] = g.defined() ? 1.0 : 0.0;
-    parts.push_back(g.defined()
-                        ? g.to(at::kFloat).reshape({-1})
-                        : at::zeros({params[i].numel()},
-                                    params[i].options().dtype(at::kFloat)));
+    at::Tensor part = flat.narrow(0, from, params[i].numel());
+    if (g.defined())
+      part.copy_(g.reshape({-1}));
+    else
+      part.zero_();
+    from += params[i].numel();
   }
   std::vector<at::Tensor> flags{has.to(comm_->device())};
   comm_->allReduceSum(flags);
   has = flags[0].cpu();
-  at::Tensor flat = at::cat(parts).to(comm_->device());
   Result r = sum(flat);
   r.bytesSent += 4 * has.numel();
   r.bytesSentUncompressed += 4 * has.numel();
@@ -867,16 +875,16 @@ GradExchange::averageGradients(const std::vector<at::Tensor> &params) {
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor p = params[i];
     const int64_t len = p.numel();
-    at::Tensor avg = flat.narrow(0, off, len)
-                         .view(p.sizes())
-                         .to(p.device(), p.scalar_type());
+    const at::Tensor avg = flat.narrow(0, off, len).view(p.sizes());
     off += len;
     if (has[i].item<float>() == 0.0f)
       continue;
+    // copy_ casts and moves in place (a 16-bit gradient: no fp32 copy).
     if (p.grad().defined())
       p.mutable_grad().copy_(avg);
     else
-      p.mutable_grad() = avg.clone();
+      p.mutable_grad() = avg.to(p.device(), p.scalar_type(),
+                                /*non_blocking=*/false, /*copy=*/true);
   }
   return r;
 }

@@ -1059,6 +1059,18 @@ std::vector<at::Tensor> Model::unitParameters(int64_t u) const {
   return layer;
 }
 
+std::vector<at::Tensor> Model::projectionParameters() const {
+  std::vector<at::Tensor> out;
+  for (size_t l = 0; l < attn_.size(); ++l)
+    for (const at::Tensor &t :
+         {attn_[l].qkv.weight, attn_[l].qkv.bias, attn_[l].out.weight,
+          attn_[l].out.bias, mlp_[l].up.weight, mlp_[l].up.bias,
+          mlp_[l].down.weight, mlp_[l].down.bias})
+      if (t.defined())
+        out.push_back(t);
+  return out;
+}
+
 std::vector<at::Tensor> Model::backboneParameters() const {
   std::vector<at::Tensor> out;
   for (const auto &np : groups_[0])

@@ -8,6 +8,8 @@
 #include "mtprt/torch/Ewc.h"
 #include "mtprt/torch/Saps.h"
 #include "mtprt/torch/Zero.h"
+#include "mtprt/torch/Distributed.h"
+#include "mtprt/Zero.h"
 
 #include "Precision.h"
 #include <torch/csrc/autograd/autograd.h>
@@ -210,10 +212,22 @@ void TrainerCore::shardOptimizer(Communicator *comm) {
   for (const auto &group : optimizer_->param_groups())
     groups.push_back(group.params());
   optimizer_->state().clear();
+  // ZeRO-Offload's 16-bit weights (mtprt/Zero.h): the trainable
+  // projections cut to the autocast dtype, their masters on the host.
+  const bool precision16 = train_.precision != Precision::Fp32;
+  const int64_t world = comm && comm->active() ? comm->worldSize() : 1;
+  std::vector<at::Tensor> half;
+  if (ZeroLayout::halfProjections(train_.optimizerOffload, precision16,
+                                  train_.zeroStage, world,
+                                  train_.scope == GradScope::Params))
+    for (const at::Tensor &p : model_->projectionParameters())
+      if (p.requires_grad())
+        half.push_back(p);
   zero_ = std::make_unique<ZeroOptimizer>(
       comm, train_.zeroStage, std::move(groups),
       AdamWHyper{train_.beta1, train_.beta2, train_.eps, train_.weightDecay},
-      train_.optimizerOffload);
+      train_.optimizerOffload, half,
+      train_.precision == Precision::Fp16 ? at::kHalf : at::kBFloat16);
   // ZeRO 3: each unit's trainable parameters sharded (heads stay whole).
   if (zero_->stage() == 3) { // more than one rank (else it runs as 1)
     std::vector<std::vector<at::Tensor>> units(model_->numUnits());
@@ -229,7 +243,7 @@ void TrainerCore::shardOptimizer(Communicator *comm) {
 }
 
 TrainerCore::WholeParameters::WholeParameters(ZeroOptimizer *zero)
-    : zero_(zero && zero->shardsParameters() ? zero : nullptr) {
+    : zero_(zero && zero->holdsValues() ? zero : nullptr) {
   if (zero_)
     zero_->gatherAll();
 }

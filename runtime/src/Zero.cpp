@@ -65,7 +65,9 @@ constexpr int64_t kSignatureModulus = 65521;
 
 ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
                              std::vector<std::vector<at::Tensor>> groups,
-                             AdamWHyper hyper, bool offload)
+                             AdamWHyper hyper, bool offload,
+                             const std::vector<at::Tensor> &half,
+                             at::ScalarType halfType)
     : comm_(comm), stage_(stage), hyper_(hyper), offload_(offload) {
   if (stage < (offload ? 0 : 1) || stage > 3)
     throw std::invalid_argument("mtprt: ZeRO stage " + std::to_string(stage) +
@@ -118,6 +120,30 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
     expAvg_ = at::zeros({shard_}, o);
     expAvgSq_ = at::zeros({shard_}, o);
   }
+  if (half.empty())
+    return;
+  if (!offload_ || stage_ >= 2)
+    throw std::invalid_argument(
+        "mtprt: 16-bit device weights need the optimizer offload at ZeRO "
+        "stage 0 or 1 (their fp32 masters live on the host)");
+  if (halfType != at::kBFloat16 && halfType != at::kHalf)
+    throw std::invalid_argument("mtprt: 16-bit device weights are bf16 or fp16");
+  // The masters from the fp32 values, before the device's are cut.
+  at::NoGradGuard noGrad;
+  masters_ = hostPoolTensor(shard_, at::kFloat, pinned_);
+  gather(lo, lo + shard_, masters_);
+  for (const at::Tensor &p : half) {
+    const int64_t i = indexOf(p);
+    if (i < 0)
+      throw std::invalid_argument(
+          "mtprt: a 16-bit device weight the optimizer does not update");
+    half_.push_back(i);
+    halfValues_ += p.numel();
+    // set_data keeps the tensor (and every holder of it, autograd's
+    // included) and changes what it holds, as Module::to does.
+    at::Tensor t = params_[i];
+    t.set_data(t.detach().to(halfType));
+  }
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
@@ -135,9 +161,14 @@ void ZeroOptimizer::updateOnHost(double lr, const at::Tensor &param,
   const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
   for (int64_t c = 0; c < param.numel(); c += bucket) {
     const int64_t len = std::min(bucket, param.numel() - c);
-    at::Tensor p = hostParam_.narrow(0, 0, len);
+    // With masters the update works on them and only the result goes back
+    // (cut to the parameter's dtype); otherwise on a copy of the parameter.
+    at::Tensor p = masters_.defined()
+                       ? masters_.narrow(0, shardOffset + c, len)
+                       : hostParam_.narrow(0, 0, len);
     at::Tensor g = hostGrad_.narrow(0, 0, len);
-    p.copy_(param.narrow(0, c, len));
+    if (!masters_.defined())
+      p.copy_(param.narrow(0, c, len));
     g.copy_(grad.narrow(0, c, len));
     std::vector<at::Tensor> steps{
         at::full({}, step, at::TensorOptions().dtype(at::kFloat))};
@@ -438,7 +469,8 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
                                 std::to_string(groups) + " groups");
   if (offload_) {
     const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
-    hostParam_ = hostPoolTensor(bucket, at::kFloat, pinned_);
+    if (!masters_.defined())
+      hostParam_ = hostPoolTensor(bucket, at::kFloat, pinned_);
     hostGrad_ = hostPoolTensor(bucket, at::kFloat, pinned_);
   }
   for (const Segment &s : segments_) {
@@ -584,6 +616,8 @@ void ZeroOptimizer::shardParameters(
         "mtprt: shardParameters needs ZeRO stage 3 over more than one rank");
   if (!units_.empty())
     throw std::logic_error("mtprt: shardParameters: already sharded");
+  if (masters_.defined())
+    throw std::logic_error("mtprt: shardParameters with 16-bit weights");
   at::NoGradGuard noGrad;
   std::unordered_map<const void *, int64_t> index;
   for (size_t i = 0; i < params_.size(); ++i)
@@ -707,6 +741,17 @@ void ZeroOptimizer::forwardDone(int64_t first, int64_t last,
 }
 
 void ZeroOptimizer::gatherAll() {
+  if (masters_.defined()) {
+    if (wholeDepth_++ > 0)
+      return;
+    at::NoGradGuard noGrad;
+    for (int64_t i : half_) {
+      at::Tensor p = params_[i];
+      halfKept_.push_back(p.detach());
+      p.set_data(wholeFromRuns(masters_, i).view(p.sizes()).to(p.device()));
+    }
+    return;
+  }
   if (units_.empty())
     return;
   ++wholeDepth_;
@@ -714,6 +759,17 @@ void ZeroOptimizer::gatherAll() {
 }
 
 void ZeroOptimizer::freeAll() {
+  if (masters_.defined()) {
+    if (wholeDepth_ <= 0 || --wholeDepth_ > 0)
+      return;
+    at::NoGradGuard noGrad;
+    for (size_t k = 0; k < half_.size(); ++k) {
+      at::Tensor p = params_[half_[k]];
+      p.set_data(halfKept_[k]);
+    }
+    halfKept_.clear();
+    return;
+  }
   if (units_.empty())
     return;
   if (--wholeDepth_ <= 0) {
@@ -748,20 +804,51 @@ int64_t ZeroOptimizer::indexOf(const at::Tensor &param) const {
   return -1;
 }
 
+void ZeroOptimizer::copyIntoRun(at::Tensor run, int64_t i,
+                                const at::Tensor &values) const {
+  const at::Tensor flat = values.reshape({-1}).to(run.device());
+  const int64_t lo = rank_ * shard_, hi = std::min(total_, lo + shard_);
+  const int64_t a = std::max(lo, offset_[i]);
+  const int64_t e = std::min(hi, offset_[i] + params_[i].numel());
+  if (a < e)
+    run.narrow(0, a - lo, e - a).copy_(flat.narrow(0, a - offset_[i], e - a));
+}
+
+at::Tensor ZeroOptimizer::wholeFromRuns(const at::Tensor &run, int64_t i) {
+  const int64_t n = params_[i].numel();
+  if (world_ <= 1)
+    return run.narrow(0, offset_[i], n).clone();
+  at::Tensor whole = at::empty(
+      {n}, at::TensorOptions().dtype(at::kFloat).device(comm_->device()));
+  fillFromRuns(comm_, rank_, shard_, offset_[i], offset_[i] + n, run, whole);
+  return whole;
+}
+
 at::Tensor ZeroOptimizer::hostValues(const at::Tensor &param) {
   at::NoGradGuard noGrad;
+  if (masters_.defined()) {
+    // Outside gatherAll a 16-bit parameter's values are its master's.
+    const int64_t i = indexOf(param);
+    if (i >= 0 && param.scalar_type() != at::kFloat)
+      return wholeFromRuns(masters_, i).view(param.sizes()).to(at::kCPU);
+    return param.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  }
   const int64_t i = units_.empty() ? -1 : indexOf(param);
   if (i < 0 || unitOf_[i] < 0 || units_[unitOf_[i]].gathered)
     return param.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
-  at::Tensor whole = at::empty({param.numel()}, paramShard_.options());
-  fillFromRuns(comm_, rank_, shard_, offset_[i], offset_[i] + param.numel(),
-               paramShard_, whole);
-  return whole.view(param.sizes()).to(at::kCPU);
+  return wholeFromRuns(paramShard_, i).view(param.sizes()).to(at::kCPU);
 }
 
 void ZeroOptimizer::setValues(const at::Tensor &param,
                               const at::Tensor &values) {
   at::NoGradGuard noGrad;
+  if (masters_.defined()) {
+    // The device's (cut to its dtype) and this rank's run of the masters.
+    param.detach().copy_(values);
+    if (const int64_t i = indexOf(param); i >= 0)
+      copyIntoRun(masters_, i, values);
+    return;
+  }
   const int64_t i = units_.empty() ? -1 : indexOf(param);
   // A whole one (a head, a frozen layer) in place; every one of the layout
   // in this rank's run too, which the update reads.
@@ -769,13 +856,7 @@ void ZeroOptimizer::setValues(const at::Tensor &param,
     param.detach().copy_(values);
   if (i < 0)
     return;
-  const at::Tensor flat = values.reshape({-1}).to(paramShard_.device());
-  const int64_t lo = rank_ * shard_, hi = std::min(total_, lo + shard_);
-  const int64_t a = std::max(lo, offset_[i]);
-  const int64_t e = std::min(hi, offset_[i] + param.numel());
-  if (a < e)
-    paramShard_.narrow(0, a - lo, e - a)
-        .copy_(flat.narrow(0, a - offset_[i], e - a));
+  copyIntoRun(paramShard_, i, values);
 }
 
 } // namespace mtprt

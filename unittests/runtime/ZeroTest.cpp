@@ -51,6 +51,16 @@ TEST(ZeroLayout, RunsBucketsAndTransients) {
   // Gloo gathers into a buffer of its own as large as the output.
   EXPECT_EQ(ZeroLayout::gatherTransientBytes(1000, 2, false), 4 * 3 * 500);
   EXPECT_EQ(ZeroLayout::gatherTransientBytes(1000, 2, true), 4 * 5 * 500);
+  // 16-bit weights: the offload at 16 bits, stage 0 or 1 as it runs, not
+  // the params scope; the masters 4 B a value of the run.
+  EXPECT_TRUE(ZeroLayout::halfProjections(true, true, 0, 4, false));
+  EXPECT_TRUE(ZeroLayout::halfProjections(true, true, 1, 4, false));
+  EXPECT_TRUE(ZeroLayout::halfProjections(true, true, 3, 1, false));
+  EXPECT_FALSE(ZeroLayout::halfProjections(true, true, 2, 2, false));
+  EXPECT_FALSE(ZeroLayout::halfProjections(false, true, 0, 1, false));
+  EXPECT_FALSE(ZeroLayout::halfProjections(true, false, 0, 1, false));
+  EXPECT_FALSE(ZeroLayout::halfProjections(true, true, 0, 1, true));
+  EXPECT_EQ(ZeroLayout::masterBytes(10, 3), 16);
 }
 
 // At one process every run is the whole parameter: the same fused kernel on
@@ -105,6 +115,70 @@ TEST(ZeroOptimizer, OffloadKeepsTheStateInTheHostPool) {
     for (size_t i = 0; i < dev[g].size(); ++i)
       EXPECT_TRUE(at::allclose(dev[g][i], host[g][i], 1e-6, 1e-7));
   EXPECT_EQ(hostPoolBytes() - pool, 8 * offloaded.totalValues());
+}
+
+// ZeRO-Offload's 16-bit weights: the chosen parameters are bf16 on the
+// device, the update runs on fp32 masters in the host pool (4 B beside the
+// moments' 8), and the device's values are the masters cut to bf16 — the
+// masters being what an fp32 update makes. hostValues gives the masters,
+// setValues writes both, gatherAll holds them in the parameters for a time.
+TEST(ZeroOptimizer, SixteenBitWeightsUpdateFp32Masters) {
+  auto half = groups(4), ref = groups(4);
+  const at::Tensor weight = half[0][0], bias = half[0][1];
+  const int64_t pool = hostPoolBytes();
+  ZeroOptimizer refOpt(nullptr, 0, ref, AdamWHyper{}, /*offload=*/true);
+  ZeroOptimizer opt(nullptr, 0, half, AdamWHyper{}, /*offload=*/true,
+                    {weight, half[1][0]}, at::kBFloat16);
+  EXPECT_TRUE(opt.holdsValues());
+  EXPECT_FALSE(refOpt.holdsValues());
+  EXPECT_EQ(opt.halfValues(), 35 + 16);
+  EXPECT_EQ(weight.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(bias.scalar_type(), at::kFloat);
+  EXPECT_TRUE(weight.requires_grad());
+  // The reference's moments (8 B a value) and these moments and masters.
+  EXPECT_EQ(hostPoolBytes() - pool, (8 + 8 + 4) * opt.totalValues());
+  for (int step = 0; step < 3; ++step) {
+    setGrads(ref, 30 + step);
+    setGrads(half, 30 + step);
+    // The 16-bit parameters' gradients are 16-bit, as autograd makes them;
+    // the reference sees the same (rounded) values in fp32.
+    for (size_t g = 0; g < half.size(); ++g)
+      for (size_t i = 0; i < half[g].size(); ++i)
+        if (half[g][i].scalar_type() == at::kBFloat16) {
+          half[g][i].mutable_grad() =
+              half[g][i].grad().to(at::kBFloat16);
+          ref[g][i].mutable_grad() = half[g][i].grad().to(at::kFloat);
+        }
+    refOpt.step({1e-2, 1e-2});
+    opt.step({1e-2, 1e-2});
+  }
+  for (size_t g = 0; g < half.size(); ++g)
+    for (size_t i = 0; i < half[g].size(); ++i) {
+      const at::Tensor &p = half[g][i];
+      EXPECT_TRUE(at::equal(opt.hostValues(p), ref[g][i])) << g << "," << i;
+      EXPECT_TRUE(at::equal(p, ref[g][i].to(p.scalar_type())))
+          << g << "," << i;
+    }
+  // The masters whole in the parameters for a time, then bf16 again.
+  opt.gatherAll();
+  EXPECT_EQ(weight.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(weight, ref[0][0]));
+  opt.freeAll();
+  EXPECT_EQ(weight.scalar_type(), at::kBFloat16);
+  // A load sets the master and the device's value.
+  const at::Tensor loaded = at::full({7, 5}, 1.0f / 3.0f);
+  opt.setValues(weight, loaded);
+  EXPECT_TRUE(at::equal(opt.hostValues(weight), loaded));
+  EXPECT_TRUE(at::equal(weight, loaded.to(at::kBFloat16)));
+  // Not without the offload, nor at stage 2 and beyond.
+  auto other = groups(5);
+  EXPECT_THROW(ZeroOptimizer(nullptr, 1, other, AdamWHyper{}, false,
+                             {other[0][0]}),
+               std::invalid_argument);
+  // A parameter the layout lacks.
+  EXPECT_THROW(ZeroOptimizer(nullptr, 0, other, AdamWHyper{}, true,
+                             {at::zeros({2}, at::kFloat)}),
+               std::invalid_argument);
 }
 
 // At one process there is nothing to scatter: stages 2 and 3 run as stage 1.

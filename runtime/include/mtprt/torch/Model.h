@@ -201,6 +201,9 @@ public:
     aroundUnit_ = std::move(f);
   }
   std::vector<at::Tensor> backboneParameters() const;
+  /// The backbone's projections' weights and biases (every layer's QKV,
+  /// attention output, up- and down-projection).
+  std::vector<at::Tensor> projectionParameters() const;
   std::vector<at::Tensor> headParameters(int64_t h) const;
   std::vector<at::Tensor> parameters() const;
   /// The parameters the optimizer updates: all but the frozen layers'.

@@ -53,9 +53,14 @@ public:
   /// `offload`: the moments live in the host pool and the update runs on
   /// the host, a bucket of parameters and gradients copied over and the
   /// parameters back (stage 0 with offload: every value, not sharded).
+  /// `half` (with `offload` only; mtprt/Zero.h halfProjections): these
+  /// parameters of the layout are cut to `halfType` on the device, and the
+  /// fp32 values of this rank's run become masters in the host pool, which
+  /// the update works on (ZeRO-Offload's 16-bit weights).
   ZeroOptimizer(Communicator *comm, int stage,
                 std::vector<std::vector<at::Tensor>> groups, AdamWHyper hyper,
-                bool offload = false);
+                bool offload = false, const std::vector<at::Tensor> &half = {},
+                at::ScalarType halfType = at::kBFloat16);
   ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer &) = delete;
   ZeroOptimizer &operator=(const ZeroOptimizer &) = delete;
@@ -99,6 +104,12 @@ public:
   /// ones (the same on every rank).
   void shardParameters(const std::vector<std::vector<at::Tensor>> &units);
   bool shardsParameters() const { return !units_.empty(); }
+  /// Whether some parameter's values are this optimizer's to give
+  /// (hostValues) and set (setValues): stage 3's runs or the 16-bit
+  /// weights' fp32 masters.
+  bool holdsValues() const { return shardsParameters() || masters_.defined(); }
+  /// The 16-bit parameters (empty without masters).
+  int64_t halfValues() const { return halfValues_; }
   /// Units [first, last]'s parameters whole (collective: every rank gathers
   /// the same units in the same order). Those already whole stay.
   void gatherUnits(int64_t first, int64_t last);
@@ -119,7 +130,9 @@ public:
   void setBackwardGathers(bool on) { *gatherHooks_ = on; }
   /// Every sharded unit whole (an export, a prediction, a dump), then
   /// freed (read only: a load writes the runs, setValues). Nested scopes
-  /// keep them whole to the outermost.
+  /// keep them whole to the outermost. With masters: the 16-bit parameters
+  /// hold their fp32 masters' values for the time (collective beyond one
+  /// rank), then their 16-bit values again.
   void gatherAll();
   void freeAll();
   /// Model::setAroundUnit's hook: a unit run without autograd (an
@@ -215,6 +228,17 @@ private:
   std::vector<Unit> units_;
   std::vector<int64_t> unitOf_;
   at::Tensor paramShard_;
+  /// 16-bit weights: the fp32 masters of this rank's run (host pool), the
+  /// 16-bit parameters and, inside gatherAll, their 16-bit values.
+  at::Tensor masters_;
+  std::vector<int64_t> half_;
+  std::vector<at::Tensor> halfKept_;
+  int64_t halfValues_ = 0;
+  /// Copies parameter i's values [its part of this rank's run] into `run`.
+  void copyIntoRun(at::Tensor run, int64_t i, const at::Tensor &values) const;
+  /// Parameter i whole from the ranks' runs of `run` (collective beyond
+  /// one rank), on the collectives' device.
+  at::Tensor wholeFromRuns(const at::Tensor &run, int64_t i);
   int64_t gatheredBytes_ = 0, gatherSent_ = 0;
   /// gatherAll scopes open; a step that keeps every unit whole (beginStep).
   int wholeDepth_ = 0;
