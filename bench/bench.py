@@ -1422,12 +1422,18 @@ def section_zero(args, b, r, out):
     strategy = {"checkpoint": "none", "offload": "none", "gfm": "none", "dgfg": "none",
                 "clip": "none", "lr": "cosine(1e-3, warmup = 5)", "collective": "none"}
     res, rows = {}, []
-    settings = [(0, False), (1, False), (2, False), (3, False), (0, True), (2, True),
-                (3, True)]
+    # (stage, offload, precision): bf16 with the offload holds the
+    # projections bf16 on the device and their fp32 masters on the host
+    # (ZeRO-Offload's 16-bit weights), beside bf16 with the update on the
+    # device.
+    settings = [(0, False, "fp32"), (1, False, "fp32"), (2, False, "fp32"),
+                (3, False, "fp32"), (0, True, "fp32"), (2, True, "fp32"), (3, True, "fp32"),
+                (0, False, "bf16"), (1, True, "bf16")]
     for world in (1, 2, 4):
-        for stage, offload in settings:
+        for stage, offload, precision in settings:
             budget = budget_block(args, 2 << 30, micro_batch=2, global_batch=2 * world)
             budget["gpus"] = world
+            budget["precision"] = precision
             if stage:
                 budget["zero"] = stage
             st = dict(strategy)
@@ -1443,7 +1449,8 @@ def section_zero(args, b, r, out):
                  "comm_plan": planned_communication(args, r, "bench_z", m, tasks, st, budget,
                                                     steps),
                  "comm_s": median([x.get("comm_s", 0.0) for x in later])}
-            name = "%d %s" % (stage, "+ offload" if offload else "")
+            name = ("%d %s %s" % (stage, "+ offload" if offload else "",
+                                  "bf16" if precision == "bf16" else "")).replace("  ", " ")
             res["%d/%s" % (world, name.strip())] = e
             base = res["%d/0" % world]
             rows.append([str(world), name, fmt_bytes(e["predicted"]),
@@ -1455,9 +1462,15 @@ def section_zero(args, b, r, out):
                          fmt_ratio(e["step_s"] / base["step_s"]), fmt_bytes(e["sent"]),
                          "—" if world == 1 else "%.1f / %.1f ms" % (1000 * e["comm_plan"],
                                                                    1000 * e["comm_s"])])
-    # The peer a PyTorch user reaches for: torch's ZeroRedundancyOptimizer
-    # (stage 1) against its plain data parallelism, same model and init.
-    peer_rows = []
+    # The peers a PyTorch user reaches for, same model and init, against
+    # their own plain data parallelism (0): torch's ZeroRedundancyOptimizer
+    # (1), FSDP2's fully_shard with reshard_after_forward False (2) and True
+    # (3). Each twice: as the binary runs (the step times), then a few steps
+    # with glibc's mmap threshold pinned so a freed tensor leaves the
+    # resident set (the memory; without it glibc keeps the freed pages of
+    # FSDP's gathers and buckets, which read as growth, and the pinned
+    # threshold's page faults slow every step).
+    peer_rows, fsdp_rows = [], []
     for world in (2, 4):
         budget = budget_block(args, 2 << 30, micro_batch=2, global_batch=2 * world)
         budget["gpus"] = world
@@ -1471,12 +1484,16 @@ def section_zero(args, b, r, out):
         shutil.rmtree(init, ignore_errors=True)
         r.mtpc(runner, 0, extra=["--plan", src + ".mtpplan", "--dump-init", init])
         peer = {}
-        for z in (0, 1):
-            p = run([sys.executable, os.path.join(ROOT, "bench", "peer_zero.py"), "--init", init,
-                     "--nproc", str(world), "--zero", str(z), "--steps", str(steps),
-                     "--threads", str(max(1, args.threads))])
-            d = json.loads(p.stdout.strip().splitlines()[-1])
-            peer[z] = {"step_s": median(d["step_time_s"][1:]), "rss": max(d["rss_peak"])}
+        for z in (0, 1, 2, 3):
+            cmd = [sys.executable, os.path.join(ROOT, "bench", "peer_zero.py"), "--init", init,
+                   "--nproc", str(world), "--zero", str(z),
+                   "--threads", str(max(1, args.threads))]
+            d = json.loads(run(cmd + ["--steps", str(steps)]).stdout.strip().splitlines()[-1])
+            mem = json.loads(run(cmd + ["--steps", "3"], env={"MALLOC_MMAP_THRESHOLD_":
+                                                           MMAP_THRESHOLD}
+                                 ).stdout.strip().splitlines()[-1])
+            peer[z] = {"step_s": median(d["step_time_s"][1:]), "rss": max(d["rss_peak"]),
+                       "rss_pinned": max(mem["rss_peak"]), "loss": d["loss"][-1]}
         res["peer/%d" % world] = peer
         mt0, mt1 = res["%d/0" % world], res["%d/1" % world]
         peer_rows.append([str(world),
@@ -1486,7 +1503,17 @@ def section_zero(args, b, r, out):
                                                    fmt_ratio(peer[1]["step_s"] / peer[0]["step_s"])),
                           fmt_ratio(mt1["step_s"] / peer[1]["step_s"]),
                           signed_bytes(mt1["measured"] - mt0["measured"]),
-                          signed_bytes(peer[1]["rss"] - peer[0]["rss"])])
+                          signed_bytes(peer[1]["rss_pinned"] - peer[0]["rss_pinned"])])
+        for z, reshard in ((2, "False"), (3, "True")):
+            mt, pz = res["%d/%d" % (world, z)], peer[z]
+            fsdp_rows.append([str(world), "%d / %s" % (z, reshard),
+                              "%.1f ms (%s)" % (1000 * mt["step_s"],
+                                                fmt_ratio(mt["step_s"] / mt0["step_s"])),
+                              "%.1f ms (%s)" % (1000 * pz["step_s"],
+                                                fmt_ratio(pz["step_s"] / peer[0]["step_s"])),
+                              fmt_ratio(mt["step_s"] / pz["step_s"]),
+                              signed_bytes(mt["measured"] - mt0["measured"]),
+                              signed_bytes(pz["rss_pinned"] - peer[0]["rss_pinned"])])
     out.append("### ZeRO: memory per rank and step time (docs/zero.md)\n")
     out.append("A parameter-heavy model (4 layers, hidden 256, ffn 1024, vocab 8192, seq 16; "
                "5.3 M parameters), micro batch 2 per rank, collective none, %d steps "
@@ -1501,10 +1528,24 @@ def section_zero(args, b, r, out):
     out.append("\nBeside torch's `ZeroRedundancyOptimizer` (stage 1; bench/peer_zero.py: "
                "the same model from the binary's `--dump-init`, gloo, the gradients averaged "
                "by one flattened all-reduce, AdamW whole or sharded). Memory stage 1 changes: "
-               "mtpc's tracked peak, the peer's resident-set peak (the largest rank's; "
-               "glibc keeps freed pages, so it is a coarse reading).\n")
+               "mtpc's tracked peak; the peer's resident-set peak (the largest rank's), from a "
+               "3-step run with glibc's mmap threshold at 64 KiB so freed tensors leave it — "
+               "still a coarse reading (LibTorch's and Python's own pages move it too).\n")
     out.append(table(["processes", "mtpc zero 0 → 1", "torch DP → ZeRO-1", "mtpc / torch at 1",
                       "mtpc memory", "torch memory (RSS)"], peer_rows))
+    out.append("\nStages 2 and 3 beside FSDP2 (`fully_shard`, `peer_zero.py --zero 2|3`): each "
+               "transformer layer one unit, the embeddings and heads in the root's, AdamW over the "
+               "DTensor shards, FSDP's own gradient reduce-scatter. `reshard_after_forward=False` "
+               "keeps a unit's gathered parameters from its forward to its backward (ZeRO-2-like, "
+               "but the parameters stay sharded between steps, which mtpc's stage 2 keeps whole); "
+               "`True` frees them and gathers again for the backward (ZeRO-3; mtpc's stage 3 "
+               "keeps the heads whole). Step: median, in brackets against each side's zero 0 "
+               "(torch: its data parallelism above); memory: the change against each side's zero "
+               "0, mtpc's tracked peak and the peer's pinned-threshold RSS peak as above (coarse: "
+               "a few MiB either way are noise).\n")
+    out.append(table(["processes", "zero / reshard_after_forward", "mtpc step",
+                      "torch FSDP step", "mtpc / torch", "mtpc memory", "torch memory (RSS)"],
+                     fsdp_rows))
     return res
 
 
