@@ -122,10 +122,10 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
   }
   if (half.empty())
     return;
-  if (!offload_ || stage_ >= 2)
+  if (!offload_ || stage_ >= 3)
     throw std::invalid_argument(
-        "mtprt: 16-bit device weights need the optimizer offload at ZeRO "
-        "stage 0 or 1 (their fp32 masters live on the host)");
+        "mtprt: 16-bit device weights need the optimizer offload below ZeRO "
+        "stage 3 (their fp32 masters live on the host)");
   if (halfType != at::kBFloat16 && halfType != at::kHalf)
     throw std::invalid_argument("mtprt: 16-bit device weights are bf16 or fp16");
   // The masters from the fp32 values, before the device's are cut.
@@ -290,11 +290,17 @@ void ZeroOptimizer::reduceBucket(const std::vector<int64_t> &params) {
     n += params_[i].numel();
   at::Tensor buf;
   const at::Tensor &only = params_[params.front()].grad();
-  if (params.size() == 1 && only.defined() && only.is_contiguous() &&
-      only.scalar_type() == at::kFloat) {
-    buf = only.view({-1}); // summed in place: nothing beside it
+  if (params.size() == 1 && only.defined() && only.is_contiguous()) {
+    // Summed in place, nothing beside it (a 16-bit weight's gradient in its
+    // 16 bits, as ZeRO-Offload reduces).
+    buf = only.view({-1});
   } else {
-    buf = at::empty({n}, params_[params.front()].options().requires_grad(false));
+    // fp32 whatever the gradients' dtypes (a bucket may hold 16-bit
+    // weights' and fp32 norms').
+    buf = at::empty({n}, params_[params.front()]
+                             .options()
+                             .dtype(at::kFloat)
+                             .requires_grad(false));
     int64_t off = 0;
     for (int64_t i : params) {
       const int64_t k = params_[i].numel();
@@ -317,7 +323,7 @@ void ZeroOptimizer::reduceBucket(const std::vector<int64_t> &params) {
     params_[i].mutable_grad() = at::Tensor();
     off += params_[i].numel();
   }
-  sentBytes_ += 4 * n;
+  sentBytes_ += int64_t(buf.element_size()) * n;
 }
 
 void ZeroOptimizer::flushPending() {

@@ -51,12 +51,13 @@ TEST(ZeroLayout, RunsBucketsAndTransients) {
   // Gloo gathers into a buffer of its own as large as the output.
   EXPECT_EQ(ZeroLayout::gatherTransientBytes(1000, 2, false), 4 * 3 * 500);
   EXPECT_EQ(ZeroLayout::gatherTransientBytes(1000, 2, true), 4 * 5 * 500);
-  // 16-bit weights: the offload at 16 bits, stage 0 or 1 as it runs, not
+  // 16-bit weights: the offload at 16 bits, below stage 3 as it runs, not
   // the params scope; the masters 4 B a value of the run.
   EXPECT_TRUE(ZeroLayout::halfProjections(true, true, 0, 4, false));
   EXPECT_TRUE(ZeroLayout::halfProjections(true, true, 1, 4, false));
   EXPECT_TRUE(ZeroLayout::halfProjections(true, true, 3, 1, false));
-  EXPECT_FALSE(ZeroLayout::halfProjections(true, true, 2, 2, false));
+  EXPECT_TRUE(ZeroLayout::halfProjections(true, true, 2, 2, false));
+  EXPECT_FALSE(ZeroLayout::halfProjections(true, true, 3, 2, false));
   EXPECT_FALSE(ZeroLayout::halfProjections(false, true, 0, 1, false));
   EXPECT_FALSE(ZeroLayout::halfProjections(true, false, 0, 1, false));
   EXPECT_FALSE(ZeroLayout::halfProjections(true, true, 0, 1, true));
@@ -170,7 +171,7 @@ TEST(ZeroOptimizer, SixteenBitWeightsUpdateFp32Masters) {
   opt.setValues(weight, loaded);
   EXPECT_TRUE(at::equal(opt.hostValues(weight), loaded));
   EXPECT_TRUE(at::equal(weight, loaded.to(at::kBFloat16)));
-  // Not without the offload, nor at stage 2 and beyond.
+  // Not without the offload.
   auto other = groups(5);
   EXPECT_THROW(ZeroOptimizer(nullptr, 1, other, AdamWHyper{}, false,
                              {other[0][0]}),

@@ -57,16 +57,15 @@ struct ZeroLayout {
   /// Optimizer offload at bf16 / fp16 (docs/zero.md, "16-bit weights"):
   /// the trainable backbone projections' weights and biases are held on the
   /// device at the 16-bit dtype, their fp32 masters on the host beside
-  /// AdamW's moments, as ZeRO-Offload does. Stages 0 and 1 only (stage 2
-  /// sums each gradient in place as the backward makes it and stage 3's
-  /// units are flat fp32 buffers), and not with the params gradient scope
-  /// (its per-task gradients of the top layers are planned at fp32): there
-  /// the device keeps fp32 weights. `stage` is the requested one; one
-  /// process runs stage 2 or 3 as 1.
+  /// AdamW's moments, as ZeRO-Offload does. Not at stage 3 (its units are
+  /// flat fp32 buffers) nor with the params gradient scope (its per-task
+  /// gradients of the top layers are planned at fp32): there the device
+  /// keeps fp32 weights. `stage` is the requested one; one process runs
+  /// stage 2 or 3 as 1.
   static bool halfProjections(bool offload, bool precision16, int64_t stage,
                               int64_t world, bool paramsScope) {
     const int64_t effective = world > 1 ? stage : std::min<int64_t>(stage, 1);
-    return offload && precision16 && effective < 2 && !paramsScope;
+    return offload && precision16 && effective < 3 && !paramsScope;
   }
   /// The fp32 masters of this rank's run, in the host pool beside the
   /// moments (with halfProjections: every value of the run, so the update
