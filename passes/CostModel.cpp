@@ -1283,7 +1283,7 @@ bool CostModel::optimizerOffload() const {
 bool CostModel::halfProjections() const {
   StrategyOp strategy = model.getStrategy();
   return mtprt::ZeroLayout::halfProjections(
-      optimizerOffload(), budget && budget.getPrecision() != Precision::fp32,
+      optimizerOffload(), budget && budget.getPrecision() == Precision::bf16,
       budget ? budget.getZeroStage() : 0, processes(),
       strategy && strategy.getGradientScope() == GradientScope::params);
 }

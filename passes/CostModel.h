@@ -312,7 +312,7 @@ public:
   /// ZeRO would shard) and its update on the host (docs/zero.md).
   bool optimizerOffload() const;
   /// ZeRO-Offload's 16-bit weights (mtprt/Zero.h halfProjections: the
-  /// offload at bf16 / fp16, below ZeRO stage 3): the trainable layers'
+  /// offload at bf16, below ZeRO stage 3): the trainable layers'
   /// projections (weights and biases) are held at 2 bytes a value on the
   /// device, their gradients too, and autocast makes no copy of them; the
   /// fp32 masters are the host's.

@@ -1505,13 +1505,17 @@ static LogicalResult planModel(ModelOp model, const MeasuredCosts *measured,
           pipe = *planPipeline(model);
           return pipe.stages[s].peakBytes <= planner.budget();
         };
-        size_t lo = 0, hi = order.size(); // lo does not fit
+        // The plan and the stage model are the last k tried's: hi's again
+        // only where another was tried after it.
+        size_t lo = 0, hi = order.size(), last = hi; // lo does not fit
         if (recompute(hi))
           while (hi - lo > 1) {
             const size_t mid = lo + (hi - lo) / 2;
+            last = mid;
             (recompute(mid) ? hi : lo) = mid;
           }
-        recompute(hi);
+        if (last != hi)
+          recompute(hi);
       }
       return pipe;
     };

@@ -160,9 +160,13 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
          << formatBytes(blocks.largest) << ")\n";
     if (world > 1)
       os << "    ZeRO sends per process per step: "
-         << (zero >= 2 ? "gradients " + formatBytes(4 * elements) +
-                             " (per micro-batch) + "
-                       : std::string())
+         << (zero < 2 ? std::string()
+             : CostModel(model).halfProjectionValues()
+                 ? "gradients up to " + formatBytes(4 * elements) +
+                       " (per micro-batch; a large bf16 one's at 2 B a "
+                       "value) + "
+                 : "gradients " + formatBytes(4 * elements) +
+                       " (per micro-batch) + ")
          << (zero >= 3
                  ? "its run of each block, twice per micro-batch (each rank "
                    "receives " +

@@ -1308,7 +1308,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
   // the time (every rank gathers, rank 0 writes).
   std::optional<TrainerCore::WholeParameters> whole;
   if (!o.dumpHidden.empty() || !o.dumpInit.empty() || !o.profileUnits.empty())
-    whole.emplace(core.zero());
+    whole.emplace(core.zero(), /*masters=*/!o.dumpInit.empty());
   if (!o.dumpHidden.empty() && rank0) {
     writeHiddenStates(core.model(), data->batch(0, o.batchSize),
                       o.dumpHidden);
@@ -1527,7 +1527,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
                  o.exportDir.c_str(), o.exportDir.c_str());
   };
   if (predictSet) {
-    TrainerCore::WholeParameters predicting(core.zero());
+    TrainerCore::WholeParameters predicting(core.zero(), /*masters=*/false);
     if (rank0)
       writePredictions(core.model(), *predictSet, evalBatch, tc.precision,
                        o.predictOut, core.stepsTaken());

@@ -214,10 +214,10 @@ void TrainerCore::shardOptimizer(Communicator *comm) {
   optimizer_->state().clear();
   // ZeRO-Offload's 16-bit weights (mtprt/Zero.h): the trainable
   // projections cut to the autocast dtype, their masters on the host.
-  const bool precision16 = train_.precision != Precision::Fp32;
+  const bool bf16 = train_.precision == Precision::Bf16;
   const int64_t world = comm && comm->active() ? comm->worldSize() : 1;
   std::vector<at::Tensor> half;
-  if (ZeroLayout::halfProjections(train_.optimizerOffload, precision16,
+  if (ZeroLayout::halfProjections(train_.optimizerOffload, bf16,
                                   train_.zeroStage, world,
                                   train_.scope == GradScope::Params))
     for (const at::Tensor &p : model_->projectionParameters())
@@ -226,8 +226,7 @@ void TrainerCore::shardOptimizer(Communicator *comm) {
   zero_ = std::make_unique<ZeroOptimizer>(
       comm, train_.zeroStage, std::move(groups),
       AdamWHyper{train_.beta1, train_.beta2, train_.eps, train_.weightDecay},
-      train_.optimizerOffload, half,
-      train_.precision == Precision::Fp16 ? at::kHalf : at::kBFloat16);
+      train_.optimizerOffload, half, at::kBFloat16);
   // ZeRO 3: each unit's trainable parameters sharded (heads stay whole).
   if (zero_->stage() == 3) { // more than one rank (else it runs as 1)
     std::vector<std::vector<at::Tensor>> units(model_->numUnits());
@@ -242,8 +241,12 @@ void TrainerCore::shardOptimizer(Communicator *comm) {
   }
 }
 
-TrainerCore::WholeParameters::WholeParameters(ZeroOptimizer *zero)
-    : zero_(zero && zero->holdsValues() ? zero : nullptr) {
+TrainerCore::WholeParameters::WholeParameters(ZeroOptimizer *zero,
+                                              bool masters)
+    : zero_(zero && (zero->shardsParameters() ||
+                     (masters && zero->holdsValues()))
+                ? zero
+                : nullptr) {
   if (zero_)
     zero_->gatherAll();
 }

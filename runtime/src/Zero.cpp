@@ -132,6 +132,7 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
   at::NoGradGuard noGrad;
   masters_ = hostPoolTensor(shard_, at::kFloat, pinned_);
   gather(lo, lo + shard_, masters_);
+  // Every one found before any is cut: a refusal leaves the model as it was.
   for (const at::Tensor &p : half) {
     const int64_t i = indexOf(p);
     if (i < 0)
@@ -139,6 +140,8 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
           "mtprt: a 16-bit device weight the optimizer does not update");
     half_.push_back(i);
     halfValues_ += p.numel();
+  }
+  for (int64_t i : half_) {
     // set_data keeps the tensor (and every holder of it, autograd's
     // included) and changes what it holds, as Module::to does.
     at::Tensor t = params_[i];
@@ -290,9 +293,12 @@ void ZeroOptimizer::reduceBucket(const std::vector<int64_t> &params) {
     n += params_[i].numel();
   at::Tensor buf;
   const at::Tensor &only = params_[params.front()].grad();
-  if (params.size() == 1 && only.defined() && only.is_contiguous()) {
-    // Summed in place, nothing beside it (a 16-bit weight's gradient in its
-    // 16 bits, as ZeRO-Offload reduces).
+  if (params.size() == 1 && only.defined() && only.is_contiguous() &&
+      (only.scalar_type() == at::kFloat ||
+       only.numel() >= ZeroLayout::bucketValues(total_, world_))) {
+    // Summed in place, nothing beside it (a large 16-bit weight's gradient
+    // in its 16 bits, as ZeRO-Offload reduces; a small one ending a run
+    // alone in an fp32 buffer, as in a bucket).
     buf = only.view({-1});
   } else {
     // fp32 whatever the gradients' dtypes (a bucket may hold 16-bit
@@ -536,8 +542,15 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
   const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
   for (int64_t c = 0; c < shard_; c += bucket) {
     const int64_t len = std::min(bucket, shard_ - c);
-    at::Tensor mine = at::empty({len}, expAvg_.options());
-    gather(rank_ * shard_ + c, rank_ * shard_ + c + len, mine);
+    // With masters the run is on the host already (the owner's 16-bit
+    // values are its masters cut, as every receiver cuts them).
+    at::Tensor mine;
+    if (masters_.defined()) {
+      mine = masters_.narrow(0, c, len);
+    } else {
+      mine = at::empty({len}, expAvg_.options());
+      gather(rank_ * shard_ + c, rank_ * shard_ + c + len, mine);
+    }
     at::Tensor all = at::empty({world_ * len}, expAvg_.options());
     comm_->allGatherInto(all, mine);
     mine = at::Tensor();
@@ -849,6 +862,9 @@ void ZeroOptimizer::setValues(const at::Tensor &param,
                               const at::Tensor &values) {
   at::NoGradGuard noGrad;
   if (masters_.defined()) {
+    if (wholeDepth_ > 0)
+      throw std::logic_error(
+          "mtprt: setValues while the masters are held in the parameters");
     // The device's (cut to its dtype) and this rank's run of the masters.
     param.detach().copy_(values);
     if (const int64_t i = indexOf(param); i >= 0)

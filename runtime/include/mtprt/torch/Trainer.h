@@ -173,7 +173,10 @@ public:
   /// ZeRO 3.
   class WholeParameters {
   public:
-    explicit WholeParameters(ZeroOptimizer *zero);
+    /// `masters`: 16-bit weights hold their fp32 masters for the time too
+    /// (what writes values out needs them; a forward under autocast casts
+    /// either to the same bf16, so it does not).
+    explicit WholeParameters(ZeroOptimizer *zero, bool masters = true);
     ~WholeParameters();
     WholeParameters(const WholeParameters &) = delete;
     WholeParameters &operator=(const WholeParameters &) = delete;
