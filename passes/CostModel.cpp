@@ -147,6 +147,13 @@ struct Dims {
 };
 } // namespace
 
+namespace {
+/// The backbone's linear units: what ZeRO-Offload's 16-bit weights hold in
+/// bf16 (Model::projectionParameters, the runtime's list).
+constexpr UnitKind kProjections[] = {UnitKind::qkv, UnitKind::attn_out,
+                                     UnitKind::mlp_up, UnitKind::mlp_down};
+} // namespace
+
 UnitCost CostModel::unit(UnitKind kind, TaskOp task, int64_t layer) const {
   UnitCost cost = unfrozenUnit(kind, task);
   // 16-bit weights: the linear reads (and keeps) the parameter itself.
@@ -948,8 +955,7 @@ int64_t CostModel::cosineProbeWorkspace(
   // 16-bit projections' gradients take 2 bytes a value.
   int64_t held = kGradientBytes * probeParams;
   if (common > 0)
-    for (UnitKind k : {UnitKind::qkv, UnitKind::attn_out, UnitKind::mlp_up,
-                       UnitKind::mlp_down})
+    for (UnitKind k : kProjections)
       held -= (kGradientBytes - parameterBytes(k, {}, common)) *
               unitParameters(k);
   // A region's re-run: its blocks' tensors, and the inner backward's chain.
@@ -1288,19 +1294,12 @@ bool CostModel::halfProjections() const {
       strategy && strategy.getGradientScope() == GradientScope::params);
 }
 
-namespace {
-bool isProjection(UnitKind kind) {
-  return kind == UnitKind::qkv || kind == UnitKind::attn_out ||
-         kind == UnitKind::mlp_up || kind == UnitKind::mlp_down;
-}
-} // namespace
-
 int64_t CostModel::halfProjectionValues() const {
   if (!halfProjections())
     return 0;
-  const int64_t perLayer =
-      unitParameters(UnitKind::qkv) + unitParameters(UnitKind::attn_out) +
-      unitParameters(UnitKind::mlp_up) + unitParameters(UnitKind::mlp_down);
+  int64_t perLayer = 0;
+  for (UnitKind k : kProjections)
+    perLayer += unitParameters(k);
   int64_t values = 0;
   for (int64_t l = 1; l <= int64_t(backbone.getLayers()); ++l)
     if (!frozen(l))
@@ -1310,8 +1309,8 @@ int64_t CostModel::halfProjectionValues() const {
 
 int64_t CostModel::parameterBytes(UnitKind kind, TaskOp task,
                                   int64_t layer) const {
-  return !task && isProjection(kind) && layer >= 1 && !frozen(layer) &&
-                 halfProjections()
+  return !task && llvm::is_contained(kProjections, kind) && layer >= 1 &&
+                 !frozen(layer) && halfProjections()
              ? 2
              : kWeightBytes;
 }
