@@ -506,9 +506,12 @@ UnitCost CostModel::unfrozenUnit(UnitKind kind, TaskOp task) const {
 }
 
 SmallVector<UnitKind, 3> CostModel::projectionChain(bool attention) const {
-  // Llama's blocks have no tensor-grain path in the runtime yet.
-  if (!activationElementType().isF32() || backbone.isLlama() ||
-      backbone.isPostNorm())
+  // Llama's blocks have no tensor-grain path in the runtime yet; the fused
+  // pointwise kernels serve fp32 only (under autocast the norm's re-created
+  // output is the 16-bit copy the linear keeps, Model::sinkable).
+  if (backbone.isLlama() || backbone.isPostNorm() ||
+      (!activationElementType().isF32() &&
+       pointwiseKind == PointwiseKind::fused))
     return {};
   if (attention)
     return attentionKind == AttentionKind::fused
@@ -918,8 +921,38 @@ SmallVector<std::pair<int64_t, int64_t>> CostModel::cosineProbePaths() const {
   return paths;
 }
 
+int64_t CostModel::partialProbePath(int64_t block, int64_t mlpChain) const {
+  const bool attention = block % 2 == 1;
+  const int64_t b = batch, s = backbone.getSeq(), h = backbone.getHidden(),
+                f = backbone.getFfn();
+  const int64_t e = bytes(tensor({1}, activationElementType()));
+  int64_t recreated = 0;
+  // The norm's output is re-created where the linear after it keeps it
+  // (ATen pointwise ops; the fused norm-linear keeps nothing).
+  for (UnitKind k : projectionChain(attention))
+    if (pointwiseKind == PointwiseKind::aten ||
+        (k != UnitKind::attn_norm && k != UnitKind::mlp_norm))
+      recreated += bytes(unfrozenUnit(k, {}).output);
+  // Under autocast the re-run casts its linear's weight afresh (freed when
+  // it returns, after its outputs exist).
+  const int64_t rows = attention ? 3 * h : f;
+  const int64_t weightCopy = e < 4 ? e * (rows * h + rows) : 0;
+  if (!attention)
+    // The MLP's chain counts the GELU's output gradient and the
+    // up-projection's: at the down-projection's backward the re-created GELU
+    // output stands where the former will be (measured: ATen pointwise at
+    // fp32 to the byte; the fused GELU-linear makes no GELU gradient).
+    return mlpChain + recreated - e * b * s * f + weightCopy;
+  // The attention's backward: the stream's and the output projection's
+  // gradients, the re-created outputs, the kernel's q, k, v gradients and
+  // buffers (not measured on a path: an estimate).
+  return 4 * b * s * h + e * b * s * h + recreated + 3 * e * b * s * h +
+         weightCopy + flashAttentionBuffers(s, s, /*backward=*/true);
+}
+
 int64_t CostModel::cosineProbeWorkspace(
-    ArrayRef<std::pair<int64_t, int64_t>> regions) const {
+    ArrayRef<std::pair<int64_t, int64_t>> regions,
+    ArrayRef<int64_t> partials) const {
   SmallVector<std::pair<int64_t, int64_t>> paths = cosineProbePaths();
   const int64_t n = paths.size();
   if (n < 2)
@@ -930,7 +963,10 @@ int64_t CostModel::cosineProbeWorkspace(
   // The up-projection's width: Llama's holds the gate's and the up's rows.
   const int64_t up = backbone.hasGatedMlp() ? 2 * f : f;
   // Gradients are fp32 (the runtime's grads of fp32 master weights), but
-  // for 16-bit projections.
+  // for 16-bit projections. Inside the MLP the activation gradients have
+  // the activations' type (16-bit under autocast); the residual stream's
+  // are fp32.
+  const int64_t e = bytes(tensor({1}, activationElementType()));
   int64_t probeParams, chain, widest;
   if (common == 0) {
     probeParams = embeddingParameters();
@@ -940,9 +976,9 @@ int64_t CostModel::cosineProbeWorkspace(
     probeParams = layerParameters();
     // SwiGLU's backward adds a second zero-filled up-width buffer (one per
     // half) beside the accumulated one.
-    chain = 4 * (b * s * h + b * s * (up + f)) +
+    chain = 4 * b * s * h + e * b * s * (up + f) +
             parameterBytes(UnitKind::mlp_up, {}, common) * (h * up + h) +
-            (backbone.hasGatedMlp() ? 4 * b * s * up : 0);
+            (backbone.hasGatedMlp() ? e * b * s * up : 0);
     // The Gram's double copies are of the layer's widest weight: the
     // up-projection, or the fused QKV where it is wider (ffn < 3·hidden).
     const int64_t qkvRows =
@@ -959,7 +995,7 @@ int64_t CostModel::cosineProbeWorkspace(
       held -= (kGradientBytes - parameterBytes(k, {}, common)) *
               unitParameters(k);
   // A region's re-run: its blocks' tensors, and the inner backward's chain.
-  const int64_t innerChain = 4 * (b * s * h + b * s * up + h * up + h);
+  const int64_t innerChain = 4 * (b * s * h + h * up + h) + e * b * s * up;
   const int64_t perBlock[2] = {blockRecomputeBytes(2), blockRecomputeBytes(1)};
   int64_t probe = 0;
   for (int64_t k = 0; k < n; ++k) {
@@ -986,6 +1022,9 @@ int64_t CostModel::cosineProbeWorkspace(
           rerun += perBlock[blk % 2];
         path = std::max(path, rerun);
       }
+    for (int64_t blk : partials)
+      if (blk >= low && blk <= high)
+        path = std::max(path, partialProbePath(blk, chain));
     probe = std::max(probe, k * held + path + gathered);
   }
   return std::max(probe, n * held + 8 * n * widest);

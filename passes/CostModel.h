@@ -99,8 +99,8 @@ public:
   /// from the block's kept input — the norm and the projection after it (the
   /// QKV projection, or the up-projection and, with ATen pointwise ops, the
   /// GELU) — whose outputs the backward then reads re-created; empty where
-  /// the runtime has no such path (autocast; the math attention's own copies
-  /// of q, k, v). The runtime's Model::projections re-runs the same units.
+  /// the runtime has no such path (the fused pointwise kernels under
+  /// autocast; the math attention's own copies of q, k, v). The runtime's Model::projections re-runs the same units.
   llvm::SmallVector<UnitKind, 3> projectionChain(bool attention) const;
   /// Whether `unit` of backbone block `block` is in its projection chain.
   bool inProjectionChain(int64_t block, UnitKind unit) const {
@@ -172,8 +172,15 @@ public:
   /// simulator and --mtp-fuse-task-gradients (no regions yet) all ask this.
   /// Offloaded tensors the probe reads come back one at a time (ignored).
   /// Zero without the DGFG gate (the runtime then measures no cosines).
+  /// A tensor-grain block on a path (`partials`: block numbers) re-creates
+  /// its projection outputs there too (partialProbePath).
   int64_t cosineProbeWorkspace(
-      llvm::ArrayRef<std::pair<int64_t, int64_t>> regions = {}) const;
+      llvm::ArrayRef<std::pair<int64_t, int64_t>> regions = {},
+      llvm::ArrayRef<int64_t> partials = {}) const;
+  /// The probe's backward through tensor-grain block `block`, beyond the
+  /// task gradients it holds: the re-run's outputs beside the block's
+  /// backward chain (`mlpChain`: the keep-everything MLP's).
+  int64_t partialProbePath(int64_t block, int64_t mlpChain) const;
 
   /// The gradient pipeline over each task's tap gradient (`grads`): GFM's
   /// rfft and irfft along the channels (about 5·n·log2 c each, with `gfm`),

@@ -81,7 +81,7 @@ ParameterGroups mtp::parameterGroups(StepOp step) {
 int64_t mtp::fuseWorkspaceBeyondResults(
     FuseTaskGradsOp fuse, const CostModel &cost,
     ArrayRef<std::pair<int64_t, int64_t>> regions, bool laterMicroBatch,
-    std::optional<int64_t> workspaceOverride) {
+    std::optional<int64_t> workspaceOverride, ArrayRef<int64_t> partials) {
   int64_t results = 0;
   for (Value v : fuse.getFused())
     results += CostModel::bytes(v.getType());
@@ -93,7 +93,8 @@ int64_t mtp::fuseWorkspaceBeyondResults(
       workspace = CostModel::gfmWorkspace(
           llvm::to_vector(fuse.getGrads().getTypes()));
     } else {
-      workspace = std::max(workspace, cost.cosineProbeWorkspace(regions));
+      workspace =
+          std::max(workspace, cost.cosineProbeWorkspace(regions, partials));
     }
   }
   return std::max<int64_t>(0, workspace - results);
@@ -166,12 +167,25 @@ std::vector<std::pair<int64_t, int64_t>> mtp::checkpointRegions(StepOp step) {
   return regions;
 }
 
+SmallVector<int64_t> mtp::tensorGrainBlocks(StepOp step) {
+  SmallVector<int64_t> blocks;
+  for (FwdOp fwd : step.getBody().front().getOps<FwdOp>())
+    if (fwd.getDecision() == Decision::Recompute && !fwd.getRegion() &&
+        !fwd.getTaskAttr()) {
+      const int64_t b = getBlockNumber(fwd.getUnit(), fwd.getLayer());
+      if (blocks.empty() || blocks.back() != b)
+        blocks.push_back(b);
+    }
+  return blocks;
+}
+
 MemoryReport mtp::analyzeMemory(ModelOp model) {
   StepOp step = model.getStep();
   CostModel cost(model);
   MemoryReport report;
   const std::vector<std::pair<int64_t, int64_t>> regions =
       checkpointRegions(step);
+  const SmallVector<int64_t> partials = tensorGrainBlocks(step);
 
   // Which tasks each backbone layer serves.
   SmallVector<TaskOp> tasks(model.getTasks());
@@ -266,14 +280,14 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
   };
   StepTimeline timeline(model, cost, order);
   StepTimeline::Live live = liveOn(timeline, OpSet(), OpSet());
-  StepTimeline::Peak peak = timeline.peak(live, regions);
+  StepTimeline::Peak peak = timeline.peak(live, regions, partials);
   report.peakBytes = peak.bytes;
   report.peakOp = peak.position >= 0 ? timeline.at(peak.position) : nullptr;
   report.atPeak = peak.at;
   if (cost.saps())
     report.steadyPeakBytes =
         StepTimeline(model, cost, order, /*sapsRerank=*/false)
-            .peak(live, regions)
+            .peak(live, regions, partials)
             .bytes;
   // train { phases }: a phase's step runs without the other tasks' heads,
   // losses and their gradients — the same step with their ops left out
@@ -366,7 +380,8 @@ MemoryReport mtp::analyzeMemory(ModelOp model) {
         }
       report.phasePeakBytes.push_back(std::min(
           peak.bytes,
-          phaseTimeline.peak(liveOn(phaseTimeline, dropped, held), regions)
+          phaseTimeline
+              .peak(liveOn(phaseTimeline, dropped, held), regions, partials)
               .bytes));
     }
   analyzeEvaluation(model, order, report);

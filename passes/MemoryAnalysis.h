@@ -129,7 +129,8 @@ int64_t fuseWorkspaceBeyondResults(
     FuseTaskGradsOp fuse, const CostModel &cost,
     llvm::ArrayRef<std::pair<int64_t, int64_t>> regions,
     bool laterMicroBatch = false,
-    std::optional<int64_t> workspaceOverride = std::nullopt);
+    std::optional<int64_t> workspaceOverride = std::nullopt,
+    llvm::ArrayRef<int64_t> partials = {});
 
 /// The step's parameters, from its mtp.weights: all of them, and the
 /// trainable ones (a frozen group has no gradients and no optimizer state).
@@ -167,6 +168,9 @@ MemoryBreakdown residentState(ModelOp model, const CostModel &cost,
 /// The checkpoint regions of a materialized step (mtp.checkpoint ops), in
 /// block numbers, inclusive.
 std::vector<std::pair<int64_t, int64_t>> checkpointRegions(StepOp step);
+/// The backbone blocks planned at tensor grain (a projection unit planned
+/// recompute outside any region), in order.
+llvm::SmallVector<int64_t> tensorGrainBlocks(StepOp step);
 
 /// The report as attributes on the step (mtp.peak_bytes, ...).
 void attachMemoryReport(StepOp step, const MemoryReport &report);

@@ -685,11 +685,17 @@ int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions,
     live(v.def, v.offloadAfter, v.bytes);
     live(v.prefetch, v.last, v.bytes);
   }
+  // The probe's backward re-creates a decided tensor-grain block on its
+  // path too (more such blocks only add to its workspace).
+  SmallVector<int64_t> partialBlocks;
   for (size_t c = 0; c < candidates.size(); ++c)
-    if (decisions[c] == Decision::Partial)
+    if (decisions[c] == Decision::Partial) {
       for (auto [from, to, bytes] : rerunTransients[c])
         live(from, to, bytes);
-  return timeline->peak(alive, planned).bytes;
+      if (!partial || decided[c])
+        llvm::append_range(partialBlocks, candidates[c].blocks);
+    }
+  return timeline->peak(alive, planned, partialBlocks).bytes;
 }
 
 /// The host link as one stream each way, first come first served: copies

@@ -241,11 +241,12 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
 
 StepTimeline::Peak
 StepTimeline::peak(const Live &live,
-                   ArrayRef<std::pair<int64_t, int64_t>> regions) const {
+                   ArrayRef<std::pair<int64_t, int64_t>> regions,
+                   ArrayRef<int64_t> partials) const {
   Peak first = sweep(
       live,
       fuse ? fuseWorkspaceBeyondResults(fuse, cost, regions, false,
-                                        fuseWorkspace)
+                                        fuseWorkspace, partials)
            : 0,
       /*later=*/false, regions);
   if (!twoSweeps)

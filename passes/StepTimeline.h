@@ -71,9 +71,11 @@ public:
     MemoryBreakdown at;
   };
   /// The step's peak with `live` alive, its checkpoint `regions` (block
-  /// numbers, inclusive) deciding the gradient pipeline's probe workspace.
+  /// numbers, inclusive) and tensor-grain blocks (`partials`) deciding the
+  /// gradient pipeline's probe workspace.
   Peak peak(const Live &live,
-            llvm::ArrayRef<std::pair<int64_t, int64_t>> regions) const;
+            llvm::ArrayRef<std::pair<int64_t, int64_t>> regions,
+            llvm::ArrayRef<int64_t> partials = {}) const;
 
 private:
   Peak sweep(const Live &live, int64_t fuseWorkspace, bool later,

@@ -587,6 +587,20 @@ at::Tensor Model::geluLinear(const at::Tensor &u, const LinearParams &l) const {
   return linear(l, gelu(u));
 }
 
+at::Tensor Model::sinkable(at::Tensor normed, const Sink *sink) const {
+  if (!sink)
+    return normed;
+  // Under autocast the next linear keeps the 16-bit copy it casts, which
+  // the sink must see (its storage is what a saved-tensor hook matches):
+  // cast here, the same rounding autocast does; the linear casts nothing.
+  const c10::DeviceType type = normed.device().type();
+  if (at::autocast::is_autocast_enabled(type) &&
+      normed.scalar_type() == at::kFloat)
+    normed = normed.to(at::autocast::get_autocast_dtype(type));
+  (*sink)(normed);
+  return normed;
+}
+
 at::Tensor Model::attentionProjections(const AttentionParams &p,
                                        const at::Tensor &x,
                                        const Sink *sink) const {
@@ -596,9 +610,7 @@ at::Tensor Model::attentionProjections(const AttentionParams &p,
       (*sink)(qkv);
     return qkv;
   }
-  at::Tensor normed = layerNorm(p.norm, x, p.norm.eps);
-  if (sink)
-    (*sink)(normed);
+  at::Tensor normed = sinkable(layerNorm(p.norm, x, p.norm.eps), sink);
   at::Tensor qkv = linear(p.qkv, normed);
   if (sink)
     (*sink)(qkv);
@@ -613,9 +625,7 @@ at::Tensor Model::mlpProjections(const MlpParams &p, const at::Tensor &x,
       (*sink)(up);
     return up; // the fused GELU-linear reads it
   }
-  at::Tensor normed = layerNorm(p.norm, x, p.norm.eps);
-  if (sink)
-    (*sink)(normed);
+  at::Tensor normed = sinkable(layerNorm(p.norm, x, p.norm.eps), sink);
   at::Tensor up = linear(p.up, normed);
   normed.reset();
   if (sink)
@@ -771,8 +781,10 @@ std::string Model::partialRefusal(int64_t u) const {
     return "not for post-norm (BERT) blocks";
   if (config_.llama())
     return "not for llama's blocks (rotary positions, grouped queries)";
-  if (at::autocast::is_autocast_enabled(device_.type()))
-    return "not under autocast (the plan recomputes projections at fp32 only)";
+  if (at::autocast::is_autocast_enabled(device_.type()) &&
+      config_.pointwise == PointwiseKind::Fused)
+    return "not with the fused pointwise kernels under autocast (they serve "
+           "fp32 only)";
   if (u % 2 == 1 && !fusedAttention())
     return "needs the fused attention kernel (the math path, for dropout on "
            "the CPU, keeps its own copies of q, k and v)";

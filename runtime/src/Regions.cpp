@@ -87,13 +87,50 @@ struct RandomState {
   }
 };
 
+/// The autocast state a forward ran under, replayed by its recompute so the
+/// re-created tensors are the bits (and dtypes) the forward made.
+struct AutocastState {
+  bool cpu = false, cuda = false;
+  at::ScalarType cpuDtype = at::kBFloat16, cudaDtype = at::kHalf;
+
+  static AutocastState capture() {
+    AutocastState a;
+    a.cpu = at::autocast::is_autocast_enabled(at::kCPU);
+    a.cuda = at::autocast::is_autocast_enabled(at::kCUDA);
+    a.cpuDtype = at::autocast::get_autocast_dtype(at::kCPU);
+    a.cudaDtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    return a;
+  }
+  void set() const {
+    at::autocast::set_autocast_enabled(at::kCPU, cpu);
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda);
+    at::autocast::set_autocast_dtype(at::kCPU, cpuDtype);
+    at::autocast::set_autocast_dtype(at::kCUDA, cudaDtype);
+  }
+  /// f() under this state, the caller's restored after (a throw too); the
+  /// casts it cached (weights) are dropped where the caller had autocast
+  /// off — the backward — so they are transients of the recompute.
+  template <typename F> auto run(F f) const {
+    const AutocastState callers = capture();
+    set();
+    struct Restore {
+      const AutocastState &callers;
+      ~Restore() {
+        callers.set();
+        if (!callers.cpu && !callers.cuda)
+          at::autocast::clear_cache();
+      }
+    } restore{callers};
+    return f();
+  }
+};
+
 /// Holds the region's callable in the autograd context.
 struct RegionHolder : torch::CustomClassHolder {
   RegionFn fn;
   variable_list params;
   RandomState rng;
-  bool autocastCpu = false, autocastCuda = false;
-  at::ScalarType cpuDtype = at::kBFloat16, cudaDtype = at::kHalf;
+  AutocastState autocast;
 };
 
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
@@ -102,10 +139,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
                                const at::Tensor &x, at::TensorList params) {
     // RNG and autocast state at entry, replayed by the recompute.
     holder->rng = RandomState::capture(x.device());
-    holder->autocastCpu = at::autocast::is_autocast_enabled(at::kCPU);
-    holder->autocastCuda = at::autocast::is_autocast_enabled(at::kCUDA);
-    holder->cpuDtype = at::autocast::get_autocast_dtype(at::kCPU);
-    holder->cudaDtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    holder->autocast = AutocastState::capture();
     at::Tensor out = holder->fn(x);
     ctx->save_for_backward({x});
     ctx->saved_data["region"] = c10::IValue::make_capsule(holder);
@@ -124,27 +158,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     at::Tensor out;
     {
       at::AutoGradMode grad(true);
-      bool cpuWas = at::autocast::is_autocast_enabled(at::kCPU);
-      bool cudaWas = at::autocast::is_autocast_enabled(at::kCUDA);
-      at::autocast::set_autocast_enabled(at::kCPU, holder->autocastCpu);
-      at::autocast::set_autocast_enabled(at::kCUDA, holder->autocastCuda);
-      at::ScalarType cpuDt = at::autocast::get_autocast_dtype(at::kCPU);
-      at::ScalarType cudaDt = at::autocast::get_autocast_dtype(at::kCUDA);
-      at::autocast::set_autocast_dtype(at::kCPU, holder->cpuDtype);
-      at::autocast::set_autocast_dtype(at::kCUDA, holder->cudaDtype);
-      try {
-        out = holder->fn(xd);
-      } catch (...) {
-        at::autocast::set_autocast_enabled(at::kCPU, cpuWas);
-        at::autocast::set_autocast_enabled(at::kCUDA, cudaWas);
-        throw;
-      }
-      at::autocast::set_autocast_enabled(at::kCPU, cpuWas);
-      at::autocast::set_autocast_enabled(at::kCUDA, cudaWas);
-      at::autocast::set_autocast_dtype(at::kCPU, cpuDt);
-      at::autocast::set_autocast_dtype(at::kCUDA, cudaDt);
-      if (!cpuWas && !cudaWas)
-        at::autocast::clear_cache();
+      out = holder->autocast.run([&] { return holder->fn(xd); });
     }
     callers.swapIn();
 
@@ -753,6 +767,7 @@ std::atomic<int64_t> recomputeRuns{0};
 struct Recomputed::Impl {
   Fn fn;
   RandomState rng;
+  AutocastState autocast;
   std::mutex mutex;
   /// Per registered tensor: its storage (weak: a freed and reused allocation
   /// never matches), the saved uses that hold it, the unpacks left this
@@ -797,7 +812,7 @@ struct Recomputed::Impl {
         at::NoGradGuard noGrad;
         const RandomState callers = rng.swapIn();
         try {
-          outs = fn();
+          outs = autocast.run(fn);
         } catch (...) {
           callers.swapIn();
           throw;
@@ -864,6 +879,7 @@ Recomputed::Recomputed(Fn recompute, const at::Device &device)
     : impl_(std::make_shared<Impl>()) {
   impl_->fn = std::move(recompute);
   impl_->rng = RandomState::capture(device);
+  impl_->autocast = AutocastState::capture();
   installHookingEngine();
 }
 

@@ -716,18 +716,18 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
     }
   } else if (mode == RegionMode::Keep || mode == RegionMode::Partial) {
     for (int64_t u = first; u <= last; ++u) {
-      // A plan made for fp32 and the fused attention, run at another
-      // precision or on a device whose attention keeps its own q, k, v
-      // (--precision, --device): the unit is kept whole, and said once.
+      // A plan run at another precision or on a device whose attention
+      // keeps its own q, k, v (--precision, --device): the unit is kept
+      // whole, and said once.
       const bool partial = mode == RegionMode::Partial && m.partialServes(u);
       if (mode == RegionMode::Partial && !partial && !warnedPartial_) {
         warnedPartial_ = true;
         std::fprintf(stderr,
                      "mtprt: the plan's tensor-grain blocks run kept whole "
-                     "(unit %lld: autocast is on, or the attention is not the "
-                     "fused kernel); the measured peak will be above the "
+                     "(unit %lld %s); the measured peak will be above the "
                      "plan's — plan for this precision and device\n",
-                     static_cast<long long>(u));
+                     static_cast<long long>(u),
+                     m.partialRefusal(u).c_str());
       }
       if (sharded)
         sharded->gatherUnits(u, u);

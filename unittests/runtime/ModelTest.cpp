@@ -664,6 +664,64 @@ TEST(TensorGrain, GradientsEqualKeepingBitForBit) {
   }
 }
 
+/// bf16 autocast on the CPU while alive (the trainer's PrecisionGuard: the
+/// forward under it, the backward not); `cache`: weight casts cached.
+struct Bf16Autocast {
+  explicit Bf16Autocast(bool cache = true) {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::set_autocast_cache_enabled(cache);
+  }
+  ~Bf16Autocast() {
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::set_autocast_cache_enabled(true);
+    at::autocast::clear_cache();
+  }
+};
+
+/// Under bf16 autocast (ATen pointwise ops, what the planner picks there):
+/// the re-run replays autocast, so the re-created 16-bit norm copies, QKV,
+/// up-projection and GELU outputs are the forward's bits, and so are the
+/// gradients.
+TEST(TensorGrain, GradientsEqualKeepingBitForBitUnderBf16) {
+  ModelConfig c = tinyConfig(0.0);
+  c.attention = AttentionKind::Fused;
+  c.pointwise = PointwiseKind::Aten;
+  Model m(c, allHeads());
+  Batch b = m.syntheticBatch(4, 3);
+  auto grads = [&](bool partial) {
+    std::vector<at::Tensor> taps(c.layers + 1);
+    at::Tensor total;
+    {
+      Bf16Autocast autocast;
+      EXPECT_TRUE(!partial || m.partialServes(1));
+      at::Tensor x = b.tokens;
+      for (int64_t u = 0; u < m.numUnits(); ++u) {
+        x = partial && u > 0 ? m.unitPartial(u, x) : m.unit(u, x);
+        if (u % 2 == 0)
+          taps[u / 2] = x;
+      }
+      EXPECT_EQ(taps[1].scalar_type(), at::kFloat); // the residual stream
+      total = at::zeros({}, at::kFloat);
+      for (int64_t h = 0; h < m.numHeads(); ++h)
+        total = total + m.loss(h, m.head(h, taps[m.heads()[h].tap], b.labels[h]),
+                               b.labels[h]);
+    }
+    return gradsOf(m, total);
+  };
+  const std::vector<at::Tensor> kept = grads(false);
+  const int64_t runs = Recomputed::runs();
+  const std::vector<at::Tensor> partial = grads(true);
+  EXPECT_EQ(Recomputed::runs() - runs, 2 * c.layers);
+  auto named = m.namedParameters();
+  ASSERT_EQ(kept.size(), partial.size());
+  for (size_t i = 0; i < kept.size(); ++i) {
+    ASSERT_EQ(kept[i].defined(), partial[i].defined()) << named[i].first;
+    if (kept[i].defined())
+      EXPECT_TRUE(at::equal(kept[i], partial[i])) << named[i].first;
+  }
+}
+
 /// What a block at tensor grain no longer keeps: the QKV projection's output
 /// (and, with ATen pointwise ops, the norm's), the up-projection's (and the
 /// norm's and the GELU's) — CostModel::projectionChain's outputs — beside
@@ -689,6 +747,26 @@ TEST(TensorGrain, KeepsLessByTheProjectionOutputs) {
       EXPECT_GE(kept - partial, dropped - 8192) << "unit " << u;
       EXPECT_LE(kept - partial, dropped) << "unit " << u;
     }
+  }
+  // Under bf16 autocast (ATen pointwise ops): the same tensors at 2 bytes —
+  // the norms' 16-bit copies the linears keep, not their fp32 outputs.
+  ModelConfig c = tinyConfig(0.0);
+  c.attention = AttentionKind::Fused;
+  c.pointwise = PointwiseKind::Aten;
+  Model m(c, allHeads());
+  const int64_t B = 4, S = c.seq, H = c.hidden, F = c.ffn, e = 2;
+  Batch b = m.syntheticBatch(B, 1);
+  at::Tensor x = m.embed(b.tokens).detach().requires_grad_(true);
+  Bf16Autocast autocast(/*cache=*/false); // each run its own weight copies
+  for (int64_t u : {1, 2}) {
+    const int64_t kept =
+        savedBy([&] { return std::vector<at::Tensor>{m.unit(u, x)}; });
+    const int64_t partial =
+        savedBy([&] { return std::vector<at::Tensor>{m.unitPartial(u, x)}; });
+    const int64_t dropped = u == 1 ? B * S * 3 * H * e + B * S * H * e
+                                   : 2 * B * S * F * e + B * S * H * e;
+    EXPECT_GE(kept - partial, dropped - 8192) << "bf16 unit " << u;
+    EXPECT_LE(kept - partial, dropped) << "bf16 unit " << u;
   }
 }
 
@@ -742,6 +820,7 @@ TEST(TensorGrain, RefusesWhatItCannotReCreate) {
   EXPECT_TRUE(m.partialServes(2));
   EXPECT_FALSE(m.partialServes(0));
   {
+    // The fused pointwise kernels serve fp32 only.
     at::autocast::set_autocast_enabled(at::kCPU, true);
     const bool underAutocast = m.partialServes(2);
     at::autocast::set_autocast_enabled(at::kCPU, false);

@@ -130,12 +130,14 @@ public:
   /// but its projection outputs — the QKV projection's, or the
   /// up-projection's (and with ATen pointwise ops the norm's and the GELU's:
   /// mtpc's CostModel::projectionChain) — are not kept; the backward
-  /// re-creates them from the block's input (mtprt::Recomputed). An
-  /// attention block needs the fused attention kernel; not under autocast.
+  /// re-creates them from the block's input (mtprt::Recomputed), under the
+  /// autocast state the forward ran in. An attention block needs the fused
+  /// attention kernel; under autocast, ATen pointwise ops.
   at::Tensor unitPartial(int64_t u, const at::Tensor &x) const;
-  /// Whether unitPartial can run unit u now: not under autocast, and an
-  /// attention block only where the fused attention kernel runs.
+  /// Whether unitPartial can run unit u now (partialRefusal says why not).
   bool partialServes(int64_t u) const;
+  /// Why unit u >= 1 cannot run at tensor grain now ("" when it can).
+  std::string partialRefusal(int64_t u) const;
   /// What unitPartial's backward re-creates, computed from the block's input
   /// (without grad): the registered tensors, in order.
   std::vector<at::Tensor> projections(int64_t u, const at::Tensor &x) const;
@@ -249,8 +251,6 @@ private:
   at::Tensor normLinear(const NormParams &n, const LinearParams &l,
                         const at::Tensor &x) const;
   at::Tensor geluLinear(const at::Tensor &u, const LinearParams &l) const;
-  /// Why unit u >= 1 cannot run at tensor grain now ("" when it can).
-  std::string partialRefusal(int64_t u) const;
   /// Receives a block's projection outputs as they are made (tensor grain).
   using Sink = std::function<void(const at::Tensor &)>;
   /// The projections a block's tensor-grain recompute re-runs from its input
@@ -259,6 +259,9 @@ private:
   /// with ATen pointwise ops the norm's, goes to `sink` before any op reads it.
   at::Tensor attentionProjections(const AttentionParams &p, const at::Tensor &x,
                                   const Sink *sink) const;
+  /// A norm's output given to `sink` (none: as it is) — under autocast
+  /// its 16-bit copy, the tensor the next linear keeps.
+  at::Tensor sinkable(at::Tensor normed, const Sink *sink) const;
   at::Tensor mlpProjections(const MlpParams &p, const at::Tensor &x,
                             const Sink *sink) const;
   at::Tensor attentionBlock(const AttentionParams &p, const at::Tensor &x,
