@@ -1186,11 +1186,14 @@ void TrainerCore::finalizeGradients() {
     }
     st.accum.assign(nt, {});
   }
-  // Unscale what autograd accumulated with the fp16 loss scale.
+  // Unscale what autograd accumulated with the fp16 loss scale (and ZeRO
+  // 2's run of what the backward released, summed at that scale).
   if (st.scale != 1.0) {
     for (const at::Tensor &p : m.parameters())
       if (p.grad().defined())
         p.mutable_grad().div_(st.scale);
+    if (zero_)
+      zero_->unscaleReleased(st.scale);
     if (saps_)
       saps_->unscale(st.scale);
   }

@@ -299,6 +299,15 @@ TEST(ZeroWorker, DISABLED_Release) {
   z.sumGradients();
   save("shard3", z.gradientShard());
 
+  // fp16's loss scale: what was released carries it until the trainer
+  // divides it out (before sumGradients, which sums unscaled ones).
+  z.beginStep({true, true});
+  (1024.0 * releaseLoss(ps, rank)).backward();
+  z.endBackward();
+  z.unscaleReleased(1024.0);
+  z.sumGradients();
+  save("shard4", z.gradientShard());
+
   // The ranks release in another order: an error on both, not a silent mix.
   z.beginStep({true, true});
   for (at::Tensor &p : ps)
@@ -340,6 +349,7 @@ TEST(ZeroOptimizer, StageTwoReleasesGradientsDuringTheBackward) {
     EXPECT_TRUE(at::equal(launch.load("after2", r), flags({1, 1, 1})));
     EXPECT_TRUE(at::allclose(launch.load("shard2", r), want, 1e-6, 1e-6));
     EXPECT_TRUE(at::allclose(launch.load("shard3", r), 2 * want, 1e-6, 1e-6));
+    EXPECT_TRUE(at::allclose(launch.load("shard4", r), want, 1e-6, 1e-6));
     EXPECT_EQ(launch.load("refused", r).item<int64_t>(), 1);
   }
 }

@@ -156,6 +156,14 @@ public:
   const at::Tensor &gradientShard() const { return gradShard_; }
   /// A skipped update (fp16 overflow): stage 2's gradient run dropped.
   void discardGradients() { gradShard_ = at::Tensor(); }
+  /// fp16's loss scale divided out of what this step released (stage 2:
+  /// the run autograd's hooks summed, at the scale the backward ran with;
+  /// the gradients not released are the trainer's to unscale). Before
+  /// sumGradients, which adds unscaled ones.
+  void unscaleReleased(double scale) {
+    if (gradShard_.defined() && scale != 1.0)
+      gradShard_.div_(scale);
+  }
 
   /// For checkpoints: [layout (stage, world, total, shard), steps per
   /// parameter, exp_avg run, exp_avg_sq run].
