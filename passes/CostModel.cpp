@@ -1333,6 +1333,14 @@ bool CostModel::halfProjections() const {
       strategy && strategy.getGradientScope() == GradientScope::params);
 }
 
+int64_t CostModel::foldedGradientBytes() const {
+  const int64_t micro = budget ? budget.getAccumulationSteps() : 1;
+  return mtprt::ZeroLayout::foldsHalfGradients(halfProjections(), processes(),
+                                               micro)
+             ? 4 * halfProjectionValues()
+             : 0;
+}
+
 int64_t CostModel::halfProjectionValues() const {
   if (!halfProjections())
     return 0;

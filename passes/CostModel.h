@@ -326,6 +326,10 @@ public:
   bool halfProjections() const;
   /// The values halfProjections holds at 16 bits (0 without it).
   int64_t halfProjectionValues() const;
+  /// The host pool's fp32 sums of those values' gradients where a step
+  /// accumulates several micro-batches at one process (mtprt/Zero.h
+  /// foldsHalfGradients); 0 elsewhere.
+  int64_t foldedGradientBytes() const;
   /// Bytes a value of unit `kind`'s parameters (and of their gradients) takes
   /// on the device in backbone layer `layer` (task units: 4).
   int64_t parameterBytes(UnitKind kind, TaskOp task, int64_t layer) const;

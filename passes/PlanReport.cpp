@@ -195,7 +195,13 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
             "update copies "
          << (shard == elements ? formatBytes(4 * shard - 2 * half) + " of "
                                : std::string("this run's "))
-         << "gradients to the host and the parameters back\n";
+         << "gradients to the host and the parameters back";
+      if (const int64_t folded = cost.foldedGradientBytes())
+        os << "; with " << model.getBudget().getAccumulationSteps()
+           << " micro-batches a step their gradients are summed in fp32 on "
+              "the host ("
+           << formatBytes(folded) << ") and freed on the device";
+      os << "\n";
     } else {
       os << "    optimizer offload: AdamW's state of " << shard
          << " values on the host, " << formatBytes(8 * shard)
@@ -880,13 +886,18 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
           {"values", values},
           {"run_values", mtprt::ZeroLayout::shardValues(values, world)},
           {"device_bytes", offloaded ? int64_t(0) : state},
-          {"host_bytes", offloaded ? state + masters : int64_t(0)},
+          {"host_bytes", offloaded ? state + masters +
+                                         cost.foldedGradientBytes()
+                                   : int64_t(0)},
           {"unsharded_bytes", CostModel::kOptimizerBytes * values}};
       if (masters) {
         out["optimizer_state"].getAsObject()->insert(
             {"master_bytes", masters});
         out["optimizer_state"].getAsObject()->insert(
             {"half_values", cost.halfProjectionValues()});
+        if (const int64_t folded = cost.foldedGradientBytes())
+          out["optimizer_state"].getAsObject()->insert(
+              {"folded_gradient_bytes", folded});
       }
       if (budget.getZeroStage() >= 3 && budget.getGpus() > 1) {
         const CostModel::ShardedBlocks blocks =

@@ -1139,9 +1139,13 @@ void TrainerCore::backwardBackbone() {
       torch::autograd::backward(outs, grads);
   }
   // ZeRO 2: the micro-batch's last released gradients, before the next
-  // micro-batch accumulates into them.
-  if (zero_)
+  // micro-batch accumulates into them; 16-bit weights' gradients summed in
+  // fp32 on the host when the step accumulates.
+  if (zero_) {
     zero_->endBackward();
+    if (train_.microBatches > 1)
+      zero_->foldHalfGradients();
+  }
 }
 
 void TrainerCore::finalizeGradients() {

@@ -92,6 +92,7 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
     }
   steps_.assign(params_.size(), 0);
   has_.assign(params_.size(), false);
+  folded_.assign(params_.size(), at::Tensor());
   shard_ = ZeroLayout::shardValues(total_, world_);
   const int64_t lo = rank_ * shard_, hi = std::min(total_, lo + shard_);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -219,9 +220,39 @@ void ZeroOptimizer::scatterParams(int64_t lo, const at::Tensor &src) const {
 }
 
 at::Tensor ZeroOptimizer::gradientOf(const Segment &s) const {
-  return stage_ >= 2 ? gradShard_.narrow(0, s.shardOffset, s.length)
-                     : params_[s.param].grad().reshape({-1}).narrow(
-                           0, s.begin, s.length);
+  if (stage_ >= 2)
+    return gradShard_.narrow(0, s.shardOffset, s.length);
+  const at::Tensor &folded = folded_[s.param];
+  return (folded.defined() ? folded : params_[s.param].grad().reshape({-1}))
+      .narrow(0, s.begin, s.length);
+}
+
+bool ZeroOptimizer::foldsHalfGradients() const {
+  // Data parallelism without sharding runs this optimizer at world 1 while
+  // the exchange averages every rank's .grad: nothing folded there.
+  const int ranks = comm_ && comm_->active() ? comm_->worldSize() : 1;
+  return ZeroLayout::foldsHalfGradients(masters_.defined(), ranks, 2);
+}
+
+void ZeroOptimizer::foldHalfGradients() {
+  if (!foldsHalfGradients())
+    return;
+  at::NoGradGuard noGrad;
+  for (int64_t i : half_) {
+    at::Tensor &g = params_[i].mutable_grad();
+    if (!g.defined())
+      continue;
+    // The first as autocast's fp32 copy would be, then fp32 sums: the
+    // arithmetic of accumulating fp32 gradients.
+    at::Tensor &sum = folded_[i];
+    if (!sum.defined())
+      sum = hostPoolTensor(g.numel(), at::kFloat, pinned_)
+                .copy_(g.reshape({-1}));
+    else // fp32 + the bf16 value promoted, as fp32 accumulation adds
+      sum.add_(g.device() == sum.device() ? g.reshape({-1})
+                                          : g.reshape({-1}).to(sum.device()));
+    g = at::Tensor();
+  }
 }
 
 void ZeroOptimizer::agreeOnGradients() {
@@ -464,7 +495,7 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
   at::NoGradGuard noGrad;
   if (stage_ < 2) // the exchange left every rank the same gradients
     for (size_t i = 0; i < params_.size(); ++i)
-      has_[i] = params_[i].grad().defined();
+      has_[i] = params_[i].grad().defined() || folded_[i].defined();
   for (size_t i = 0; i < params_.size(); ++i)
     if (has_[i])
       ++steps_[i];
@@ -519,6 +550,7 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
   byGroup.clear();
   hostParam_ = hostGrad_ = at::Tensor();
   gradShard_ = at::Tensor();
+  folded_.assign(params_.size(), at::Tensor());
   for (at::Tensor &p : params_)
     p.mutable_grad() = at::Tensor();
   if (world_ <= 1)

@@ -68,6 +68,15 @@ struct ZeroLayout {
     const int64_t effective = world > 1 ? stage : std::min<int64_t>(stage, 1);
     return offload && bf16 && effective < 3 && !paramsScope;
   }
+  /// With 16-bit weights at one process and several micro-batches a step,
+  /// each micro-batch's 16-bit gradients are summed into fp32 buffers in
+  /// the host pool (4 B a 16-bit value) and freed on the device, so the
+  /// update reads fp32 sums (ZeroOptimizer::foldHalfGradients). More ranks
+  /// average .grad in the exchange and keep them.
+  static bool foldsHalfGradients(bool half, int64_t ranks,
+                                 int64_t microBatches) {
+    return half && ranks == 1 && microBatches > 1;
+  }
   /// The fp32 masters of this rank's run, in the host pool beside the
   /// moments (with halfProjections: every value of the run, so the update
   /// reads no parameter back from the device).

@@ -84,6 +84,16 @@ public:
   void endBackward();
   /// A released parameter's fresh gradient (the hook's entry point).
   void release(int64_t param);
+  /// With 16-bit weights at one process, after each micro-batch's backward
+  /// when the step accumulates several (DeepSpeed's ZeRO-Offload): each
+  /// 16-bit gradient is added into an fp32 buffer of its own in the host
+  /// pool and freed on the device, so the update reads the sum autograd
+  /// would have made of fp32 gradients, not one accumulated in 16 bits.
+  /// More ranks keep the 16-bit gradients (the exchange averages .grad).
+  void foldHalfGradients();
+  /// Whether foldHalfGradients folds anything here (mtprt/Zero.h
+  /// foldsHalfGradients).
+  bool foldsHalfGradients() const;
 
   /// Stage 2's exchange, after the backward: this rank's run of the
   /// gradients averaged over ranks; every parameter's .grad freed. Returns
@@ -155,7 +165,10 @@ public:
   /// Stage 2's averaged gradient run after sumGradients() (tests).
   const at::Tensor &gradientShard() const { return gradShard_; }
   /// A skipped update (fp16 overflow): stage 2's gradient run dropped.
-  void discardGradients() { gradShard_ = at::Tensor(); }
+  void discardGradients() {
+    gradShard_ = at::Tensor();
+    folded_.assign(folded_.size(), at::Tensor());
+  }
   /// fp16's loss scale divided out of what this step released (stage 2:
   /// the run autograd's hooks summed, at the scale the backward ran with;
   /// the gradients not released are the trainer's to unscale). Before
@@ -241,6 +254,8 @@ private:
   at::Tensor masters_;
   std::vector<int64_t> half_;
   std::vector<at::Tensor> halfKept_;
+  /// foldHalfGradients' fp32 sums, per parameter (undefined: none yet).
+  std::vector<at::Tensor> folded_;
   int64_t halfValues_ = 0;
   /// Copies parameter i's values [its part of this rank's run] into `run`.
   void copyIntoRun(at::Tensor run, int64_t i, const at::Tensor &values) const;
