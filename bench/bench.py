@@ -254,7 +254,7 @@ def budget_block(args, memory, micro_batch=8, global_batch=None):
     return b
 
 
-def model_m(args, strategy, memory=16 << 30, dropout=0.1, backbone=None):
+def model_m(args, strategy, memory=16 << 30, dropout=0.1, backbone=None, precision="fp32"):
     """The memory/time model: 12 narrow layers over 128 tokens, four tasks at
     layers 3, 6, 9, 12 — activations (mostly attention probabilities) dominate.
     `backbone`: extra backbone keys (e.g. pointwise = aten)."""
@@ -268,7 +268,9 @@ def model_m(args, strategy, memory=16 << 30, dropout=0.1, backbone=None):
     base = {"checkpoint": "none", "offload": "none", "gfm": "none", "dgfg": "none",
             "clip": "none", "lr": "cosine(1e-3, warmup = 5)"}
     base.update(strategy)
-    return spec_text("bench_m", m, tasks, base, budget_block(args, memory),
+    budget = budget_block(args, memory)
+    budget["precision"] = precision
+    return spec_text("bench_m", m, tasks, base, budget,
                      {"steps": 20, "seed": 1, "log_every": 1},
                      correlate=[("pos", "chunk", 0.8), ("chunk", "ner", 0.3)])
 
@@ -1126,7 +1128,13 @@ PARETO_PEERS = [("peer sdpa (eager)", "sdpa"), ("peer torch.compile", "compile")
                 ("peer torch.compile, budget 0.3", "compile_budget30")]
 
 
-def section_pareto(args, b, r, out):
+def section_pareto16(args, b, r, out):
+    """section_pareto at bf16 (autocast on both sides), model M: the
+    planner's tensor grain under autocast against torch.compile's budget."""
+    return section_pareto(args, b, r, out, precision="bf16")
+
+
+def section_pareto(args, b, r, out, precision="fp32"):
     """The planner against torch.compile's activation memory budget: each
     compile peer is measured, then mtpc is planned to that peer's measured
     peak (RSS above post-init: the activations and gradients both sides add
@@ -1136,11 +1144,13 @@ def section_pareto(args, b, r, out):
     quick = args.quick
     key = "cpu_step" if cpu_time(args) else "step"
     models = [("M", lambda strategy, mem=16 << 30: model_m(args, strategy, memory=mem,
-                                                          dropout=0.0)),
-              ("W", lambda strategy, mem=16 << 30: model_w(args, strategy, memory=mem))]
+                                                          dropout=0.0, precision=precision))]
+    if precision == "fp32":
+        models.append(("W", lambda strategy, mem=16 << 30: model_w(args, strategy, memory=mem)))
     results = {}
-    out.append("### Pareto: memory against time, mtpc's plans and the PyTorch peers\n")
-    out.append("Dropout 0, fp32, %s time per step, %s intra-op thread(s). `mtpc @ X` is "
+    out.append("### Pareto: memory against time, mtpc's plans and the PyTorch peers%s\n"
+               % (" (bf16)" if precision != "fp32" else ""))
+    out.append("Dropout 0, " + precision + ", %s time per step, %s intra-op thread(s). `mtpc @ X` is "
                "planned (`checkpoint = auto`, offload off: on a CPU the host is the same "
                "memory) to a budget of the parameters and AdamW state plus X's measured peak: "
                "the RSS above the level after a first step (every kernel paged in, the "
@@ -1159,13 +1169,13 @@ def section_pareto(args, b, r, out):
         resident = keep_plan["peak"]["parameters"] + keep_plan["peak"]["optimizer"]
         keep_peak = keep_plan["peak"]["bytes"]
         binary = b.build(keep_text)
-        init = os.path.join(args.work, "init-pareto-" + label)
+        init = os.path.join(args.work, "init-pareto-%s-%s" % (label, precision))
         shutil.rmtree(init, ignore_errors=True)
         r.mtpc(binary, 0, extra=["--dump-init", init])
         runs, steps, mem_steps = (2, 4, 3) if quick else (3, 6, 4)
         # The segments timed on this machine (mtpc profile's figures), for
         # the plans made with measured costs.
-        costs = os.path.join(args.work, "costs-%s.json" % label)
+        costs = os.path.join(args.work, "costs-%s-%s.json" % (label, precision))
         run([binary, "--steps", "0", "--profile-units", costs] + r.threads())
         peers = [{"name": n, "kind": "peer", "variant": v} for n, v in PARETO_PEERS]
         for e in peers:
@@ -1650,7 +1660,7 @@ def section_pipeline(args, b, r, out):
 
 
 SECTIONS = {"agree": section_agree, "step": section_step, "load": section_load,
-            "pareto": section_pareto,
+            "pareto": section_pareto, "pareto16": section_pareto16,
             "memory": section_memory,
             "plan": section_plan,
             "compress": section_compress, "scope": section_scope, "ablation": section_ablation,

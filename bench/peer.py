@@ -342,8 +342,12 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     tr = config["train"]
-    if tr["precision"] != "fp32":
-        raise SystemExit("peer.py: fp32 only (the run's precision is %s)" % tr["precision"])
+    if tr["precision"] not in ("fp32", "bf16"):
+        raise SystemExit("peer.py: fp32 or bf16 only (the run's precision is %s: fp16 needs "
+                         "a loss scaler)" % tr["precision"])
+    # bf16 as mtpc runs it: autocast around the forward, fp32 weights.
+    autocast = lambda: torch.autocast(dev.type, dtype=torch.bfloat16,
+                                      enabled=tr["precision"] == "bf16")
     if tr["micro_batches"] != 1:
         raise SystemExit("peer.py: one micro-batch per step only")
     model = (HfPeerModel if variant == "hf" else PeerModel)(config, params, dev, variant)
@@ -387,7 +391,10 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
 
     if variant in COMPILED:  # compile now, outside the measured steps
         tokens, labels = batches[0]
-        sum(w * l for w, l in zip(weights, forward(tokens, labels))).backward()
+        with autocast():
+            warm = forward(tokens, labels)
+        sum(w * l for w, l in zip(weights, warm)).backward()
+        del warm
         for p in model.p.values():
             p.grad = None
     gc.collect()
@@ -411,10 +418,11 @@ def run(init, variant="none", steps=10, threads=0, device="cpu", resources=False
             torch.cuda.synchronize()
         start, cpu_start = time.perf_counter(), time.process_time()
         if variant == "offload":
-            with torch.autograd.graph.save_on_cpu(pin_memory=cuda):
+            with torch.autograd.graph.save_on_cpu(pin_memory=cuda), autocast():
                 task_losses = model.losses(tokens, labels)
         else:
-            task_losses = forward(tokens, labels)
+            with autocast():
+                task_losses = forward(tokens, labels)
         total = sum(w * l for w, l in zip(weights, task_losses))
         total.backward()
         del total
