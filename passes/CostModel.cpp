@@ -921,8 +921,24 @@ SmallVector<std::pair<int64_t, int64_t>> CostModel::cosineProbePaths() const {
   return paths;
 }
 
-int64_t CostModel::partialProbePath(int64_t block, int64_t mlpChain) const {
+int64_t CostModel::probeMlpChain(int64_t layer) const {
+  const int64_t b = batch, s = backbone.getSeq(), h = backbone.getHidden(),
+                f = backbone.getFfn();
+  // The up-projection's width: Llama's holds the gate's and the up's rows.
+  const int64_t up = backbone.hasGatedMlp() ? 2 * f : f;
+  // The residual stream's gradient is fp32; inside the MLP the activation
+  // gradients have the activations' type (16-bit under autocast). SwiGLU's
+  // backward adds a second zero-filled up-width buffer (one per half)
+  // beside the accumulated one.
+  const int64_t e = bytes(tensor({1}, activationElementType()));
+  return 4 * b * s * h + e * b * s * (up + f) +
+         parameterBytes(UnitKind::mlp_up, {}, layer) * (h * up + h) +
+         (backbone.hasGatedMlp() ? e * b * s * up : 0);
+}
+
+int64_t CostModel::partialProbePath(int64_t block) const {
   const bool attention = block % 2 == 1;
+  const int64_t layer = (block + 1) / 2;
   const int64_t b = batch, s = backbone.getSeq(), h = backbone.getHidden(),
                 f = backbone.getFfn();
   const int64_t e = bytes(tensor({1}, activationElementType()));
@@ -934,15 +950,19 @@ int64_t CostModel::partialProbePath(int64_t block, int64_t mlpChain) const {
         (k != UnitKind::attn_norm && k != UnitKind::mlp_norm))
       recreated += bytes(unfrozenUnit(k, {}).output);
   // Under autocast the re-run casts its linear's weight afresh (freed when
-  // it returns, after its outputs exist).
+  // it returns, after its outputs exist; counted through the block's
+  // backward: an upper bound) — not a 16-bit weight, which it reads as is.
+  const UnitKind linear = attention ? UnitKind::qkv : UnitKind::mlp_up;
   const int64_t rows = attention ? 3 * h : f;
-  const int64_t weightCopy = e < 4 ? e * (rows * h + rows) : 0;
+  const int64_t weightCopy =
+      e < 4 && parameterBytes(linear, {}, layer) == 4 ? e * (rows * h + rows)
+                                                     : 0;
   if (!attention)
     // The MLP's chain counts the GELU's output gradient and the
     // up-projection's: at the down-projection's backward the re-created GELU
     // output stands where the former will be (measured: ATen pointwise at
     // fp32 to the byte; the fused GELU-linear makes no GELU gradient).
-    return mlpChain + recreated - e * b * s * f + weightCopy;
+    return probeMlpChain(layer) + recreated - e * b * s * f + weightCopy;
   // The attention's backward: the stream's and the output projection's
   // gradients, the re-created outputs, the kernel's q, k, v gradients and
   // buffers (not measured on a path: an estimate).
@@ -963,9 +983,7 @@ int64_t CostModel::cosineProbeWorkspace(
   // The up-projection's width: Llama's holds the gate's and the up's rows.
   const int64_t up = backbone.hasGatedMlp() ? 2 * f : f;
   // Gradients are fp32 (the runtime's grads of fp32 master weights), but
-  // for 16-bit projections. Inside the MLP the activation gradients have
-  // the activations' type (16-bit under autocast); the residual stream's
-  // are fp32.
+  // for 16-bit projections.
   const int64_t e = bytes(tensor({1}, activationElementType()));
   int64_t probeParams, chain, widest;
   if (common == 0) {
@@ -974,11 +992,7 @@ int64_t CostModel::cosineProbeWorkspace(
     widest = backbone.getVocab() * h;
   } else {
     probeParams = layerParameters();
-    // SwiGLU's backward adds a second zero-filled up-width buffer (one per
-    // half) beside the accumulated one.
-    chain = 4 * b * s * h + e * b * s * (up + f) +
-            parameterBytes(UnitKind::mlp_up, {}, common) * (h * up + h) +
-            (backbone.hasGatedMlp() ? e * b * s * up : 0);
+    chain = probeMlpChain(common);
     // The Gram's double copies are of the layer's widest weight: the
     // up-projection, or the fused QKV where it is wider (ffn < 3·hidden).
     const int64_t qkvRows =
@@ -1024,7 +1038,7 @@ int64_t CostModel::cosineProbeWorkspace(
       }
     for (int64_t blk : partials)
       if (blk >= low && blk <= high)
-        path = std::max(path, partialProbePath(blk, chain));
+        path = std::max(path, partialProbePath(blk));
     probe = std::max(probe, k * held + path + gathered);
   }
   return std::max(probe, n * held + 8 * n * widest);

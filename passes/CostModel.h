@@ -179,8 +179,12 @@ public:
       llvm::ArrayRef<int64_t> partials = {}) const;
   /// The probe's backward through tensor-grain block `block`, beyond the
   /// task gradients it holds: the re-run's outputs beside the block's
-  /// backward chain (`mlpChain`: the keep-everything MLP's).
-  int64_t partialProbePath(int64_t block, int64_t mlpChain) const;
+  /// backward chain.
+  int64_t partialProbePath(int64_t block) const;
+  /// The probe's backward through layer `layer`'s MLP kept whole: the
+  /// stream's gradient, the MLP's inner ones, the up-projection's weight
+  /// gradient.
+  int64_t probeMlpChain(int64_t layer) const;
 
   /// The gradient pipeline over each task's tap gradient (`grads`): GFM's
   /// rfft and irfft along the channels (about 5·n·log2 c each, with `gfm`),

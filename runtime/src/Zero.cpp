@@ -274,6 +274,8 @@ void ZeroOptimizer::agreeOnGradients() {
 }
 
 void ZeroOptimizer::beginStep(const std::vector<bool> &present) {
+  // A step that ended without the update (or threw) leaves no sums behind.
+  folded_.assign(params_.size(), at::Tensor());
   if (stage_ < 2)
     return;
   released_.assign(params_.size(), false);
@@ -493,6 +495,11 @@ bool ZeroOptimizer::noRankBad(double bad) {
 
 int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
   at::NoGradGuard noGrad;
+  // A 16-bit gradient made after the last fold joins its sum (else the sum
+  // would stand for it alone).
+  if (std::any_of(folded_.begin(), folded_.end(),
+                  [](const at::Tensor &t) { return t.defined(); }))
+    foldHalfGradients();
   if (stage_ < 2) // the exchange left every rank the same gradients
     for (size_t i = 0; i < params_.size(); ++i)
       has_[i] = params_[i].grad().defined() || folded_[i].defined();

@@ -75,7 +75,8 @@ public:
   /// Stage 2, before a step's first backward: whether this step releases
   /// its gradients during the backward — every rank has labels for the same
   /// tasks (`present`, one small all-reduce; collective). A step that does
-  /// not keeps them to sumGradients().
+  /// not keeps them to sumGradients(). At every stage: drops the sums
+  /// foldHalfGradients left from a step that ended without its update.
   void beginStep(const std::vector<bool> &present);
   bool releasing() const { return release_; }
   /// After each micro-batch's backward (collective when releasing): what
