@@ -638,6 +638,26 @@ std::vector<at::Tensor> gradsWithBlocks(const Model &m, const Batch &b,
   return gradsOf(m, total);
 }
 
+/// `grads(partial)`: every parameter's gradient with the blocks kept
+/// (false) or at tensor grain (true) — equal bit for bit, one re-run per
+/// layer block.
+void expectKeptEqualsPartial(
+    const Model &m, const std::function<std::vector<at::Tensor>(bool)> &grads,
+    const std::string &what) {
+  const std::vector<at::Tensor> kept = grads(false);
+  const int64_t runs = Recomputed::runs();
+  const std::vector<at::Tensor> partial = grads(true);
+  EXPECT_EQ(Recomputed::runs() - runs, 2 * m.config().layers) << what;
+  auto named = m.namedParameters();
+  ASSERT_EQ(kept.size(), partial.size());
+  for (size_t i = 0; i < kept.size(); ++i) {
+    ASSERT_EQ(kept[i].defined(), partial[i].defined()) << named[i].first;
+    if (kept[i].defined())
+      EXPECT_TRUE(at::equal(kept[i], partial[i]))
+          << named[i].first << " (" << what << ")";
+  }
+}
+
 /// Tensor grain (the plan's Decision::Partial): each block's projection
 /// outputs re-created in the backward give the gradients of keeping them,
 /// bit for bit, with one re-run per block — fused and ATen pointwise ops.
@@ -648,19 +668,10 @@ TEST(TensorGrain, GradientsEqualKeepingBitForBit) {
     c.pointwise = pointwise;
     Model m(c, allHeads());
     Batch b = m.syntheticBatch(4, 3);
-    auto kept = gradsWithBlocks(m, b, /*partial=*/false);
-    const int64_t runs = Recomputed::runs();
-    auto partial = gradsWithBlocks(m, b, /*partial=*/true);
-    EXPECT_EQ(Recomputed::runs() - runs, 2 * c.layers);
-    auto named = m.namedParameters();
-    ASSERT_EQ(kept.size(), partial.size());
-    for (size_t i = 0; i < kept.size(); ++i) {
-      ASSERT_EQ(kept[i].defined(), partial[i].defined()) << named[i].first;
-      if (kept[i].defined())
-        EXPECT_TRUE(at::equal(kept[i], partial[i]))
-            << named[i].first << " (pointwise "
-            << (pointwise == PointwiseKind::Fused ? "fused" : "aten") << ")";
-    }
+    expectKeptEqualsPartial(
+        m, [&](bool partial) { return gradsWithBlocks(m, b, partial); },
+        pointwise == PointwiseKind::Fused ? "pointwise fused"
+                                          : "pointwise aten");
   }
 }
 
@@ -709,17 +720,7 @@ TEST(TensorGrain, GradientsEqualKeepingBitForBitUnderBf16) {
     }
     return gradsOf(m, total);
   };
-  const std::vector<at::Tensor> kept = grads(false);
-  const int64_t runs = Recomputed::runs();
-  const std::vector<at::Tensor> partial = grads(true);
-  EXPECT_EQ(Recomputed::runs() - runs, 2 * c.layers);
-  auto named = m.namedParameters();
-  ASSERT_EQ(kept.size(), partial.size());
-  for (size_t i = 0; i < kept.size(); ++i) {
-    ASSERT_EQ(kept[i].defined(), partial[i].defined()) << named[i].first;
-    if (kept[i].defined())
-      EXPECT_TRUE(at::equal(kept[i], partial[i])) << named[i].first;
-  }
+  expectKeptEqualsPartial(m, grads, "bf16");
 }
 
 /// What a block at tensor grain no longer keeps: the QKV projection's output
