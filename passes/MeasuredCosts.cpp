@@ -59,6 +59,15 @@ llvm::Expected<MeasuredCosts> MeasuredCosts::load(llvm::StringRef path,
                             "', the spec's budget is for " +
                             budget.getDevice());
   }
+  // The precision it was measured at: bf16 GEMMs and autocast's casts time
+  // nothing like fp32's. Profiles written before the field ran at fp32.
+  if (BudgetOp budget = model.getBudget()) {
+    StringRef have = root->getString("precision").value_or("fp32");
+    StringRef want = stringifyPrecision(budget.getPrecision());
+    if (have != want)
+      return fail(path, "was measured at precision " + have +
+                            ", the spec's budget trains at " + want);
+  }
   // The shapes it was measured at.
   const llvm::json::Object *m = root->getObject("model");
   BackboneOp backbone = model.getBackbone();

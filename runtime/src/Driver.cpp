@@ -1324,7 +1324,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
     const int64_t micro =
         std::max<int64_t>(1, o.batchSize / d.worldSize / tc.microBatches);
     writeUnitProfile(core.model(), data->batch(0, o.batchSize).slice(0, micro),
-                     o.profileUnits);
+                     o.profileUnits, tc.precision);
     std::fprintf(stderr, "wrote the segments' costs to %s\n",
                  o.profileUnits.c_str());
   }

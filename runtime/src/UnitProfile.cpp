@@ -2,6 +2,7 @@
 
 #include "mtprt/torch/UnitProfile.h"
 
+#include "Precision.h"
 #include "mtprt/torch/Optimizer.h"
 
 #include <ATen/Parallel.h>
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -64,7 +66,7 @@ void dropGrads(const Model &m, const at::Tensor &input = {}) {
 } // namespace
 
 void writeUnitProfile(const Model &m, const Batch &batch,
-                      const std::string &path, int reps) {
+                      const std::string &path, Precision precision, int reps) {
   if (reps < 1)
     throw std::invalid_argument("mtprt: --profile-units: reps must be >= 1");
   const at::Device device = m.device();
@@ -75,14 +77,25 @@ void writeUnitProfile(const Model &m, const Batch &batch,
   out["schema"] = "mtpc.costs/1";
   out["device"] = device.str();
   out["threads"] = at::get_num_threads();
+  out["precision"] = toString(precision);
   out["model"] = {{"hidden", c.hidden}, {"heads", c.heads}, {"ffn", c.ffn},
                   {"seq", c.seq},       {"vocab", c.vocab}, {"layers", c.layers},
                   {"micro_batch", b.tokens.size(0)}};
 
+  // The step's autocast, as the trainer runs it. A forward's setup empties
+  // the casts' cache: a step casts each weight in its forward, and its
+  // backward and re-runs (chain_s) read the cached cast.
+  std::optional<PrecisionGuard> autocast;
+  autocast.emplace(precision, device);
+  auto uncast = [&] {
+    if (precision != Precision::Fp32)
+      at::autocast::clear_cache();
+  };
+
   // The embeddings, from the tokens.
   at::Tensor y;
   out["embed"]["fwd_s"] =
-      fastestSeconds(device, reps, [] {}, [&] { y = m.unit(0, b.tokens); });
+      fastestSeconds(device, reps, uncast, [&] { y = m.unit(0, b.tokens); });
   out["embed"]["bwd_s"] = fastestSeconds(
       device, reps, [&] { y = m.unit(0, b.tokens); },
       [&] { torch::autograd::backward({y}, {at::ones_like(y)}); });
@@ -93,7 +106,7 @@ void writeUnitProfile(const Model &m, const Batch &batch,
   for (int64_t u : {1, 2}) {
     Json &j = out[u == 1 ? "attention" : "mlp"];
     at::Tensor gy;
-    j["fwd_s"] = fastestSeconds(device, reps, [] {}, [&] { y = m.unit(u, x); });
+    j["fwd_s"] = fastestSeconds(device, reps, uncast, [&] { y = m.unit(u, x); });
     j["bwd_s"] = fastestSeconds(
         device, reps,
         [&] {
@@ -114,7 +127,7 @@ void writeUnitProfile(const Model &m, const Batch &batch,
       continue;
     Json &j = out["heads"][m.heads()[h].name];
     at::Tensor loss;
-    j["fwd_s"] = fastestSeconds(device, reps, [] {}, [&] {
+    j["fwd_s"] = fastestSeconds(device, reps, uncast, [&] {
       loss = m.loss(h, m.head(h, x, labels), labels);
     });
     j["bwd_s"] = fastestSeconds(
@@ -151,7 +164,12 @@ void writeUnitProfile(const Model &m, const Batch &batch,
       }
     };
     out["model_step"]["fwd_s"] = fastestSeconds(
-        device, wholeReps, [&] { dropGrads(m); }, forward, /*median=*/true);
+        device, wholeReps,
+        [&] {
+          dropGrads(m);
+          uncast();
+        },
+        forward, /*median=*/true);
     out["model_step"]["bwd_s"] = fastestSeconds(
         device, wholeReps,
         [&] {
@@ -162,6 +180,8 @@ void writeUnitProfile(const Model &m, const Batch &batch,
     losses.clear();
     dropGrads(m);
   }
+  // The update and the link run outside autocast, as in a step.
+  autocast.reset();
 
   // AdamW's update as the trainer runs it (adamwStep), on copies of the
   // parameters with gradients: the model's own are left as they are.

@@ -11,7 +11,10 @@
 // planner scales them to it) and AdamW's update of copies of the parameters.
 // Each figure is wall time, the fastest of several runs after a warm-up (other
 // work on the machine only adds time); profile on the machine, threads and
-// micro batch the training will use.
+// micro batch the training will use. Under bf16 / fp16 every segment runs
+// under the training's autocast, each forward paying its weights' casts (a
+// step casts each weight once, in its forward; the backward and a re-run
+// read the cast), and the file records the precision it was measured at.
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,9 +28,10 @@
 namespace mtprt {
 
 /// Times `model`'s segments on a micro-batch `batch` and writes them as JSON
-/// (schema mtpc.costs/1, docs/planning.md) to `path`.
+/// (schema mtpc.costs/1, docs/planning.md) to `path`, at `precision`.
 void writeUnitProfile(const Model &model, const Batch &batch,
-                      const std::string &path, int reps = 7);
+                      const std::string &path,
+                      Precision precision = Precision::Fp32, int reps = 7);
 
 } // namespace mtprt
 
