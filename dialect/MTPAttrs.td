@@ -270,10 +270,13 @@ def MTP_AdaptersAttr : AttrDef<MTP_Dialect, "Adapters"> {
     -> hidden), mixed in by a per-channel gate of the task and the input;
     `separation` weighs the gate-separation loss (mtprt::AdapterConfig).
     `bottleneck auto` (about 0.1% of the backbone's parameters per task)
-    is resolved by --mtp-normalize-spec.
+    is resolved by --mtp-normalize-spec. `share 5.0e-01`: tasks whose
+    `mtp.correlate` reaches it (transitively) read one adapter, the group's
+    first task's; each keeps its own gate.
   }];
   let parameters = (ins "int64_t":$bottleneck,
-                        APFloatParameter<"gate-separation weight">:$separation);
+                        APFloatParameter<"gate-separation weight">:$separation,
+                        OptionalParameter<"std::optional<::llvm::APFloat>">:$share);
   let hasCustomAssemblyFormat = 1;
   let genVerifyDecl = 1;
   let extraClassDeclaration = [{

@@ -507,10 +507,20 @@ Attribute AdaptersAttr::parse(AsmParser &parser, Type) {
       parser.parseInteger(bottleneck))
     return {};
   if (parser.parseComma() || parser.parseKeyword("separation") ||
-      parser.parseFloat(separation) || parser.parseGreater())
+      parser.parseFloat(separation))
+    return {};
+  std::optional<APFloat> share;
+  if (succeeded(parser.parseOptionalComma())) {
+    double t;
+    if (parser.parseKeyword("share") || parser.parseFloat(t))
+      return {};
+    share = APFloat(t);
+  }
+  if (parser.parseGreater())
     return {};
   return getChecked([&] { return parser.emitError(loc); },
-                    parser.getContext(), bottleneck, APFloat(separation));
+                    parser.getContext(), bottleneck, APFloat(separation),
+                    share);
 }
 
 void AdaptersAttr::print(AsmPrinter &printer) const {
@@ -521,30 +531,43 @@ void AdaptersAttr::print(AsmPrinter &printer) const {
     printer << getBottleneck();
   printer << ", separation ";
   printer.printFloat(getSeparation());
+  if (getShare()) {
+    printer << ", share ";
+    printer.printFloat(*getShare());
+  }
   printer << '>';
 }
 
 LogicalResult
 AdaptersAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                     int64_t bottleneck, APFloat separation) {
+                     int64_t bottleneck, APFloat separation,
+                     std::optional<APFloat> share) {
   if (bottleneck != 0 && !limits::kAdapterBottleneck.contains(bottleneck))
     return emitError() << "adapters bottleneck must be auto or lie in ["
                        << limits::kAdapterBottleneck.lo << ", "
                        << limits::kAdapterBottleneck.hi << "], got "
                        << bottleneck;
+  if (share && failed(checkReal(emitError, "adapters share",
+                                share->convertToDouble(),
+                                limits::kAdapterShare)))
+    return failure();
   return checkReal(emitError, "adapters separation",
                    separation.convertToDouble(), limits::kAdapterSeparation);
 }
 
 AdaptersAttr AdaptersAttr::get(MLIRContext *context,
                                const mtprt::AdapterConfig &c) {
-  return get(context, c.bottleneck, APFloat(c.separation));
+  return get(context, c.bottleneck, APFloat(c.separation),
+             c.share ? std::optional<APFloat>(APFloat(*c.share))
+                     : std::nullopt);
 }
 
 mtprt::AdapterConfig AdaptersAttr::getConfig() const {
   mtprt::AdapterConfig c;
   c.bottleneck = getBottleneck();
   c.separation = getSeparation().convertToDouble();
+  if (getShare())
+    c.share = getShare()->convertToDouble();
   return c;
 }
 

@@ -1569,7 +1569,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
     }
   }
 
-  // adapters = none | source | npd(bottleneck = r, separation = 0.1)
+  // adapters = none | source | npd(bottleneck = r, separation = 0.1, share = T)
   if (const ast::Value *v = f.get("adapters")) {
     static const StringRef kinds[] = {"none", "source", "npd"};
     std::optional<StringRef> k = policy(*v, "adapters", kinds);
@@ -1577,7 +1577,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
       mtprt::AdapterConfig c; // bottleneck 0: about 0.1% of the backbone
       out.adaptersLoc = v->loc;
       if (*k == "npd" && v->kind == ast::Value::Kind::Call) {
-        Args a(*this, *v, {"bottleneck", "separation"});
+        Args a(*this, *v, {"bottleneck", "separation", "share"});
         if (const ast::Value *x = a.get("bottleneck"))
           c.bottleneck =
               integer(*x, "bottleneck", mtprt::limits::kAdapterBottleneck)
@@ -1586,6 +1586,8 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
           c.separation =
               real(*x, "separation", mtprt::limits::kAdapterSeparation)
                   .value_or(c.separation);
+        if (const ast::Value *x = a.get("share"))
+          c.share = real(*x, "share", mtprt::limits::kAdapterShare);
       } else if (v->kind == ast::Value::Kind::Call) {
         Args a(*this, *v, {});
       }

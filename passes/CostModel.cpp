@@ -20,10 +20,12 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/CostModel.h"
+#include "passes/PlanMemory.h"
 
 #include "mtprt/Zero.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/StringMap.h"
 
 #include <algorithm>
 #include <cassert>
@@ -582,11 +584,15 @@ UnitCost CostModel::headCost(TaskOp task) const {
     auto keep = [&](std::string name, RankedTensorType type) {
       ad.saved.push_back({std::move(name), type});
     };
+    const bool shared = readsSharedAdapter(task);
     if (autocast) {
       // Autocast's bf16 copy of the input for the down-projection, and the
-      // cast weights of both projections.
+      // cast weights of both projections (a shared adapter's are its
+      // owner's: autocast's cache casts a weight once a step).
       keep("adapter.input", tensor({b, rows, h}, act));
       for (auto [out, in] : {std::pair<int64_t, int64_t>{r, h}, {h, r}}) {
+        if (shared)
+          break;
         keep("adapter.weight", tensor({out, in}, act));
         keep("adapter.bias", tensor({out}, act));
       }
@@ -604,7 +610,11 @@ UnitCost CostModel::headCost(TaskOp task) const {
       keep("adapter.summary_gate", tensor({b, h}, f32));
     }
     const int64_t bsh = b * rows * h;
-    ad.params = mtprt::AdapterConfig::parameters(h, r);
+    // A shared adapter's gradient counts at its owner's head (where a
+    // member's backward runs first, it is made there: at most the
+    // bottleneck's fp32 gradient early).
+    ad.params = shared ? mtprt::AdapterConfig::gateParameters(h)
+                       : mtprt::AdapterConfig::parameters(h, r);
     ad.fwdFlops = 4 * b * rows * h * r + 6 * bsh;
     // Forward: (1 − g)·u beside y as the sum is made. Backward, beside y's
     // gradient (the tap's, where it has one): u's gradient and the full
@@ -1081,8 +1091,10 @@ int64_t CostModel::layerParameters() const {
 int64_t CostModel::headParameters(TaskOp task) const {
   int64_t h = backbone.getHidden();
   const int64_t adapter =
-      adapters() ? mtprt::AdapterConfig::parameters(h, adapters()->bottleneck)
-                 : 0;
+      !adapters()                ? 0
+      : readsSharedAdapter(task) ? mtprt::AdapterConfig::gateParameters(h)
+                                 : mtprt::AdapterConfig::parameters(
+                                       h, adapters()->bottleneck);
   return adapter + plainHeadParameters(task);
 }
 
@@ -1584,7 +1596,29 @@ std::optional<mtprt::AdapterConfig> CostModel::adapters() const {
       backbone.getHidden(), embeddingParameters() +
                                 backbone.getLayers() * layerParameters() +
                                 finalNormParameters());
+  if (c.share) {
+    // The correlation groups task-granular checkpointing also uses; tasks
+    // are in forward order, so a group's first is its lowest tap.
+    SmallVector<TaskOp> tasks(model.getTasks());
+    llvm::StringMap<int64_t> index;
+    for (auto [i, t] : llvm::enumerate(tasks))
+      index[t.getSymName()] = int64_t(i);
+    c.owner.assign(tasks.size(), 0);
+    for (const SmallVector<StringRef> &group : taskGroups(model, *c.share))
+      for (StringRef name : group)
+        c.owner[size_t(index[name])] = index[group.front()];
+  }
   return c;
+}
+
+bool CostModel::readsSharedAdapter(TaskOp task) const {
+  std::optional<mtprt::AdapterConfig> ad = adapters();
+  if (!ad || ad->owner.empty())
+    return false;
+  for (auto [i, t] : llvm::enumerate(model.getTasks()))
+    if (t == task)
+      return ad->ownerOf(int64_t(i)) != int64_t(i);
+  return false;
 }
 
 std::optional<mtprt::SapsConfig> CostModel::saps() const {

@@ -216,6 +216,8 @@ public:
   int64_t finalNormParameters() const;
   /// A task's head's, its adapter's included (D13).
   int64_t headParameters(TaskOp task) const;
+  /// The head without its adapter.
+  int64_t plainHeadParameters(TaskOp task) const;
   ParameterCount parameters() const;
   /// Parameters the optimizer updates: all but the frozen layers'.
   int64_t trainableParameters() const;
@@ -229,8 +231,12 @@ public:
   /// AdamW's two moments.
   static constexpr int64_t kWeightBytes = 4, kGradientBytes = 4,
                            kOptimizerBytes = 8;
-  /// D13's adapters, the bottleneck resolved (none: plain heads).
+  /// D13's adapters, the bottleneck resolved and, with `share`, each task's
+  /// adapter owner (model.getTasks() order) (none: plain heads).
   std::optional<mtprt::AdapterConfig> adapters() const;
+  /// With adapters shared (`share`): `task` reads its group's first task's
+  /// adapter, which that task's head holds; `task`'s own is its gate alone.
+  bool readsSharedAdapter(TaskOp task) const;
   /// SAPS (D12; none: dense updates).
   std::optional<mtprt::SapsConfig> saps() const;
   /// What folding a backbone unit's dense gradient of `gradientBytes` into
@@ -429,8 +435,6 @@ private:
   mlir::RankedTensorType tensor(llvm::ArrayRef<int64_t> shape,
                                 mlir::Type element) const;
   UnitCost headCost(TaskOp task) const;
-  /// The head without its adapter.
-  int64_t plainHeadParameters(TaskOp task) const;
   /// What a task's adapter adds to its head unit (see headCost).
   struct AdapterCost {
     llvm::SmallVector<SavedTensor> saved;

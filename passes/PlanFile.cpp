@@ -181,6 +181,15 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
     const mtprt::SapsConfig c = attr.getConfig();
     return fb::CreateSaps(b, c.fraction, c.every, c.lambda);
   };
+  // D13: the bottleneck as normalized, each head's adapter owner with share.
+  flatbuffers::Offset<fb::Adapters> adapters;
+  if (StrategyOp st = model.getStrategy(); st && st.getAdaptersAttr()) {
+    std::optional<mtprt::AdapterConfig> c = CostModel(model).adapters();
+    adapters = fb::CreateAdapters(
+        b, st.getAdaptersAttr().getBottleneck(), c->separation,
+        c->owner.empty() ? flatbuffers::Offset<flatbuffers::Vector<int64_t>>()
+                         : b.CreateVector(c->owner));
+  }
   flatbuffers::Offset<fb::Strategy> strategy;
   if (StrategyOp st = model.getStrategy())
     strategy = fb::CreateStrategy(
@@ -203,11 +212,7 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
                             st.getEwcAttr().getBatches(),
                             st.getEwcAttr().getConfig().threshold)
             : flatbuffers::Offset<fb::Ewc>(),
-        st.getAdaptersAttr()
-            ? fb::CreateAdapters(
-                  b, st.getAdaptersAttr().getBottleneck(),
-                  st.getAdaptersAttr().getConfig().separation)
-            : flatbuffers::Offset<fb::Adapters>(),
+        adapters,
         st.getOptimizerOffload());
   flatbuffers::Offset<fb::Train> train;
   std::string data = "synthetic";
@@ -355,10 +360,17 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
          << " for " << db->ramp_steps() << " steps, then x"
          << llvm::format("%g", db->decay()) << " every " << db->every()
          << " steps, floor " << db->floor() << "\n";
-    if (const fb::Adapters *ad = st->adapters())
+    if (const fb::Adapters *ad = st->adapters()) {
       os << "  adapters bottleneck " << ad->bottleneck()
          << " per task at its tap, gate separation "
-         << llvm::format("%g", ad->separation()) << "\n";
+         << llvm::format("%g", ad->separation());
+      // npd(share): which heads read an earlier head's adapter.
+      if (const auto *owners = ad->owners())
+        for (flatbuffers::uoffset_t i = 0; i < owners->size(); ++i)
+          if (owners->Get(i) != int64_t(i))
+            os << "; head " << i << " reads head " << owners->Get(i) << "'s";
+      os << "\n";
+    }
     if (const fb::Ewc *ew = st->ewc())
       os << "  ewc      lambda " << llvm::format("%g", ew->lambda())
          << ", the Fisher on " << ew->fisher_batches()

@@ -307,6 +307,31 @@ SmallVector<Row> rowsOf(ModelOp model, const MemoryReport &report) {
 
 /// docs/pipeline.md: the stages, their units and heads, per-stage peak and
 /// time, the bubble.
+
+namespace {
+/// D13's adapters by the one each task reads (the first of a group holds
+/// it): every task alone without `share`; and what they hold in all.
+struct AdapterGroups {
+  SmallVector<SmallVector<StringRef>> groups;
+  int64_t parameters = 0;
+};
+AdapterGroups adapterGroups(ModelOp model, const CostModel &cost) {
+  AdapterGroups out;
+  std::optional<mtprt::AdapterConfig> ad = cost.adapters();
+  SmallVector<TaskOp> tasks(model.getTasks());
+  llvm::DenseMap<int64_t, size_t> groupOf;
+  for (auto [i, t] : llvm::enumerate(tasks)) {
+    out.parameters += cost.headParameters(t) - cost.plainHeadParameters(t);
+    const int64_t owner = ad ? ad->ownerOf(int64_t(i)) : int64_t(i);
+    auto [it, fresh] = groupOf.try_emplace(owner, out.groups.size());
+    if (fresh)
+      out.groups.emplace_back();
+    out.groups[it->second].push_back(t.getSymName());
+  }
+  return out;
+}
+} // namespace
+
 static void printPipeline(ModelOp model, llvm::raw_ostream &os) {
   std::optional<PipelinePlanResult> pipe = planPipeline(model);
   if (!pipe)
@@ -464,13 +489,26 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
     const int64_t per = mtprt::AdapterConfig::parameters(
                       model.getBackbone().getHidden(), ad->bottleneck),
                   backboneParams = cost.parameters().backbone;
+    const AdapterGroups groups = adapterGroups(model, cost);
     os << "  adapters (D13): bottleneck " << ad->bottleneck << ", " << per
        << " parameters per task ("
        << llvm::format("%.2f", 100.0 * double(per) / double(backboneParams))
-       << "% of the backbone's), " << numTasks * per
+       << "% of the backbone's), " << groups.parameters
        << " in all (planned with the heads: weights, gradients, AdamW state); gate "
           "separation weight "
        << llvm::format("%g", ad->separation) << "\n";
+    if (ad->share) {
+      os << "    shared where tasks correlate at "
+         << llvm::format("%g", *ad->share) << " or more:";
+      for (auto [i, g] : llvm::enumerate(groups.groups)) {
+        os << (i ? ";" : "");
+        for (auto [j, t] : llvm::enumerate(g))
+          os << (j ? ", " : " ") << t;
+        if (g.size() < 2)
+          os << " (its own)";
+      }
+      os << " (each task keeps its own gate)\n";
+    }
   }
   if (EwcAttr ewc = strategy ? strategy.getEwcAttr() : EwcAttr()) {
     const ParameterGroups g = parameterGroups(model.getStep());
@@ -760,11 +798,21 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
     if (std::optional<mtprt::AdapterConfig> ad = CostModel(model).adapters()) {
       const int64_t per = mtprt::AdapterConfig::parameters(
           model.getBackbone().getHidden(), ad->bottleneck);
+      const AdapterGroups groups = adapterGroups(model, CostModel(model));
+      Array names;
+      for (const SmallVector<StringRef> &g : groups.groups) {
+        Array members;
+        for (StringRef t : g)
+          members.push_back(t.str());
+        names.push_back(std::move(members));
+      }
       out["adapters"] = Object{{"bottleneck", ad->bottleneck},
                                {"separation", ad->separation},
                                {"params_per_task", per},
-                               {"params", per * int64_t(llvm::range_size(
-                                                    model.getTasks()))}};
+                               {"params", groups.parameters},
+                               {"groups", std::move(names)}};
+      if (ad->share)
+        out["adapters"].getAsObject()->try_emplace("share", *ad->share);
     }
     if (StrategyOp st = model.getStrategy(); st && st.getEwcAttr()) {
       const ParameterGroups g = parameterGroups(model.getStep());

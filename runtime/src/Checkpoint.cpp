@@ -406,6 +406,25 @@ CheckpointExtra restore(const std::string &path, bool resharded, int world,
         fail(path, "it was trained with adapters (strategy { adapters }) and "
                    "the plan has none: resume it with the plan it was trained "
                    "with");
+      // Shared the same way (npd(share)): a head that holds an adapter here
+      // held one there, and one that reads its group's held none.
+      if (planned && saved) {
+        const AdapterConfig &ad = *core.model().config().adapters;
+        for (int64_t h = 0; h < core.model().numHeads(); ++h) {
+          const std::string &task = core.model().heads().at(size_t(h)).name;
+          at::Tensor held;
+          const bool own = model.try_read(
+              "head." + task + ".adapter.down.weight", held);
+          if (own != (ad.ownerOf(h) == h))
+            fail(path, "task '" + task + "' " +
+                           (own ? "had its own adapter there; the plan shares "
+                                  "its group's"
+                                : "read a shared adapter there; the plan "
+                                  "gives it its own") +
+                           " (strategy { adapters = npd(share) }): resume it "
+                           "with the plan it was trained with");
+        }
+      }
     }
     for (auto &[name, p] : core.model().namedParameters()) {
       at::Tensor v;

@@ -429,11 +429,25 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
         bad("ModelConfig.adapters.bottleneck",
             "must lie in [1, hidden = " + std::to_string(hdim) + "], got " +
                 std::to_string(r));
-      h.adapter.down = init.linear(n + ".adapter.down", hdim, r);
-      h.adapter.up = {init.leaf(n + ".adapter.up.weight",
-                                at::zeros({hdim, r}, at::kFloat)),
-                      init.leaf(n + ".adapter.up.bias",
-                                at::zeros({hdim}, at::kFloat))};
+      const int64_t owner = ad->ownerOf(int64_t(i));
+      if (!ad->owner.empty() &&
+          (ad->owner.size() != headConfigs_.size() || owner < 0 ||
+           owner > int64_t(i) || ad->ownerOf(owner) != owner))
+        bad("ModelConfig.adapters.owner",
+            "must name, per head, itself or an earlier head that reads its "
+            "own adapter");
+      if (owner != int64_t(i)) {
+        // The group's adapter: the same leaves, so every member's backward
+        // adds to one gradient; only the owner's head group lists them.
+        h.adapter.down = heads_[size_t(owner)].adapter.down;
+        h.adapter.up = heads_[size_t(owner)].adapter.up;
+      } else {
+        h.adapter.down = init.linear(n + ".adapter.down", hdim, r);
+        h.adapter.up = {init.leaf(n + ".adapter.up.weight",
+                                  at::zeros({hdim, r}, at::kFloat)),
+                        init.leaf(n + ".adapter.up.bias",
+                                  at::zeros({hdim}, at::kFloat))};
+      }
       at::Tensor a = at::empty({hdim}, at::kFloat);
       a.normal_(0.0, 1.0, init.gen);
       h.adapter.gateBias = init.leaf(n + ".adapter.gate.bias", a);
@@ -909,6 +923,14 @@ at::Tensor Model::gateSeparation(const std::vector<at::Tensor> &gates) {
   at::Tensor unit = g / g.norm(2, -1, true).clamp_min(1e-12);
   at::Tensor cos = at::matmul(unit, unit.t());
   return at::triu(cos, 1).sum() / static_cast<double>(n * (n - 1) / 2);
+}
+
+std::vector<at::Tensor> Model::sharedAdapterParameters(int64_t h) const {
+  const std::optional<AdapterConfig> &c = config_.adapters;
+  if (!c || c->ownerOf(h) == h)
+    return {};
+  const Adapter &ad = heads_.at(size_t(h)).adapter;
+  return {ad.down.weight, ad.down.bias, ad.up.weight, ad.up.bias};
 }
 
 std::vector<at::Tensor> Model::gateParameters(int64_t h) const {

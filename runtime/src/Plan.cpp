@@ -553,6 +553,25 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
                              {1, plan.model.hidden});
       a.separation = c.real("strategy.adapters.separation", ad->separation(),
                             limits::kAdapterSeparation);
+      if (const auto *owners = ad->owners()) {
+        // Each head reads its own adapter or an earlier head's that reads
+        // its own: a group's first holds the adapter.
+        const size_t n = plan.heads.size();
+        if (owners->size() != n)
+          c.field("strategy.adapters.owners",
+                  "has " + std::to_string(owners->size()) +
+                      " entries for " + std::to_string(n) + " heads");
+        for (size_t i = 0; i < owners->size(); ++i) {
+          const int64_t o = owners->Get(flatbuffers::uoffset_t(i));
+          if (o < 0 || o > int64_t(i) ||
+              (o != int64_t(i) && owners->Get(flatbuffers::uoffset_t(o)) != o))
+            c.field("strategy.adapters.owners",
+                    "head " + std::to_string(i) + " reads head " +
+                        std::to_string(o) +
+                        "'s adapter, which is not an earlier head's own");
+          a.owner.push_back(o);
+        }
+      }
       plan.model.adapters = a;
     }
     if (const auto *ew = st->ewc()) {

@@ -857,7 +857,10 @@ void TrainerCore::backwardHead(int64_t t) {
     inputs = st.topk;
   }
   const size_t nshared = inputs.size();
-  const std::vector<at::Tensor> hp = m.headParameters(t);
+  // A shared adapter (npd(share)): this task's part of its gradient too.
+  std::vector<at::Tensor> hp = m.headParameters(t);
+  for (const at::Tensor &p : m.sharedAdapterParameters(t))
+    hp.push_back(p);
   inputs.insert(inputs.end(), hp.begin(), hp.end());
   // Params scope retains the graph: the layers below need Σ α_t loss_t.
   // The head's gradient reaches its tap, whose prefetch hook (armPrefetch)

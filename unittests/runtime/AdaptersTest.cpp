@@ -154,3 +154,59 @@ TEST(Adapters, TrainerSeparatesTheGatesOnly) {
   EXPECT_FALSE(movedF);
   EXPECT_LT(sepF.back(), sepF[0]);
 }
+
+// npd(share): a task reading its group's adapter holds only its gate; the
+// adapter is one set of leaves (the owner's, listed once: one optimizer
+// state, one checkpoint name), and each member's head backward adds its part
+// to the one gradient: with both tasks' labels it is the sum of each alone.
+TEST(Adapters, SharedAdapterSumsItsMembersGradients) {
+  ModelConfig c = adapted(4);
+  c.dropout = 0.0;
+  c.adapters->separation = 0.0;
+  c.adapters->owner = {0, 0};
+  const std::vector<HeadConfig> heads = twoHeads();
+  {
+    Model m(c, heads);
+    Model isolated(adapted(4), heads);
+    EXPECT_EQ(isolated.numParameters() - m.numParameters(),
+              AdapterConfig::adapterParameters(16, 4));
+    for (const auto &[n, p] : m.namedParameters())
+      EXPECT_EQ(n.find("head.tag.adapter.down"), std::string::npos) << n;
+    const std::vector<at::Tensor> shared = m.sharedAdapterParameters(1);
+    ASSERT_EQ(shared.size(), 4u);
+    EXPECT_EQ(shared[0].unsafeGetTensorImpl(),
+              named(m, "head.cls.adapter.down.weight").unsafeGetTensorImpl());
+    EXPECT_TRUE(m.sharedAdapterParameters(0).empty());
+    EXPECT_EQ(m.gateParameters(1)[0].unsafeGetTensorImpl(),
+              named(m, "head.tag.adapter.gate.bias").unsafeGetTensorImpl());
+  }
+  // The adapter's gradient with these tasks' labels (the others dropped).
+  auto gradient = [&](std::vector<bool> tasks) {
+    TrainConfig tc;
+    tc.cosineEvery = 0;
+    TrainerCore core(c, heads, tc);
+    at::manual_seed(11);
+    {
+      torch::autograd::AutoGradMode g(false);
+      for (const auto &[n, p] : core.model().namedParameters())
+        if (n.find(".adapter.") != std::string::npos)
+          p.copy_(at::randn(p.sizes()) * 0.5);
+    }
+    Batch b = core.model().syntheticBatch(4, 2);
+    for (size_t t = 0; t < tasks.size(); ++t)
+      if (!tasks[t])
+        b.labels[t] = at::Tensor();
+    core.computeGradients(b, Schedule{});
+    std::vector<at::Tensor> g;
+    for (const at::Tensor &p : core.model().sharedAdapterParameters(1))
+      g.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
+    return g;
+  };
+  const std::vector<at::Tensor> both = gradient({true, true}),
+                                first = gradient({true, false}),
+                                second = gradient({false, true});
+  for (size_t i = 0; i < both.size(); ++i) {
+    EXPECT_GT(second[i].abs().sum().item<double>(), 0.0) << i;
+    EXPECT_TRUE(at::allclose(both[i], first[i] + second[i], 1e-5, 1e-6)) << i;
+  }
+}

@@ -610,8 +610,11 @@ std::string build(const PlanFields &f) {
       f.ewcOn ? fb::CreateEwc(b, f.ewc.lambda, f.ewc.fisherBatches,
                               f.ewc.threshold)
               : flatbuffers::Offset<fb::Ewc>(),
-      f.adapted ? fb::CreateAdapters(b, f.adapters.bottleneck,
-                                     f.adapters.separation)
+      f.adapted ? fb::CreateAdapters(
+                      b, f.adapters.bottleneck, f.adapters.separation,
+                      f.adapters.owner.empty()
+                          ? flatbuffers::Offset<flatbuffers::Vector<int64_t>>()
+                          : b.CreateVector(f.adapters.owner))
                 : flatbuffers::Offset<fb::Adapters>(),
       f.optimizerOffload);
   std::vector<flatbuffers::Offset<fb::Phase>> phases;
@@ -1119,6 +1122,10 @@ std::vector<Change> allChanges(const std::string &jsonl) {
        Shows::Losses, "", adapted},
       {"Adapters.separation", [](F &f) { f.adapters.separation = 1e3; },
        Shows::Losses, "", adapted},
+      // The second task reads the first's adapter (npd(share)).
+      {"Adapters.owners",
+       [](F &f) { f.adapters.owner.assign(f.tasks.size(), 0); },
+       Shows::Losses, "", adapted},
 
       {"Train.steps", [](F &f) { f.steps = 4; }, Shows::Records},
       {"Train.seed", [](F &f) { f.seed = 3; }, Shows::Losses},
@@ -1277,6 +1284,7 @@ TEST(PlanFields, Strategy) {
   checkTable("BatchSchedule");
   checkTable("Saps");
   checkTable("Ewc");
+  checkTable("Adapters");
 }
 TEST(PlanFields, Train) {
   checkTable("Train");
@@ -1535,4 +1543,27 @@ TEST(Plan, PipelineStagesAreChecked) {
   EXPECT_NE(error(odd).find("2 stages do not divide target.gpus 3"),
             std::string::npos)
       << error(odd);
+}
+
+// A plan whose adapter owners do not form groups (a head reading a later
+// head's adapter, or one that reads another's) is refused, naming the field.
+TEST(PlanFields, AdapterOwnersMustFormGroups) {
+  TempDir dir;
+  for (const std::vector<int64_t> &owners :
+       {std::vector<int64_t>{0, 2, 2}, std::vector<int64_t>{0, 0, 1},
+        std::vector<int64_t>{0, 0}}) {
+    PlanFields f;
+    f.adapted = true;
+    f.adapters.owner = owners;
+    const std::string plan = dir.path + "/owners.mtpplan";
+    { std::ofstream(plan, std::ios::binary) << build(f); }
+    try {
+      loadPlan(plan);
+      ADD_FAILURE() << "owners accepted: " << owners.size();
+    } catch (const PlanError &e) {
+      EXPECT_NE(std::string(e.what()).find("strategy.adapters.owners"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }

@@ -18,8 +18,15 @@
 // divides the upper triangle's sum by T², a constant the weight absorbs).
 //
 // The adapter and its gate are the task's head's parameters (trained,
-// clipped and checkpointed with it). One definition for the compiler (which
-// plans them) and the runtime. Torch-free and LLVM-free.
+// clipped and checkpointed with it). With `share = T` (npd(share = T)) tasks
+// whose declared correlation reaches T (transitively: `correlate` pairs, as
+// task-granular checkpointing groups them) read one adapter, the group's
+// first task's (in forward order), which holds it among its head's
+// parameters; every task keeps its own gate, and each member's backward adds
+// its part to the shared adapter's gradient. Tasks below T — in conflict —
+// keep isolated adapters (D14's "isolated adapter groups"). One definition
+// for the compiler (which plans them) and the runtime. Torch-free and
+// LLVM-free.
 //
 //===----------------------------------------------------------------------===//
 
@@ -31,6 +38,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 namespace mtprt {
 
@@ -40,6 +49,15 @@ struct AdapterConfig {
   int64_t bottleneck = 0;
   /// Weight of the gate-separation loss (ours: the source names none).
   double separation = 0.1;
+  /// The correlation at which tasks share an adapter (none: each its own).
+  std::optional<double> share;
+  /// Per task (the plan's head order): the task whose adapter it reads —
+  /// itself, or its group's first. Empty: every task its own.
+  std::vector<int64_t> owner;
+
+  int64_t ownerOf(int64_t task) const {
+    return owner.empty() ? task : owner[size_t(task)];
+  }
 
   /// The source's "about 0.1% of the parameters" per adapter.
   static constexpr double kSourceShare = 1e-3;
@@ -47,8 +65,14 @@ struct AdapterConfig {
   /// Parameters of one task's adapter and gate at hidden `h`, bottleneck r:
   /// down (h·r + r), up (r·h + h), the gate's a and w (2h).
   static int64_t parameters(int64_t h, int64_t r) {
-    return h * r + r + r * h + h + 2 * h;
+    return adapterParameters(h, r) + gateParameters(h);
   }
+  /// The bottleneck's alone (down and up): what a group of tasks shares.
+  static int64_t adapterParameters(int64_t h, int64_t r) {
+    return h * r + r + r * h + h;
+  }
+  /// The gate's (a and w): every task's own.
+  static int64_t gateParameters(int64_t h) { return 2 * h; }
   /// The bottleneck this config gives a backbone of `backboneParameters`
   /// at hidden `h`: the explicit one, else the width whose adapter is
   /// nearest kSourceShare of the backbone, in [1, h].
@@ -64,6 +88,7 @@ struct AdapterConfig {
 namespace limits {
 inline constexpr Range kAdapterBottleneck{1, int64_t(1) << 20};
 inline constexpr RealRange kAdapterSeparation{0.0, 1e6};
+inline constexpr RealRange kAdapterShare{-1.0, 1.0};
 } // namespace limits
 
 } // namespace mtprt

@@ -166,6 +166,9 @@ public:
   /// Task h's adapter and gate parameters (empty without adapters); they are
   /// among headParameters(h).
   std::vector<at::Tensor> gateParameters(int64_t h) const;
+  /// The adapter task h reads but does not hold (AdapterConfig::owner: its
+  /// group's first task's, among that head's parameters); empty when its own.
+  std::vector<at::Tensor> sharedAdapterParameters(int64_t h) const;
 
   /// Unit "loss.<name>": mean loss (fp32 scalar) over the scored labels
   /// (not kIgnoreLabel, not NaN). `partial`: some records of the batch lack
