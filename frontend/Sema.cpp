@@ -20,6 +20,7 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Path.h"
@@ -1842,6 +1843,17 @@ void Sema::crossChecks(CheckedSpec &spec) {
                          "gradient is dense and saps folds the backbone's "
                          "away";
   }
+  if (s.adapters && s.adapters->share &&
+      llvm::none_of(spec.correlations, [&](const CheckedSpec::Correlation &c) {
+        return c.value >= *s.adapters->share;
+      }))
+    warning(s.adaptersLoc,
+            "adapters: no correlate pair reaches share = " +
+                llvm::Twine(llvm::formatv("{0}", llvm::format(
+                                                     "%g", *s.adapters->share))
+                                .str()) +
+                ": every task keeps its own adapter; write correlate A ~ B "
+                "= R with R at or above it");
   if (s.adapters && s.adapters->bottleneck > bb.hidden)
     error(s.adaptersLoc) << "adapters: bottleneck " << s.adapters->bottleneck
                          << " is wider than the hidden size (" << bb.hidden

@@ -587,12 +587,11 @@ UnitCost CostModel::headCost(TaskOp task) const {
     const bool shared = readsSharedAdapter(task);
     if (autocast) {
       // Autocast's bf16 copy of the input for the down-projection, and the
-      // cast weights of both projections (a shared adapter's are its
-      // owner's: autocast's cache casts a weight once a step).
+      // cast weights of both projections (a shared adapter's too: each
+      // head's forward runs under its own autocast scope, whose cache ends
+      // with it).
       keep("adapter.input", tensor({b, rows, h}, act));
       for (auto [out, in] : {std::pair<int64_t, int64_t>{r, h}, {h, r}}) {
-        if (shared)
-          break;
         keep("adapter.weight", tensor({out, in}, act));
         keep("adapter.bias", tensor({out}, act));
       }
@@ -610,9 +609,8 @@ UnitCost CostModel::headCost(TaskOp task) const {
       keep("adapter.summary_gate", tensor({b, h}, f32));
     }
     const int64_t bsh = b * rows * h;
-    // A shared adapter's gradient counts at its owner's head (where a
-    // member's backward runs first, it is made there: at most the
-    // bottleneck's fp32 gradient early).
+    // A shared adapter's gradient is the group's (StepTimeline counts it
+    // at the first of its heads' backwards): the member holds its gate.
     ad.params = shared ? mtprt::AdapterConfig::gateParameters(h)
                        : mtprt::AdapterConfig::parameters(h, r);
     ad.fwdFlops = 4 * b * rows * h * r + 6 * bsh;
@@ -1194,9 +1192,33 @@ int64_t CostModel::gradientBytes(BwdOp bwd) const {
                         : int64_t(bwd.getLayer()))) {
     return 0;
   }
+  // A group's shared adapter (npd(share)) arrives with the first of its
+  // heads' backwards (sharedAdapterGradientBytes), not its owner's.
   return (task ? kGradientBytes
                : parameterBytes(bwd.getUnit(), task, bwd.getLayer())) *
-         unitParameters(bwd.getUnit(), task);
+             unitParameters(bwd.getUnit(), task) -
+         (task && bwd.getUnit() == UnitKind::head && !readsSharedAdapter(task)
+              ? sharedAdapterGradientBytes(task)
+              : 0);
+}
+
+int64_t CostModel::sharedAdapterGradientBytes(TaskOp task) const {
+  std::optional<mtprt::AdapterConfig> ad = adapters();
+  if (!ad || ad->owner.empty())
+    return 0;
+  const int64_t self = adapterOwnerIndex(task);
+  if (self < 0 || llvm::count(ad->owner, ad->ownerOf(self)) < 2)
+    return 0;
+  return kGradientBytes * mtprt::AdapterConfig::adapterParameters(
+                              backbone.getHidden(), ad->bottleneck);
+}
+
+int64_t CostModel::adapterOwnerIndex(TaskOp task) const {
+  std::optional<mtprt::AdapterConfig> ad = adapters();
+  for (auto [i, t] : llvm::enumerate(model.getTasks()))
+    if (t == task)
+      return ad ? ad->ownerOf(int64_t(i)) : int64_t(i);
+  return -1;
 }
 
 int64_t CostModel::allReduceBytes(int64_t elements, int64_t world) {

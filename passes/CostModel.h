@@ -237,6 +237,14 @@ public:
   /// With adapters shared (`share`): `task` reads its group's first task's
   /// adapter, which that task's head holds; `task`'s own is its gate alone.
   bool readsSharedAdapter(TaskOp task) const;
+  /// The index (model.getTasks() order) of the task whose adapter `task`
+  /// reads (its own without share; -1: not this model's task).
+  int64_t adapterOwnerIndex(TaskOp task) const;
+  /// The fp32 gradient of the adapter `task`'s group shares (0: its own or
+  /// none). It arrives with the first of the group's heads' backwards the
+  /// step runs — not necessarily the owner's, which gradientBytes leaves it
+  /// out of.
+  int64_t sharedAdapterGradientBytes(TaskOp task) const;
   /// SAPS (D12; none: dense updates).
   std::optional<mtprt::SapsConfig> saps() const;
   /// What folding a backbone unit's dense gradient of `gradientBytes` into

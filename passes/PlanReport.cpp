@@ -305,9 +305,6 @@ SmallVector<Row> rowsOf(ModelOp model, const MemoryReport &report) {
 }
 } // namespace
 
-/// docs/pipeline.md: the stages, their units and heads, per-stage peak and
-/// time, the bubble.
-
 namespace {
 /// D13's adapters by the one each task reads (the first of a group holds
 /// it): every task alone without `share`; and what they hold in all.
@@ -332,6 +329,8 @@ AdapterGroups adapterGroups(ModelOp model, const CostModel &cost) {
 }
 } // namespace
 
+/// docs/pipeline.md: the stages, their units and heads, per-stage peak and
+/// time, the bubble.
 static void printPipeline(ModelOp model, llvm::raw_ostream &os) {
   std::optional<PipelinePlanResult> pipe = planPipeline(model);
   if (!pipe)

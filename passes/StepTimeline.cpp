@@ -5,6 +5,7 @@
 
 #include "mtprt/Zero.h"
 
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 
 using namespace mlir;
@@ -76,6 +77,7 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
   int64_t held = 0;
   workspace.assign(order.size(), 0);
   relief.assign(order.size(), {0, 0});
+  llvm::DenseSet<int64_t> sharedAdapters; // groups whose gradient is made
   for (auto [pos, op] : llvm::enumerate(order)) {
     if (!op) // a position of its own with nothing on it (the planner's)
       continue;
@@ -101,6 +103,19 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
         allGradients += perTask;
       }
       relief[pos] = {int64_t(bwd.getFreed()), int64_t(bwd.getPending())};
+      // A shared adapter's gradient (npd(share)): with the first of its
+      // group's heads' backwards in this order (a phase's, too).
+      int64_t sharedAdapter = 0;
+      if (bwd.getUnit() == UnitKind::head && bwd.getTaskAttr())
+        for (TaskOp t : model.getTasks())
+          if (t.getSymName() == bwd.getTaskAttr().getValue())
+            if (int64_t b = cost.sharedAdapterGradientBytes(t);
+                b && sharedAdapters.insert(cost.adapterOwnerIndex(t)).second)
+              sharedAdapter = b;
+      if (sharedAdapter) {
+        gradientArrivals.push_back({int(pos), sharedAdapter});
+        held += sharedAdapter;
+      }
       if (groups.protectedByEwc && !bwd.getTaskAttr())
         largestProtected =
             std::max(largestProtected, cost.gradientBytes(bwd));

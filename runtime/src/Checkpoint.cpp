@@ -265,6 +265,13 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
       model.write(name, sharded ? zero->hostValues(p) : p);
     ar.write("model", model);
   }
+  // Which head's adapter each head reads (npd(share)), checked at resume.
+  if (const auto &ad = core.model().config().adapters) {
+    std::vector<int64_t> owners;
+    for (int64_t h = 0; h < core.model().numHeads(); ++h)
+      owners.push_back(ad->ownerOf(h));
+    ar.write("adapter_owners", at::tensor(owners, at::kLong));
+  }
   {
     torch::serialize::OutputArchive opt;
     core.optimizer().save(opt);
@@ -406,23 +413,32 @@ CheckpointExtra restore(const std::string &path, bool resharded, int world,
         fail(path, "it was trained with adapters (strategy { adapters }) and "
                    "the plan has none: resume it with the plan it was trained "
                    "with");
-      // Shared the same way (npd(share)): a head that holds an adapter here
-      // held one there, and one that reads its group's held none.
+      // Shared the same way (npd(share)): every head reads the adapter of
+      // the same head (checkpoints from before groups: each its own).
       if (planned && saved) {
         const AdapterConfig &ad = *core.model().config().adapters;
-        for (int64_t h = 0; h < core.model().numHeads(); ++h) {
-          const std::string &task = core.model().heads().at(size_t(h)).name;
-          at::Tensor held;
-          const bool own = model.try_read(
-              "head." + task + ".adapter.down.weight", held);
-          if (own != (ad.ownerOf(h) == h))
-            fail(path, "task '" + task + "' " +
-                           (own ? "had its own adapter there; the plan shares "
-                                  "its group's"
-                                : "read a shared adapter there; the plan "
-                                  "gives it its own") +
-                           " (strategy { adapters = npd(share) }): resume it "
-                           "with the plan it was trained with");
+        const auto &heads = core.model().heads();
+        at::Tensor was;
+        const bool recorded = ar.try_read("adapter_owners", was);
+        if (recorded && (was.dim() != 1 || was.scalar_type() != at::kLong ||
+                         was.numel() != int64_t(heads.size())))
+          fail(path, "its adapter_owners is not one index per head; resume "
+                     "it with the plan it was trained with");
+        for (int64_t h = 0; h < int64_t(heads.size()); ++h) {
+          const int64_t then = recorded ? was[h].item<int64_t>() : h;
+          const int64_t now = ad.ownerOf(h);
+          if (then == now)
+            continue;
+          auto reads = [&](int64_t o) {
+            return o == h ? std::string("its own adapter")
+                   : o >= 0 && o < int64_t(heads.size())
+                       ? "task '" + heads[size_t(o)].name + "''s adapter"
+                       : "adapter " + std::to_string(o);
+          };
+          fail(path, "task '" + heads[size_t(h)].name + "' read " +
+                         reads(then) + " there and reads " + reads(now) +
+                         " in the plan (strategy { adapters = npd(share) }): "
+                         "resume it with the plan it was trained with");
         }
       }
     }

@@ -18,7 +18,6 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
-#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -82,22 +81,20 @@ void writeUnitProfile(const Model &m, const Batch &batch,
                   {"seq", c.seq},       {"vocab", c.vocab}, {"layers", c.layers},
                   {"micro_batch", b.tokens.size(0)}};
 
-  // The step's autocast, as the trainer runs it. A forward's setup empties
-  // the casts' cache: a step casts each weight in its forward, and its
-  // backward and re-runs (chain_s) read the cached cast.
-  std::optional<PrecisionGuard> autocast;
-  autocast.emplace(precision, device);
-  auto uncast = [&] {
-    if (precision != Precision::Fp32)
-      at::autocast::clear_cache();
+  // Autocast as the trainer runs it: each forward under its own scope, whose
+  // cache of cast weights ends with it (a step's forward casts each weight,
+  // a tensor-grain re-run casts again); the backwards outside it.
+  auto cast = [&](const std::function<void()> &f) {
+    PrecisionGuard guard(precision, device);
+    f();
   };
 
   // The embeddings, from the tokens.
   at::Tensor y;
-  out["embed"]["fwd_s"] =
-      fastestSeconds(device, reps, uncast, [&] { y = m.unit(0, b.tokens); });
+  auto embed = [&] { cast([&] { y = m.unit(0, b.tokens); }); };
+  out["embed"]["fwd_s"] = fastestSeconds(device, reps, [] {}, embed);
   out["embed"]["bwd_s"] = fastestSeconds(
-      device, reps, [&] { y = m.unit(0, b.tokens); },
+      device, reps, embed,
       [&] { torch::autograd::backward({y}, {at::ones_like(y)}); });
   const at::Tensor x = y.detach().requires_grad_(true);
   dropGrads(m);
@@ -106,17 +103,19 @@ void writeUnitProfile(const Model &m, const Batch &batch,
   for (int64_t u : {1, 2}) {
     Json &j = out[u == 1 ? "attention" : "mlp"];
     at::Tensor gy;
-    j["fwd_s"] = fastestSeconds(device, reps, uncast, [&] { y = m.unit(u, x); });
+    auto forward = [&] { cast([&] { y = m.unit(u, x); }); };
+    j["fwd_s"] = fastestSeconds(device, reps, [] {}, forward);
     j["bwd_s"] = fastestSeconds(
         device, reps,
         [&] {
           dropGrads(m, x); // accumulating into x's gradient would add time
-          y = m.unit(u, x);
+          forward();
           gy = at::ones_like(y);
         },
         [&] { torch::autograd::backward({y}, {gy}); });
-    j["chain_s"] =
-        fastestSeconds(device, reps, [] {}, [&] { m.projections(u, x); });
+    j["chain_s"] = fastestSeconds(device, reps, [] {}, [&] {
+      cast([&] { m.projections(u, x); });
+    });
     dropGrads(m);
   }
 
@@ -127,14 +126,15 @@ void writeUnitProfile(const Model &m, const Batch &batch,
       continue;
     Json &j = out["heads"][m.heads()[h].name];
     at::Tensor loss;
-    j["fwd_s"] = fastestSeconds(device, reps, uncast, [&] {
-      loss = m.loss(h, m.head(h, x, labels), labels);
-    });
+    auto forward = [&] {
+      cast([&] { loss = m.loss(h, m.head(h, x, labels), labels); });
+    };
+    j["fwd_s"] = fastestSeconds(device, reps, [] {}, forward);
     j["bwd_s"] = fastestSeconds(
         device, reps,
         [&] {
           dropGrads(m, x);
-          loss = m.loss(h, m.head(h, x, labels), labels);
+          forward();
         },
         [&] { torch::autograd::backward({loss}); });
     dropGrads(m);
@@ -149,27 +149,26 @@ void writeUnitProfile(const Model &m, const Batch &batch,
     auto forward = [&] {
       losses.clear();
       std::vector<at::Tensor> taps(c.layers + 1);
-      at::Tensor h = m.unit(0, b.tokens);
-      taps[0] = h;
-      for (int64_t u = 1; u <= 2 * c.layers; ++u) {
-        h = m.unit(u, h);
-        if (u % 2 == 0)
-          taps[u / 2] = h;
-      }
+      cast([&] {
+        at::Tensor h = m.unit(0, b.tokens);
+        taps[0] = h;
+        for (int64_t u = 1; u <= 2 * c.layers; ++u) {
+          h = m.unit(u, h);
+          if (u % 2 == 0)
+            taps[u / 2] = h;
+        }
+      });
       for (int64_t i = 0; i < m.numHeads(); ++i) {
         const at::Tensor &labels = b.labels.at(i);
         const int64_t tap = m.heads()[i].tap;
         if (labels.defined() && tap >= 0 && tap <= c.layers)
-          losses.push_back(m.loss(i, m.head(i, taps[tap], labels), labels));
+          cast([&] {
+            losses.push_back(m.loss(i, m.head(i, taps[tap], labels), labels));
+          });
       }
     };
     out["model_step"]["fwd_s"] = fastestSeconds(
-        device, wholeReps,
-        [&] {
-          dropGrads(m);
-          uncast();
-        },
-        forward, /*median=*/true);
+        device, wholeReps, [&] { dropGrads(m); }, forward, /*median=*/true);
     out["model_step"]["bwd_s"] = fastestSeconds(
         device, wholeReps,
         [&] {
@@ -180,8 +179,6 @@ void writeUnitProfile(const Model &m, const Batch &batch,
     losses.clear();
     dropGrads(m);
   }
-  // The update and the link run outside autocast, as in a step.
-  autocast.reset();
 
   // AdamW's update as the trainer runs it (adamwStep), on copies of the
   // parameters with gradients: the model's own are left as they are.

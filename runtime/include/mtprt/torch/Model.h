@@ -163,7 +163,7 @@ public:
   /// The gate-separation loss over `gates` (gateMean of two tasks or more):
   /// the mean over pairs i < j of cos(G_i, G_j), unweighted.
   static at::Tensor gateSeparation(const std::vector<at::Tensor> &gates);
-  /// Task h's adapter and gate parameters (empty without adapters); they are
+  /// Task h's gate parameters (a_h, w_h; empty without adapters); they are
   /// among headParameters(h).
   std::vector<at::Tensor> gateParameters(int64_t h) const;
   /// The adapter task h reads but does not hold (AdapterConfig::owner: its

@@ -11,10 +11,10 @@
 // planner scales them to it) and AdamW's update of copies of the parameters.
 // Each figure is wall time, the fastest of several runs after a warm-up (other
 // work on the machine only adds time); profile on the machine, threads and
-// micro batch the training will use. Under bf16 / fp16 every segment runs
-// under the training's autocast, each forward paying its weights' casts (a
-// step casts each weight once, in its forward; the backward and a re-run
-// read the cast), and the file records the precision it was measured at.
+// micro batch the training will use. Under bf16 / fp16 each forward and
+// re-run runs under its own autocast scope, as the trainer's do (paying its
+// weights' casts: the cache ends with the scope), the backwards outside it;
+// the file records the precision it was measured at.
 //
 //===----------------------------------------------------------------------===//
 
