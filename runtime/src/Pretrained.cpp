@@ -454,11 +454,17 @@ void exportPretrained(const Model &model, const std::string &dir,
   writeSafetensors(dir + "/model.safetensors", backbone, {{"format", "pt"}});
 
   nlohmann::ordered_json heads = nlohmann::ordered_json::array();
-  for (const HeadConfig &h : model.heads())
+  for (int64_t i = 0; i < model.numHeads(); ++i) {
+    const HeadConfig &h = model.heads()[size_t(i)];
     heads.push_back({{"name", h.name},
                      {"kind", static_cast<int>(h.kind)},
                      {"tap", h.tap},
                      {"classes", h.classes}});
+    // D13: whose adapter the head reads (npd(share): a member's tensors
+    // are its group's first head's, written once under that head's name).
+    if (const std::optional<AdapterConfig> &ad = model.config().adapters)
+      heads.back()["adapter"] = model.heads()[size_t(ad->ownerOf(i))].name;
+  }
   std::vector<std::pair<std::string, at::Tensor>> headTensors;
   for (int64_t h = 0; h < model.numHeads(); ++h)
     for (const auto &[name, t] : model.namedParameters())
