@@ -192,14 +192,19 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
          << " values are " << stringifyPrecision(model.getBudget().getPrecision())
          << " on the device (" << formatBytes(2 * half)
          << " fewer bytes of parameters and of gradients each); each step the "
-            "update copies "
-         << (shard == elements ? formatBytes(4 * shard - 2 * half) + " of "
-                               : std::string("this run's "))
+            "update copies ";
+      // Folded 16-bit gradients went to the host after each micro-batch:
+      // the update copies the fp32 ones.
+      const int64_t folded = cost.foldedGradientBytes();
+      os << (shard != elements ? std::string("this run's ")
+             : folded          ? formatBytes(4 * (shard - half)) + " of fp32 "
+                               : formatBytes(4 * shard - 2 * half) + " of ")
          << "gradients to the host and the parameters back";
-      if (const int64_t folded = cost.foldedGradientBytes())
+      if (folded)
         os << "; with " << model.getBudget().getAccumulationSteps()
-           << " micro-batches a step their gradients are summed in fp32 on "
-              "the host ("
+           << " micro-batches a step the 16-bit gradients ("
+           << formatBytes(2 * half)
+           << ") go to the host after each, summed in fp32 there ("
            << formatBytes(folded) << ") and freed on the device";
       os << "\n";
     } else {
