@@ -35,6 +35,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -100,6 +101,7 @@ struct Options {
   std::string exportDir;
   std::string dumpHidden;
   std::string profileUnits;
+  int64_t measureCorrelation = 0;
   std::string profile;
   bool profileMemory = false;
   bool resources = false;
@@ -203,6 +205,13 @@ const Flag kFlags[] = {
      "re-run, the embeddings, each head with its loss, the host link) and "
      "write them to FILE as JSON for `mtpc plan --costs FILE`; with --steps 0 "
      "nothing trains"},
+    {"--measure-correlation", "N",
+     "measure how related the tasks are: the cosines of their gradients on "
+     "the topmost layer every task reads through (as DGFG's matrix and EWC's "
+     "conflict detector: eval mode, nothing changes), averaged over the "
+     "first N batches, printed as `correlate A ~ B = R` lines for the spec "
+     "(task-granular checkpointing's groups, adapters' share); with --steps "
+     "0 nothing trains"},
     {"--export", "DIR",
      "when training ends (with --steps 0: the loaded, initial or resumed "
      "state), write the backbone to DIR as a Hugging Face model directory "
@@ -484,6 +493,8 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       o.dumpHidden = value;
     else if (arg == "--profile-units")
       o.profileUnits = value;
+    else if (arg == "--measure-correlation")
+      o.measureCorrelation = toInt(arg, value, 1, big);
     else if (arg == "--resources")
       o.resources = true;
     else if (arg == "--profile-memory")
@@ -834,6 +845,64 @@ void writeFile(const std::string &path, const std::vector<char> &bytes) {
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   if (!f)
     throw std::runtime_error("--dump-init: cannot write " + path);
+}
+
+/// --measure-correlation N: the tasks' gradient cosines (taskSimilarity, on
+/// this rank's rows, averaged over the ranks) over the first N batches,
+/// averaged per pair over the batches where both have labels, printed as
+/// the spec's `correlate` lines.
+template <typename MineOf>
+void measureCorrelation(TrainerCore &core, DataSource &data, MineOf mineOf,
+                        const Schedule &schedule, const Options &o,
+                        const char *refused, bool rank0) {
+  if (refused)
+    throw std::runtime_error(
+        std::string("--measure-correlation: not with ") + refused +
+        " (the measurement runs the whole model in one process); measure "
+        "with the spec's plan at zero = 0 and without a pipeline");
+  const auto &heads = core.model().heads();
+  const int64_t n = static_cast<int64_t>(heads.size());
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<std::vector<double>> sum(n, std::vector<double>(n, 0.0));
+  std::vector<std::vector<int64_t>> count(n, std::vector<int64_t>(n, 0));
+  int64_t layer = 0;
+  for (int64_t i = 0; i < o.measureCorrelation; ++i) {
+    const std::vector<std::vector<double>> cos = core.taskSimilarity(
+        mineOf(data.batch(i, o.batchSize)), schedule, all, &layer);
+    if (cos.empty())
+      break; // fewer than two tasks, or the layer is frozen
+    for (int64_t a = 0; a < n; ++a)
+      for (int64_t b = a + 1; b < n; ++b)
+        if (std::isfinite(cos[a][b]))
+          sum[a][b] += cos[a][b], ++count[a][b];
+  }
+  if (!rank0)
+    return;
+  if (n < 2 || core.model().config().frozen(layer)) {
+    std::printf("mtprt: --measure-correlation: %s\n",
+                n < 2 ? "one task: nothing to correlate"
+                      : "the layer every task reads through is frozen: no "
+                        "shared gradient to compare");
+    return;
+  }
+  std::printf("# task gradient similarity: cosines on layer %lld's parameters "
+              "over %lld batches of %lld (paste into the spec)\n",
+              static_cast<long long>(layer),
+              static_cast<long long>(o.measureCorrelation),
+              static_cast<long long>(o.batchSize));
+  for (int64_t a = 0; a < n; ++a)
+    for (int64_t b = a + 1; b < n; ++b) {
+      if (!count[a][b]) {
+        std::printf("# %s ~ %s: no batch had both tasks' labels\n",
+                    heads[a].name.c_str(), heads[b].name.c_str());
+        continue;
+      }
+      std::printf("correlate %s ~ %s = %.2f\n", heads[a].name.c_str(),
+                  heads[b].name.c_str(),
+                  std::clamp(sum[a][b] / double(count[a][b]), -1.0, 1.0));
+    }
+  std::fflush(stdout);
 }
 
 /// DIR/params.pt (name -> tensor, Model::namedParameters order), DIR/batch.pt
@@ -1329,6 +1398,12 @@ int train(const std::string &name, const Program &p, const Options &o) {
                  o.profileUnits.c_str());
   }
   whole.reset();
+  if (o.measureCorrelation > 0)
+    measureCorrelation(core, *data, mineOf, p.schedule, o,
+                       /*refused=*/pipeline.active()  ? "a pipeline"
+                                   : tc.zeroStage > 0 ? "ZeRO"
+                                                      : nullptr,
+                       rank0);
 
   // Resume: each rank picks its newest good checkpoint; the ranks agree on
   // the oldest of those steps. Checkpoints of a run with another process
