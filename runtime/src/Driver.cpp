@@ -35,7 +35,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <numeric>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -45,6 +44,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <unordered_set>
