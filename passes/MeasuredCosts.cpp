@@ -131,9 +131,6 @@ llvm::Expected<MeasuredCosts> MeasuredCosts::load(llvm::StringRef path,
   if (root->get("optimizer_s"))
     if (llvm::Error e = seconds(root, "", "optimizer_s", costs.optimizer))
       return std::move(e);
-  if (root->get("trainer_step_s"))
-    if (llvm::Error e = seconds(root, "", "trainer_step_s", costs.trainerStep))
-      return std::move(e);
   if (const llvm::json::Object *whole = root->getObject("model_step")) {
     double fwd = 0, bwd = 0;
     if (llvm::Error e = seconds(whole, "model_step", "fwd_s", fwd))

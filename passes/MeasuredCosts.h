@@ -34,10 +34,6 @@ struct MeasuredCosts {
   double toHost = 0, toDevice = 0;
   /// AdamW's update of every parameter (0: not measured).
   double optimizer = 0;
-  /// The trainer's own step keeping everything, one micro-batch, no update
-  /// (0: not measured): what it adds beyond the segments is added to every
-  /// plan's step (MemoryPlanner's keepStepSeconds).
-  double trainerStep = 0;
   /// What the segments above were scaled by so that they add up to the
   /// whole model's measured forward and backward (1: not measured). A
   /// segment timed alone runs with its working set in cache; in a step the

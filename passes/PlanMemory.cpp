@@ -431,16 +431,6 @@ void MemoryPlanner::Impl::build() {
   for (auto [low, high] : cost.cosineProbePaths())
     for (int64_t b = low; b <= high; ++b)
       keepStepSeconds += blockBwdSeconds.lookup(b);
-  // The trainer's own kept step as measured (no update) against the
-  // segments' sum: what the step program adds beyond them — the per-task
-  // backwards, the pipeline, its bookkeeping — the same in every plan.
-  if (measured && measured->trainerStep > 0) {
-    double update = 0;
-    for (Operation &op : body)
-      if (isa<OptimizerStepOp>(op))
-        update += opSeconds(&op);
-    keepStepSeconds += measured->trainerStep - (keepStepSeconds - update);
-  }
   // Prefetch one unit group ahead of the first use.
   candPrefetch.assign(candidates.size(), numOps);
   for (size_t i = 0; i < bwdGroups.size(); ++i) {

@@ -1392,16 +1392,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
   if (!o.profileUnits.empty() && rank0) {
     const int64_t micro =
         std::max<int64_t>(1, o.batchSize / d.worldSize / tc.microBatches);
-    const Batch first = data->batch(0, o.batchSize).slice(0, micro);
-    // The trainer's kept step on the micro-batch (one process, nothing to
-    // train after it: it draws dropout's random numbers).
-    std::function<void()> trainerStep;
-    if (o.steps == 0 && d.worldSize == 1 && !pipeline.active())
-      trainerStep = [&] { core.computeGradients(first, Schedule{}); };
-    core.setMicroBatches(1);
-    writeUnitProfile(core.model(), first, o.profileUnits, tc.precision,
-                     /*reps=*/7, trainerStep);
-    core.setMicroBatches(tc.microBatches);
+    writeUnitProfile(core.model(), data->batch(0, o.batchSize).slice(0, micro),
+                     o.profileUnits, tc.precision);
     std::fprintf(stderr, "wrote the segments' costs to %s\n",
                  o.profileUnits.c_str());
   }

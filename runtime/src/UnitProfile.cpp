@@ -65,8 +65,7 @@ void dropGrads(const Model &m, const at::Tensor &input = {}) {
 } // namespace
 
 void writeUnitProfile(const Model &m, const Batch &batch,
-                      const std::string &path, Precision precision, int reps,
-                      const std::function<void()> &trainerStep) {
+                      const std::string &path, Precision precision, int reps) {
   if (reps < 1)
     throw std::invalid_argument("mtprt: --profile-units: reps must be >= 1");
   const at::Device device = m.device();
@@ -180,15 +179,6 @@ void writeUnitProfile(const Model &m, const Batch &batch,
     losses.clear();
     dropGrads(m);
   }
-
-  // The trainer's own step, everything kept, no update (the median: what a
-  // step takes): the per-task backward, the gradient pipeline and the step
-  // program's bookkeeping beyond the model's forward and backward.
-  if (trainerStep)
-    out["trainer_step_s"] = fastestSeconds(
-        device, std::min(reps, 5), [&] { dropGrads(m); }, trainerStep,
-        /*median=*/true);
-  dropGrads(m);
 
   // AdamW's update as the trainer runs it (adamwStep), on copies of the
   // parameters with gradients: the model's own are left as they are.

@@ -8,9 +8,7 @@
 // its loss, forward and backward; host copies of a block's output both ways;
 // then the whole model's forward and backward (every layer, every head at its
 // tap: a step's working set, which the segments alone do not have — the
-// planner scales them to it), the trainer's own step keeping everything
-// (what a step adds beyond the model: the planner adds the difference to
-// every plan) and AdamW's update of copies of the parameters.
+// planner scales them to it) and AdamW's update of copies of the parameters.
 // Each figure is wall time, the fastest of several runs after a warm-up (other
 // work on the machine only adds time); profile on the machine, threads and
 // micro batch the training will use. Under bf16 / fp16 each forward and
@@ -25,20 +23,15 @@
 
 #include "mtprt/torch/Model.h"
 
-#include <functional>
 #include <string>
 
 namespace mtprt {
 
 /// Times `model`'s segments on a micro-batch `batch` and writes them as JSON
 /// (schema mtpc.costs/1, docs/planning.md) to `path`, at `precision`.
-/// `trainerStep` (optional): the trainer's own step with everything kept on
-/// `batch` (forward, per-task backward, gradient pipeline, no update),
-/// timed as `trainer_step_s`; the model's gradients are dropped before each.
 void writeUnitProfile(const Model &model, const Batch &batch,
                       const std::string &path,
-                      Precision precision = Precision::Fp32, int reps = 7,
-                      const std::function<void()> &trainerStep = {});
+                      Precision precision = Precision::Fp32, int reps = 7);
 
 } // namespace mtprt
 
