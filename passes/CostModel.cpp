@@ -1206,8 +1206,8 @@ int64_t CostModel::sharedAdapterGradientBytes(TaskOp task) const {
   std::optional<mtprt::AdapterConfig> ad = adapters();
   if (!ad || ad->owner.empty())
     return 0;
-  const int64_t self = adapterOwnerIndex(task);
-  if (self < 0 || llvm::count(ad->owner, ad->ownerOf(self)) < 2)
+  const int64_t owner = adapterOwnerIndex(task);
+  if (owner < 0 || llvm::count(ad->owner, owner) < 2)
     return 0;
   return kGradientBytes * mtprt::AdapterConfig::adapterParameters(
                               backbone.getHidden(), ad->bottleneck);

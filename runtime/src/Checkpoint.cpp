@@ -425,15 +425,25 @@ CheckpointExtra restore(const std::string &path, bool resharded, int world,
           fail(path, "its adapter_owners is not one index per head; resume "
                      "it with the plan it was trained with");
         for (int64_t h = 0; h < int64_t(heads.size()); ++h) {
-          const int64_t then = recorded ? was[h].item<int64_t>() : h;
           const int64_t now = ad.ownerOf(h);
-          if (then == now)
+          // Unrecorded (written before the owners were): whether the head
+          // held an adapter there is all it says.
+          at::Tensor held;
+          const bool own =
+              model.try_read("head." + heads[size_t(h)].name +
+                                 ".adapter.down.weight",
+                             held);
+          const int64_t then = recorded ? was[h].item<int64_t>()
+                               : own    ? h
+                                        : -1;
+          if (then == now || (!recorded && !own && now != h))
             continue;
           auto reads = [&](int64_t o) {
             return o == h ? std::string("its own adapter")
                    : o >= 0 && o < int64_t(heads.size())
                        ? "task '" + heads[size_t(o)].name + "''s adapter"
-                       : "adapter " + std::to_string(o);
+                   : o == -1 ? std::string("another task's adapter")
+                             : "adapter " + std::to_string(o);
           };
           fail(path, "task '" + heads[size_t(h)].name + "' read " +
                          reads(then) + " there and reads " + reads(now) +

@@ -209,9 +209,10 @@ const Flag kFlags[] = {
      "measure how related the tasks are: the cosines of their gradients on "
      "the topmost layer every task reads through (as DGFG's matrix and EWC's "
      "conflict detector: eval mode, nothing changes), averaged over the "
-     "first N batches, printed as `correlate A ~ B = R` lines for the spec "
-     "(task-granular checkpointing's groups, adapters' share); with --steps "
-     "0 nothing trains"},
+     "first micro-batch of each of the first N batches, on the weights the "
+     "run starts from (before a --resume), printed as `correlate A ~ B = R` "
+     "lines for the spec (task-granular checkpointing's groups, adapters' "
+     "share); with --steps 0 nothing trains"},
     {"--export", "DIR",
      "when training ends (with --steps 0: the loaded, initial or resumed "
      "state), write the backbone to DIR as a Hugging Face model directory "
@@ -887,10 +888,10 @@ void measureCorrelation(TrainerCore &core, DataSource &data, MineOf mineOf,
     return;
   }
   std::printf("# task gradient similarity: cosines on layer %lld's parameters "
-              "over %lld batches of %lld (paste into the spec)\n",
+              "over %lld batches, the first micro-batch of each (paste into "
+              "the spec)\n",
               static_cast<long long>(layer),
-              static_cast<long long>(o.measureCorrelation),
-              static_cast<long long>(o.batchSize));
+              static_cast<long long>(o.measureCorrelation));
   for (int64_t a = 0; a < n; ++a)
     for (int64_t b = a + 1; b < n; ++b) {
       if (!count[a][b]) {
