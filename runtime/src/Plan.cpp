@@ -18,6 +18,7 @@
 #include "schema/plan_generated.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <initializer_list>
@@ -397,9 +398,16 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
         heads.push_back(it->second);
     }
   }
-  if (fb->regions())
-    for (const mtp::fb::Region *r : *fb->regions())
+  if (const auto *regions = fb->regions()) {
+    // The verifier checks a struct vector's length word, not its elements'
+    // 8-byte alignment: mtpc never writes one misaligned, a forged file may.
+    if (reinterpret_cast<uintptr_t>(regions->Data()) %
+            alignof(mtp::fb::Region) !=
+        0)
+      c.field("regions", "are misaligned (the plan is damaged)");
+    for (const mtp::fb::Region *r : *regions)
       plan.schedule.regions.emplace_back(r->first_block(), r->last_block());
+  }
   for (int64_t block : recomputedBlocks) {
     bool inRegion = false;
     for (const auto &[first, last] : plan.schedule.regions)
