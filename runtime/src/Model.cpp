@@ -429,15 +429,10 @@ Model::Model(ModelConfig config, std::vector<HeadConfig> heads)
         bad("ModelConfig.adapters.bottleneck",
             "must lie in [1, hidden = " + std::to_string(hdim) + "], got " +
                 std::to_string(r));
-      if (!ad->owner.empty() && ad->owner.size() != headConfigs_.size())
-        bad("ModelConfig.adapters.owner",
-            "has " + std::to_string(ad->owner.size()) + " entries for " +
-                std::to_string(headConfigs_.size()) + " heads");
+      if (std::string why = ad->ownerProblem(headConfigs_.size());
+          !why.empty())
+        bad("ModelConfig.adapters.owner", why);
       const int64_t owner = ad->ownerOf(int64_t(i));
-      if (owner < 0 || owner > int64_t(i) || ad->ownerOf(owner) != owner)
-        bad("ModelConfig.adapters.owner",
-            "must name, per head, itself or an earlier head that reads its "
-            "own adapter");
       if (owner != int64_t(i)) {
         // The group's adapter: the same leaves, so every member's backward
         // adds to one gradient; only the owner's head group lists them.

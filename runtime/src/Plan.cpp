@@ -400,10 +400,12 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
   }
   if (const auto *regions = fb->regions()) {
     // The verifier checks a struct vector's length word, not its elements'
-    // 8-byte alignment: mtpc never writes one misaligned, a forged file may.
-    if (reinterpret_cast<uintptr_t>(regions->Data()) %
-            alignof(mtp::fb::Region) !=
-        0)
+    // 8-byte alignment: mtpc never writes elements misaligned, a forged file
+    // may (an empty vector is not aligned: flatbuffers pads for elements).
+    if (regions->size() > 0 &&
+        reinterpret_cast<uintptr_t>(regions->Data()) %
+                alignof(mtp::fb::Region) !=
+            0)
       c.field("regions", "are misaligned (the plan is damaged)");
     for (const mtp::fb::Region *r : *regions)
       plan.schedule.regions.emplace_back(r->first_block(), r->last_block());
@@ -562,23 +564,9 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
       a.separation = c.real("strategy.adapters.separation", ad->separation(),
                             limits::kAdapterSeparation);
       if (const auto *owners = ad->owners()) {
-        // Each head reads its own adapter or an earlier head's that reads
-        // its own: a group's first holds the adapter.
-        const size_t n = plan.heads.size();
-        if (owners->size() != n)
-          c.field("strategy.adapters.owners",
-                  "has " + std::to_string(owners->size()) +
-                      " entries for " + std::to_string(n) + " heads");
-        for (size_t i = 0; i < owners->size(); ++i) {
-          const int64_t o = owners->Get(flatbuffers::uoffset_t(i));
-          if (o < 0 || o > int64_t(i) ||
-              (o != int64_t(i) && owners->Get(flatbuffers::uoffset_t(o)) != o))
-            c.field("strategy.adapters.owners",
-                    "head " + std::to_string(i) + " reads head " +
-                        std::to_string(o) +
-                        "'s adapter, which is not an earlier head's own");
-          a.owner.push_back(o);
-        }
+        a.owner.assign(owners->begin(), owners->end());
+        if (std::string why = a.ownerProblem(plan.heads.size()); !why.empty())
+          c.field("strategy.adapters.owners", why);
       }
       plan.model.adapters = a;
     }

@@ -155,6 +155,36 @@ TEST(Adapters, TrainerSeparatesTheGatesOnly) {
   EXPECT_LT(sepF.back(), sepF[0]);
 }
 
+// One rule for a group's owners, asked by the plan reader and the model:
+// each task reads its own adapter or an earlier task's own.
+TEST(Adapters, OwnersFormGroupsOrTheModelRefusesThem) {
+  AdapterConfig a;
+  EXPECT_EQ(a.ownerProblem(3), "");
+  a.owner = {0, 0, 2};
+  EXPECT_EQ(a.ownerProblem(3), "");
+  EXPECT_EQ(a.ownerProblem(2), "has 3 entries for 2 heads");
+  a.owner = {0, 0, 1};
+  EXPECT_EQ(a.ownerProblem(3),
+            "head 2 reads head 1's adapter, which is not an earlier head's own");
+  a.owner = {0, 2, 2};
+  EXPECT_NE(a.ownerProblem(3).find("head 1 reads head 2's"), std::string::npos);
+  a.owner = {-1, 1};
+  EXPECT_NE(a.ownerProblem(2).find("head 0 reads head -1's"), std::string::npos);
+  ModelConfig c = adapted(4);
+  c.adapters->owner = {1, 1};
+  try {
+    Model m(c, twoHeads());
+    ADD_FAILURE() << "owners {1, 1} accepted";
+  } catch (const std::exception &e) {
+    EXPECT_NE(std::string(e.what()).find("ModelConfig.adapters.owner"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("head 0 reads head 1's"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // npd(share): a task reading its group's adapter holds only its gate; the
 // adapter is one set of leaves (the owner's, listed once: one optimizer
 // state, one checkpoint name), and each member's head backward adds its part

@@ -39,6 +39,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace mtprt {
@@ -57,6 +58,25 @@ struct AdapterConfig {
 
   int64_t ownerOf(int64_t task) const {
     return owner.empty() ? task : owner[size_t(task)];
+  }
+
+  /// Why `owner` cannot serve `tasks` tasks; empty when it can. The plan
+  /// reader and the model ask this one rule: each task reads its own
+  /// adapter or an earlier task's that reads its own (a group's first).
+  std::string ownerProblem(size_t tasks) const {
+    if (owner.empty())
+      return {};
+    if (owner.size() != tasks)
+      return "has " + std::to_string(owner.size()) + " entries for " +
+             std::to_string(tasks) + " heads";
+    for (size_t i = 0; i < owner.size(); ++i) {
+      const int64_t o = owner[i];
+      if (o < 0 || o > int64_t(i) || (o != int64_t(i) && owner[size_t(o)] != o))
+        return "head " + std::to_string(i) + " reads head " +
+               std::to_string(o) +
+               "'s adapter, which is not an earlier head's own";
+    }
+    return {};
   }
 
   /// The source's "about 0.1% of the parameters" per adapter.
