@@ -564,6 +564,11 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
       a.separation = c.real("strategy.adapters.separation", ad->separation(),
                             limits::kAdapterSeparation);
       if (const auto *owners = ad->owners()) {
+        // The length before the copy: a forged one may be large.
+        if (owners->size() != plan.heads.size())
+          c.field("strategy.adapters.owners",
+                  "has " + std::to_string(owners->size()) + " entries for " +
+                      std::to_string(plan.heads.size()) + " heads");
         a.owner.assign(owners->begin(), owners->end());
         if (std::string why = a.ownerProblem(plan.heads.size()); !why.empty())
           c.field("strategy.adapters.owners", why);
