@@ -4,6 +4,7 @@
 
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "mtprt/Safetensors.h"
 
 #include <cmath>
 
@@ -28,8 +29,14 @@ llvm::Expected<MeasuredCosts> MeasuredCosts::load(llvm::StringRef path,
                                buffer.getError().message() +
                                "; write one with `mtpc profile SPEC -o " +
                                path + "`");
-  llvm::Expected<llvm::json::Value> parsed =
-      llvm::json::parse((*buffer)->getBuffer());
+  // llvm::json::parse recurses once per level: a costs file nests 4 deep.
+  constexpr int kMaxDepth = 16;
+  const llvm::StringRef text = (*buffer)->getBuffer();
+  if (mtprt::safetensors::nestingPast({text.data(), text.size()},
+                                      kMaxDepth) != std::string_view::npos)
+    return fail(path, llvm::Twine("nests deeper than ") + llvm::Twine(kMaxDepth) +
+                          " levels; not a costs file `mtpc profile` wrote");
+  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(text);
   if (!parsed)
     return fail(path, "not JSON (" + llvm::toString(parsed.takeError()) + ")");
   const llvm::json::Object *root = parsed->getAsObject();
@@ -80,7 +87,9 @@ llvm::Expected<MeasuredCosts> MeasuredCosts::load(llvm::StringRef path,
   for (auto [key, want] : shapes) {
     std::optional<int64_t> have = m ? m->getInteger(key) : std::nullopt;
     if (!have)
-      return fail(path, llvm::Twine("field 'model.") + key + "' is missing");
+      return fail(path, llvm::Twine("field 'model.") + key +
+                            (m && m->get(key) ? "' is not a whole number"
+                                              : "' is missing"));
     if (want >= 0 && *have != want)
       return fail(path, llvm::Twine("was measured with ") + key + " " +
                             llvm::Twine(*have) + ", the spec has " +
