@@ -1584,9 +1584,29 @@ int train(const std::string &name, const Program &p, const Options &o) {
       if (rank0)
         std::fprintf(stderr, "resumed from %s (step %lld)\n", path.c_str(),
                      static_cast<long long>(agreed));
-    } else if (rank0) {
-      std::fprintf(stderr, "no checkpoint in %s: starting fresh\n",
-                   o.checkpointDir.c_str());
+    } else {
+      // No rank of this run has one; another rank's file (a larger run's
+      // rank 1, a renamed file) is not nothing to resume: refuse, never
+      // train over it from scratch.
+      std::error_code ec;
+      std::string other;
+      for (const auto &e :
+           std::filesystem::directory_iterator(o.checkpointDir, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind("step-", 0) == 0 && name.find(".rank") != std::string::npos &&
+            name.size() > 5 && name.compare(name.size() - 5, 5, ".ckpt") == 0 &&
+            (other.empty() || name < other))
+          other = name;
+      }
+      if (!other.empty())
+        stopAll("cannot resume from " + o.checkpointDir + ": it holds " +
+                o.checkpointDir + "/" + other + " but no checkpoint of rank 0 of " +
+                processes(d.worldSize) +
+                "; restore rank 0's files, resume with the processes that "
+                "wrote it, or start fresh with another --checkpoint-dir");
+      if (rank0)
+        std::fprintf(stderr, "no checkpoint in %s: starting fresh\n",
+                     o.checkpointDir.c_str());
     }
   }
   // --export: the backbone as Hugging Face weights, when training ends.
