@@ -537,6 +537,24 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
     bool isTask = task == "mean";
     for (const HeadConfig &h : p.heads)
       isTask |= h.name == task;
+    // The task (for mean: some task) must report the metric, or nothing is
+    // ever kept.
+    std::string reported;
+    bool reports = false;
+    for (const HeadConfig &h : p.heads) {
+      if (task != "mean" && h.name != task)
+        continue;
+      for (const char *m : metrics::namesFor(h)) {
+        reports |= metric == m;
+        if (task != "mean")
+          reported += (reported.empty() ? "" : ", ") + std::string(m);
+      }
+    }
+    if (known && isTask && !reports)
+      throw UsageError("--keep-best " + o.keepBest + ": " +
+                       (task == "mean" ? std::string("no task reports ") + metric
+                                       : task + " reports " + reported +
+                                             ", not " + metric));
     if (!known || !isTask) {
       std::string tasks;
       for (const HeadConfig &h : p.heads)
@@ -546,6 +564,50 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
                        " or mean, METRIC one of accuracy, macro_f1, mse, "
                        "pearson, spearman, token_accuracy, entity_f1, "
                        "exact_match, token_f1, loss, ...");
+    }
+  }
+  // A file written must not be one read (--predict F --out F would replace
+  // the records by their predictions), nor a device, FIFO or directory that
+  // a write-and-rename would replace; a symbolic link is written through.
+  {
+    std::vector<std::pair<const char *, std::string>> inputs = {
+        {"--data", o.data}, {"--eval-data", o.evalData}, {"--predict", o.predict}};
+    if (const char *plan = std::getenv("MTPRT_RUN_PLAN"))
+      inputs.emplace_back("--plan", plan);
+    const std::pair<const char *, std::string *> outputs[] = {
+        {"--out", &o.predictOut}, {"--write-shard", &o.writeShard},
+        {"--profile-units", &o.profileUnits}, {"--profile", &o.profile},
+        {"--metrics", &o.metrics}};
+    namespace fs = std::filesystem;
+    for (const auto &[flag, path] : outputs) {
+      std::error_code ec;
+      if (path->empty() || !fs::exists(fs::symlink_status(*path, ec)))
+        continue;
+      for (const auto &[from, in] : inputs)
+        if (!in.empty() && fs::equivalent(*path, in, ec) && !ec)
+          throw UsageError(std::string(flag) + " " + *path + " is the file " +
+                           from + " reads; name another file");
+      const fs::file_status st = fs::status(*path, ec);
+      // The metrics are appended, never renamed over: a FIFO (a live
+      // reader) or a device is fine there.
+      const bool appended = path == &o.metrics;
+      if (!ec && !fs::is_regular_file(st) &&
+          !(appended && !fs::is_directory(st)))
+        throw UsageError(std::string(flag) + " " + *path +
+                         " is not a regular file (" +
+                         (fs::is_directory(st) ? "a directory" : "a device, "
+                                                                 "FIFO or socket") +
+                         "); name a file");
+      for (int hops = 0; hops < 40 && !appended &&
+                         fs::is_symlink(fs::symlink_status(*path, ec));
+           ++hops) {
+        fs::path target = fs::read_symlink(*path, ec);
+        if (ec)
+          break;
+        if (target.is_relative())
+          target = fs::path(*path).parent_path() / target;
+        *path = target.string();
+      }
     }
   }
   // A prediction continues from the newest checkpoint where there is one.
@@ -1631,10 +1693,31 @@ int train(const std::string &name, const Program &p, const Options &o) {
   }
   std::ofstream metrics;
   if (rank0 && !o.metrics.empty()) {
+    errno = 0;
     metrics.open(o.metrics, std::ios::app);
     if (!metrics)
-      throw std::runtime_error("cannot open --metrics file " + o.metrics);
+      throw std::runtime_error("cannot open --metrics file " + o.metrics +
+                               (errno ? std::string(": ") + std::strerror(errno)
+                                      : std::string()) +
+                               "; name a file in a writable directory");
   }
+  // A metrics line that cannot be written (a full disk) is said once; the
+  // training, its checkpoints and the progress lines go on.
+  bool metricsLost = false;
+  auto record = [&](const std::string &line) {
+    errno = 0;
+    metrics << line << '\n' << std::flush;
+    if (!metrics && !metricsLost) {
+      metricsLost = true;
+      std::fprintf(stderr,
+                   "warning: writing --metrics %s failed%s: later records are "
+                   "lost (training goes on; free space or name another file "
+                   "when resuming)\n",
+                   o.metrics.c_str(),
+                   errno ? (std::string(" (") + std::strerror(errno) + ")").c_str()
+                         : "");
+    }
+  };
   const bool tty = o.progress == "auto" && isatty(STDERR_FILENO);
   EvalReport lastEval;
   // --keep-best: the best value so far (rank 0's), lower-is-better metrics.
@@ -1654,7 +1737,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
       lastEval.predictedPeakBytes = p.predictedEvalPeakBytes;
     if (rank0) {
       if (metrics.is_open())
-        metrics << lastEval.jsonLine(step) << '\n' << std::flush;
+        record(lastEval.jsonLine(step));
       std::fprintf(stderr, "%seval at step %lld (%lld records): %s%s\n",
                    tty ? "\n" : "", static_cast<long long>(step),
                    static_cast<long long>(lastEval.records),
@@ -1972,13 +2055,13 @@ int train(const std::string &name, const Program &p, const Options &o) {
       if (rank0) {
         std::fprintf(stderr, "%s%s\n", tty ? "\n" : "", ev.c_str());
         if (metrics.is_open())
-          metrics << ev << '\n' << std::flush;
+          record(ev);
       }
     }
     const int64_t done = core.stepsTaken();
     if (rank0 && metrics.is_open() &&
         (done % o.logEvery == 0 || done == o.steps))
-      metrics << toJsonLine(s) << '\n' << std::flush;
+      record(toJsonLine(s));
     const bool phaseEnds = done == phaseEnd && done < o.steps;
     if ((o.evalEvery > 0 && done % o.evalEvery == 0) || done == o.steps ||
         phaseEnds)
@@ -2023,7 +2106,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
                                               tc.ewc->threshold, protect);
       if (rank0) {
         if (metrics.is_open())
-          metrics << ev << '\n' << std::flush;
+          record(ev);
         if (tty || plain) {
           if (!measured)
             std::fprintf(stderr, "%sewc: phase %lld's tasks and the next's "

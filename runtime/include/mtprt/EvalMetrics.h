@@ -23,6 +23,8 @@
 #ifndef MTPRT_EVALMETRICS_H
 #define MTPRT_EVALMETRICS_H
 
+#include "mtprt/Config.h"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -38,6 +40,25 @@ inline constexpr const char *kNames[] = {
     "spearman",         "token_accuracy", "entity_precision",
     "entity_recall",    "entity_f1",     "exact_match", "token_f1",
     "perplexity",       "loss"};
+
+/// The metrics an evaluation reports for a head (entity_* only when its
+/// labels are named BIO tags; loss for every head).
+inline std::vector<const char *> namesFor(const HeadConfig &h) {
+  switch (h.kind) {
+  case HeadKind::Classify:
+    if (h.loss == LossKind::Mse)
+      return {"mse", "pearson", "spearman", "loss"};
+    return {"accuracy", "macro_f1", "loss"};
+  case HeadKind::Tag:
+    return {"token_accuracy", "entity_precision", "entity_recall", "entity_f1",
+            "loss"};
+  case HeadKind::Span:
+    return {"exact_match", "token_f1", "loss"};
+  case HeadKind::Decoder:
+    return {"token_accuracy", "perplexity", "loss"};
+  }
+  return {"loss"};
+}
 
 /// Lower is better for the errors (loss, mse, perplexity), higher for the
 /// rest.
