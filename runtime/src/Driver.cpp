@@ -929,8 +929,18 @@ void measureCorrelation(TrainerCore &core, DataSource &data, MineOf mineOf,
   std::iota(all.begin(), all.end(), 0);
   std::vector<std::vector<double>> sum(n, std::vector<double>(n, 0.0));
   std::vector<std::vector<int64_t>> count(n, std::vector<int64_t>(n, 0));
-  int64_t layer = 0;
-  for (int64_t i = 0; i < o.measureCorrelation; ++i) {
+  int64_t layer = 0, measured = 0;
+  const bool tty = o.progress == "auto" && isatty(STDERR_FILENO);
+  for (int64_t i = 0; i < o.measureCorrelation; ++i, ++measured) {
+    // Ctrl-C ends the measurement with what it has (training, if any, then
+    // stops at its first step as it would).
+    if (interrupted)
+      break;
+    if (rank0 && (tty || o.progress == "plain") && i > 0 && i % 10 == 0)
+      std::fprintf(stderr, "%s--measure-correlation: %lld of %lld batches%s",
+                   tty ? "\r" : "", static_cast<long long>(i),
+                   static_cast<long long>(o.measureCorrelation),
+                   tty ? "" : "\n");
     const std::vector<std::vector<double>> cos = core.taskSimilarity(
         mineOf(data.batch(i, o.batchSize)), schedule, all, &layer);
     if (cos.empty())
@@ -942,6 +952,8 @@ void measureCorrelation(TrainerCore &core, DataSource &data, MineOf mineOf,
   }
   if (!rank0)
     return;
+  if (tty && measured >= 10)
+    std::fprintf(stderr, "\n");
   if (n < 2 || core.model().config().frozen(layer)) {
     std::printf("mtprt: --measure-correlation: %s\n",
                 n < 2 ? "one task: nothing to correlate"
@@ -951,9 +963,9 @@ void measureCorrelation(TrainerCore &core, DataSource &data, MineOf mineOf,
   }
   std::printf("# task gradient similarity: cosines on layer %lld's parameters "
               "over %lld batches, the first micro-batch of each (paste into "
-              "the spec)\n",
-              static_cast<long long>(layer),
-              static_cast<long long>(o.measureCorrelation));
+              "the spec)%s\n",
+              static_cast<long long>(layer), static_cast<long long>(measured),
+              measured < o.measureCorrelation ? "; interrupted" : "");
   for (int64_t a = 0; a < n; ++a)
     for (int64_t b = a + 1; b < n; ++b) {
       if (!count[a][b]) {
@@ -975,8 +987,12 @@ void measureCorrelation(TrainerCore &core, DataSource &data, MineOf mineOf,
 void dumpInit(const std::string &dir, TrainerCore &core,
               const ModelConfig &mc, const TrainConfig &tc, const Options &o,
               DataSource &data) {
-  if (std::system(("mkdir -p '" + dir + "'").c_str()) != 0)
-    throw std::runtime_error("--dump-init: cannot create " + dir);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir))
+    throw std::runtime_error("--dump-init: cannot create the directory " +
+                             dir + (ec ? ": " + ec.message() : std::string(
+                                             ": a file of that name exists")));
   c10::Dict<std::string, at::Tensor> params;
   for (const auto &[name, t] : core.model().namedParameters())
     params.insert(name, t.detach().cpu().clone());
@@ -1467,6 +1483,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
                                    : tc.zeroStage > 0 ? "ZeRO"
                                                       : nullptr,
                        rank0);
+  if (o.measureCorrelation > 0 && interrupted)
+    return 130; // 128 + SIGINT, as the training's interruption
 
   // Resume: each rank picks its newest good checkpoint; the ranks agree on
   // the oldest of those steps. Checkpoints of a run with another process

@@ -1,11 +1,13 @@
 """Kills a run once it has written a file, and reports how it ended.
 
-  kill_at.py --when FILE --kill group|rank [--wait S] -- COMMAND...
+  kill_at.py (--when FILE | --when-stderr TEXT) --kill group|rank|int
+             [--wait S] [--stdout FILE] -- COMMAND...
 
 Starts COMMAND (mtprt-run --nproc N ...) in a session of its own, waits for
-FILE (a checkpoint: written whole, then renamed), then sends SIGKILL to the
-whole session (`group`: the machine lost power) or to one rank, the
-launcher's last child (`rank`: one process lost mid-run). Waits up to S
+FILE (a checkpoint: written whole, then renamed) or for TEXT in its stderr,
+then sends SIGKILL to the whole session (`group`: the machine lost power) or
+to one rank, the launcher's last child (`rank`: one process lost mid-run),
+or SIGINT to the session (`int`: Ctrl-C at a terminal). Waits up to S
 seconds for the launcher to end and prints one line: how it ended and the
 first error line it wrote (stderr). A run that outlives S is a hang.
 """
@@ -14,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -33,24 +36,54 @@ def children(pid):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--when", required=True)
-    ap.add_argument("--kill", choices=["group", "rank"], required=True)
+    ap.add_argument("--when")
+    ap.add_argument("--when-stderr")
+    ap.add_argument("--kill", choices=["group", "rank", "int"], required=True)
     ap.add_argument("--wait", type=float, default=120)
+    ap.add_argument("--stdout")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    out = open(a.stdout, "w") if a.stdout else subprocess.DEVNULL
+    p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
+    err_lines = []
+
+    def read_stderr():
+        for line in p.stderr:
+            err_lines.append(line)
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    what = a.when or a.when_stderr
+
+    def arrived():
+        if a.when:
+            return os.path.exists(a.when)
+        return any(a.when_stderr in l for l in list(err_lines))
+
     deadline = time.time() + a.wait
-    while not os.path.exists(a.when):
+    while not arrived():
         if p.poll() is not None:
-            print(f"ended (exit {p.returncode}) before {a.when} appeared")
+            print(f"ended (exit {p.returncode}) before {what} appeared")
             return 1
         if time.time() > deadline:
             os.killpg(p.pid, signal.SIGKILL)
-            print(f"{a.when} did not appear within {a.wait:g} s")
+            print(f"{what} did not appear within {a.wait:g} s")
             return 1
         time.sleep(0.01)
+    if a.kill == "int":
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            p.wait(timeout=a.wait)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            print(f"hang: still running {a.wait:g} s after SIGINT")
+            return 1
+        reader.join(timeout=5)
+        first = next((l.strip() for l in err_lines if "error" in l), "(no error line)")
+        print(f"exit {p.returncode} after SIGINT: {first}")
+        return 0
     if a.kill == "group":
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
@@ -63,12 +96,13 @@ def main():
     os.kill(ranks[-1], signal.SIGKILL)
     start = time.time()
     try:
-        _, err = p.communicate(timeout=a.wait)
+        p.wait(timeout=a.wait)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         print(f"hang: still running {a.wait:g} s after a rank was killed")
         return 1
-    first = next((l for l in err.splitlines() if "error" in l), "(no error line)")
+    reader.join(timeout=5)
+    first = next((l.rstrip("\n") for l in err_lines if "error" in l), "(no error line)")
     print(f"exit {p.returncode} after a rank was killed: {first}")
     return 0
 
