@@ -1915,6 +1915,17 @@ int train(const std::string &name, const Program &p, const Options &o) {
                             : data->batch(position, o.batchSize);
     const auto [phase, phaseEnd] = phaseAt(core.stepsTaken());
     keepPhaseTasks(global, phase);
+    if (std::none_of(global.labels.begin(), global.labels.end(),
+                     [](const at::Tensor &l) { return l.defined(); }))
+      throw std::runtime_error(
+          data->describe() + ": the batch of step " +
+          std::to_string(core.stepsTaken() + 1) + " (" +
+          std::to_string(global.size()) + " records) has labels of no " +
+          (phase >= 0 ? "task of phase " + std::to_string(phase + 1)
+                      : std::string("task")) +
+          ": every step needs some task's labels; mix the labelled records "
+          "through the file, or drop the unlabelled ones (checkpoints "
+          "saved so far are kept)");
     const Batch mine = global.slice(replica * local, (replica + 1) * local);
     if (!runner)
       trainer.setBatch(mine);
