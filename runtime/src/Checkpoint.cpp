@@ -27,6 +27,7 @@
 #include <fcntl.h>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <sys/stat.h>
@@ -452,12 +453,36 @@ CheckpointExtra restore(const std::string &path, bool resharded, int world,
         }
       }
     }
+    // The same parameters by name first: a task added, removed or renamed
+    // is said so, not as LibTorch's "no such serialized tensor".
+    {
+      const auto named = core.model().namedParameters();
+      std::set<std::string> planned, saved;
+      for (const auto &[name, p] : named)
+        planned.insert(name);
+      for (const std::string &k : model.keys())
+        saved.insert(k);
+      for (const std::string &k : saved)
+        if (!planned.count(k))
+          fail(path, "it holds parameter " + k + ", which this plan's model "
+                     "does not have (a task removed or renamed, another "
+                     "backbone?): resume it with the plan it was trained "
+                     "with, or start afresh with another --checkpoint-dir");
+      for (const std::string &k : planned)
+        if (!saved.count(k))
+          fail(path, "it lacks parameter " + k + " of this plan's model (a "
+                     "task added or renamed?): resume it with the plan it "
+                     "was trained with, or start afresh with another "
+                     "--checkpoint-dir");
+    }
     for (auto &[name, p] : core.model().namedParameters()) {
       at::Tensor v;
       model.read(name, v);
       if (!v.sizes().equals(p.sizes()))
         fail(path, "parameter " + name + " has shape " + c10::str(v.sizes()) +
-                       ", the model " + c10::str(p.sizes()));
+                       ", the model " + c10::str(p.sizes()) +
+                       " (another number of classes, labels or another "
+                       "size): resume it with the plan it was trained with");
       // ZeRO 3: a sharded parameter's run of this rank; 16-bit weights:
       // the master's too.
       if (ZeroOptimizer *zero = core.zero(); zero && zero->holdsValues())
@@ -511,7 +536,14 @@ CheckpointExtra restore(const std::string &path, bool resharded, int world,
       torch::serialize::InputArchive opt;
       ar.read("optimizer", opt);
       if (!zs && !zero) {
-        core.optimizer().load(opt);
+        try {
+          core.optimizer().load(opt);
+        } catch (const c10::Error &) {
+          fail(path, "its optimizer state has other parameter groups than "
+                     "this plan's: what trains differs (freeze, or a task's "
+                     "learning-rate group); resume it with the plan it was "
+                     "trained with");
+        }
       } else if (sameLayout()) {
         try {
           zero->loadState(*zs);
