@@ -89,6 +89,8 @@ public:
         break;
       v = v << 4 | uint32_t(d);
     }
+    if (i_ - b == 8 && i_ < s_.size() && s_[i_] != end)
+      trailing(field, end);
     if (i_ - b != 8 || i_ >= s_.size() || s_[i_] != end) {
       i_ = b;
       fail(path_, std::string("malformed header: field ") + field +
@@ -101,6 +103,16 @@ public:
   bool done() const { return i_ == s_.size(); }
 
 private:
+  /// A well-formed field followed by more than its line holds.
+  [[noreturn]] void trailing(const char *field, char end) const {
+    size_t e = i_;
+    while (e < s_.size() && s_[e] != '\n')
+      ++e;
+    fail(path_, std::string("malformed header: unexpected text after field ") +
+                    field + (end == '\n' ? " (the line's last)" : "") + ": '" +
+                    shown(s_.substr(i_, e - i_)) + "'");
+  }
+
   /// The text from here to the next space or end of line.
   std::string word() const {
     size_t e = i_;

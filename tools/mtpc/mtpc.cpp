@@ -51,6 +51,7 @@
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Program.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -557,6 +558,34 @@ static int profile(ModuleOp module, StringRef planBytes, raw_ostream &os) {
     usageError() << "profile: name the costs file with -o COSTS.json\n";
     return kUsageError;
   }
+  // The options before the build (a minute): the program would refuse them
+  // only after it.
+  if (!profileThreads.empty()) {
+    unsigned threads = 0;
+    if (StringRef(profileThreads).getAsInteger(10, threads) || threads < 1 ||
+        threads > 1024) {
+      usageError() << "profile: --profile-threads expects a whole number in "
+                      "[1, 1024], got '"
+                   << profileThreads << "'\n";
+      return kUsageError;
+    }
+  }
+  {
+    llvm::SmallString<256> dir(outputFilename.getValue());
+    llvm::sys::fs::make_absolute(dir);
+    if (llvm::sys::fs::is_directory(dir)) {
+      usageError() << "profile: -o " << outputFilename
+                   << " is a directory; name the costs file (COSTS.json)\n";
+      return kUsageError;
+    }
+    llvm::sys::path::remove_filename(dir);
+    if (!llvm::sys::fs::is_directory(dir) ||
+        llvm::sys::fs::access(dir, llvm::sys::fs::AccessMode::Write)) {
+      usageError() << "profile: cannot write -o " << outputFilename << ": "
+                   << dir << " is not a writable directory\n";
+      return kUsageError;
+    }
+  }
   llvm::SmallString<256> scratch;
   if (std::error_code ec =
           llvm::sys::fs::createUniqueDirectory("mtpc-profile", scratch)) {
@@ -581,8 +610,16 @@ static int profile(ModuleOp module, StringRef planBytes, raw_ostream &os) {
   if (buildDevice == "cuda")
     args.append({"--device", "cuda"});
   if (!runLogged(args, log)) {
-    usageError() << "profile: the program failed to time its segments (log: "
-                 << log << ")\n";
+    // Its error lines here; the scratch (the binary, ~10 MB) removed.
+    usageError() << "profile: the program failed to time its segments:\n";
+    if (auto text = llvm::MemoryBuffer::getFile(log)) {
+      SmallVector<StringRef> lines;
+      (*text)->getBuffer().split(lines, '\n', -1, false);
+      for (StringRef l : lines)
+        if (l.contains("error"))
+          llvm::errs() << "  " << l << "\n";
+    }
+    llvm::sys::fs::remove_directories(scratch);
     return kSpecError;
   }
   llvm::sys::fs::remove_directories(scratch);

@@ -558,11 +558,16 @@ TEST(Readers, CheckpointHeaderFieldsAreCheckedBeforeAllocating) {
             ckptFails("malformed header: field crc32: expected 8 lowercase "
                       "hex digits, "
                       "got '" + crc.substr(1) + "'"));
+  // A right crc32 with more after it: the extra text is named, not the
+  // crc32 (it read as a bad crc32).
   EXPECT_EQ(headerError(checkpoint("step 6 rank 1 world 2 bytes 23 crc32 " +
                                    crc + " ")),
-            ckptFails("malformed header: field crc32: expected 8 lowercase "
-                      "hex digits, "
-                      "got '" + crc + "'"));
+            ckptFails("malformed header: unexpected text after field crc32 "
+                      "(the line's last): ' '"));
+  EXPECT_EQ(headerError(checkpoint("step 6 rank 1 world 2 bytes 23 crc32 " +
+                                   crc + " extra 1")),
+            ckptFails("malformed header: unexpected text after field crc32 "
+                      "(the line's last): ' extra 1'"));
   EXPECT_EQ(headerError(checkpoint("step 6 rank 1 world 2 size 23 crc32 " +
                                    crc)),
             ckptFails("malformed header: expected 'bytes' at byte 34 of the "
