@@ -1842,6 +1842,10 @@ void Sema::crossChecks(CheckedSpec &spec) {
       error(s.ewcLoc) << "ewc with saps is not yet supported: the penalty's "
                          "gradient is dense and saps folds the backbone's "
                          "away";
+    if (bb.freeze && bb.freeze->first == 0 && bb.freeze->second == bb.layers)
+      warning(s.ewcLoc, "ewc has no effect: freeze keeps the whole backbone "
+                        "frozen, and ewc protects only the trainable "
+                        "backbone");
   }
   if (s.adapters && s.adapters->share &&
       llvm::none_of(spec.correlations, [&](const CheckedSpec::Correlation &c) {
