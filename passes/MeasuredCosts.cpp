@@ -125,7 +125,23 @@ llvm::Expected<MeasuredCosts> MeasuredCosts::load(llvm::StringRef path,
     if (llvm::Error e = seconds(h, where, "bwd_s", fb.second))
       return std::move(e);
   }
+  if (heads)
+    for (const auto &kv : *heads)
+      if (llvm::none_of(model.getTasks(), [&](TaskOp t) {
+            return t.getSymName() == llvm::StringRef(kv.first);
+          }))
+        return fail(path, "has head '" + llvm::StringRef(kv.first) +
+                              "', which the spec has no task of: it was "
+                              "measured for another spec");
+  // What it was measured with, for the reader: well-formed when present.
+  if (const llvm::json::Value *t = root->get("threads"))
+    if (std::optional<int64_t> n = t->getAsInteger(); !n || *n < 1)
+      return fail(path, "field 'threads' must be a whole number >= 1");
   const llvm::json::Object *link = root->getObject("link");
+  if (const llvm::json::Value *b = link ? link->get("bytes") : nullptr)
+    if (std::optional<double> v = b->getAsNumber();
+        !v || !std::isfinite(*v) || *v <= 0)
+      return fail(path, "field 'link.bytes' must be a positive byte count");
   for (auto [key, out] : {std::pair<const char *, double *>{
                               "to_host_bytes_per_s", &costs.toHost},
                           {"to_device_bytes_per_s", &costs.toDevice}}) {
