@@ -613,6 +613,9 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
   // A prediction continues from the newest checkpoint where there is one.
   if (!o.predict.empty() && !o.checkpointDir.empty())
     o.resume = true;
+  if (o.measureCorrelation > 0 && !o.predict.empty())
+    throw UsageError("--measure-correlation reads --data's batches and "
+                     "--predict trains nothing; run them apart");
   if (o.resumeFallback && !o.resume)
     throw UsageError("--resume-fallback needs --resume");
   if (o.profileMemory && o.profile.empty())
