@@ -48,6 +48,7 @@
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Support/Timing.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -279,6 +280,41 @@ static void printSummary(llvm::raw_ostream &os, StringRef file,
     for (auto corr : model.getBody().getOps<mtp::CorrelateOp>())
       os << "  correlate " << corr.getLhs() << " ~ " << corr.getRhs() << " = "
          << llvm::format("%g", corr.getValue().convertToDouble()) << "\n";
+    if (mtp::StrategyOp strategy = model.getStrategy()) {
+      // As the IR spells each decision (the lowered IR a user tunes with).
+      os << "  strategy  ";
+      llvm::interleave(
+          strategy->getAttrs(), os,
+          [&](NamedAttribute a) {
+            os << a.getName().getValue() << " = " << a.getValue();
+          },
+          "\n            ");
+      os << "\n";
+      // npd(share): which tasks read one adapter.
+      if (std::optional<mtprt::AdapterConfig> ad =
+              mtp::CostModel(model).adapters();
+          ad && !ad->owner.empty()) {
+        SmallVector<mtp::TaskOp> tasks(model.getTasks());
+        os << "  adapters  ";
+        bool first = true;
+        for (size_t i = 0; i < tasks.size(); ++i) {
+          if (ad->owner[i] != int64_t(i))
+            continue;
+          SmallVector<StringRef> members;
+          for (size_t j = 0; j < tasks.size(); ++j)
+            if (ad->owner[j] == int64_t(i))
+              members.push_back(tasks[j].getSymName());
+          os << (first ? "" : "; ");
+          first = false;
+          if (members.size() == 1)
+            os << members.front() << " its own";
+          else
+            os << llvm::join(members, ", ") << " share "
+               << tasks[i].getSymName() << "'s";
+        }
+        os << "\n";
+      }
+    }
     if (mtp::BudgetOp budget = model.getBudget())
       os << "  budget    " << budget.getDevice() << ": "
          << budget.getMemory() << " bytes, " << budget.getUsableBytes()
