@@ -535,24 +535,30 @@ CheckpointExtra restore(const std::string &path, bool resharded, int world,
       };
       torch::serialize::InputArchive opt;
       ar.read("optimizer", opt);
-      if (!zs && !zero) {
+      // LibTorch's refusal of other groups, with what to do (its own words
+      // kept: another cause reads as itself).
+      auto loadOptimizer = [&] {
         try {
           core.optimizer().load(opt);
-        } catch (const c10::Error &) {
-          fail(path, "its optimizer state has other parameter groups than "
-                     "this plan's: what trains differs (freeze, or a task's "
-                     "learning-rate group); resume it with the plan it was "
-                     "trained with");
+        } catch (const c10::Error &e) {
+          fail(path, "its optimizer state does not fit this plan's (" +
+                         std::string(e.what_without_backtrace()) +
+                         "): when the parameter groups differ, what trains "
+                         "differs (freeze, or a task's learning-rate group); "
+                         "resume it with the plan it was trained with");
         }
+      };
+      if (!zs && !zero) {
+        loadOptimizer();
       } else if (sameLayout()) {
         try {
           zero->loadState(*zs);
         } catch (const std::runtime_error &e) {
           fail(path, e.what());
         }
-        core.optimizer().load(opt);
+        loadOptimizer();
       } else {
-        core.optimizer().load(opt); // the groups' options
+        loadOptimizer(); // the groups' options
         WholeAdamW whole = zs ? wholeFromShards(files, self, *zs)
                               : wholeFromOptimizer(core.optimizer());
         if (zero) {

@@ -89,7 +89,7 @@ public:
         break;
       v = v << 4 | uint32_t(d);
     }
-    if (i_ - b == 8 && i_ < s_.size() && s_[i_] != end)
+    if (i_ - b == 8 && i_ < s_.size() && s_[i_] == ' ' && end != ' ')
       trailing(field, end);
     if (i_ - b != 8 || i_ >= s_.size() || s_[i_] != end) {
       i_ = b;

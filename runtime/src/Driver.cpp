@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <functional>
 
 #include <algorithm>
 #include <cerrno>
@@ -588,17 +589,18 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
           throw UsageError(std::string(flag) + " " + *path + " is the file " +
                            from + " reads; name another file");
       const fs::file_status st = fs::status(*path, ec);
-      // The metrics are appended, never renamed over: a FIFO (a live
-      // reader) or a device is fine there.
-      const bool appended = path == &o.metrics;
-      if (!ec && !fs::is_regular_file(st) &&
-          !(appended && !fs::is_directory(st)))
+      // Only --out is written aside and renamed over its name (a rename
+      // would replace a FIFO or device); the others write in place, so
+      // /dev/stdout, a FIFO or a process substitution serve.
+      const bool renamed = path == &o.predictOut;
+      if (!ec && (fs::is_directory(st) ||
+                  (renamed && !fs::is_regular_file(st))))
         throw UsageError(std::string(flag) + " " + *path +
                          " is not a regular file (" +
                          (fs::is_directory(st) ? "a directory" : "a device, "
                                                                  "FIFO or socket") +
                          "); name a file");
-      for (int hops = 0; hops < 40 && !appended &&
+      for (int hops = 0; hops < 40 && renamed &&
                          fs::is_symlink(fs::symlink_status(*path, ec));
            ++hops) {
         fs::path target = fs::read_symlink(*path, ec);
@@ -920,7 +922,8 @@ void writeFile(const std::string &path, const std::vector<char> &bytes) {
 template <typename MineOf>
 void measureCorrelation(TrainerCore &core, DataSource &data, MineOf mineOf,
                         const Schedule &schedule, const Options &o,
-                        const char *refused, bool rank0) {
+                        const char *refused, bool rank0,
+                        const std::function<bool()> &stopAgreed) {
   if (refused)
     throw std::runtime_error(
         std::string("--measure-correlation: not with ") + refused +
@@ -935,11 +938,11 @@ void measureCorrelation(TrainerCore &core, DataSource &data, MineOf mineOf,
   int64_t layer = 0, measured = 0;
   const bool tty = o.progress == "auto" && isatty(STDERR_FILENO);
   for (int64_t i = 0; i < o.measureCorrelation; ++i, ++measured) {
-    // Ctrl-C ends the measurement with what it has (training, if any, then
-    // stops at its first step as it would).
-    if (interrupted)
+    // Ctrl-C ends the measurement with what it has, and the run (exit 130);
+    // the ranks agree first: each batch's measurement is a collective.
+    if (stopAgreed())
       break;
-    if (rank0 && (tty || o.progress == "plain") && i > 0 && i % 10 == 0)
+    if (rank0 && (tty || o.progress != "off") && i > 0 && i % 10 == 0)
       std::fprintf(stderr, "%s--measure-correlation: %lld of %lld batches%s",
                    tty ? "\r" : "", static_cast<long long>(i),
                    static_cast<long long>(o.measureCorrelation),
@@ -955,7 +958,7 @@ void measureCorrelation(TrainerCore &core, DataSource &data, MineOf mineOf,
   }
   if (!rank0)
     return;
-  if (tty && measured >= 10)
+  if (tty && measured > 10)
     std::fprintf(stderr, "\n");
   if (n < 2 || core.model().config().frozen(layer)) {
     std::printf("mtprt: --measure-correlation: %s\n",
@@ -1480,14 +1483,26 @@ int train(const std::string &name, const Program &p, const Options &o) {
                  o.profileUnits.c_str());
   }
   whole.reset();
-  if (o.measureCorrelation > 0)
+  bool measureStopped = false;
+  auto stopAgreed = [&] {
+    double stop = interrupted ? 1.0 : 0.0;
+    if (d.worldSize > 1) {
+      std::vector<at::Tensor> one{
+          at::tensor({stop}, at::kDouble).to(comm.device())};
+      comm.allReduceSum(one);
+      stop = one[0].cpu().item<double>();
+    }
+    return measureStopped = stop > 0;
+  };
+  if (o.measureCorrelation > 0) {
     measureCorrelation(core, *data, mineOf, p.schedule, o,
                        /*refused=*/pipeline.active()  ? "a pipeline"
                                    : tc.zeroStage > 0 ? "ZeRO"
                                                       : nullptr,
-                       rank0);
-  if (o.measureCorrelation > 0 && interrupted)
-    return 130; // 128 + SIGINT, as the training's interruption
+                       rank0, stopAgreed);
+    if (measureStopped)
+      return 130; // 128 + SIGINT, as the training's interruption
+  }
 
   // Resume: each rank picks its newest good checkpoint; the ranks agree on
   // the oldest of those steps. Checkpoints of a run with another process
@@ -1668,25 +1683,45 @@ int train(const std::string &name, const Program &p, const Options &o) {
         std::fprintf(stderr, "resumed from %s (step %lld)\n", path.c_str(),
                      static_cast<long long>(agreed));
     } else {
-      // No rank of this run has one; another rank's file (a larger run's
-      // rank 1, a renamed file) is not nothing to resume: refuse, never
-      // train over it from scratch.
+      // No rank of this run has one. This rank's files that failed
+      // verification (--resume-fallback skipped them), or other ranks' files
+      // (a larger run's rank 1, rank 0's lost), are not nothing to resume:
+      // refuse, never train from scratch beside them. The ranks agree (their
+      // directories may be node-local).
+      const bool ownBad = !listCheckpoints(o.checkpointDir, d.rank).empty();
       std::error_code ec;
       std::string other;
       for (const auto &e :
            std::filesystem::directory_iterator(o.checkpointDir, ec)) {
         const std::string name = e.path().filename().string();
-        if (name.rfind("step-", 0) == 0 && name.find(".rank") != std::string::npos &&
-            name.size() > 5 && name.compare(name.size() - 5, 5, ".ckpt") == 0 &&
+        if (name.rfind("step-", 0) == 0 &&
+            name.find(".rank") != std::string::npos && name.size() > 5 &&
+            name.compare(name.size() - 5, 5, ".ckpt") == 0 &&
             (other.empty() || name < other))
           other = name;
       }
-      if (!other.empty())
-        stopAll("cannot resume from " + o.checkpointDir + ": it holds " +
-                o.checkpointDir + "/" + other + " but no checkpoint of rank 0 of " +
-                processes(d.worldSize) +
-                "; restore rank 0's files, resume with the processes that "
-                "wrote it, or start fresh with another --checkpoint-dir");
+      double refuse = ownBad || !other.empty() ? 1.0 : 0.0;
+      if (d.worldSize > 1) {
+        std::vector<at::Tensor> one{
+            at::tensor({refuse}, at::kDouble).to(comm.device())};
+        comm.allReduceSum(one);
+        refuse = one[0].cpu().item<double>();
+      }
+      if (refuse > 0)
+        stopAll(
+            "cannot resume from " + o.checkpointDir + ": " +
+            (ownBad ? "every checkpoint of rank " + std::to_string(d.rank) +
+                          " there failed verification (skipped above)"
+             : !other.empty()
+                 ? "it holds " + o.checkpointDir + "/" + other +
+                       " but no checkpoint of rank 0 of " +
+                       processes(d.worldSize)
+                 : std::string("another rank found checkpoints there but "
+                               "none of its own")) +
+            (ownBad ? "; restore a good one"
+                    : "; restore rank 0's files, resume with the processes "
+                      "that wrote it") +
+            ", or start fresh with another --checkpoint-dir");
       if (rank0)
         std::fprintf(stderr, "no checkpoint in %s: starting fresh\n",
                      o.checkpointDir.c_str());
@@ -1920,7 +1955,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
     keepPhaseTasks(global, phase);
     if (std::none_of(global.labels.begin(), global.labels.end(),
                      [](const at::Tensor &l) { return l.defined(); }))
-      throw std::runtime_error(
+      stopAll(
           data->describe() + ": the batch of step " +
           std::to_string(core.stepsTaken() + 1) + " (" +
           std::to_string(global.size()) + " records) has labels of no " +

@@ -596,12 +596,12 @@ static int profile(ModuleOp module, StringRef planBytes, raw_ostream &os) {
   }
   // The options before the build (a minute): the program would refuse them
   // only after it.
-  if (!profileThreads.empty()) {
+  if (!profileThreads.empty() && profileThreads != "auto") {
     unsigned threads = 0;
     if (StringRef(profileThreads).getAsInteger(10, threads) || threads < 1 ||
         threads > 1024) {
-      usageError() << "profile: --profile-threads expects a whole number in "
-                      "[1, 1024], got '"
+      usageError() << "profile: --profile-threads expects auto or a whole "
+                      "number in [1, 1024], got '"
                    << profileThreads << "'\n";
       return kUsageError;
     }
@@ -646,16 +646,23 @@ static int profile(ModuleOp module, StringRef planBytes, raw_ostream &os) {
   if (buildDevice == "cuda")
     args.append({"--device", "cuda"});
   if (!runLogged(args, log)) {
-    // Its error lines here; the scratch (the binary, ~10 MB) removed.
-    usageError() << "profile: the program failed to time its segments:\n";
+    // Its error lines (else its last ones) here; the log kept, the binary
+    // (~10 MB) removed.
+    usageError() << "profile: the program failed to time its segments (log: "
+                 << log << "):\n";
     if (auto text = llvm::MemoryBuffer::getFile(log)) {
-      SmallVector<StringRef> lines;
+      SmallVector<StringRef> lines, errors;
       (*text)->getBuffer().split(lines, '\n', -1, false);
       for (StringRef l : lines)
-        if (l.contains("error"))
-          llvm::errs() << "  " << l << "\n";
+        if (l.contains_insensitive("error"))
+          errors.push_back(l);
+      ArrayRef<StringRef> shown = errors;
+      if (shown.empty())
+        shown = ArrayRef<StringRef>(lines).take_back(10);
+      for (StringRef l : shown)
+        llvm::errs() << "  " << l << "\n";
     }
-    llvm::sys::fs::remove_directories(scratch);
+    llvm::sys::fs::remove(binary);
     return kSpecError;
   }
   llvm::sys::fs::remove_directories(scratch);
