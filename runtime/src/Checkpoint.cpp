@@ -237,8 +237,16 @@ listCheckpoints(const std::string &dir, int rank) {
   while (dirent *e = readdir(d)) {
     const std::string name = e->d_name;
     long long step;
-    if (name.rfind("step-", 0) == 0 && name.size() > suffix.size() &&
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+    int r, end = 0;
+    const bool named =
+        rank >= 0
+            ? name.size() > suffix.size() &&
+                  name.compare(name.size() - suffix.size(), suffix.size(),
+                               suffix) == 0
+            : std::sscanf(name.c_str(), "step-%*lld.rank%d.ckpt%n", &r,
+                          &end) == 1 &&
+                  size_t(end) == name.size();
+    if (name.rfind("step-", 0) == 0 && named &&
         std::sscanf(name.c_str(), "step-%lld.", &step) == 1)
       out.emplace_back(step, dir + "/" + name);
   }

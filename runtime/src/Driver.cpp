@@ -1483,17 +1483,18 @@ int train(const std::string &name, const Program &p, const Options &o) {
                  o.profileUnits.c_str());
   }
   whole.reset();
-  bool measureStopped = false;
-  auto stopAgreed = [&] {
-    double stop = interrupted ? 1.0 : 0.0;
-    if (d.worldSize > 1) {
-      std::vector<at::Tensor> one{
-          at::tensor({stop}, at::kDouble).to(comm.device())};
-      comm.allReduceSum(one);
-      stop = one[0].cpu().item<double>();
-    }
-    return measureStopped = stop > 0;
+  // Whether any rank says so (every rank calls it: a collective), for a
+  // decision the ranks must take together.
+  auto anyRank = [&](bool mine) {
+    if (d.worldSize == 1)
+      return mine;
+    std::vector<at::Tensor> one{
+        at::tensor({mine ? 1.0 : 0.0}, at::kDouble).to(comm.device())};
+    comm.allReduceSum(one);
+    return one[0].cpu().item<double>() > 0;
   };
+  bool measureStopped = false;
+  auto stopAgreed = [&] { return measureStopped = anyRank(interrupted); };
   if (o.measureCorrelation > 0) {
     measureCorrelation(core, *data, mineOf, p.schedule, o,
                        /*refused=*/pipeline.active()  ? "a pipeline"
@@ -1689,31 +1690,14 @@ int train(const std::string &name, const Program &p, const Options &o) {
       // refuse, never train from scratch beside them. The ranks agree (their
       // directories may be node-local).
       const bool ownBad = !listCheckpoints(o.checkpointDir, d.rank).empty();
-      std::error_code ec;
-      std::string other;
-      for (const auto &e :
-           std::filesystem::directory_iterator(o.checkpointDir, ec)) {
-        const std::string name = e.path().filename().string();
-        if (name.rfind("step-", 0) == 0 &&
-            name.find(".rank") != std::string::npos && name.size() > 5 &&
-            name.compare(name.size() - 5, 5, ".ckpt") == 0 &&
-            (other.empty() || name < other))
-          other = name;
-      }
-      double refuse = ownBad || !other.empty() ? 1.0 : 0.0;
-      if (d.worldSize > 1) {
-        std::vector<at::Tensor> one{
-            at::tensor({refuse}, at::kDouble).to(comm.device())};
-        comm.allReduceSum(one);
-        refuse = one[0].cpu().item<double>();
-      }
-      if (refuse > 0)
+      const auto any = listCheckpoints(o.checkpointDir, -1);
+      if (anyRank(ownBad || !any.empty()))
         stopAll(
             "cannot resume from " + o.checkpointDir + ": " +
             (ownBad ? "every checkpoint of rank " + std::to_string(d.rank) +
                           " there failed verification (skipped above)"
-             : !other.empty()
-                 ? "it holds " + o.checkpointDir + "/" + other +
+             : !any.empty()
+                 ? "it holds " + any.back().second +
                        " but no checkpoint of rank 0 of " +
                        processes(d.worldSize)
                  : std::string("another rank found checkpoints there but "
@@ -1761,6 +1745,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
   // training, its checkpoints and the progress lines go on.
   bool metricsLost = false;
   auto record = [&](const std::string &line) {
+    if (!metrics.is_open())
+      return;
     errno = 0;
     metrics << line << '\n' << std::flush;
     if (!metrics && !metricsLost) {
@@ -1792,8 +1778,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
     if (asPlanned)
       lastEval.predictedPeakBytes = p.predictedEvalPeakBytes;
     if (rank0) {
-      if (metrics.is_open())
-        record(lastEval.jsonLine(step));
+      record(lastEval.jsonLine(step));
       std::fprintf(stderr, "%seval at step %lld (%lld records): %s%s\n",
                    tty ? "\n" : "", static_cast<long long>(step),
                    static_cast<long long>(lastEval.records),
@@ -2121,13 +2106,11 @@ int train(const std::string &name, const Program &p, const Options &o) {
       const std::string ev = recalibrationJsonLine(s);
       if (rank0) {
         std::fprintf(stderr, "%s%s\n", tty ? "\n" : "", ev.c_str());
-        if (metrics.is_open())
-          record(ev);
+        record(ev);
       }
     }
     const int64_t done = core.stepsTaken();
-    if (rank0 && metrics.is_open() &&
-        (done % o.logEvery == 0 || done == o.steps))
+    if (rank0 && (done % o.logEvery == 0 || done == o.steps))
       record(toJsonLine(s));
     const bool phaseEnds = done == phaseEnd && done < o.steps;
     if ((o.evalEvery > 0 && done % o.evalEvery == 0) || done == o.steps ||
@@ -2172,8 +2155,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
       const std::string ev = conflictJsonLine(done, phase, names, cos, largest,
                                               tc.ewc->threshold, protect);
       if (rank0) {
-        if (metrics.is_open())
-          record(ev);
+        record(ev);
         if (tty || plain) {
           if (!measured)
             std::fprintf(stderr, "%sewc: phase %lld's tasks and the next's "

@@ -72,18 +72,22 @@ def main():
             print(f"{what} did not appear within {a.wait:g} s")
             return 1
         time.sleep(0.01)
-    if a.kill == "int":
-        os.killpg(p.pid, signal.SIGINT)
+    def outcome(what):
+        """Waits for the launcher after `what`; its exit and first error line."""
         try:
             p.wait(timeout=a.wait)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
-            print(f"hang: still running {a.wait:g} s after SIGINT")
+            print(f"hang: still running {a.wait:g} s after {what}")
             return 1
         reader.join(timeout=5)
-        first = next((l.strip() for l in err_lines if "error" in l), "(no error line)")
-        print(f"exit {p.returncode} after SIGINT: {first}")
+        first = next((l.rstrip("\n") for l in err_lines if "error" in l), "(no error line)")
+        print(f"exit {p.returncode} after {what}: {first}")
         return 0
+
+    if a.kill == "int":
+        os.killpg(p.pid, signal.SIGINT)
+        return outcome("SIGINT")
     if a.kill == "group":
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
@@ -94,18 +98,7 @@ def main():
         print("the launcher has no ranks to kill")
         return 1
     os.kill(ranks[-1], signal.SIGKILL)
-    start = time.time()
-    try:
-        p.wait(timeout=a.wait)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        print(f"hang: still running {a.wait:g} s after a rank was killed")
-        return 1
-    reader.join(timeout=5)
-    first = next((l.rstrip("\n") for l in err_lines if "error" in l), "(no error line)")
-    print(f"exit {p.returncode} after a rank was killed: {first}")
-    return 0
-
+    return outcome("a rank was killed")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -58,7 +58,8 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
                            const CheckpointExtra &extra, int64_t keep,
                            const std::function<void()> &duringWrite = {});
 
-/// This rank's checkpoint files in `dir`, newest step first.
+/// This rank's checkpoint files in `dir` (rank < 0: every rank's), newest
+/// step first.
 std::vector<std::pair<int64_t, std::string>>
 listCheckpoints(const std::string &dir, int rank);
 
