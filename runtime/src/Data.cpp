@@ -201,6 +201,13 @@ public:
   std::vector<std::vector<std::string>> labelNames() const override {
     return r_.labelNames;
   }
+  std::vector<int64_t> labelledRecords() const override {
+    std::vector<int64_t> n;
+    for (const std::vector<uint8_t> &p : r_.present)
+      n.push_back(std::count_if(p.begin(), p.end(),
+                                [](uint8_t f) { return f != 0; }));
+    return n;
+  }
 
 private:
   std::string path_;

@@ -327,9 +327,13 @@ struct RunSummary {
                                 : std::string())
        << "). Loss (mean of the first and last "
        << std::min<int64_t>(steps, kWindow) << " steps):";
-    for (size_t t = 0; t < tasks.size(); ++t)
-      os << (t ? "," : "") << " " << tasks[t] << " " << std::setprecision(3)
-         << mean(head[t]) << " -> " << mean(tail[t]);
+    for (size_t t = 0; t < tasks.size(); ++t) {
+      os << (t ? "," : "") << " " << tasks[t] << " ";
+      if (head[t].empty())
+        os << "(no labels)";
+      else
+        os << std::setprecision(3) << mean(head[t]) << " -> " << mean(tail[t]);
+    }
     os << ". Peak device memory " << peak << " B measured";
     if (predicted > 0)
       os << " vs " << predicted << " B predicted (" << std::showpos
@@ -915,6 +919,68 @@ void writeFile(const std::string &path, const std::vector<char> &bytes) {
     throw std::runtime_error("--dump-init: cannot write " + path);
 }
 
+/// The labels the files carry, checked when they are read: a task the
+/// training data never labels does not train (warned), held-out data with
+/// no labels evaluates nothing, and --keep-best must name a metric the
+/// held-out file can give (refused, as at its parsing).
+void checkLabels(const Options &o, const std::vector<HeadConfig> &heads,
+                 const DataSource &data, const DataSource *evalSet,
+                 bool rank0) {
+  const std::vector<int64_t> train = data.labelledRecords();
+  const bool trains = o.steps > 0 || o.measureCorrelation > 0;
+  for (size_t t = 0; t < train.size() && trains && rank0; ++t)
+    if (train[t] == 0)
+      std::fprintf(stderr,
+                   "mtprt: warning: %s: no record has labels of task '%s': "
+                   "its head does not train (the summary reports no loss "
+                   "for it)\n",
+                   o.data.c_str(), heads[t].name.c_str());
+  if (!evalSet)
+    return;
+  const std::vector<int64_t> held = evalSet->labelledRecords();
+  if (!held.empty() && std::count(held.begin(), held.end(), 0) ==
+                           int64_t(held.size()))
+    throw UsageError("--eval-data " + o.evalData +
+                     ": no record has labels of any task, so there is "
+                     "nothing to evaluate; --predict writes a file's "
+                     "predictions");
+  std::vector<std::vector<std::string>> names = evalSet->labelNames();
+  names.resize(heads.size());
+  for (size_t t = 0; t < heads.size() && rank0; ++t)
+    if (!held.empty() && held[t] == 0)
+      std::fprintf(stderr,
+                   "mtprt: note: --eval-data %s has no labels of task '%s': "
+                   "it is not evaluated\n",
+                   o.evalData.c_str(), heads[t].name.c_str());
+  if (o.keepBest.empty())
+    return;
+  // The metric parsed already (TASK.METRIC, reported by such a head).
+  const size_t dot = o.keepBest.find('.');
+  const std::string task = o.keepBest.substr(0, dot),
+                    metric = o.keepBest.substr(dot + 1);
+  const bool entity = metric.rfind("entity_", 0) == 0;
+  auto reports = [&](const HeadConfig &h) {
+    for (const char *m : metrics::namesFor(h))
+      if (metric == m)
+        return true;
+    return false;
+  };
+  for (size_t t = 0; t < heads.size(); ++t)
+    if ((task == "mean" || heads[t].name == task) && reports(heads[t]) &&
+        (held.empty() || held[t] > 0) &&
+        !(entity && heads[t].kind == HeadKind::Tag &&
+          !metrics::namesEntities(names[t])))
+      return;
+  throw UsageError(
+      "--keep-best " + o.keepBest + ": --eval-data " + o.evalData +
+      (entity ? " names no tags as BIO tags (B-X, I-X, O; a shard from `mtpc "
+                "prepare` carries them), which entity metrics need"
+              : " has no labels of " +
+                    (task == "mean" ? std::string("a task reporting ") + metric
+                                    : "task '" + task + "'")) +
+      ", so nothing would be kept");
+}
+
 /// --measure-correlation N: the tasks' gradient cosines (taskSimilarity, on
 /// this rank's rows, averaged over the ranks) over the first N batches,
 /// averaged per pair over the batches where both have labels, printed as
@@ -1443,6 +1509,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
                                      std::max<int64_t>(1, tc.microBatches));
   std::unique_ptr<DataSource> predictSet =
       heldOut(o.predict);
+  checkLabels(o, p.heads, *data, evalSet.get(), rank0);
   // An --export that cannot happen is refused now, not after training.
   if (!o.exportDir.empty() && mc.kind == BackboneKind::Transformer)
     throw std::runtime_error(

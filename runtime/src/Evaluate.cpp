@@ -26,14 +26,6 @@ namespace {
 /// The longest answer a span prediction may take (SQuAD's scripts use 30).
 constexpr int64_t kMaxAnswerTokens = 30;
 
-bool namesEntities(const std::vector<std::string> &names) {
-  for (const std::string &n : names)
-    if (n.size() > 2 && n[1] == '-' &&
-        (n[0] == 'B' || n[0] == 'I' || n[0] == 'E' || n[0] == 'S'))
-      return true;
-  return false;
-}
-
 /// What a task's predictions accumulate over the file.
 struct Accumulator {
   double lossSum = 0;
@@ -246,7 +238,7 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
       case HeadKind::Tag: {
         const at::Tensor pt = outs[0].argmax(-1).to(at::kCPU).contiguous();
         const auto p = pt.accessor<int64_t, 2>();
-        const bool entities = namesEntities(names[t]);
+        const bool entities = metrics::namesEntities(names[t]);
         for (int64_t i = 0; i < count; ++i) {
           const int64_t len = lengths[i];
           // This record's gold tags (none: all kIgnoreLabel).

@@ -60,6 +60,16 @@ inline std::vector<const char *> namesFor(const HeadConfig &h) {
   return {"loss"};
 }
 
+/// Whether a tag head's label names are BIO/IOB2/IOBES tags (B-X, I-X, ...):
+/// only then does its evaluation find entities.
+inline bool namesEntities(const std::vector<std::string> &names) {
+  for (const std::string &n : names)
+    if (n.size() > 2 && n[1] == '-' &&
+        (n[0] == 'B' || n[0] == 'I' || n[0] == 'E' || n[0] == 'S'))
+      return true;
+  return false;
+}
+
 /// Lower is better for the errors (loss, mse, perplexity), higher for the
 /// rest.
 inline bool lowerIsBetter(std::string_view metric) {

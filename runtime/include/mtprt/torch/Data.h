@@ -48,6 +48,9 @@ public:
   virtual std::vector<std::vector<std::string>> labelNames() const {
     return {};
   }
+  /// Per head, how many records carry its labels; empty where every record
+  /// does (synthetic data).
+  virtual std::vector<int64_t> labelledRecords() const { return {}; }
 };
 
 /// The built-in synthetic multi-task data, seeded and learnable: each label is
