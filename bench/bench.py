@@ -124,6 +124,15 @@ def spec_text(name, m, tasks, strategy, budget, train, correlate=(), backbone_li
     return "\n".join(lines) + "\n"
 
 
+def search_gap(plan):
+    """How far above the optimum's added time a plan the search did not
+    prove is at most (its root bound), or None."""
+    p = plan["plan"]
+    bound = p.get("search", {}).get("lower_bound_seconds") or 0
+    added = p.get("added_seconds")
+    return added / bound - 1 if bound > 0 and added is not None else None
+
+
 class Builder:
     """mtpc build with a cache under build/bench keyed by the spec's text; a
     binary older than mtpc or the runtime library is rebuilt."""
@@ -1216,6 +1225,7 @@ def section_pareto(args, b, r, out, precision="fp32"):
                                 predicted=plan["plan"]["planned_peak_bytes"],
                                 step_pred=preds,
                                 optimal=plan["plan"].get("search", {}).get("optimal"),
+                                bound_gap=search_gap(plan),
                                 partial=partial_blocks(plan),
                                 regions=len(plan["plan"]["regions"])))
         live = [e for e in entries if "error" not in e] + peers
@@ -1250,8 +1260,11 @@ def section_pareto(args, b, r, out, precision="fp32"):
                          ("%s RSS, %s time" % (fmt_ratio(e["rss"] / vs["rss"]),
                                                fmt_ratio(e[key] / vs[key]))) if vs else "—",
                          step_cell,
-                         "%d partial, %d regions%s" % (e["partial"], e["regions"],
-                                                       "" if e["optimal"] else " (not proven)")
+                         "%d partial, %d regions%s" % (
+                             e["partial"], e["regions"],
+                             "" if e["optimal"] else
+                             " (not proven%s)" % ("; ≤ %.1f%% above the optimum" % (100 * e["bound_gap"])
+                                                  if e["bound_gap"] is not None else ""))
                          if e["kind"] == "mtpc" else ""])
         out.append("\n#### Model %s\n" % label)
         out.append(table(["configuration", "predicted peak", "tracked vs predicted",

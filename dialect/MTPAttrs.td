@@ -386,7 +386,9 @@ def MTP_StepPlanAttr : AttrDef<MTP_Dialect, "StepPlan"> {
 
     `search N optimal`: the branch and bound searched its whole tree in N
     nodes, so no plan of the cost model is cheaper; `search N stopped`: it
-    stopped at its node limit with the best plan found; `search 0 stopped`:
+    stopped at its node limit with the best plan found, `bound F` (when
+    known) a lower bound on every plan's added seconds, so the plan is at
+    most added / F - 1 above the optimum; `search 0 stopped`:
     the instance was too large for it (the heuristic's plan).
   }];
   let parameters = (ins "int64_t":$planned_peak_bytes,
@@ -399,6 +401,7 @@ def MTP_StepPlanAttr : AttrDef<MTP_Dialect, "StepPlan"> {
                         "bool":$measured_costs,
                         "int64_t":$search_nodes,
                         "bool":$optimal,
+                        APFloatParameter<"a lower bound on every plan's added seconds (0: none)">:$lower_bound_seconds,
                         ArrayRefParameter<"::mtp::PlanRegion">:$regions,
                         ArrayRefParameter<"::mtp::PlanOffload">:$offloads);
   let hasCustomAssemblyFormat = 1;

@@ -601,11 +601,11 @@ static void printSchedule(OpAsmPrinter &printer, Operation *,
 //===----------------------------------------------------------------------===//
 
 // <peak N, keep N, uniform N, minimal N, added F, uniform_added F,
-//  [step F [measured],] [search N optimal|stopped,] regions [A to B, ...], offloads ["unit" BYTES stream S wait F, ...]>
+//  [step F [measured],] [search N optimal|stopped [bound F],] regions [A to B, ...], offloads ["unit" BYTES stream S wait F, ...]>
 Attribute StepPlanAttr::parse(AsmParser &parser, Type) {
   SMLoc loc = parser.getCurrentLocation();
   int64_t peaks[4], nodes;
-  double added, uniformAdded, step = 0;
+  double added, uniformAdded, step = 0, bound = 0;
   bool measured = false;
   StringRef searched;
   SmallVector<PlanRegion> regions;
@@ -638,6 +638,8 @@ Attribute StepPlanAttr::parse(AsmParser &parser, Type) {
       (parser.parseInteger(nodes) ||
        (searchLoc = parser.getCurrentLocation(),
         parser.parseKeyword(&searched)) ||
+       (succeeded(parser.parseOptionalKeyword("bound")) &&
+        parser.parseFloat(bound)) ||
        parser.parseComma()))
     return {};
   if (parser.parseKeyword("regions"))
@@ -668,6 +670,7 @@ Attribute StepPlanAttr::parse(AsmParser &parser, Type) {
         << searched << "'";
     return {};
   }
+
   if (parser.parseCommaSeparatedList(AsmParser::Delimiter::Square,
                                      parseRegion) ||
       parser.parseComma() || parser.parseKeyword("offloads") ||
@@ -678,7 +681,7 @@ Attribute StepPlanAttr::parse(AsmParser &parser, Type) {
   return getChecked([&] { return parser.emitError(loc); }, parser.getContext(),
                     peaks[0], peaks[1], peaks[2], peaks[3], APFloat(added),
                     APFloat(uniformAdded), APFloat(step), measured, nodes,
-                    searched == "optimal",
+                    searched == "optimal", APFloat(bound),
                     ArrayRef<PlanRegion>(regions),
                     ArrayRef<PlanOffload>(offloads));
 }
@@ -698,6 +701,10 @@ void StepPlanAttr::print(AsmPrinter &printer) const {
   }
   printer << ", search " << getSearchNodes()
           << (getOptimal() ? " optimal" : " stopped");
+  if (!getOptimal() && !getLowerBoundSeconds().isZero()) {
+    printer << " bound ";
+    printer.printFloat(getLowerBoundSeconds());
+  }
   printer << ", regions [";
   llvm::interleaveComma(getRegions(), printer, [&](const PlanRegion &r) {
     printer << r.first << " to " << r.last;
@@ -716,7 +723,7 @@ StepPlanAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                      int64_t planned, int64_t keep, int64_t uniform,
                      int64_t minimal, APFloat added, APFloat uniformAdded,
                      APFloat keepStep, bool measuredCosts, int64_t searchNodes,
-                     bool optimal,
+                     bool optimal, APFloat lowerBound,
                      ArrayRef<PlanRegion> regions,
                      ArrayRef<PlanOffload> offloads) {
   for (int64_t bytes : {planned, keep, uniform, minimal})
@@ -726,9 +733,9 @@ StepPlanAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (searchNodes < 0)
     return emitError() << "plan's search node count must be >= 0, got "
                        << searchNodes;
-  for (const APFloat &s : {added, uniformAdded, keepStep})
+  for (const APFloat &s : {added, uniformAdded, keepStep, lowerBound})
     if (!s.isFinite() || s.isNegative())
-      return emitError() << "plan's added and step seconds must be finite "
+      return emitError() << "plan's added, step and bound seconds must be finite "
                             "and >= 0";
   int64_t previous = 0;
   for (const PlanRegion &r : regions) {

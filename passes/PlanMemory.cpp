@@ -164,7 +164,18 @@ struct MemoryPlanner::Impl {
   /// the peak of every completion of a partial assignment (the undecided
   /// at Keep in `decisions`).
   int64_t simulate(ArrayRef<Decision> decisions,
-                   ArrayRef<char> decided = {}) const;
+                   ArrayRef<char> decided = {}, int *at = nullptr) const;
+  /// A lower bound on the added seconds of every completion of `cur` (the
+  /// undecided at Keep) that fits, or infinity where none can: what it adds
+  /// already, plus the cheapest way the undecided could take `peak - usable`
+  /// bytes off position `at` (a fractional knapsack over
+  /// what each can free there at most and the least it can cost).
+  double completionBound(ArrayRef<Decision> cur, ArrayRef<char> decided,
+                         int64_t peak, int at, double added) const;
+  /// Per candidate: the values it decides about, and the others' values a
+  /// region through its blocks could free (their block and backward
+  /// readers span it).
+  std::vector<SmallVector<int>> ownValues, spanValues;
   double added(ArrayRef<Decision> decisions) const;
   std::pair<double, std::vector<double>>
   transfers(ArrayRef<Decision> decisions) const;
@@ -536,6 +547,139 @@ void MemoryPlanner::Impl::build() {
     if (it != blockOwner.end() && !llvm::is_contained(segmentOwners.back(), it->second))
       segmentOwners.back().push_back(it->second);
   }
+  // What each candidate's decision can free (completionBound).
+  ownValues.assign(candidates.size(), {});
+  spanValues.assign(candidates.size(), {});
+  for (auto [i, v] : llvm::enumerate(values)) {
+    if (v.owner < 0 || v.bytes == 0)
+      continue;
+    ownValues[v.owner].push_back(int(i));
+    int64_t lo = v.block, hi = v.block;
+    for (int64_t b : v.bwdBlocks)
+      if (b >= 0)
+        lo = std::min(lo, b), hi = std::max(hi, b);
+    for (int64_t b = std::max<int64_t>(lo, 1); b <= hi; ++b) {
+      auto it = blockOwner.find(b);
+      if (it != blockOwner.end() && it->second != v.owner &&
+          (spanValues[it->second].empty() ||
+           spanValues[it->second].back() != int(i)))
+        spanValues[it->second].push_back(int(i));
+    }
+  }
+}
+
+double MemoryPlanner::Impl::completionBound(ArrayRef<Decision> cur,
+                                            ArrayRef<char> decided,
+                                            int64_t peak, int at,
+                                            double added) const {
+  // Every completion holds at `at` at least the kept completion's bytes
+  // less what its changed candidates free there. A value leaves only when
+  // its owner's decision is not Keep — counted for its owner where that is
+  // undecided — or, its owner recomputing already, when a region comes to
+  // span it: counted for each undecided candidate in the span. A region
+  // already ending below a candidate loses its re-created output when the
+  // candidate joins it. Each candidate adds at least its recompute's or
+  // re-run's seconds (an offload: nothing, its transfers may hide).
+  struct Item {
+    double seconds;
+    int64_t bytes;
+  };
+  auto recomputing = [&](int c) {
+    return decided[c] && cur[c] == Decision::Recompute;
+  };
+  auto alive = [&](int i) {
+    return values[i].def <= at && at <= values[i].last ? values[i].bytes : 0;
+  };
+  // A candidate's choices are exclusive: the relaxation takes the lower
+  // convex hull of its (bytes, seconds) points as increments (the LP bound
+  // of the multiple-choice knapsack).
+  SmallVector<Item> items;
+  int64_t reachable = 0;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    if (decided[c] || cur[c] != Decision::Keep)
+      continue;
+    SmallVector<Item, 4> points;
+    if (allowed(c, Decision::Recompute)) {
+      int64_t bytes = 0;
+      double seconds = 0;
+      for (int i : ownValues[c])
+        bytes += alive(i);
+      for (int i : spanValues[c])
+        if (recomputing(values[i].owner))
+          bytes += alive(i);
+      if (!candidates[c].blocks.empty()) {
+        auto below = blockOwner.find(candidates[c].blocks.front() - 1);
+        if (below != blockOwner.end() && recomputing(below->second))
+          bytes += blockOutputBytes.lookup(candidates[c].blocks.front() - 1);
+      }
+      for (int64_t b : candidates[c].blocks)
+        seconds += blockSeconds(b);
+      points.push_back({seconds, bytes});
+    }
+    if (allowed(c, Decision::Partial)) {
+      int64_t bytes = 0;
+      for (int i : ownValues[c])
+        if (values[i].chain)
+          bytes += alive(i);
+      points.push_back({partialSeconds(c), bytes});
+    }
+    if (allowed(c, Decision::Offload)) {
+      int64_t bytes = 0;
+      for (int i : ownValues[c])
+        if (values[i].offloadable)
+          bytes += alive(i);
+      points.push_back({0.0, bytes});
+    }
+    // The Pareto points (more bytes for more seconds) by bytes, from Keep's
+    // origin, then their lower convex hull.
+    SmallVector<Item, 4> pareto;
+    for (const Item &q : points) {
+      bool dominated = q.bytes <= 0;
+      for (const Item &r : points)
+        dominated |= (r.bytes > q.bytes && r.seconds <= q.seconds) ||
+                     (r.bytes == q.bytes && r.seconds < q.seconds);
+      if (!dominated)
+        pareto.push_back(q);
+    }
+    llvm::sort(pareto, [](const Item &x, const Item &y) {
+      return x.bytes < y.bytes;
+    });
+    SmallVector<Item, 4> hull{{0.0, 0}};
+    for (const Item &q : pareto) {
+      if (q.bytes == hull.back().bytes)
+        continue;
+      while (hull.size() >= 2) {
+        const Item &o = hull[hull.size() - 2], &m = hull.back();
+        // m on or above the chord o..q: not a vertex of the lower hull.
+        if ((m.seconds - o.seconds) * double(q.bytes - o.bytes) >=
+            (q.seconds - o.seconds) * double(m.bytes - o.bytes))
+          hull.pop_back();
+        else
+          break;
+      }
+      hull.push_back(q);
+    }
+    for (size_t k = 1; k < hull.size(); ++k) {
+      items.push_back({hull[k].seconds - hull[k - 1].seconds,
+                       hull[k].bytes - hull[k - 1].bytes});
+      reachable += hull[k].bytes - hull[k - 1].bytes;
+    }
+  }
+  int64_t need = peak - usable;
+  if (reachable < need)
+    return INFINITY;
+  llvm::sort(items, [](const Item &a, const Item &b) {
+    return a.seconds * double(b.bytes) < b.seconds * double(a.bytes);
+  });
+  double bound = added;
+  for (const Item &item : items) {
+    if (need <= 0)
+      break;
+    const int64_t take = std::min(need, item.bytes);
+    bound += item.seconds * double(take) / double(item.bytes);
+    need -= take;
+  }
+  return bound;
 }
 
 double MemoryPlanner::Impl::opSeconds(Operation *op) const {
@@ -605,7 +749,7 @@ MemoryPlanner::Impl::regions(ArrayRef<Decision> decisions) const {
 }
 
 int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions,
-                                      ArrayRef<char> decided) const {
+                                      ArrayRef<char> decided, int *at) const {
   // Only the peak counts here, not its breakdown (one array, not two: this
   // runs for every assignment the search tries).
   StepTimeline::Live alive = timeline->live(/*breakdown=*/false);
@@ -695,7 +839,10 @@ int64_t MemoryPlanner::Impl::simulate(ArrayRef<Decision> decisions,
       if (!partial || decided[c])
         llvm::append_range(partialBlocks, candidates[c].blocks);
     }
-  return timeline->peak(alive, planned, partialBlocks).bytes;
+  StepTimeline::Peak peak = timeline->peak(alive, planned, partialBlocks);
+  if (at)
+    *at = peak.position;
+  return peak.bytes;
 }
 
 /// The host link as one stream each way, first come first served: copies
@@ -1076,6 +1223,7 @@ BoundResult MemoryPlanner::Impl::branchAndBound(std::vector<Decision> incumbent,
 
   int64_t nodes = 0;
   bool stopped = false;
+  double rootBound = 0;
   std::function<void(size_t)> visit = [&](size_t i) {
     if (stopped)
       return;
@@ -1102,10 +1250,19 @@ BoundResult MemoryPlanner::Impl::branchAndBound(std::vector<Decision> incumbent,
         return;
       // The undecided kept is the cheapest completion: if it fits, nothing
       // below this node is better.
-      int64_t p = simulate(cur);
+      int at = -1;
+      int64_t p = simulate(cur, {}, &at);
       if (p <= usable && latencyOk(cur)) {
         best = {cur, t, p, 0, false};
         return;
+      }
+      // Else what taking its excess off costs at least.
+      if (p > usable && at >= 0) {
+        const double bound = completionBound(cur, decided, p, at, t);
+        if (i == 0 && std::isfinite(bound))
+          rootBound = bound;
+        if (!std::isfinite(bound) || (found && bound >= best.seconds))
+          return;
       }
     }
     if (i == order.size())
@@ -1122,6 +1279,7 @@ BoundResult MemoryPlanner::Impl::branchAndBound(std::vector<Decision> incumbent,
   visit(0);
   best.nodes = std::min(nodes, maxNodes);
   best.complete = !stopped;
+  best.rootBound = rootBound;
   return best;
 }
 
@@ -1211,6 +1369,7 @@ PlanResult MemoryPlanner::solve(const SolveOptions &options) {
         /*minimizePeak=*/false);
     result.nodes = exact.nodes;
     result.optimal = exact.complete;
+    result.lowerBoundSeconds = exact.rootBound;
     if (!exact.decisions.empty())
       current = exact.decisions;
     else if (exact.complete) {
@@ -1330,6 +1489,7 @@ void mtp::attachPlan(ModelOp model, const PlanResult &result) {
       result.minimalPeak, APFloat(result.addedSeconds),
       APFloat(result.uniformSeconds), APFloat(result.keepStepSeconds),
       result.measuredCosts, result.nodes, result.optimal,
+      APFloat(result.optimal ? 0.0 : result.lowerBoundSeconds),
       ArrayRef<PlanRegion>(regions),
       ArrayRef<PlanOffload>(offloads)));
 }

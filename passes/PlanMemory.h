@@ -77,6 +77,9 @@ struct PlanResult {
   /// for the simulator (and `minimalPeak` the smallest peak any plan has).
   int64_t nodes = 0;
   bool optimal = false;
+  /// Where not optimal: a lower bound on every fitting plan's added
+  /// seconds (the search's root relaxation; 0: none).
+  double lowerBoundSeconds = 0;
 };
 
 /// What the branch and bound found: the best assignment (empty when none
@@ -87,6 +90,8 @@ struct BoundResult {
   int64_t peak = 0;
   int64_t nodes = 0;
   bool complete = false;
+  /// The root's bound on every fitting plan's added seconds (0: none).
+  double rootBound = 0;
 };
 
 struct SolveOptions {

@@ -669,9 +669,18 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
     if (plan.getOptimal())
       os << "  search: optimal for the cost model (branch and bound, "
          << plan.getSearchNodes() << " nodes)\n";
-    else if (plan.getSearchNodes())
+    else if (plan.getSearchNodes()) {
       os << "  search: the best plan in " << plan.getSearchNodes()
-         << " branch-and-bound nodes (not proven optimal)\n";
+         << " branch-and-bound nodes (not proven optimal";
+      // The root's bound: no plan adds less.
+      const double bound = plan.getLowerBoundSeconds().convertToDouble(),
+                   added = plan.getAddedSeconds().convertToDouble();
+      if (bound > 0 && added >= bound)
+        os << llvm::formatv("; its added time at most {0:f1}% above the "
+                            "optimum's, which no plan's goes under: {1:f1} us",
+                            100.0 * (added / bound - 1), 1e6 * bound);
+      os << ")\n";
+    }
     else
       os << "  search: the heuristic's plan (too many candidates for the "
             "exact search)\n";
@@ -763,8 +772,11 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
         {"step_seconds", plan.getKeepStepSeconds().convertToDouble() +
                              plan.getAddedSeconds().convertToDouble()},
         {"step_costs", plan.getMeasuredCosts() ? "measured" : "roofline"},
-        {"search", Object{{"nodes", plan.getSearchNodes()},
-                          {"optimal", plan.getOptimal()}}},
+        {"search",
+         Object{{"nodes", plan.getSearchNodes()},
+                {"optimal", plan.getOptimal()},
+                {"lower_bound_seconds",
+                 plan.getLowerBoundSeconds().convertToDouble()}}},
         {"regions", std::move(regions)}};
   }
   if (budget) {

@@ -268,6 +268,14 @@ TEST(PlanMemory, GapSurvey) {
                                          : (plan.addedSeconds > 0 ? 1.0 : 0.0);
             EXPECT_LE(gap, 0.02) << what << ": solver " << plan.addedSeconds
                                  << " s, optimum " << exact << " s";
+            // A plan the search calls optimal is: its bounds prune nothing
+            // better.
+            if (plan.optimal)
+              EXPECT_LE(gap, 1e-9) << what << ": proven optimal at "
+                                   << plan.addedSeconds << " s, optimum "
+                                   << exact << " s";
+            EXPECT_LE(plan.lowerBoundSeconds, exact * (1 + 1e-9))
+                << what << ": the search's bound is above the optimum";
             worstGap = std::max(worstGap, gap);
             // The heuristic alone, for the record (docs/planning.md).
             PlanResult quick = planner.solve(SolveOptions{/*maxNodes=*/0});
