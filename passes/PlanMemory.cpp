@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <numeric>
 
 namespace mtp {
@@ -1224,7 +1225,25 @@ BoundResult MemoryPlanner::Impl::branchAndBound(std::vector<Decision> incumbent,
   int64_t nodes = 0;
   bool stopped = false;
   double rootBound = 0;
-  std::function<void(size_t)> visit = [&](size_t i) {
+  // A node's figures: its added seconds, its undecided-kept completion's
+  // peak and where, and the bound on its fitting completions' seconds.
+  struct Eval {
+    double t = 0, bound = 0;
+    int64_t p = 0;
+    int at = -1;
+  };
+  auto evaluate = [&](std::optional<Eval> &e) {
+    if (e)
+      return;
+    e.emplace();
+    e->t = added(cur);
+    e->p = simulate(cur, {}, &e->at);
+    e->bound = e->p <= usable || e->at < 0
+                   ? e->t
+                   : completionBound(cur, decided, e->p, e->at, e->t);
+  };
+  std::function<void(size_t, std::optional<Eval>)> visit =
+      [&](size_t i, std::optional<Eval> e) {
     if (stopped)
       return;
     if (++nodes > maxNodes) {
@@ -1240,43 +1259,49 @@ BoundResult MemoryPlanner::Impl::branchAndBound(std::vector<Decision> incumbent,
       if ((!found || p < best.peak) && latencyOk(cur))
         best = {cur, added(cur), p, 0, false};
     } else {
-      // Every completion costs at least this (recompute adds its FLOPs,
-      // another offload never shortens the link's queues) and peaks at
-      // least at the bound.
-      double t = added(cur);
-      if (found && t >= best.seconds)
+      // Every completion costs at least t (recompute adds its FLOPs,
+      // another offload never shortens the link's queues) and at least the
+      // bound, and peaks at least at the partial simulation's peak.
+      evaluate(e);
+      if (i == 0 && e->p > usable && std::isfinite(e->bound))
+        rootBound = e->bound;
+      if (!std::isfinite(e->bound) || (found && e->bound >= best.seconds))
         return;
       if (simulate(cur, decided) > usable)
         return;
       // The undecided kept is the cheapest completion: if it fits, nothing
       // below this node is better.
-      int at = -1;
-      int64_t p = simulate(cur, {}, &at);
-      if (p <= usable && latencyOk(cur)) {
-        best = {cur, t, p, 0, false};
+      if (e->p <= usable && latencyOk(cur)) {
+        best = {cur, e->t, e->p, 0, false};
         return;
-      }
-      // Else what taking its excess off costs at least.
-      if (p > usable && at >= 0) {
-        const double bound = completionBound(cur, decided, p, at, t);
-        if (i == 0 && std::isfinite(bound))
-          rootBound = bound;
-        if (!std::isfinite(bound) || (found && bound >= best.seconds))
-          return;
       }
     }
     if (i == order.size())
       return;
     size_t c = order[i];
     decided[c] = 1;
+    // The child whose completions may cost least first (a fitting one at
+    // its own seconds): good plans found early prune the rest.
+    SmallVector<std::pair<Decision, std::optional<Eval>>, 4> next;
     for (Decision d : choices[c]) {
       cur[c] = d;
-      visit(i + 1);
+      std::optional<Eval> child;
+      if (!minimizePeak)
+        evaluate(child);
+      next.push_back({d, child});
+    }
+    if (!minimizePeak)
+      llvm::stable_sort(next, [](auto &x, auto &y) {
+        return x.second->bound < y.second->bound;
+      });
+    for (auto &[d, child] : next) {
+      cur[c] = d;
+      visit(i + 1, child);
     }
     cur[c] = Decision::Keep;
     decided[c] = 0;
   };
-  visit(0);
+  visit(0, std::nullopt);
   best.nodes = std::min(nodes, maxNodes);
   best.complete = !stopped;
   best.rootBound = rootBound;
