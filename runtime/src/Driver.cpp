@@ -1782,20 +1782,56 @@ int train(const std::string &name, const Program &p, const Options &o) {
   auto exportBackbone = [&] {
     if (o.exportDir.empty())
       return;
-    TrainerCore::WholeParameters exporting(core.zero());
+    // Values a parameter at a time where the optimizer holds them (ZeRO 3's
+    // runs, 16-bit weights' masters: put together on the host, every rank
+    // taking part), not every block gathered on the device at once.
+    ZeroOptimizer *z = core.zero();
+    const bool held = z && z->holdsValues();
+    std::map<std::string, at::Tensor> values;
+    if (held)
+      for (const auto &[name, t] : core.model().namedParameters()) {
+        at::Tensor v = z->hostValues(t);
+        if (rank0)
+          values.emplace(name, std::move(v));
+      }
     if (!rank0)
       return;
-    exportPretrained(core.model(), o.exportDir, mc.weights);
+    exportPretrained(core.model(), o.exportDir, mc.weights,
+                     held ? &values : nullptr);
     std::fprintf(stderr,
                  "exported the backbone to %s (config.json, "
                  "model.safetensors) and the heads to %s/heads.safetensors\n",
                  o.exportDir.c_str(), o.exportDir.c_str());
   };
   if (predictSet) {
-    TrainerCore::WholeParameters predicting(core.zero(), /*masters=*/false);
+    // The plan's evaluation peak is the prediction's: the same forward.
+    const int64_t predicted = asPlanned ? p.predictedEvalPeakBytes : 0;
+    ZeroOptimizer *z = core.zero();
+    if (z && z->shardsParameters()) {
+      // ZeRO 3: a block gathered at a time, as an evaluation — every rank
+      // runs the forward (the gathers are collectives), rank 0 writes; an
+      // output rank 0 cannot write stops every rank before the forward.
+      bool unwritable = false;
+      if (rank0) {
+        const std::string tmp = o.predictOut + ".tmp";
+        unwritable = !std::ofstream(tmp, std::ios::app);
+        std::remove(tmp.c_str());
+      }
+      if (anyRank(unwritable))
+        throw std::runtime_error("--out: cannot write " + o.predictOut +
+                                 ".tmp" + (rank0 ? "" : " (on rank 0)"));
+      if (rank0)
+        writePredictions(core.model(), *predictSet, evalBatch, tc.precision,
+                         o.predictOut, core.stepsTaken(), predicted);
+      else
+        evaluate(core.model(), *predictSet, evalBatch, tc.precision,
+                 [](const RecordPrediction &) {});
+      return 0;
+    }
+    TrainerCore::WholeParameters predicting(z, /*masters=*/false);
     if (rank0)
       writePredictions(core.model(), *predictSet, evalBatch, tc.precision,
-                       o.predictOut, core.stepsTaken());
+                       o.predictOut, core.stepsTaken(), predicted);
     return 0;
   }
   std::ofstream metrics;

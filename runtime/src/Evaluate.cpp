@@ -458,7 +458,7 @@ Json predictionJson(const HeadConfig &c, const std::vector<std::string> &names,
 
 EvalReport writePredictions(Model &model, DataSource &data, int64_t batch,
                             Precision precision, const std::string &path,
-                            int64_t step) {
+                            int64_t step, int64_t predictedPeakBytes) {
   const std::string tmp = path + ".tmp";
   std::ofstream out(tmp, std::ios::trunc);
   if (!out)
@@ -466,7 +466,7 @@ EvalReport writePredictions(Model &model, DataSource &data, int64_t batch,
   const std::vector<HeadConfig> &heads = model.heads();
   std::vector<std::vector<std::string>> names = data.labelNames();
   names.resize(heads.size());
-  const EvalReport report =
+  EvalReport report =
       evaluate(model, data, batch, precision, [&](const RecordPrediction &r) {
         Json line = Json::object(), gold = Json::object();
         line["record"] = r.record;
@@ -491,10 +491,11 @@ EvalReport writePredictions(Model &model, DataSource &data, int64_t batch,
   if (ec)
     throw std::runtime_error("--out: cannot rename " + tmp + " to " + path +
                              ": " + ec.message());
-  std::printf("predicted %lld records of %s at step %lld to %s\n",
+  report.predictedPeakBytes = predictedPeakBytes;
+  std::printf("predicted %lld records of %s at step %lld to %s%s\n",
               static_cast<long long>(report.records),
               data.describe().c_str(), static_cast<long long>(step),
-              path.c_str());
+              path.c_str(), report.peakText().c_str());
   if (!report.tasks.empty())
     std::printf("metrics over the records with labels: %s\n",
                 report.summary().c_str());

@@ -386,7 +386,8 @@ void writeHiddenStates(Model &model, const Batch &batch,
 }
 
 void exportPretrained(const Model &model, const std::string &dir,
-                      const std::string &source) {
+                      const std::string &source,
+                      const std::map<std::string, at::Tensor> *values) {
   const ModelConfig &c = model.config();
   if (c.kind == BackboneKind::Transformer)
     throw std::invalid_argument(
@@ -399,7 +400,7 @@ void exportPretrained(const Model &model, const std::string &dir,
                              std::strerror(errno) + ")");
   std::map<std::string, at::Tensor> params;
   for (const auto &[name, t] : model.namedParameters())
-    params.emplace(name, t);
+    params.emplace(name, values ? values->at(name) : t);
 
   std::vector<std::pair<std::string, at::Tensor>> backbone;
   const std::vector<hf::Tensor> names = hf::tensors(c);
@@ -469,7 +470,8 @@ void exportPretrained(const Model &model, const std::string &dir,
   for (int64_t h = 0; h < model.numHeads(); ++h)
     for (const auto &[name, t] : model.namedParameters())
       if (name.rfind("head." + model.heads()[h].name + ".", 0) == 0)
-        headTensors.emplace_back(name, t.detach().to(at::kCPU, at::kFloat));
+        headTensors.emplace_back(
+            name, params.at(name).detach().to(at::kCPU, at::kFloat));
   writeSafetensors(dir + "/heads.safetensors", headTensors,
                    {{"format", "mtprt-heads"}, {"heads", heads.dump()}});
 

@@ -80,10 +80,12 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
 /// values; tag: one entry per real token, null where it is not scored (a
 /// word's later sub-tokens, where the file has the gold tags); span:
 /// {"start", "end", "tokens"}. `gold` holds the file's labels where it has
-/// them. Prints the metrics over the records with labels. Returns them.
+/// them. Prints the metrics over the records with labels and the peak
+/// (against `predictedPeakBytes`, the plan's evaluation peak, where > 0).
+/// Returns them.
 EvalReport writePredictions(Model &model, DataSource &data, int64_t batch,
                             Precision precision, const std::string &path,
-                            int64_t step);
+                            int64_t step, int64_t predictedPeakBytes = 0);
 
 } // namespace mtprt
 

@@ -15,6 +15,7 @@
 
 #include "mtprt/torch/Model.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,9 +41,12 @@ PretrainedLoad loadPretrained(Model &model, const std::string &dir);
 /// heads.safetensors (every head's parameters by Model::namedParameters
 /// name; metadata `format` = "mtprt-heads", `heads` = their configs as
 /// JSON). Each file is written beside and renamed into place. Throws
-/// std::runtime_error naming the file it cannot write.
-void exportPretrained(const Model &model, const std::string &dir,
-                      const std::string &source = "");
+/// std::runtime_error naming the file it cannot write. `values`, where
+/// given, holds every parameter's values by that name instead of the
+/// model's own tensors (ZeRO 3's runs put together one at a time).
+void exportPretrained(
+    const Model &model, const std::string &dir, const std::string &source = "",
+    const std::map<std::string, at::Tensor> *values = nullptr);
 
 /// The backbone checked against another implementation: runs it in eval
 /// mode on `batch` (its padding and token types too: `attention_mask`,
