@@ -18,6 +18,8 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/FileSystem.h"
+
+#include <set>
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
@@ -58,6 +60,7 @@ struct Options {
 /// Reads the words after `report`; an exit code where the command ends here
 /// (--help, wrong usage).
 std::optional<int> parseArgs(llvm::ArrayRef<char *> args, Options &o) {
+  std::set<std::string *> given;
   for (size_t i = 1; i < args.size(); ++i) {
     StringRef a = args[i];
     if (a == "-h" || a == "--help" || a == "-help") {
@@ -71,14 +74,22 @@ std::optional<int> parseArgs(llvm::ArrayRef<char *> args, Options &o) {
     else if (flag == "-o" || flag == "--o")
       into = &o.output;
     if (into) {
+      std::string value;
       if (a.contains('=')) {
-        *into = a.split('=').second.str();
+        value = a.split('=').second.str();
       } else if (i + 1 < args.size()) {
-        *into = args[++i];
+        value = args[++i];
       } else {
         error() << a << " needs a value\n" << kUsageLine;
         return kUsageError;
       }
+      if (!given.insert(into).second) {
+        error() << flag << " given twice ('" << *into << "' and '" << value
+                << "')\n"
+                << kUsageLine;
+        return kUsageError;
+      }
+      *into = std::move(value);
       continue;
     }
     if (a.starts_with("-") && a != "-") {
@@ -97,6 +108,17 @@ std::optional<int> parseArgs(llvm::ArrayRef<char *> args, Options &o) {
     error() << "no metrics file\n" << kUsageLine;
     return kUsageError;
   }
+  // The page must not replace what it reads.
+  for (const std::string *read : {&o.input, &o.planPath})
+    if (bool same = false; !read->empty() && !o.output.empty() &&
+                           o.output != "-" &&
+                           !llvm::sys::fs::equivalent(*read, o.output, same) &&
+                           same) {
+      error() << "-o " << o.output << " is the input file " << *read
+              << "; name another output\n"
+              << kUsageLine;
+      return kUsageError;
+    }
   return std::nullopt;
 }
 

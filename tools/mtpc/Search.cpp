@@ -58,6 +58,10 @@ using llvm::StringRef;
 
 namespace {
 
+/// The most values one search range may take (the space is their product;
+/// past this a range is a typo or wants a step).
+constexpr uint64_t kMaxRangeValues = 100000;
+
 enum ExitCode { kOk = 0, kSpecError = 1, kUsageError = 2 };
 
 using Clock = std::chrono::steady_clock;
@@ -472,8 +476,27 @@ int Search::run(llvm::raw_ostream &os) {
           s.values.push_back(a.value.source);
       } else {
         s.spelling = v.spelling;
-        for (int64_t x = v.integer; x <= v.rangeHi; x += v.rangeStep)
-          s.values.push_back(std::to_string(x));
+        // Counted before made (a range of 2·10⁹ values would take the
+        // memory), stepping without overflow at the int64 ends.
+        const uint64_t count =
+            v.rangeHi < v.integer
+                ? 0
+                : (uint64_t(v.rangeHi) - uint64_t(v.integer)) /
+                          uint64_t(v.rangeStep) +
+                      1;
+        if (count > kMaxRangeValues) {
+          llvm::WithColor::error(llvm::errs(),
+                                 (filename + ":" + Twine(v.loc.line) + ":" +
+                                  Twine(v.loc.col))
+                                     .str())
+              << "'" << r.where << " = " << v.spelling << "' has " << count
+              << " values; a search range takes at most " << kMaxRangeValues
+              << " (narrow it, or step it with `by`)\n";
+          return kSpecError;
+        }
+        for (uint64_t k = 0; k < count; ++k)
+          s.values.push_back(
+              std::to_string(int64_t(uint64_t(v.integer) + k * uint64_t(v.rangeStep))));
       }
       sites.push_back(std::move(s));
     }
@@ -659,7 +682,9 @@ int Search::run(llvm::raw_ostream &os) {
            << ")";
       },
       ", ");
-  os << "\n  " << llvm::formatv("{0}", int64_t(spaceSize))
+  os << "\n  "
+     << (spaceSize < 9e15 ? llvm::formatv("{0}", int64_t(spaceSize)).str()
+                          : llvm::formatv("{0:e2}", spaceSize).str())
      << " candidates in the space; "
      << (exhaustive ? "every one planned"
                     : llvm::formatv("{0} planned (a sample of seed {1}, then "

@@ -760,6 +760,16 @@ int main(int argc, char **argv) {
     usageError() << errorMessage << "\n";
     return kUsageError;
   }
+  // What is written must not be what is read (a spec turned into costs, a
+  // plan into its text): the same file by any name.
+  if (bool same = false; outputFilename != "-" && inputFilename != "-" &&
+                         !llvm::sys::fs::equivalent(inputFilename,
+                                                    outputFilename, same) &&
+                         same) {
+    usageError() << "-o " << outputFilename << " is the input file "
+                 << inputFilename << "; name another output\n";
+    return kUsageError;
+  }
   // A spec is a page of text: a far larger file is the wrong one (named
   // here, not at a line of it, which may be megabytes long).
   if (command != Command::Inspect &&
@@ -771,6 +781,11 @@ int main(int argc, char **argv) {
     return kSpecError;
   }
   if (command == Command::Inspect) {
+    if (format.getNumOccurrences()) {
+      usageError() << "inspect prints the plan as text; --format is plan's "
+                      "(mtpc plan SPEC --format=json)\n";
+      return kUsageError;
+    }
     std::unique_ptr<llvm::ToolOutputFile> output =
         openOutputFile(outputFilename, &errorMessage);
     if (!output) {
