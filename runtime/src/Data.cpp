@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
@@ -219,6 +220,13 @@ private:
 
 Records readJsonLinesFile(const std::string &path, const ModelConfig &model,
                           const std::vector<HeadConfig> &heads) {
+  // A directory opens as a stream and fails at its first read with the
+  // library's wordless "underflow": named here.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw DataError("mtprt: data file " + path +
+                    ": is a directory; name a JSON Lines file or a shard "
+                    "(mtpc prepare writes one)");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw DataError("mtprt: data file " + path + ": cannot be opened");
@@ -335,6 +343,15 @@ std::unique_ptr<DataSource> loadData(const std::string &path,
 void writeShard(const std::string &jsonLines, const std::string &out,
                 const ModelConfig &model,
                 const std::vector<HeadConfig> &heads) {
+  {
+    // Already a shard: say so, not that its first byte is bad JSON.
+    std::ifstream f(jsonLines, std::ios::binary);
+    char magic[8] = {0};
+    f.read(magic, 8);
+    if (f.gcount() == 8 && std::string(magic, 8) == kShardMagic)
+      throw DataError("mtprt: --write-shard: " + jsonLines +
+                      " is a shard already; --data takes it as it is");
+  }
   const Records records = readJsonLinesFile(jsonLines, model, heads);
   std::ofstream f(out, std::ios::binary | std::ios::trunc);
   if (!f)

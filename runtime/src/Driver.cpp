@@ -107,6 +107,8 @@ struct Options {
   bool profileMemory = false;
   bool resources = false;
   bool batchGiven = false; ///< --batch-size (fixes a dynamic batch)
+  /// The training data is read (a prediction alone does not need it).
+  bool trainingDataNeeded = true;
   std::optional<int64_t> cosineEvery;
 };
 
@@ -376,6 +378,7 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
   o.topK = p.compressTopK;
   o.decay = p.compressDecay;
   o.block = p.compressBlock;
+  std::set<std::string> given; // the flags on the command line
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i], value;
     const size_t eq = arg.find('=');
@@ -391,6 +394,7 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
         flag = &f;
     if (!flag)
       throw UsageError("unknown flag '" + arg + "'");
+    given.insert(arg);
     if (*flag->value && !inlineValue) {
       if (i + 1 >= argc)
         throw UsageError(arg + " needs a value (" + flag->value + ")");
@@ -616,9 +620,28 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       }
     }
   }
-  // A prediction continues from the newest checkpoint where there is one.
-  if (!o.predict.empty() && !o.checkpointDir.empty())
+  // A prediction reads the training data only for what dumps a batch of it.
+  o.trainingDataNeeded = o.predict.empty() || !o.dumpHidden.empty() ||
+                         !o.dumpInit.empty() || !o.profileUnits.empty() ||
+                         given.count("--data");
+  // A prediction continues from the newest checkpoint where there is one;
+  // a directory that is not there is a typo, not the initial weights.
+  if (!o.predict.empty() && !o.checkpointDir.empty()) {
     o.resume = true;
+    if (!std::filesystem::is_directory(o.checkpointDir))
+      throw UsageError("--predict: --checkpoint-dir " + o.checkpointDir +
+                       " is not a directory, so there is no checkpoint to "
+                       "predict with; drop --checkpoint-dir to predict with "
+                       "the initial (or pretrained) weights");
+  }
+  // A prediction trains nothing: what only training does is refused, not
+  // ignored.
+  if (!o.predict.empty())
+    for (const char *f : {"--steps", "--metrics", "--export", "--eval-data",
+                          "--eval-every", "--keep-best", "--checkpoint-every"})
+      if (given.count(f))
+        throw UsageError(std::string("--predict trains nothing, so ") + f +
+                         " would do nothing; run them apart");
   if (o.measureCorrelation > 0 && !o.predict.empty())
     throw UsageError("--measure-correlation reads --data's batches and "
                      "--predict trains nothing; run them apart");
@@ -1486,8 +1509,9 @@ int train(const std::string &name, const Program &p, const Options &o) {
   };
 
   std::unique_ptr<DataSource> data =
-      o.data == "synthetic" ? syntheticData(mc, p.heads, o.seed, o.relatedness)
-                            : loadData(o.data, mc, p.heads);
+      o.data == "synthetic" || !o.trainingDataNeeded
+          ? syntheticData(mc, p.heads, o.seed, o.relatedness)
+          : loadData(o.data, mc, p.heads);
   // Held-out data is read (and checked) now, not at the first evaluation.
   auto heldOut = [&](const std::string &path) -> std::unique_ptr<DataSource> {
     if (path.empty())
@@ -1773,6 +1797,11 @@ int train(const std::string &name, const Program &p, const Options &o) {
                     : "; restore rank 0's files, resume with the processes "
                       "that wrote it") +
             ", or start fresh with another --checkpoint-dir");
+      if (!o.predict.empty())
+        stopAll("--predict: no checkpoint in " + o.checkpointDir +
+                " to predict with; train one there first, or drop "
+                "--checkpoint-dir to predict with the initial (or "
+                "pretrained) weights");
       if (rank0)
         std::fprintf(stderr, "no checkpoint in %s: starting fresh\n",
                      o.checkpointDir.c_str());
