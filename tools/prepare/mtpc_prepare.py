@@ -149,23 +149,37 @@ def read_jsonl(path):
             except json.JSONDecodeError as e:
                 yield n, Bad(f"{path}:{n}", f"malformed JSON at column {e.colno}: {e.msg}")
                 continue
+            except RecursionError:
+                yield n, Bad(f"{path}:{n}", "JSON nested too deeply for a record")
+                continue
             if not isinstance(rec, dict):
                 yield n, Bad(f"{path}:{n}", "a record must be a JSON object")
                 continue
             yield n, rec
 
 
-def read_table(path, delimiter):
+def read_table(path, delimiter, check_header=None):
+    """Rows as dicts by the header's names; `check_header(header)` sees the
+    header first. The file is opened once (a pipe can be read once)."""
     with open(path, encoding="utf-8", newline="") as f:
         quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
         reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
         header = None
-        for row in reader:
+        rows = iter(reader)
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                break
+            except csv.Error as e:
+                raise Bad(f"{path}:{reader.line_num}", f"{e}")
             n = reader.line_num
             if header is None:
                 if not row:
                     raise Bad(f"{path}:{n}", "the first line must be a header naming the columns")
                 header = row
+                if check_header:
+                    check_header(header)
                 continue
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue
@@ -387,7 +401,7 @@ def prepare(args, req):
     if not 0 <= tok.pad < vocab:
         raise Usage(f"{tok.path}: its padding id {tok.pad} is not in the model's vocab [0, {vocab})")
     stats = {"records": 0, "truncated": 0, "skipped": 0, "answers_lost": 0,
-             "words_lost": 0}
+             "words_lost": 0, "words_empty": 0}
     first_bad = []
 
     def check_ids(ids, where):
@@ -412,6 +426,9 @@ def prepare(args, req):
                 texts[0], texts[1] if len(texts) > 1 else None, words=words is not None)
         if not ids:
             raise Bad(where, "the text gives no tokens")
+        if len(ids) > seq:
+            raise Usage(f"the backbone's seq {seq} is shorter than the tokenizer's own "
+                        f"tokens around a text ({len(ids)} at the least): raise seq")
         check_ids(ids, where)
         if model.get("type_vocab", 0) <= 1:
             types = [0] * len(ids)
@@ -438,6 +455,9 @@ def prepare(args, req):
                     raise Bad(where, f"task '{name}': expected {t['classes']} finite number(s), got {value!r}")
                 labels[name] = vals
             elif kind == "classify":
+                if isinstance(value, (dict, list, bool)):
+                    raise Bad(where, f"task '{name}': a label is text or a number, "
+                                     f"got {json.dumps(value)[:40]}")
                 labels[name] = [float(vocabs[name].id(str(value), where))]
             elif kind == "tag":
                 tags = value if isinstance(value, list) else None
@@ -457,7 +477,11 @@ def prepare(args, req):
                     if w is not None and w not in seen:
                         seen.add(w)
                         row[pos] = float(tag_ids[w])
-                stats["words_lost"] += len(words) - len(seen)
+                # Words past the cut are truncation's; a word the tokenizer
+                # gives no token (a lone zero-width space) is not.
+                last = max(seen) if seen else -1
+                stats["words_lost"] += len(words) - 1 - last if cut else 0
+                stats["words_empty"] += sum(1 for w in range(last + 1) if w not in seen)
                 labels[name] = row
             elif kind == "span":
                 if not tok.offsets:
@@ -488,10 +512,7 @@ def prepare(args, req):
             if by_name[name]["head"] != "tag":
                 raise Usage(f"--task {name}: CoNLL columns hold tags; task '{name}' is a "
                             f"{by_name[name]['head']} task")
-    elif fmt in ("csv", "tsv"):
-        with open(args.input, encoding="utf-8", newline="") as f:
-            header = next(csv.reader(f, delimiter="," if fmt == "csv" else "\t",
-                                     quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL), [])
+    def check_header(header):
         for col in text_cols + list(explicit.values()):
             if col not in header:
                 raise Bad(f"{args.input}:1", f"no column '{col}' in the header "
@@ -499,8 +520,8 @@ def prepare(args, req):
     seen_columns = set()
 
     reader = {"jsonl": lambda: read_jsonl(args.input),
-              "csv": lambda: read_table(args.input, ","),
-              "tsv": lambda: read_table(args.input, "\t"),
+              "csv": lambda: read_table(args.input, ",", check_header),
+              "tsv": lambda: read_table(args.input, "\t", check_header),
               "conll": lambda: read_conll(args.input)}[fmt]()
     last = 0
     try:
@@ -578,6 +599,19 @@ def write_shard(path, prep, names):
     flags = (HAS_LENGTHS if (lengths < seq).any() else 0) | \
             (HAS_TYPES if types.any() else 0)
     tmp = path + ".tmp"
+    try:
+        write_shard_to(tmp, prep, names, lengths, types, flags)
+        os.replace(tmp, path)
+    except BaseException:
+        # Nothing half-written stays behind.
+        if os.path.isfile(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_shard_to(tmp, prep, names, lengths, types, flags):
+    import numpy as np
+    seq, n = prep.seq, len(prep.tokens)
     with open(tmp, "wb") as f:
         f.write(MAGIC + struct.pack("<IIqqI", VERSION, len(prep.tasks), n, seq, flags))
         for t in prep.tasks:
@@ -597,11 +631,17 @@ def write_shard(path, prep, names):
             f.write(np.asarray(prep.present[t["name"]], dtype=np.uint8).tobytes())
             f.write(np.asarray(prep.labels[t["name"]], dtype=np.float32)
                     .reshape(n, width_of(t, seq)).tobytes())
-    os.replace(tmp, path)
 
 
 def read_shard(path):
     """A version 2 shard as (seq, tasks [(name, width, names)], arrays)."""
+    try:
+        return read_shard_bytes(path)
+    except (struct.error, ValueError, UnicodeDecodeError) as e:
+        raise Usage(f"{path}: not a whole shard ({e}); prepare it again")
+
+
+def read_shard_bytes(path):
     import numpy as np
     with open(path, "rb") as f:
         data = f.read()
@@ -668,6 +708,12 @@ def merge(args, req):
     for name in widths:
         if name not in by_name:
             raise Usage(f"a shard has task '{name}', which the spec does not")
+    for path, (_s, tasks, *_rest) in zip(args.merge, shards):
+        for name, width, _labels in tasks:
+            if width != width_of(by_name[name], seq):
+                raise Usage(f"{path}: task '{name}' has {width} label values a record, the "
+                            f"spec's {by_name[name]['head']} task {width_of(by_name[name], seq)}: "
+                            "a shard prepared for another spec; prepare it again")
     tasks = [t for t in req["tasks"] if t["name"] in widths]
     prep = Prepared(req["backbone"], tasks)
     prep.pad = 0
@@ -719,7 +765,15 @@ def main(argv):
     args = ap.parse_args(argv)
     with open(args.request, encoding="utf-8") as f:
         req = json.load(f)
+    csv.field_size_limit(1 << 30)  # a long document is one field
     try:
+        if os.path.isdir(args.output):
+            raise Usage(f"-o {args.output} is a directory; name the shard file to write")
+        # What is written must not be what is read (by any name).
+        for read in [args.input, args.tokenizer, args.label_vocab] + (args.merge or []):
+            if read and os.path.exists(read) and os.path.exists(args.output) and \
+                    os.path.samefile(read, args.output):
+                raise Usage(f"-o {args.output} is the input file {read}; name another output")
         if args.merge:
             if args.input:
                 raise Usage("--merge takes shards, not an input file")
@@ -753,12 +807,19 @@ def main(argv):
         lines.append(f"  truncated to {prep.seq} tokens: {stats['truncated']} records")
     if stats.get("words_lost"):
         lines.append(f"  tagged words cut off by truncation: {stats['words_lost']}")
+    if stats.get("words_empty"):
+        lines.append(f"  tagged words that give no token (their tags are not scored): "
+                     f"{stats['words_empty']}")
     if stats.get("answers_lost"):
         lines.append(f"  span answers cut off by truncation (record kept without the span): "
                      f"{stats['answers_lost']}")
     if stats.get("skipped"):
         lines.append(f"  skipped {stats['skipped']} bad records; the first: {bad[0]}")
     print("\n".join(lines))
+    if prep.tasks and not any(sum(prep.present[t["name"]]) for t in prep.tasks):
+        print("mtpc prepare: warning: no record has labels of any task: the shard serves "
+              "--predict, not training (name the label columns with --task TASK=COLUMN)",
+              file=sys.stderr)
     return 0
 
 
