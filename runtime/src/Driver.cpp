@@ -402,6 +402,10 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
     } else if (!*flag->value && inlineValue) {
       throw UsageError(arg + " takes no value");
     }
+    // An empty value is no value (`--export ""` exported nothing).
+    if (*flag->value && value.empty())
+      throw UsageError(arg + " needs a value (" + flag->value +
+                       "), got an empty one");
     const int64_t big = int64_t(1) << 40;
     if (arg == "--help")
       return false;

@@ -40,13 +40,18 @@ double niceStep(double span, int target) {
   return (r < 1.5 ? 1 : r < 3 ? 2 : r < 7 ? 5 : 10) * mag;
 }
 
+/// A value the chart can place: finite and small enough that the scale's
+/// range (hi − lo) stays finite (a diverged loss of 1e308 made it NaN and
+/// emptied the chart); the rest are gaps, their values in the tooltips.
+bool plottable(double v) { return std::isfinite(v) && std::abs(v) <= 1e100; }
+
 std::string pathOf(const std::vector<Opt> &y, const std::vector<int64_t> &x,
                    const Scale &s, unsigned &points) {
   std::string d;
   bool pen = false;
   points = 0;
   for (size_t i = 0; i < y.size(); ++i) {
-    if (!y[i] || !std::isfinite(*y[i])) {
+    if (!y[i] || !plottable(*y[i])) {
       pen = false;
       continue;
     }
@@ -66,7 +71,7 @@ std::vector<double> finiteValues(const Chart &c) {
   std::vector<double> values;
   for (const Series &se : c.series)
     for (Opt v : se.y)
-      if (v && std::isfinite(*v))
+      if (v && plottable(*v))
         values.push_back(*v);
   return values;
 }

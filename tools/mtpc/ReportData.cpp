@@ -29,6 +29,15 @@ namespace json = llvm::json;
 
 namespace mtp::report {
 namespace {
+/// A number as a reader wrote it (%g: -5, 3, 1e+308).
+std::string shortNumber(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+} // namespace
+
+namespace {
 
 llvm::Error inputError(const Twine &why) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), why);
@@ -283,8 +292,15 @@ private:
                           ": \"gradient_cosine_sim_matrix\" is not a "
                           "square matrix of numbers");
       std::vector<double> out;
-      for (const json::Value &c : *cells)
-        out.push_back(c.getAsNumber().value_or(std::nan("")));
+      for (const json::Value &c : *cells) {
+        const double x = c.getAsNumber().value_or(std::nan(""));
+        if (std::abs(x) > 1 + 1e-6)
+          return inputError(file + ":" + Twine(lineNo) +
+                            ": \"gradient_cosine_sim_matrix\" holds " +
+                            shortNumber(x) +
+                            "; a cosine is in [-1, 1]");
+        out.push_back(x);
+      }
       cosine.push_back(std::move(out));
     }
     return llvm::Error::success();
@@ -313,6 +329,11 @@ private:
       llvm::Expected<Opt> v = number(obj, f.key);
       if (!v)
         return v.takeError();
+      // Counts, bytes and times are never negative (the ratio neither).
+      if (*v && !(**v >= 0))
+        return inputError(file + ":" + Twine(lineNo) + ": \"" + f.key +
+                          "\" is " + shortNumber(**v) +
+                          "; it is a count, bytes or seconds, never negative");
       r.*f.field = *v;
     }
     return llvm::Error::success();

@@ -821,6 +821,21 @@ int main(int argc, char **argv) {
                       "at least 0, --time-limit positive, --jobs 0 to 256\n";
       return kUsageError;
     }
+    // What only the training rounds read is refused without them, and a
+    // held-out file that is not there now, not after every plan.
+    if (searchTrainSteps == 0 && (searchEvalData.getNumOccurrences() ||
+                                  searchTrainCandidates.getNumOccurrences())) {
+      usageError() << "search: --eval-data and --train-candidates rank by "
+                      "training runs, which --train-steps N turns on\n";
+      return kUsageError;
+    }
+    if (!searchEvalData.empty() &&
+        !StringRef(searchEvalData).starts_with("synthetic:") &&
+        !llvm::sys::fs::exists(searchEvalData)) {
+      usageError() << "search: --eval-data " << searchEvalData
+                   << " does not exist\n";
+      return kUsageError;
+    }
     mtp::SearchOptions o;
     o.output = outputFilename == "-" ? "" : outputFilename.getValue();
     o.maxCandidates = searchMaxCandidates;
