@@ -686,17 +686,20 @@ int Search::run(llvm::raw_ostream &os) {
      << (spaceSize < 9e15 ? llvm::formatv("{0}", int64_t(spaceSize)).str()
                           : llvm::formatv("{0:e2}", spaceSize).str())
      << " candidates in the space; "
-     << (exhaustive ? "every one planned"
-                    : llvm::formatv("{0} planned (a sample of seed {1}, then "
-                                    "a local search from the best)",
-                                    all.size(), o.seed)
-                          .str())
+     << (exhaustive && !timedOut ? std::string("every one planned")
+         : exhaustive
+             ? llvm::formatv("{0} of them planned", planned.load()).str()
+             : llvm::formatv("{0} planned (a sample of seed {1}, then "
+                             "a local search from the best)",
+                             planned.load(), o.seed)
+                   .str())
      << (timedOut ? llvm::formatv(", stopped at the time limit ({0} s)",
                                   o.timeLimit)
                         .str()
                   : std::string())
      << llvm::formatv(" in {0:f2} s ({1:f1} ms each)", searchSeconds,
-                      all.empty() ? 0.0 : 1e3 * searchSeconds / all.size());
+                      planned == 0 ? 0.0
+                                   : 1e3 * searchSeconds / double(planned));
   if (replanned)
     os << llvm::formatv("; {0} planned again with mtpc plan's full search "
                         "(the best, and those the quick plan of {1} nodes "
