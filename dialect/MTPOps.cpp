@@ -733,6 +733,9 @@ StepPlanAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (searchNodes < 0)
     return emitError() << "plan's search node count must be >= 0, got "
                        << searchNodes;
+  if (optimal && !lowerBound.isZero())
+    return emitError() << "an optimal plan's search has no bound (its plan "
+                          "is the optimum); drop `bound`";
   for (const APFloat &s : {added, uniformAdded, keepStep, lowerBound})
     if (!s.isFinite() || s.isNegative())
       return emitError() << "plan's added, step and bound seconds must be finite "

@@ -402,8 +402,9 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
     } else if (!*flag->value && inlineValue) {
       throw UsageError(arg + " takes no value");
     }
-    // An empty value is no value (`--export ""` exported nothing).
-    if (*flag->value && value.empty())
+    // An empty value is no value (`--export ""` exported nothing); but
+    // `--eval-data ""` switches off the spec's `train { eval }`.
+    if (*flag->value && value.empty() && arg != "--eval-data")
       throw UsageError(arg + " needs a value (" + flag->value +
                        "), got an empty one");
     const int64_t big = int64_t(1) << 40;
@@ -624,6 +625,9 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
       }
     }
   }
+  // A prediction evaluates nothing (the spec's `train { eval }` unread).
+  if (!o.predict.empty())
+    o.evalData.clear();
   // A prediction reads the training data only for what dumps a batch of it.
   o.trainingDataNeeded = o.predict.empty() || !o.dumpHidden.empty() ||
                          !o.dumpInit.empty() || !o.profileUnits.empty() ||
@@ -954,7 +958,8 @@ void checkLabels(const Options &o, const std::vector<HeadConfig> &heads,
                  const DataSource &data, const DataSource *evalSet,
                  bool rank0) {
   const std::vector<int64_t> train = data.labelledRecords();
-  const bool trains = o.steps > 0 || o.measureCorrelation > 0;
+  const bool trains =
+      o.predict.empty() && (o.steps > 0 || o.measureCorrelation > 0);
   for (size_t t = 0; t < train.size() && trains && rank0; ++t)
     if (train[t] == 0)
       std::fprintf(stderr,

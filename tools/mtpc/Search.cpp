@@ -688,10 +688,10 @@ int Search::run(llvm::raw_ostream &os) {
      << " candidates in the space; "
      << (exhaustive && !timedOut ? std::string("every one planned")
          : exhaustive
-             ? llvm::formatv("{0} of them planned", planned.load()).str()
+             ? llvm::formatv("{0} of them planned", all.size()).str()
              : llvm::formatv("{0} planned (a sample of seed {1}, then "
                              "a local search from the best)",
-                             planned.load(), o.seed)
+                             all.size(), o.seed)
                    .str())
      << (timedOut ? llvm::formatv(", stopped at the time limit ({0} s)",
                                   o.timeLimit)

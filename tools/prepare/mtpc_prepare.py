@@ -481,7 +481,8 @@ def prepare(args, req):
                 # gives no token (a lone zero-width space) is not.
                 last = max(seen) if seen else -1
                 stats["words_lost"] += len(words) - 1 - last if cut else 0
-                stats["words_empty"] += sum(1 for w in range(last + 1) if w not in seen)
+                upto = last + 1 if cut else len(words)
+                stats["words_empty"] += sum(1 for w in range(upto) if w not in seen)
                 labels[name] = row
             elif kind == "span":
                 if not tok.offsets:
