@@ -163,16 +163,20 @@ def read_table(path, delimiter, check_header=None):
     header first. The file is opened once (a pipe can be read once)."""
     with open(path, encoding="utf-8", newline="") as f:
         quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-        reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
+        # strict: a quote left open is an error at the line it opened on,
+        # not a short row (it swallowed the rest of the file) further on.
+        reader = csv.reader(f, delimiter=delimiter, quoting=quoting, strict=True)
         header = None
         rows = iter(reader)
         while True:
+            start = reader.line_num + 1
             try:
                 row = next(rows)
             except StopIteration:
                 break
             except csv.Error as e:
-                raise Bad(f"{path}:{reader.line_num}", f"{e}")
+                raise Bad(f"{path}:{start}", f"{e}: a quoted field opened on this line is "
+                                             "not closed, or text follows its closing quote")
             n = reader.line_num
             if header is None:
                 if not row:
