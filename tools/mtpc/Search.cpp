@@ -73,6 +73,25 @@ struct Site {
   std::string label; ///< the table's column: `layers`, `a: layer`
   size_t begin = 0, end = 0; ///< byte offsets in the spec's text
   std::vector<std::string> values;
+  /// A range's first value and step (step 0: a choice).
+  int64_t lo = 0, step = 0;
+  /// Sampled on a log scale: a range over two orders of magnitude (in a
+  /// uniform sample of micro_batch = 1..100000000 nearly every value is
+  /// past what fits, and the small ones that fit are never drawn).
+  bool logScale() const {
+    return step > 0 && lo > 0 && values.size() >= 64 &&
+           double(lo) + double(step) * double(values.size() - 1) >=
+               100.0 * double(lo);
+  }
+  size_t draw(std::mt19937_64 &rng) const {
+    if (!logScale())
+      return std::uniform_int_distribution<size_t>(0, values.size() - 1)(rng);
+    const double hi = double(lo) + double(step) * double(values.size() - 1);
+    const double v = std::exp(std::uniform_real_distribution<double>(
+        std::log(double(lo)), std::log(hi))(rng));
+    const double k = std::round((v - double(lo)) / double(step));
+    return size_t(std::clamp(k, 0.0, double(values.size() - 1)));
+  }
 };
 
 struct Candidate {
@@ -494,6 +513,8 @@ int Search::run(llvm::raw_ostream &os) {
               << " (narrow it, or step it with `by`)\n";
           return kSpecError;
         }
+        s.lo = v.integer;
+        s.step = v.rangeStep;
         for (uint64_t k = 0; k < count; ++k)
           s.values.push_back(
               std::to_string(int64_t(uint64_t(v.integer) + k * uint64_t(v.rangeStep))));
@@ -587,8 +608,7 @@ int Search::run(llvm::raw_ostream &os) {
          ++k) {
       std::vector<size_t> index(sites.size());
       for (size_t i = 0; i < sites.size(); ++i)
-        index[i] = std::uniform_int_distribution<size_t>(
-            0, sites[i].values.size() - 1)(rng);
+        index[i] = sites[i].draw(rng);
       if (drawn.insert(index).second)
         sample.push_back(std::move(index));
     }
