@@ -558,11 +558,10 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
     for (const HeadConfig &h : p.heads) {
       if (task != "mean" && h.name != task)
         continue;
-      for (const char *m : metrics::namesFor(h)) {
-        reports |= metric == m;
-        if (task != "mean")
+      reports |= metrics::reports(h, metric);
+      if (task != "mean")
+        for (const char *m : metrics::namesFor(h))
           reported += (reported.empty() ? "" : ", ") + std::string(m);
-      }
     }
     if (known && isTask && !reports)
       throw UsageError("--keep-best " + o.keepBest + ": " +
@@ -991,14 +990,9 @@ void checkLabels(const Options &o, const std::vector<HeadConfig> &heads,
   const std::string task = o.keepBest.substr(0, dot),
                     metric = o.keepBest.substr(dot + 1);
   const bool entity = metric.rfind("entity_", 0) == 0;
-  auto reports = [&](const HeadConfig &h) {
-    for (const char *m : metrics::namesFor(h))
-      if (metric == m)
-        return true;
-    return false;
-  };
   for (size_t t = 0; t < heads.size(); ++t)
-    if ((task == "mean" || heads[t].name == task) && reports(heads[t]) &&
+    if ((task == "mean" || heads[t].name == task) &&
+        metrics::reports(heads[t], metric) &&
         (held.empty() || held[t] > 0) &&
         !(entity && heads[t].kind == HeadKind::Tag &&
           !metrics::namesEntities(names[t])))
@@ -1856,8 +1850,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
         std::remove(tmp.c_str());
       }
       if (anyRank(unwritable))
-        throw std::runtime_error("--out: cannot write " + o.predictOut +
-                                 ".tmp" + (rank0 ? "" : " (on rank 0)"));
+        stopAll("--out: cannot write " + o.predictOut + ".tmp");
       if (rank0)
         writePredictions(core.model(), *predictSet, evalBatch, tc.precision,
                          o.predictOut, core.stepsTaken(), predicted);

@@ -60,6 +60,14 @@ inline std::vector<const char *> namesFor(const HeadConfig &h) {
   return {"loss"};
 }
 
+/// Whether an evaluation of head `h` reports `metric` (one of namesFor's).
+inline bool reports(const HeadConfig &h, std::string_view metric) {
+  for (const char *m : namesFor(h))
+    if (metric == m)
+      return true;
+  return false;
+}
+
 /// Whether a tag head's label names are BIO/IOB2/IOBES tags (B-X, I-X, ...):
 /// only then does its evaluation find entities.
 inline bool namesEntities(const std::vector<std::string> &names) {
