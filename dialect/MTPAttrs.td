@@ -272,11 +272,14 @@ def MTP_AdaptersAttr : AttrDef<MTP_Dialect, "Adapters"> {
     `bottleneck auto` (about 0.1% of the backbone's parameters per task)
     is resolved by --mtp-normalize-spec. `share 5.0e-01`: tasks whose
     `mtp.correlate` reaches it (transitively) read one adapter, the group's
-    first task's; each keeps its own gate.
+    first task's; each keeps its own gate. `regroup 100` (with share): every
+    100 steps and at every phase's end the groups split where their members'
+    gradients on the shared adapter no longer reach `share`.
   }];
   let parameters = (ins "int64_t":$bottleneck,
                         APFloatParameter<"gate-separation weight">:$separation,
-                        OptionalParameter<"std::optional<::llvm::APFloat>">:$share);
+                        OptionalParameter<"std::optional<::llvm::APFloat>">:$share,
+                        OptionalParameter<"std::optional<int64_t>">:$regroup);
   let hasCustomAssemblyFormat = 1;
   let genVerifyDecl = 1;
   let extraClassDeclaration = [{

@@ -496,7 +496,7 @@ PipelineChoiceAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 // AdaptersAttr
 //===----------------------------------------------------------------------===//
 
-// <bottleneck 8 | auto, separation 1.0e-01>
+// <bottleneck 8 | auto, separation 1.0e-01[, share 5.0e-01[, regroup 100]]>
 Attribute AdaptersAttr::parse(AsmParser &parser, Type) {
   SMLoc loc = parser.getCurrentLocation();
   int64_t bottleneck = 0;
@@ -516,11 +516,18 @@ Attribute AdaptersAttr::parse(AsmParser &parser, Type) {
       return {};
     share = APFloat(t);
   }
+  std::optional<int64_t> regroup;
+  if (share && succeeded(parser.parseOptionalComma())) {
+    int64_t n;
+    if (parser.parseKeyword("regroup") || parser.parseInteger(n))
+      return {};
+    regroup = n;
+  }
   if (parser.parseGreater())
     return {};
   return getChecked([&] { return parser.emitError(loc); },
                     parser.getContext(), bottleneck, APFloat(separation),
-                    share);
+                    share, regroup);
 }
 
 void AdaptersAttr::print(AsmPrinter &printer) const {
@@ -535,13 +542,16 @@ void AdaptersAttr::print(AsmPrinter &printer) const {
     printer << ", share ";
     printer.printFloat(*getShare());
   }
+  if (getRegroup())
+    printer << ", regroup " << *getRegroup();
   printer << '>';
 }
 
 LogicalResult
 AdaptersAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                      int64_t bottleneck, APFloat separation,
-                     std::optional<APFloat> share) {
+                     std::optional<APFloat> share,
+                     std::optional<int64_t> regroup) {
   if (bottleneck != 0 && !limits::kAdapterBottleneck.contains(bottleneck))
     return emitError() << "adapters bottleneck must be auto or lie in ["
                        << limits::kAdapterBottleneck.lo << ", "
@@ -551,6 +561,14 @@ AdaptersAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                 share->convertToDouble(),
                                 limits::kAdapterShare)))
     return failure();
+  if (regroup && !share)
+    return emitError() << "adapters regroup splits groups formed by share: "
+                          "give share too";
+  if (regroup && !limits::kAdapterRegroup.contains(*regroup))
+    return emitError() << "adapters regroup must lie in ["
+                       << limits::kAdapterRegroup.lo << ", "
+                       << limits::kAdapterRegroup.hi << "] steps, got "
+                       << *regroup;
   return checkReal(emitError, "adapters separation",
                    separation.convertToDouble(), limits::kAdapterSeparation);
 }
@@ -559,7 +577,8 @@ AdaptersAttr AdaptersAttr::get(MLIRContext *context,
                                const mtprt::AdapterConfig &c) {
   return get(context, c.bottleneck, APFloat(c.separation),
              c.share ? std::optional<APFloat>(APFloat(*c.share))
-                     : std::nullopt);
+                     : std::nullopt,
+             c.regroup ? std::optional<int64_t>(c.regroup) : std::nullopt);
 }
 
 mtprt::AdapterConfig AdaptersAttr::getConfig() const {
@@ -568,6 +587,7 @@ mtprt::AdapterConfig AdaptersAttr::getConfig() const {
   c.separation = getSeparation().convertToDouble();
   if (getShare())
     c.share = getShare()->convertToDouble();
+  c.regroup = getRegroup().value_or(0);
   return c;
 }
 

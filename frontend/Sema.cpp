@@ -1570,7 +1570,8 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
     }
   }
 
-  // adapters = none | source | npd(bottleneck = r, separation = 0.1, share = T)
+  // adapters = none | source |
+  //            npd(bottleneck = r, separation = 0.1, share = T, regroup = N)
   if (const ast::Value *v = f.get("adapters")) {
     static const StringRef kinds[] = {"none", "source", "npd"};
     std::optional<StringRef> k = policy(*v, "adapters", kinds);
@@ -1578,7 +1579,7 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
       mtprt::AdapterConfig c; // bottleneck 0: about 0.1% of the backbone
       out.adaptersLoc = v->loc;
       if (*k == "npd" && v->kind == ast::Value::Kind::Call) {
-        Args a(*this, *v, {"bottleneck", "separation", "share"});
+        Args a(*this, *v, {"bottleneck", "separation", "share", "regroup"});
         if (const ast::Value *x = a.get("bottleneck"))
           c.bottleneck =
               integer(*x, "bottleneck", mtprt::limits::kAdapterBottleneck)
@@ -1589,6 +1590,15 @@ void Sema::checkStrategy(const ast::Section *section, CheckedSpec &spec) {
                   .value_or(c.separation);
         if (const ast::Value *x = a.get("share"))
           c.share = real(*x, "share", mtprt::limits::kAdapterShare);
+        if (const ast::Value *x = a.get("regroup")) {
+          c.regroup = integer(*x, "regroup", mtprt::limits::kAdapterRegroup)
+                          .value_or(0);
+          // Only groups split: without share every task has its own.
+          if (!a.get("share"))
+            error(x->loc) << "adapters: 'regroup' splits the groups 'share' "
+                             "forms: give share = T too (tasks whose "
+                             "correlate reaches T start with one adapter)";
+        }
       } else if (v->kind == ast::Value::Kind::Call) {
         Args a(*this, *v, {});
       }
@@ -1893,6 +1903,16 @@ void Sema::crossChecks(CheckedSpec &spec) {
     error(s.optimizerOffloadLoc)
         << "optimizer_offload with " << (s.saps ? "saps" : "ewc")
         << " is not supported: their state stays on the device";
+  if (s.adapters && s.adapters->regroup &&
+      (bu.zero || bu.zeroAuto || s.optimizerOffload || s.optimizerOffloadAuto))
+    error(s.adaptersLoc)
+        << "adapters regroup with "
+        << (bu.zero || bu.zeroAuto ? "zero" : "optimizer_offload")
+        << " is not supported: a split adds parameters to a task's optimizer "
+           "state, whose "
+        << (bu.zero || bu.zeroAuto ? "sharded" : "host") << " layout is fixed "
+        << "when training starts; drop regroup (the groups stay as share "
+           "forms them)";
   if (bu.zero || bu.zeroAuto) {
     const std::string z = bu.zeroAuto ? "auto" : std::to_string(bu.zero);
     if (s.saps || s.ewc)

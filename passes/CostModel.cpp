@@ -1204,7 +1204,7 @@ int64_t CostModel::gradientBytes(BwdOp bwd) const {
 
 int64_t CostModel::sharedAdapterGradientBytes(TaskOp task) const {
   std::optional<mtprt::AdapterConfig> ad = adapters();
-  if (!ad || ad->owner.empty())
+  if (!ad || ad->owner.empty() || ad->regroup) // as readsSharedAdapter
     return 0;
   const int64_t owner = adapterOwnerIndex(task);
   if (owner < 0 || llvm::count(ad->owner, owner) < 2)
@@ -1635,7 +1635,9 @@ std::optional<mtprt::AdapterConfig> CostModel::adapters() const {
 
 bool CostModel::readsSharedAdapter(TaskOp task) const {
   std::optional<mtprt::AdapterConfig> ad = adapters();
-  if (!ad || ad->owner.empty())
+  // With regroup any group may split during training: the plan holds room
+  // for every task's own adapter (the largest the groups become).
+  if (!ad || ad->owner.empty() || ad->regroup)
     return false;
   for (auto [i, t] : llvm::enumerate(model.getTasks()))
     if (t == task)

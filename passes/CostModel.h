@@ -236,6 +236,8 @@ public:
   std::optional<mtprt::AdapterConfig> adapters() const;
   /// With adapters shared (`share`): `task` reads its group's first task's
   /// adapter, which that task's head holds; `task`'s own is its gate alone.
+  /// With `regroup` false for every task: a group may split, and the plan
+  /// holds room for each task's own adapter.
   bool readsSharedAdapter(TaskOp task) const;
   /// The index (model.getTasks() order) of the task whose adapter `task`
   /// reads (its own without share; -1: not this model's task).

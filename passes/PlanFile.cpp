@@ -4,6 +4,7 @@
 #include "passes/PipelinePlan.h"
 #include "passes/Bytes.h"
 #include "passes/CostModel.h"
+#include "passes/MemoryAnalysis.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
@@ -183,12 +184,42 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
   };
   // D13: the bottleneck as normalized, each head's adapter owner with share.
   flatbuffers::Offset<fb::Adapters> adapters;
+  // npd(regroup): report's peaks hold room for every split; the same
+  // analysis with the groups unsplit is the other end the runtime predicts
+  // between (Program::groupedPeakBytes).
+  std::optional<MemoryReport> grouped;
+  int64_t splitsResident = 0; // what every possible split holds throughout
   if (StrategyOp st = model.getStrategy(); st && st.getAdaptersAttr()) {
     std::optional<mtprt::AdapterConfig> c = CostModel(model).adapters();
+    if (c->regroup) {
+      // The step IR's heads hold every task's own adapter (weights and
+      // AdamW state, resident); the analysis below sees only when the
+      // gradients of the unsplit groups arrive.
+      for (auto [h, o] : llvm::enumerate(c->owner))
+        if (o != int64_t(h))
+          splitsResident += (CostModel::kWeightBytes +
+                             CostModel::kOptimizerBytes) *
+                            mtprt::AdapterConfig::adapterParameters(
+                                model.getBackbone().getHidden(), c->bottleneck);
+      const AdaptersAttr planned = st.getAdaptersAttr();
+      mtprt::AdapterConfig unsplit = planned.getConfig();
+      unsplit.regroup = 0;
+      st.setAdaptersAttr(AdaptersAttr::get(model.getContext(), unsplit));
+      grouped = analyzeMemory(model);
+      st.setAdaptersAttr(planned);
+    }
     adapters = fb::CreateAdapters(
         b, st.getAdaptersAttr().getBottleneck(), c->separation,
         c->owner.empty() ? flatbuffers::Offset<flatbuffers::Vector<int64_t>>()
-                         : b.CreateVector(c->owner));
+                         : b.CreateVector(c->owner),
+        c->share.value_or(0.0), c->regroup,
+        grouped ? std::max<int64_t>(
+                      0, (stepPlan ? stepPlan.getPlannedPeakBytes()
+                                   : report.peakBytes) -
+                             splitsResident -
+                             std::max<int64_t>(0, report.peakBytes -
+                                                      grouped->peakBytes))
+                : 0);
   }
   flatbuffers::Offset<fb::Strategy> strategy;
   if (StrategyOp st = model.getStrategy())
@@ -236,8 +267,15 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
       const int64_t peak = i < report.phasePeakBytes.size()
                                ? std::min(planned, report.phasePeakBytes[i])
                                : 0;
-      list.push_back(
-          fb::CreatePhase(b, p.getSteps(), b.CreateVector(tasks), peak));
+      const int64_t groupedPeak =
+          grouped && i < grouped->phasePeakBytes.size() && peak > 0
+              ? std::max<int64_t>(
+                    0, peak - splitsResident -
+                           std::max<int64_t>(0, report.phasePeakBytes[i] -
+                                                    grouped->phasePeakBytes[i]))
+              : 0;
+      list.push_back(fb::CreatePhase(b, p.getSteps(), b.CreateVector(tasks),
+                                     peak, groupedPeak));
     }
     phases = b.CreateVector(list);
   }
@@ -369,6 +407,9 @@ llvm::Error mtp::printPlanFile(StringRef bytes, llvm::raw_ostream &os) {
         for (flatbuffers::uoffset_t i = 0; i < owners->size(); ++i)
           if (owners->Get(i) != int64_t(i))
             os << "; head " << i << " reads head " << owners->Get(i) << "'s";
+      if (ad->regroup())
+        os << "; split below " << llvm::format("%g", ad->share())
+           << " every " << ad->regroup() << " steps";
       os << "\n";
     }
     if (const fb::Ewc *ew = st->ewc())

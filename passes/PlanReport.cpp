@@ -512,6 +512,12 @@ void mtp::printPlan(ModelOp model, const MemoryReport &report,
           os << " (its own)";
       }
       os << " (each task keeps its own gate)\n";
+      if (ad->regroup)
+        os << "    regrouped every " << ad->regroup
+           << " steps and at each phase's end: a group splits where its "
+              "members' gradients on its adapter fall below "
+           << llvm::format("%g", *ad->share)
+           << " (planned as every task its own adapter)\n";
     }
   }
   if (EwcAttr ewc = strategy ? strategy.getEwcAttr() : EwcAttr()) {
@@ -829,6 +835,8 @@ llvm::json::Value mtp::planToJson(ModelOp model, const MemoryReport &report) {
                                {"groups", std::move(names)}};
       if (ad->share)
         out["adapters"].getAsObject()->try_emplace("share", *ad->share);
+      if (ad->regroup)
+        out["adapters"].getAsObject()->try_emplace("regroup", ad->regroup);
     }
     if (StrategyOp st = model.getStrategy(); st && st.getEwcAttr()) {
       const ParameterGroups g = parameterGroups(model.getStep());

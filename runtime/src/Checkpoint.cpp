@@ -433,6 +433,20 @@ CheckpointExtra restore(const std::string &path, bool resharded, int world,
                          was.numel() != int64_t(heads.size())))
           fail(path, "its adapter_owners is not one index per head; resume "
                      "it with the plan it was trained with");
+        // npd(regroup): the run split its groups; this plan starts from the
+        // groups it split, so the same split is made here first (its copies
+        // are then read by name, their AdamW state by position below).
+        if (recorded && ad.regroup) {
+          std::vector<int64_t> then(was.data_ptr<int64_t>(),
+                                    was.data_ptr<int64_t>() + was.numel());
+          AdapterConfig split = ad;
+          split.owner = then;
+          bool refines = split.ownerProblem(heads.size()).empty();
+          for (int64_t h = 0; refines && h < int64_t(heads.size()); ++h)
+            refines = ad.ownerOf(then[size_t(h)]) == ad.ownerOf(h);
+          if (refines && then != ad.owner)
+            core.splitAdapters(then);
+        }
         for (int64_t h = 0; h < int64_t(heads.size()); ++h) {
           const int64_t now = ad.ownerOf(h);
           // Unrecorded (written before the owners were): whether the head

@@ -2147,6 +2147,23 @@ int train(const std::string &name, const Program &p, const Options &o) {
     if (phase >= 0 && p.phases[phase].predictedPeakBytes > 0 &&
         s.predictedPeakBytes > 0)
       s.predictedPeakBytes = p.phases[phase].predictedPeakBytes;
+    // npd(regroup): the plan holds room for every split; the groups as they
+    // stand lie between that and the unsplit groups' peak.
+    if (const std::optional<AdapterConfig> &ad = core.model().config().adapters;
+        ad && ad->regroup && s.predictedPeakBytes > 0) {
+      const int64_t grouped = phase >= 0 ? p.phases[phase].groupedPeakBytes
+                                         : p.groupedPeakBytes;
+      const std::vector<int64_t> &plannedOwners = p.model.adapters->owner;
+      int64_t possible = 0, made = 0;
+      for (size_t h = 0; h < ad->owner.size() && h < plannedOwners.size();
+           ++h) {
+        possible += plannedOwners[h] != int64_t(h);
+        made += plannedOwners[h] != int64_t(h) && ad->owner[h] == int64_t(h);
+      }
+      if (grouped > 0 && grouped <= s.predictedPeakBytes && possible > 0)
+        s.predictedPeakBytes =
+            grouped + (s.predictedPeakBytes - grouped) * made / possible;
+    }
     // A pipeline rank: its stage's.
     if (pipeline.active())
       s.predictedPeakBytes = pipeline.stages[stage].predictedPeakBytes;
@@ -2325,6 +2342,61 @@ int train(const std::string &name, const Program &p, const Options &o) {
                      tty ? "\n" : "", static_cast<long long>(phase + 1),
                      static_cast<long long>(done),
                      static_cast<long long>(tc.ewc->fisherBatches));
+    }
+    // npd(regroup) (D13/D14): every N steps and at a phase's end, the
+    // groups split where their members' gradients on the shared adapter
+    // fall below share, on the next batch with every task's labels (read
+    // ahead, as the conflict detector's).
+    if (const std::optional<AdapterConfig> &ad = core.model().config().adapters;
+        ad && ad->regroup && nonFinite.empty() && done < o.steps &&
+        (done % ad->regroup == 0 || phaseEnds) &&
+        [&] { // a group of two or more is left to measure
+          for (size_t h = 0; h < ad->owner.size(); ++h)
+            if (ad->owner[h] != int64_t(h))
+              return true;
+          return false;
+        }()) {
+      const std::vector<int64_t> before = ad->owner;
+      Batch b = mineOf(schedule ? data->records(recordOffset, o.batchSize)
+                                : data->batch(position, o.batchSize));
+      const std::vector<std::vector<double>> cos =
+          core.regroupAdapters(b, p.schedule);
+      const std::vector<int64_t> &after = core.model().config().adapters->owner;
+      const std::string ev =
+          regroupJsonLine(done, s.tasks, cos, *ad->share, before, after);
+      if (rank0) {
+        record(ev);
+        if ((tty || plain) && before != after) {
+          std::string line;
+          for (size_t h = 0; h < after.size(); ++h)
+            if (after[h] == int64_t(h) && before[h] != int64_t(h)) {
+              // The new group: h and whoever now reads its copy.
+              std::string members;
+              double closest = -2;
+              for (size_t k = 0; k < after.size(); ++k) {
+                if (after[k] != int64_t(h))
+                  continue;
+                members += (members.empty() ? "" : ", ") + s.tasks[k];
+                for (size_t j = 0; j < after.size(); ++j)
+                  if (after[j] != int64_t(h) && before[j] == before[h] &&
+                      std::isfinite(cos[k][j]))
+                    closest = std::max(closest, cos[k][j]);
+              }
+              char buf[64];
+              std::snprintf(buf, sizeof buf, "%.3f", closest);
+              line += (line.empty() ? "" : "; ") + members + " leave" +
+                      (members.find(',') == std::string::npos ? "s" : "") +
+                      " task '" + s.tasks[size_t(before[h])] +
+                      "''s adapter with a copy (the largest gradient cosine "
+                      "to the rest of that group " + buf + ")";
+            }
+          std::fprintf(stderr,
+                       "%sadapters: at step %lld the groups split below "
+                       "share %g: %s\n",
+                       tty ? "\n" : "", static_cast<long long>(done),
+                       *ad->share, line.c_str());
+        }
+      }
     }
     if (rank0 && (tty || plain) &&
         (tty || done % plainEvery == 0 || done == o.steps)) {

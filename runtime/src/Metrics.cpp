@@ -121,6 +121,42 @@ std::string conflictJsonLine(int64_t step, int64_t phase,
   return jsonLine(j);
 }
 
+std::string regroupJsonLine(int64_t step, const std::vector<std::string> &tasks,
+                            const std::vector<std::vector<double>> &cosines,
+                            double threshold,
+                            const std::vector<int64_t> &before,
+                            const std::vector<int64_t> &after) {
+  auto groups = [&](const std::vector<int64_t> &owner) {
+    Json out = Json::array();
+    for (size_t o = 0; o < owner.size(); ++o) {
+      if (owner[o] != int64_t(o))
+        continue;
+      Json g = Json::array();
+      for (size_t h = 0; h < owner.size(); ++h)
+        if (owner[h] == int64_t(o) && h < tasks.size())
+          g.push_back(tasks[h]);
+      out.push_back(g);
+    }
+    return out;
+  };
+  Json j;
+  j["event"] = "adapter_regroup";
+  j["step"] = step;
+  j["tasks"] = tasks;
+  Json rows = Json::array();
+  for (const std::vector<double> &row : cosines) {
+    Json r = Json::array();
+    for (double v : row)
+      r.push_back(jsonNumber(v));
+    rows.push_back(r);
+  }
+  j["similarity"] = rows;
+  j["threshold"] = jsonNumber(threshold);
+  j["groups_before"] = groups(before);
+  j["groups"] = groups(after);
+  return jsonLine(j);
+}
+
 std::string recalibrationJsonLine(const StepStats &s) {
   Json j;
   j["event"] = "dgfg_recalibrated";

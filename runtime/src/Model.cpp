@@ -930,6 +930,60 @@ std::vector<at::Tensor> Model::sharedAdapterParameters(int64_t h) const {
   return {ad.down.weight, ad.down.bias, ad.up.weight, ad.up.bias};
 }
 
+std::vector<at::Tensor> Model::adapterParameters(int64_t h) const {
+  const Adapter &ad = heads_.at(size_t(h)).adapter;
+  if (!ad.down.weight.defined())
+    return {};
+  return {ad.down.weight, ad.down.bias, ad.up.weight, ad.up.bias};
+}
+
+std::vector<std::pair<at::Tensor, at::Tensor>>
+Model::splitAdapters(const std::vector<int64_t> &owner) {
+  std::optional<AdapterConfig> &c = config_.adapters;
+  if (!c)
+    bad("splitAdapters", "the model has no adapters");
+  const int64_t n = numHeads();
+  AdapterConfig next = *c;
+  next.owner = owner;
+  if (std::string why = next.ownerProblem(size_t(n)); !why.empty())
+    bad("splitAdapters", why);
+  for (int64_t h = 0; h < n; ++h)
+    if (c->ownerOf(next.ownerOf(h)) != c->ownerOf(h))
+      bad("splitAdapters",
+          "head " + std::to_string(h) + " would join another group (head " +
+              std::to_string(next.ownerOf(h)) + "'s): groups only split");
+  at::NoGradGuard noGrad;
+  std::vector<std::pair<at::Tensor, at::Tensor>> made;
+  for (int64_t h = 0; h < n; ++h) {
+    if (next.ownerOf(h) != h || c->ownerOf(h) == h)
+      continue;
+    Adapter &mine = heads_[size_t(h)].adapter;
+    const std::string name = "head." + headConfigs_[size_t(h)].name;
+    auto copy = [&](at::Tensor &slot, const std::string &suffix) {
+      at::Tensor t = slot.detach().clone().set_requires_grad(true);
+      made.emplace_back(t, slot);
+      slot = t;
+      return std::make_pair(name + ".adapter." + suffix, t);
+    };
+    std::vector<std::pair<std::string, at::Tensor>> own = {
+        copy(mine.down.weight, "down.weight"), copy(mine.down.bias, "down.bias"),
+        copy(mine.up.weight, "up.weight"), copy(mine.up.bias, "up.bias")};
+    auto &group = groups_[size_t(1 + h)];
+    auto gate = std::find_if(group.begin(), group.end(), [&](const auto &np) {
+      return np.second.unsafeGetTensorImpl() ==
+             mine.gateBias.unsafeGetTensorImpl();
+    });
+    group.insert(gate, own.begin(), own.end());
+  }
+  for (int64_t h = 0; h < n; ++h)
+    if (int64_t o = next.ownerOf(h); o != h) {
+      heads_[size_t(h)].adapter.down = heads_[size_t(o)].adapter.down;
+      heads_[size_t(h)].adapter.up = heads_[size_t(o)].adapter.up;
+    }
+  c->owner = std::move(next.owner);
+  return made;
+}
+
 std::vector<at::Tensor> Model::gateParameters(int64_t h) const {
   const Adapter &ad = heads_.at(h).adapter;
   if (!ad.down.weight.defined())

@@ -444,6 +444,9 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
         phase.predictedPeakBytes =
             c.range(at + ".predicted_peak_bytes", p->predicted_peak_bytes(),
                     {0, INT64_MAX});
+        phase.groupedPeakBytes =
+            c.range(at + ".grouped_peak_bytes", p->grouped_peak_bytes(),
+                    {0, INT64_MAX});
         if (!p->tasks() || p->tasks()->size() == 0)
           c.field(at + ".tasks", "a phase trains at least one task");
         else
@@ -572,6 +575,17 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
         a.owner.assign(owners->begin(), owners->end());
         if (std::string why = a.ownerProblem(plan.heads.size()); !why.empty())
           c.field("strategy.adapters.owners", why);
+      }
+      plan.groupedPeakBytes = c.range("strategy.adapters.grouped_peak_bytes",
+                                      ad->grouped_peak_bytes(), {0, INT64_MAX});
+      if (ad->regroup() != 0) {
+        a.regroup = c.range("strategy.adapters.regroup", ad->regroup(),
+                            limits::kAdapterRegroup);
+        a.share = c.real("strategy.adapters.share", ad->share(),
+                         limits::kAdapterShare);
+        if (a.owner.empty())
+          c.field("strategy.adapters.regroup",
+                  "splits groups, and the plan forms none (no owners)");
       }
       plan.model.adapters = a;
     }
@@ -733,6 +747,7 @@ Program programFromPlan(const Plan &plan) {
   p.schedule = plan.schedule;
   p.predictedPeakBytes = plan.predictedPeakBytes;
   p.predictedSteadyPeakBytes = plan.steadyPeakBytes;
+  p.groupedPeakBytes = plan.groupedPeakBytes;
   p.predictedEvalPeakBytes = plan.evalPeakBytes > 0 ? plan.evalPeakBytes : -1;
   p.evalBatch = plan.evalBatch;
   p.dynamicBatch = plan.dynamicBatch;

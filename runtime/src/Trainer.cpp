@@ -1371,7 +1371,8 @@ void TrainerCore::addFisherSample(const Batch &batch, const Schedule &s) {
 
 std::vector<std::vector<double>>
 TrainerCore::taskSimilarity(const Batch &batch, const Schedule &s,
-                            const std::vector<int64_t> &tasks, int64_t *layer) {
+                            const std::vector<int64_t> &tasks, int64_t *layer,
+                            const std::vector<at::Tensor> *params) {
   Model &m = *model_;
   const int64_t n = static_cast<int64_t>(tasks.size());
   int64_t common = m.config().layers;
@@ -1383,9 +1384,12 @@ TrainerCore::taskSimilarity(const Batch &batch, const Schedule &s,
   common = std::max<int64_t>(common, 1);
   if (layer)
     *layer = common;
-  if (n < 2 || m.config().frozen(common))
+  if (n < 2 || (!params && m.config().frozen(common)))
     return {};
-  const std::vector<at::Tensor> probe = m.layerParameters(common);
+  const std::vector<at::Tensor> probe =
+      params ? *params : m.layerParameters(common);
+  if (probe.empty())
+    return {};
   // Like the Fisher's pass: eval mode (no dropout), quiet, nothing kept.
   const bool training = m.training();
   m.setTraining(false);
@@ -1462,6 +1466,70 @@ TrainerCore::taskSimilarity(const Batch &batch, const Schedule &s,
         cos[i][j] = d > 0 ? (flat[i] * flat[j]).sum().item<double>() / d : 0.0;
       }
   return cos;
+}
+
+std::vector<std::vector<double>>
+TrainerCore::regroupAdapters(const Batch &batch, const Schedule &s) {
+  const std::optional<AdapterConfig> &ad = model_->config().adapters;
+  if (!ad || !ad->regroup || !ad->share)
+    bad("regroupAdapters", "the plan's adapters are not npd(share, regroup)");
+  const int64_t n = model_->numHeads();
+  std::vector<std::vector<double>> cos(
+      size_t(n), std::vector<double>(size_t(n),
+                                     std::numeric_limits<double>::quiet_NaN()));
+  // Every rank measures every group alike (taskSimilarity averages the
+  // gradients over the ranks), so every rank splits alike.
+  for (int64_t o = 0; o < n; ++o) {
+    if (ad->ownerOf(o) != o)
+      continue;
+    std::vector<int64_t> members;
+    for (int64_t h = 0; h < n; ++h)
+      if (ad->ownerOf(h) == o)
+        members.push_back(h);
+    if (members.size() < 2)
+      continue;
+    const std::vector<at::Tensor> shared = model_->adapterParameters(o);
+    const std::vector<std::vector<double>> c =
+        taskSimilarity(batch, s, members, nullptr, &shared);
+    for (size_t i = 0; i < c.size(); ++i)
+      for (size_t j = 0; j < c[i].size(); ++j)
+        cos[size_t(members[i])][size_t(members[j])] = c[i][j];
+  }
+  const std::vector<int64_t> owner =
+      AdapterConfig::regroupedOwners(ad->owner, cos, *ad->share);
+  if (owner != ad->owner)
+    splitAdapters(owner);
+  return cos;
+}
+
+void TrainerCore::splitAdapters(const std::vector<int64_t> &owner) {
+  if (state_)
+    throw std::logic_error("mtprt: splitAdapters during a step");
+  // ZeRO's and the host optimizer's layouts are fixed at the start (mtpc
+  // check refuses regroup with them).
+  if (zero_ || train_.zeroStage || train_.optimizerOffload)
+    bad("splitAdapters", "adapters cannot split under ZeRO or the optimizer "
+                         "offload");
+  const std::vector<std::pair<at::Tensor, at::Tensor>> made =
+      model_->splitAdapters(owner);
+  auto &groups = optimizer_->param_groups();
+  for (int64_t h = 0; h < model_->numHeads(); ++h)
+    groups.at(size_t(1 + h)).params() = model_->headParameters(h);
+  auto &state = optimizer_->state();
+  for (const auto &[copy, from] : made) {
+    auto it = state.find(from.unsafeGetTensorImpl());
+    if (it == state.end())
+      continue; // no state yet: AdamW makes it at the first update
+    const auto &was =
+        static_cast<const torch::optim::AdamWParamState &>(*it->second);
+    auto now = std::make_unique<torch::optim::AdamWParamState>();
+    now->step(was.step());
+    now->exp_avg(was.exp_avg().clone());
+    now->exp_avg_sq(was.exp_avg_sq().clone());
+    if (was.max_exp_avg_sq().defined())
+      now->max_exp_avg_sq(was.max_exp_avg_sq().clone());
+    state[copy.unsafeGetTensorImpl()] = std::move(now);
+  }
 }
 
 void TrainerCore::consolidate() {

@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,6 +56,60 @@ struct AdapterConfig {
   /// Per task (the plan's head order): the task whose adapter it reads —
   /// itself, or its group's first. Empty: every task its own.
   std::vector<int64_t> owner;
+  /// npd(share = T, regroup = N): every N steps (and at every phase's end)
+  /// each group's members' gradients on their shared adapter are measured
+  /// and the group splits where they no longer reach T (regroupedOwners);
+  /// 0: the groups stay as the spec formed them.
+  int64_t regroup = 0;
+
+  /// The groups after a measurement: `cos[i][j]` the cosine of heads i's
+  /// and j's gradients on the adapter they share (NaN where unmeasured: a
+  /// task without labels in the batch). Members stay together where a chain
+  /// of pairs at `threshold` or more joins them (transitively, as the spec's
+  /// groups form); a member measured against nobody stays with its owner.
+  /// Groups only split — a task never drops the adapter it trained for
+  /// another's — so each new group's first member (in forward order) holds
+  /// a copy of the old adapter, and the old owner keeps its own.
+  static std::vector<int64_t>
+  regroupedOwners(const std::vector<int64_t> &owner,
+                  const std::vector<std::vector<double>> &cos,
+                  double threshold) {
+    const size_t n = owner.size();
+    std::vector<int64_t> root(n);
+    for (size_t i = 0; i < n; ++i)
+      root[i] = int64_t(i);
+    auto find = [&](int64_t i) {
+      while (root[size_t(i)] != i)
+        i = root[size_t(i)] = root[size_t(root[size_t(i)])];
+      return i;
+    };
+    auto join = [&](int64_t a, int64_t b) {
+      a = find(a), b = find(b);
+      root[size_t(std::max(a, b))] = std::min(a, b);
+    };
+    auto at = [&](size_t i, size_t j) {
+      return i < cos.size() && j < cos[i].size()
+                 ? cos[i][j]
+                 : std::numeric_limits<double>::quiet_NaN();
+    };
+    for (size_t i = 0; i < n; ++i) {
+      bool measured = false;
+      for (size_t j = 0; j < n; ++j)
+        if (j != i && owner[j] == owner[i] && !std::isnan(at(i, j))) {
+          measured = true;
+          if (at(i, j) >= threshold)
+            join(int64_t(i), int64_t(j));
+        }
+      if (!measured)
+        join(int64_t(i), owner[i]);
+    }
+    // The union keeps each component's lowest index as its root: the old
+    // owner for its own component, the first member for a new one.
+    std::vector<int64_t> out(n);
+    for (size_t i = 0; i < n; ++i)
+      out[i] = find(int64_t(i));
+    return out;
+  }
 
   int64_t ownerOf(int64_t task) const {
     return owner.empty() ? task : owner[size_t(task)];
@@ -109,6 +164,7 @@ namespace limits {
 inline constexpr Range kAdapterBottleneck{1, int64_t(1) << 20};
 inline constexpr RealRange kAdapterSeparation{0.0, 1e6};
 inline constexpr RealRange kAdapterShare{-1.0, 1.0};
+inline constexpr Range kAdapterRegroup{1, int64_t(1) << 40};
 } // namespace limits
 
 } // namespace mtprt

@@ -158,6 +158,9 @@ struct Phase {
   std::vector<int64_t> tasks; ///< head indices
   /// The plan's prediction for its steps (0: the plan's whole-step one).
   int64_t predictedPeakBytes = 0;
+  /// npd(regroup): its steps' peak with the adapter groups unsplit (0:
+  /// unknown; Program::groupedPeakBytes).
+  int64_t groupedPeakBytes = 0;
 };
 
 struct TrainConfig {

@@ -53,6 +53,10 @@ struct Program {
   int64_t predictedPeakBytes = -1; ///< the plan's prediction, logged
   /// SAPS: the prediction for steps that do not re-rank (0: the above).
   int64_t predictedSteadyPeakBytes = 0;
+  /// npd(regroup): the peak with the adapter groups as the plan formed them
+  /// (0: unknown); predictedPeakBytes holds room for every split, and a
+  /// step's prediction lies between them by the share of splits made.
+  int64_t groupedPeakBytes = 0;
   /// The plan's prediction for held-out evaluation (-1: none), logged with
   /// each evaluation's measured peak.
   int64_t predictedEvalPeakBytes = -1;

@@ -54,6 +54,8 @@ struct Plan {
   /// regions, offloadUnits and offloadHeadList from the decisions.
   Schedule schedule;
   int64_t predictedPeakBytes = 0, keepPeakBytes = 0, uniformPeakBytes = -1;
+  /// npd(regroup): the peak with the adapter groups unsplit (0: unknown).
+  int64_t groupedPeakBytes = 0;
   /// D15: the global batch per step (none: globalBatch, fixed).
   std::optional<BatchSchedule> dynamicBatch;
   /// Sequential training (empty: every task at every step).

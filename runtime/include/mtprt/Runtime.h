@@ -124,6 +124,16 @@ std::string conflictJsonLine(int64_t step, int64_t phase,
                              const std::vector<std::string> &tasks,
                              const std::vector<std::vector<double>> &cosines,
                              double largest, double threshold, bool protect);
+/// npd(regroup)'s measurement (D13/D14): {"event":"adapter_regroup",
+/// "step":S,"tasks":[..],"similarity":[[..]],"threshold":T,"groups_before":
+/// [[..]],"groups":[[..]]} — the cosines of each group's members' gradients
+/// on its adapter (null between groups and where unmeasured), the groups
+/// (task names, each group's holder first) before and after.
+std::string regroupJsonLine(int64_t step, const std::vector<std::string> &tasks,
+                            const std::vector<std::vector<double>> &cosines,
+                            double threshold,
+                            const std::vector<int64_t> &before,
+                            const std::vector<int64_t> &after);
 
 } // namespace mtprt
 

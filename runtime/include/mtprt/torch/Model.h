@@ -169,6 +169,19 @@ public:
   /// The adapter task h reads but does not hold (AdapterConfig::owner: its
   /// group's first task's, among that head's parameters); empty when its own.
   std::vector<at::Tensor> sharedAdapterParameters(int64_t h) const;
+  /// The down- and up-projection task h reads (its own or its group's):
+  /// what a regroup measures the members' gradients on. Empty without
+  /// adapters.
+  std::vector<at::Tensor> adapterParameters(int64_t h) const;
+  /// npd(regroup): the groups split to `owner` (AdapterConfig::
+  /// regroupedOwners: every new group within an old one). Each task that
+  /// now holds its group's adapter gets a copy of the one it read, named
+  /// head.<task>.adapter.*, among its head's parameters before its gate
+  /// (where a model built with that owner has it); every member then reads
+  /// its new owner's. Returns each copy beside the tensor it copies, for
+  /// the optimizer state to follow.
+  std::vector<std::pair<at::Tensor, at::Tensor>>
+  splitAdapters(const std::vector<int64_t> &owner);
 
   /// Unit "loss.<name>": mean loss (fp32 scalar) over the scored labels
   /// (not kIgnoreLabel, not NaN). `partial`: some records of the batch lack

@@ -201,9 +201,24 @@ public:
   /// i are tasks[i]; a task without labels in the batch gets NaN. Empty
   /// when that layer is frozen (nothing shared trains) or the tasks are
   /// fewer than two. No gradient, statistic or step count changes.
+  /// `params`: measured on these parameters instead of the layer's (any
+  /// trainable ones every task's loss reaches).
   std::vector<std::vector<double>> taskSimilarity(
       const Batch &batch, const Schedule &schedule,
-      const std::vector<int64_t> &tasks, int64_t *layer = nullptr);
+      const std::vector<int64_t> &tasks, int64_t *layer = nullptr,
+      const std::vector<at::Tensor> *params = nullptr);
+  /// npd(regroup) (D13/D14): each adapter group's members' gradients on
+  /// their shared adapter (taskSimilarity on `batch`; NaN between tasks of
+  /// different groups and where a task has no labels), then the groups split
+  /// where those fall below the plan's share (AdapterConfig::
+  /// regroupedOwners; splitAdapters). Returns the matrix, over every head.
+  std::vector<std::vector<double>> regroupAdapters(const Batch &batch,
+                                                   const Schedule &schedule);
+  /// The adapter groups split to `owner` (Model::splitAdapters): each copy
+  /// joins its task's optimizer group with a copy of the AdamW state of the
+  /// adapter it copies (step, moments), so the split changes no function
+  /// and no update. A checkpoint's resume makes its recorded split this way.
+  void splitAdapters(const std::vector<int64_t> &owner);
   int64_t stepsTaken() const { return step_; }
 
   /// Called by endStep(applyUpdate = true) once every parameter's .grad is
