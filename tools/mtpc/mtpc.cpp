@@ -312,6 +312,9 @@ static void printSummary(llvm::raw_ostream &os, StringRef file,
             os << llvm::join(members, ", ") << " share "
                << tasks[i].getSymName() << "'s";
         }
+        if (ad->regroup)
+          os << " (at the start: split below " << llvm::format("%g", *ad->share)
+             << " every " << ad->regroup << " steps)";
         os << "\n";
       }
     }

@@ -7,8 +7,11 @@
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/optim/adamw.h>
 
 #include <gtest/gtest.h>
+
+#include <limits>
 
 using namespace mtprt;
 using namespace fixtures;
@@ -239,4 +242,129 @@ TEST(Adapters, SharedAdapterSumsItsMembersGradients) {
     EXPECT_GT(second[i].abs().sum().item<double>(), 0.0) << i;
     EXPECT_TRUE(at::allclose(both[i], first[i] + second[i], 1e-5, 1e-6)) << i;
   }
+}
+
+// npd(regroup): members stay together where a chain of measured cosines at
+// the threshold joins them, within their old group only; a member measured
+// against nobody stays; each new group's first member holds it.
+TEST(Adapters, RegroupSplitsOnlyWhereTheCosinesFallBelowTheThreshold) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // Group {0, 1, 2, 3}, and 4 alone.
+  const std::vector<int64_t> owner = {0, 0, 0, 0, 4};
+  auto cosines = [&](double c01, double c02, double c12, double c13,
+                     double c23) {
+    std::vector<std::vector<double>> m(5, std::vector<double>(5, nan));
+    auto set = [&](int i, int j, double v) { m[i][j] = m[j][i] = v; };
+    for (int i = 0; i < 4; ++i)
+      m[i][i] = 1.0;
+    set(0, 1, c01), set(0, 2, c02), set(1, 2, c12), set(1, 3, c13),
+        set(2, 3, c23);
+    set(0, 3, -1.0);
+    set(3, 4, 0.99); // across groups: never joins
+    return m;
+  };
+  using V = std::vector<int64_t>;
+  // Every pair related: nothing splits.
+  EXPECT_EQ(AdapterConfig::regroupedOwners(owner, cosines(.9, .9, .9, .9, .9), .5),
+            owner);
+  // 3 conflicts with 0 but reaches 0 through 1: transitively together.
+  EXPECT_EQ(AdapterConfig::regroupedOwners(owner, cosines(.9, .9, .1, .8, .1), .5),
+            owner);
+  // {0, 1} and {2, 3}: 2 holds the copy, 3 reads it.
+  EXPECT_EQ(AdapterConfig::regroupedOwners(owner, cosines(.9, .1, .1, .1, .7), .5),
+            (V{0, 0, 2, 2, 4}));
+  // Every pair below: each its own.
+  EXPECT_EQ(AdapterConfig::regroupedOwners(owner, cosines(0, 0, 0, 0, 0), .5),
+            (V{0, 1, 2, 3, 4}));
+  // The threshold is inclusive, as the spec's share.
+  EXPECT_EQ(AdapterConfig::regroupedOwners(owner, cosines(.5, 0, 0, 0, .5), .5),
+            (V{0, 0, 2, 2, 4}));
+  // 3 unmeasured (no labels in the batch): it stays with the owner, though
+  // 1 and 2 leave.
+  std::vector<std::vector<double>> m = cosines(0, 0, 0, 0, 0);
+  for (int j = 0; j < 5; ++j)
+    m[3][j] = m[j][3] = nan;
+  EXPECT_EQ(AdapterConfig::regroupedOwners(owner, m, .5), (V{0, 1, 2, 0, 4}));
+  // A split of the old groups every time: what Model::splitAdapters takes.
+  for (const V &o : {V{0, 0, 2, 2, 4}, V{0, 1, 2, 0, 4}}) {
+    AdapterConfig c;
+    c.owner = o;
+    EXPECT_EQ(c.ownerProblem(5), "");
+  }
+}
+
+// A split changes no function: the copy holds the shared adapter's values and
+// AdamW state, so the next step's losses equal those of a run that never
+// split; from its update on the split tasks' adapters move apart. The model
+// refuses a regrouping that joins groups.
+TEST(Adapters, SplitCopiesTheAdapterAndItsOptimizerState) {
+  ModelConfig c = adapted(4);
+  c.dropout = 0.0;
+  c.adapters->owner = {0, 0};
+  c.adapters->share = 0.5;
+  c.adapters->regroup = 1;
+  const std::vector<HeadConfig> heads = twoHeads();
+  TrainConfig tc;
+  tc.cosineEvery = 0;
+  auto run = [&](bool split, std::vector<double> *losses)
+      -> std::unique_ptr<TrainerCore> {
+    auto core = std::make_unique<TrainerCore>(c, heads, tc);
+    Batch b = core->model().syntheticBatch(8, 3);
+    for (int i = 0; i < 2; ++i)
+      core->step(b, Schedule{});
+    if (split) {
+      const int64_t before = core->model().numParameters();
+      core->splitAdapters({0, 1});
+      EXPECT_EQ(core->model().numParameters() - before,
+                AdapterConfig::adapterParameters(16, 4));
+      EXPECT_TRUE(core->model().sharedAdapterParameters(1).empty());
+      const at::Tensor mine = named(core->model(), "head.tag.adapter.up.weight");
+      const at::Tensor was = named(core->model(), "head.cls.adapter.up.weight");
+      EXPECT_NE(mine.unsafeGetTensorImpl(), was.unsafeGetTensorImpl());
+      EXPECT_TRUE(at::equal(mine, was));
+      auto &state = core->optimizer().state();
+      if (!state.count(mine.unsafeGetTensorImpl())) {
+        ADD_FAILURE() << "the copy has no AdamW state";
+        return core;
+      }
+      const auto &m = static_cast<const torch::optim::AdamWParamState &>(
+          *state.at(mine.unsafeGetTensorImpl()));
+      const auto &w = static_cast<const torch::optim::AdamWParamState &>(
+          *state.at(was.unsafeGetTensorImpl()));
+      EXPECT_EQ(m.step(), w.step());
+      EXPECT_TRUE(at::equal(m.exp_avg(), w.exp_avg()));
+      EXPECT_NE(m.exp_avg().data_ptr(), w.exp_avg().data_ptr());
+      // The copy sits where a model built with its own adapter has it.
+      std::vector<std::string> names;
+      for (const auto &[n, p] : core->model().namedParameters())
+        if (n.rfind("head.tag.adapter", 0) == 0)
+          names.push_back(n);
+      EXPECT_EQ(names, (std::vector<std::string>{
+                           "head.tag.adapter.down.weight",
+                           "head.tag.adapter.down.bias",
+                           "head.tag.adapter.up.weight",
+                           "head.tag.adapter.up.bias",
+                           "head.tag.adapter.gate.bias",
+                           "head.tag.adapter.gate.weight"}));
+      try {
+        core->splitAdapters({0, 0});
+        ADD_FAILURE() << "a regrouping that joins groups was accepted";
+      } catch (const std::exception &e) {
+        EXPECT_NE(std::string(e.what()).find("groups only split"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+    // The first step after: the same losses whether or not it split.
+    losses->push_back(core->step(b, Schedule{}).loss[0]);
+    losses->push_back(core->step(b, Schedule{}).loss[1]);
+    return core;
+  };
+  std::vector<double> kept, split;
+  auto a = run(false, &kept);
+  auto b = run(true, &split);
+  EXPECT_EQ(kept[0], split[0]);
+  EXPECT_NE(kept[1], split[1]); // then each task's adapter its own way
+  EXPECT_FALSE(at::equal(named(b->model(), "head.tag.adapter.up.weight"),
+                         named(b->model(), "head.cls.adapter.up.weight")));
 }
