@@ -6,6 +6,7 @@
 #include "mtprt/kernels/Specialized.h"
 
 // No gloo here: the gloo process group is made in DistributedGloo.cpp.
+#include <unordered_map>
 #include <atomic>
 #include <chrono>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -836,6 +837,32 @@ void GradExchange::prepare(const std::vector<at::Tensor> &params) {
   if (!residual_.defined() || residual_.numel() != n)
     residual_ = at::zeros(
         {n}, at::TensorOptions().dtype(at::kFloat).device(comm_->device()));
+}
+
+void GradExchange::carryResidual(const std::vector<at::Tensor> &before,
+                                 const std::vector<at::Tensor> &after) {
+  if (!residual_.defined())
+    return;
+  std::unordered_map<const void *, int64_t> offset;
+  int64_t n = 0;
+  for (const at::Tensor &p : before) {
+    offset[p.unsafeGetTensorImpl()] = n;
+    n += p.numel();
+  }
+  if (n != residual_.numel()) // not this layout's: sum() starts afresh
+    return;
+  int64_t m = 0;
+  for (const at::Tensor &p : after)
+    m += p.numel();
+  at::Tensor next = at::zeros({m}, residual_.options());
+  int64_t pos = 0;
+  for (const at::Tensor &p : after) {
+    if (auto it = offset.find(p.unsafeGetTensorImpl()); it != offset.end())
+      next.narrow(0, pos, p.numel())
+          .copy_(residual_.narrow(0, it->second, p.numel()));
+    pos += p.numel();
+  }
+  residual_ = next;
 }
 
 GradExchange::Result

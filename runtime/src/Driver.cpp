@@ -1469,16 +1469,17 @@ int train(const std::string &name, const Program &p, const Options &o) {
     core.shardOptimizer(&comm);
   GradExchange::Result sent;
   // Under SAPS, the parameters it does not manage (their gradients stay
-  // dense); the same every step.
-  std::vector<at::Tensor> sapsDense;
-  if (const SparseUpdate *sparse = core.sparseUpdate()) {
+  // dense); asked at each update (an adapter split adds some).
+  auto sapsDense = [&] {
+    std::vector<at::Tensor> dense;
     std::unordered_set<const void *> managed;
-    for (const at::Tensor &t : sparse->params())
+    for (const at::Tensor &t : core.sparseUpdate()->params())
       managed.insert(t.unsafeGetTensorImpl());
     for (const at::Tensor &t : core.model().trainableParameters())
       if (!managed.count(t.unsafeGetTensorImpl()))
-        sapsDense.push_back(t);
-  }
+        dense.push_back(t);
+    return dense;
+  };
   core.beforeUpdate = [&](StepStats &) {
     if (ZeroOptimizer *zero = core.zero(); zero && zero->stage() >= 2) {
       sent.bytesSent = sent.bytesSentUncompressed = zero->sumGradients();
@@ -1491,7 +1492,7 @@ int train(const std::string &name, const Program &p, const Options &o) {
     }
     // SAPS: the dense gradients (heads, what it does not manage), then the
     // selected entries' (the ranks select alike: docs/techniques.md D12).
-    sent = exchange.averageGradients(sapsDense);
+    sent = exchange.averageGradients(sapsDense());
     const int64_t bytes = sparse->averageGradients(core.averageOverRanks);
     sent.bytesSent += bytes;
     sent.bytesSentUncompressed += bytes;
@@ -2151,6 +2152,10 @@ int train(const std::string &name, const Program &p, const Options &o) {
     // stand lie between that and the unsplit groups' peak.
     if (const std::optional<AdapterConfig> &ad = core.model().config().adapters;
         ad && ad->regroup && s.predictedPeakBytes > 0) {
+      // The room the plan holds for the splits not made, off whichever
+      // prediction this step has (a SAPS steady step's too).
+      const int64_t planned = phase >= 0 ? p.phases[phase].predictedPeakBytes
+                                         : p.predictedPeakBytes;
       const int64_t grouped = phase >= 0 ? p.phases[phase].groupedPeakBytes
                                          : p.groupedPeakBytes;
       const std::vector<int64_t> &plannedOwners = p.model.adapters->owner;
@@ -2160,9 +2165,9 @@ int train(const std::string &name, const Program &p, const Options &o) {
         possible += plannedOwners[h] != int64_t(h);
         made += plannedOwners[h] != int64_t(h) && ad->owner[h] == int64_t(h);
       }
-      if (grouped > 0 && grouped <= s.predictedPeakBytes && possible > 0)
-        s.predictedPeakBytes =
-            grouped + (s.predictedPeakBytes - grouped) * made / possible;
+      if (grouped > 0 && grouped <= planned && possible > 0)
+        s.predictedPeakBytes -= (planned - grouped) * (possible - made) /
+                                possible;
     }
     // A pipeline rank: its stage's.
     if (pipeline.active())
@@ -2357,10 +2362,14 @@ int train(const std::string &name, const Program &p, const Options &o) {
           return false;
         }()) {
       const std::vector<int64_t> before = ad->owner;
+      const std::vector<at::Tensor> trained =
+          core.model().trainableParameters();
       Batch b = mineOf(schedule ? data->records(recordOffset, o.batchSize)
                                 : data->batch(position, o.batchSize));
       const std::vector<std::vector<double>> cos =
           core.regroupAdapters(b, p.schedule);
+      // The compressed exchange's residual follows the parameters.
+      exchange.carryResidual(trained, core.model().trainableParameters());
       const std::vector<int64_t> &after = core.model().config().adapters->owner;
       const std::string ev =
           regroupJsonLine(done, s.tasks, cos, *ad->share, before, after);

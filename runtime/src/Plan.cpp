@@ -586,6 +586,11 @@ Plan readPlan(const void *data, size_t size, const std::string &name) {
         if (a.owner.empty())
           c.field("strategy.adapters.regroup",
                   "splits groups, and the plan forms none (no owners)");
+        // A split adds parameters, which a sharded or host optimizer's
+        // layout fixed at the start cannot take (mtpc check refuses it).
+        if (plan.zero > 0 || plan.train.optimizerOffload)
+          c.field("strategy.adapters.regroup",
+                  "is not supported with ZeRO or the optimizer offload");
       }
       plan.model.adapters = a;
     }

@@ -1463,7 +1463,11 @@ TrainerCore::taskSimilarity(const Batch &batch, const Schedule &s,
     for (int64_t j = 0; j < n; ++j)
       if (flat[i].defined() && flat[j].defined()) {
         const double d = (flat[i].norm() * flat[j].norm()).item<double>();
-        cos[i][j] = d > 0 ? (flat[i] * flat[j]).sum().item<double>() / d : 0.0;
+        // A zero gradient has no direction: 0 for the layer's measurement
+        // (as before), unmeasured for a regroup's (no split on no evidence).
+        cos[i][j] = d > 0    ? (flat[i] * flat[j]).sum().item<double>() / d
+                    : params ? std::numeric_limits<double>::quiet_NaN()
+                             : 0.0;
       }
   return cos;
 }

@@ -285,8 +285,19 @@ TEST(Adapters, RegroupSplitsOnlyWhereTheCosinesFallBelowTheThreshold) {
   for (int j = 0; j < 5; ++j)
     m[3][j] = m[j][3] = nan;
   EXPECT_EQ(AdapterConfig::regroupedOwners(owner, m, .5), (V{0, 1, 2, 0, 4}));
+  // The holder without labels: nothing measured against it, so its group
+  // stays, though its other members conflict with each other.
+  m = cosines(0, 0, 0, 0, 0);
+  for (int j = 0; j < 5; ++j)
+    m[0][j] = m[j][0] = nan;
+  EXPECT_EQ(AdapterConfig::regroupedOwners(owner, m, .5), (V{0, 0, 0, 0, 4}));
+  // 1 measured below the holder leaves; 2 and 3, measured only against 1
+  // (and each other, below), have no evidence against the holder: they stay.
+  m = cosines(0.1, nan, 0.1, 0.1, 0.1);
+  m[0][3] = m[3][0] = nan;
+  EXPECT_EQ(AdapterConfig::regroupedOwners(owner, m, .5), (V{0, 1, 0, 0, 4}));
   // A split of the old groups every time: what Model::splitAdapters takes.
-  for (const V &o : {V{0, 0, 2, 2, 4}, V{0, 1, 2, 0, 4}}) {
+  for (const V &o : {V{0, 0, 2, 2, 4}, V{0, 1, 2, 0, 4}, V{0, 1, 0, 0, 4}}) {
     AdapterConfig c;
     c.owner = o;
     EXPECT_EQ(c.ownerProblem(5), "");

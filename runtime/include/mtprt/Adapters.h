@@ -66,10 +66,14 @@ struct AdapterConfig {
   /// and j's gradients on the adapter they share (NaN where unmeasured: a
   /// task without labels in the batch). Members stay together where a chain
   /// of pairs at `threshold` or more joins them (transitively, as the spec's
-  /// groups form); a member measured against nobody stays with its owner.
-  /// Groups only split — a task never drops the adapter it trained for
-  /// another's — so each new group's first member (in forward order) holds
-  /// a copy of the old adapter, and the old owner keeps its own.
+  /// groups form); a part of a group leaves its holder only on evidence —
+  /// some measured pair between it and the holder's part, all below the
+  /// threshold — so a task measured against nobody, or only against others
+  /// that leave, stays (and a holder without labels in the batch keeps its
+  /// group). Groups only split — a task never drops the adapter
+  /// it trained for another's — so each new group's first member (in
+  /// forward order) holds a copy of the old adapter, and the old owner keeps
+  /// its own.
   static std::vector<int64_t>
   regroupedOwners(const std::vector<int64_t> &owner,
                   const std::vector<std::vector<double>> &cos,
@@ -92,17 +96,25 @@ struct AdapterConfig {
                  ? cos[i][j]
                  : std::numeric_limits<double>::quiet_NaN();
     };
-    for (size_t i = 0; i < n; ++i) {
-      bool measured = false;
+    for (size_t i = 0; i < n; ++i)
       for (size_t j = 0; j < n; ++j)
-        if (j != i && owner[j] == owner[i] && !std::isnan(at(i, j))) {
-          measured = true;
-          if (at(i, j) >= threshold)
-            join(int64_t(i), int64_t(j));
-        }
-      if (!measured)
+        if (j != i && owner[j] == owner[i] && at(i, j) >= threshold)
+          join(int64_t(i), int64_t(j));
+    // Parts with no measured pair to their holder's part (as the threshold
+    // formed it) rejoin it: one pass over the parts as they stand, so the
+    // order they are looked at in does not matter.
+    std::vector<int64_t> part(n);
+    for (size_t i = 0; i < n; ++i)
+      part[i] = find(int64_t(i));
+    std::vector<bool> evidence(n, false); // per part root
+    for (size_t k = 0; k < n; ++k)
+      for (size_t j = 0; j < n; ++j)
+        if (part[k] != part[j] && part[j] == part[size_t(owner[k])] &&
+            !std::isnan(at(k, j)))
+          evidence[size_t(part[k])] = true;
+    for (size_t i = 0; i < n; ++i)
+      if (part[i] != part[size_t(owner[i])] && !evidence[size_t(part[i])])
         join(int64_t(i), owner[i]);
-    }
     // The union keeps each component's lowest index as its root: the old
     // owner for its own component, the first member for a new one.
     std::vector<int64_t> out(n);

@@ -193,6 +193,12 @@ public:
   /// step holds what every later one does (the plan's peak counts it). Does
   /// nothing uncompressed or at world size 1.
   void prepare(const std::vector<at::Tensor> &params);
+  /// The parameters changed from `before` to `after` (npd(regroup)'s split
+  /// adds adapter copies): each parameter in both keeps its residual, a new
+  /// one starts at zero (the shared adapter's unsent part stays with it, not
+  /// counted twice). Nothing to do without a residual.
+  void carryResidual(const std::vector<at::Tensor> &before,
+                     const std::vector<at::Tensor> &after);
   /// The collective itself on one flat fp32 vector: the sum over ranks
   /// (compressed: Σ_rank decode(encode(g + decay·r))), residual updated.
   Result sum(at::Tensor &flat);
