@@ -523,6 +523,8 @@ struct PlanFields {
   int64_t zero = 0;
   bool optimizerOffload = false;
   AdapterConfig adapters{/*bottleneck=*/4, /*separation=*/10.0};
+  /// Adapters.grouped_peak_bytes (npd(regroup): the unsplit groups' peak).
+  int64_t groupedPeak = 0;
   // Train
   int64_t steps = 3;
   uint64_t seed = 0;
@@ -614,13 +616,16 @@ std::string build(const PlanFields &f) {
                       b, f.adapters.bottleneck, f.adapters.separation,
                       f.adapters.owner.empty()
                           ? flatbuffers::Offset<flatbuffers::Vector<int64_t>>()
-                          : b.CreateVector(f.adapters.owner))
+                          : b.CreateVector(f.adapters.owner),
+                      f.adapters.share.value_or(0.0), f.adapters.regroup,
+                      f.groupedPeak)
                 : flatbuffers::Offset<fb::Adapters>(),
       f.optimizerOffload);
   std::vector<flatbuffers::Offset<fb::Phase>> phases;
   for (const Phase &p : f.phases)
     phases.push_back(fb::CreatePhase(b, p.steps, b.CreateVector(p.tasks),
-                                     p.predictedPeakBytes));
+                                     p.predictedPeakBytes,
+                                     p.groupedPeakBytes));
   auto train =
       fb::CreateTrain(b, f.steps, f.seed, b.CreateString(f.data),
                       lr(f.lrKind, f.lrPeak, f.lrWarmup), f.weightDecay,
@@ -688,7 +693,7 @@ struct PlanRun {
   std::string losses;    ///< every record's loss and alpha objects
   int64_t peak = 0;      ///< largest measured_peak_bytes
   int64_t hostPool = 0;  ///< largest host_pool_bytes
-  std::string predicted; ///< predicted_peak_bytes as logged
+  std::string predicted; ///< predicted_peak_bytes as logged, every step's
   int records = 0, events = 0;
   std::vector<std::string> checkpoints;             ///< file names
   std::string metrics;                              ///< the file
@@ -736,7 +741,8 @@ PlanRun runPlan(const PlanFields &f, const TempDir &dir,
         r.peak, std::atoll(value(line, "measured_peak_bytes").c_str()));
     r.hostPool = std::max<int64_t>(
         r.hostPool, std::atoll(value(line, "host_pool_bytes").c_str()));
-    r.predicted = value(line, "predicted_peak_bytes");
+    // Every step's (a regroup's split changes it mid-run).
+    r.predicted += value(line, "predicted_peak_bytes") + " ";
   }
   if (DIR *d = opendir(ckpt.c_str())) {
     while (dirent *e = readdir(d))
@@ -856,6 +862,17 @@ std::vector<Change> allChanges(const std::string &jsonl) {
     f.ewcOn = true;
   };
   const std::function<void(F &)> adapted = [](F &f) { f.adapted = true; };
+  // Every task reads the first's adapter, split below 0.99 (npd(share));
+  // `regrouping` measures after every step, so the first one splits.
+  const std::function<void(F &)> shared = [](F &f) {
+    f.adapted = true;
+    f.adapters.owner.assign(f.tasks.size(), 0);
+    f.adapters.share = 0.99;
+  };
+  const std::function<void(F &)> regrouping = [shared](F &f) {
+    shared(f);
+    f.adapters.regroup = 1;
+  };
   const std::function<void(F &)> bert = [](F &f) {
     f.kind = "bert";
     f.typeVocab = 2;
@@ -1126,6 +1143,24 @@ std::vector<Change> allChanges(const std::string &jsonl) {
       {"Adapters.owners",
        [](F &f) { f.adapters.owner.assign(f.tasks.size(), 0); },
        Shows::Losses, "", adapted},
+      // npd(regroup): the groups split after the first step (their
+      // gradients on the shared adapter are not 0.99 alike), so the later
+      // steps' adapters learn apart; share -1 keeps every pair together.
+      {"Adapters.regroup", [](F &f) { f.adapters.regroup = 1; },
+       Shows::Losses, "", shared},
+      {"Adapters.share", [](F &f) { f.adapters.share = -1.0; },
+       Shows::Losses, "", regrouping},
+      // Before the split the prediction is the unsplit groups'.
+      {"Adapters.grouped_peak_bytes", [](F &f) { f.groupedPeak = 1000; },
+       Shows::Predicted, "", regrouping},
+      {"Phase.grouped_peak_bytes",
+       [](F &f) { f.phases[0].groupedPeakBytes = 1000; }, Shows::Predicted,
+       "", [phased, regrouping](F &f) {
+         phased(f);
+         regrouping(f);
+         for (Phase &p : f.phases)
+           p.predictedPeakBytes = 100000;
+       }},
 
       {"Train.steps", [](F &f) { f.steps = 4; }, Shows::Records},
       {"Train.seed", [](F &f) { f.seed = 3; }, Shows::Losses},
