@@ -492,10 +492,18 @@ EvalReport writePredictions(Model &model, DataSource &data, int64_t batch,
     throw std::runtime_error("--out: cannot rename " + tmp + " to " + path +
                              ": " + ec.message());
   report.predictedPeakBytes = predictedPeakBytes;
-  std::printf("predicted %lld records of %s at step %lld to %s%s\n",
+  // Fewer records than a batch ran in one smaller batch than the plan's
+  // evaluation peak is for: said, not passed off as a miss.
+  std::string smaller;
+  if (predictedPeakBytes > 0 && report.peakBytes >= 0 &&
+      report.records < batch)
+    smaller = " (the prediction is for the plan's evaluation batch of " +
+              std::to_string(batch) + " records; these ran as one batch of " +
+              std::to_string(report.records) + ")";
+  std::printf("predicted %lld records of %s at step %lld to %s%s%s\n",
               static_cast<long long>(report.records),
               data.describe().c_str(), static_cast<long long>(step),
-              path.c_str(), report.peakText().c_str());
+              path.c_str(), report.peakText().c_str(), smaller.c_str());
   if (!report.tasks.empty())
     std::printf("metrics over the records with labels: %s\n",
                 report.summary().c_str());
