@@ -98,6 +98,20 @@ bool needsGateRecalibration(const StepStats &s, double reuseThreshold,
          sd > stdThreshold;
 }
 
+namespace {
+/// A matrix of cosines as rows of JSON numbers (non-finite: null).
+Json matrixJson(const std::vector<std::vector<double>> &m) {
+  Json rows = Json::array();
+  for (const std::vector<double> &row : m) {
+    Json r = Json::array();
+    for (double v : row)
+      r.push_back(jsonNumber(v));
+    rows.push_back(r);
+  }
+  return rows;
+}
+} // namespace
+
 std::string conflictJsonLine(int64_t step, int64_t phase,
                              const std::vector<std::string> &tasks,
                              const std::vector<std::vector<double>> &cosines,
@@ -107,14 +121,7 @@ std::string conflictJsonLine(int64_t step, int64_t phase,
   j["step"] = step;
   j["phase"] = phase;
   j["tasks"] = tasks;
-  Json rows = Json::array();
-  for (const std::vector<double> &row : cosines) {
-    Json r = Json::array();
-    for (double v : row)
-      r.push_back(jsonNumber(v));
-    rows.push_back(r);
-  }
-  j["similarity"] = rows;
+  j["similarity"] = matrixJson(cosines);
   j["largest"] = jsonNumber(largest);
   j["threshold"] = jsonNumber(threshold);
   j["protect"] = protect;
@@ -143,14 +150,7 @@ std::string regroupJsonLine(int64_t step, const std::vector<std::string> &tasks,
   j["event"] = "adapter_regroup";
   j["step"] = step;
   j["tasks"] = tasks;
-  Json rows = Json::array();
-  for (const std::vector<double> &row : cosines) {
-    Json r = Json::array();
-    for (double v : row)
-      r.push_back(jsonNumber(v));
-    rows.push_back(r);
-  }
-  j["similarity"] = rows;
+  j["similarity"] = matrixJson(cosines);
   j["threshold"] = jsonNumber(threshold);
   j["groups_before"] = groups(before);
   j["groups"] = groups(after);
