@@ -156,7 +156,8 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
          << formatBytes(4 * shard)
          << " per rank (with the heads' values; heads and frozen layers "
             "stay whole); each block gathered whole for its forward and "
-            "again for its backward, freed after (largest block "
+            "again for its backward, freed after, the next one's gather "
+            "begun while it computes (largest block "
          << formatBytes(blocks.largest) << ")\n";
     if (world > 1)
       os << "    ZeRO sends per process per step: "

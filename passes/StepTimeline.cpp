@@ -169,6 +169,14 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
         if (shardFrom < 0)
           shardFrom = int(pos);
       }
+    // The small gradients are copied into one bucket as they are made and
+    // freed; the bucket lives from the first release to the backward's end.
+    if (!released.empty()) {
+      releaseBucket = mtprt::ZeroLayout::releaseBucketBytes(zeroValues(step),
+                                                            cost.processes());
+      releaseFrom = released.front().first;
+      releaseTo = released.back().first;
+    }
     // A later micro-batch holds this rank's run and what is not released.
     int64_t releasedBytes = 0;
     for (const auto &r : released)
@@ -200,6 +208,26 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
   auto gathered = [&](int b) -> int64_t {
     return b < 0 || b >= int(gatherOf.size()) ? 0 : gatherOf[b];
   };
+  // ZeRO 3's prefetch (ZeroOptimizer::gatherForward and the backward's
+  // hook): where a block (its region) is gathered, the next one's gather
+  // begins — in the forward the block after the region, in the backward
+  // the top block of the one below when its backward reads its parameters
+  // — and that block is whole from there to its own turn.
+  std::vector<int> spanFirst(gatherOf.size()), spanLast(gatherOf.size());
+  int lastForward = -1;
+  if (zeroStage >= 3) {
+    for (size_t b = 0; b < gatherOf.size(); ++b)
+      spanFirst[b] = spanLast[b] = int(b);
+    for (auto [first, last] : regions)
+      for (int64_t k = first; k <= last && k < int64_t(gatherOf.size()); ++k) {
+        spanFirst[k] = int(first);
+        spanLast[k] = int(last);
+      }
+    for (auto [pos, op] : llvm::enumerate(order))
+      if (blockAt[pos] >= 0 && isa<FwdOp>(op))
+        lastForward = std::max(lastForward, blockAt[pos]);
+  }
+  int prefetched = -1;
   Peak best;
   MemoryBreakdown now = resident;
   if (later)
@@ -228,11 +256,22 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
     now.workspace =
         (p == fusePosition ? fuseWorkspace : workspace[p]) + accumulating;
     // Inside a many-layer backward unit: its peak, not its start.
+    if (const int b = blockAt[p]; b >= 0) {
+      const bool forward = isa<FwdOp>(order[p]);
+      const int next = forward ? spanLast[b] + 1 : spanFirst[b] - 1;
+      prefetched = -1;
+      if (forward ? next <= lastForward
+                  : next >= 0 && cost.backwardReadsParameters(next))
+        prefetched = next;
+    }
     MemoryBreakdown at = now;
-    at.parameters += gathered(blockAt[p]);
+    at.parameters += gathered(blockAt[p]) +
+                     (prefetched >= 0 ? cost.shardedBlockBytes(prefetched) : 0);
     at.activations -= relief[p].first;
     if (releasing)
       at.workspace += std::max<int64_t>(0, releasing - relief[p].second);
+    if (p >= releaseFrom && p <= releaseTo)
+      at.workspace += releaseBucket;
     else if (!later)
       at.gradients -= relief[p].second;
     if (p == updatePosition && zeroStage) {

@@ -118,6 +118,10 @@ private:
   /// and frees as they are made, and where this rank's run is made.
   std::vector<std::pair<int, int64_t>> released;
   int shardFrom = -1;
+  /// The release's bucket (ZeroOptimizer::release): from the first release
+  /// to the last of a backward.
+  int64_t releaseBucket = 0;
+  int releaseFrom = -1, releaseTo = -1;
   /// ZeRO 3: per position, the backbone block whose forward or backward
   /// runs there (-1: none); its parameters are whole then (a checkpoint
   /// region's: the region's blocks').

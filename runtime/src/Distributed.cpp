@@ -6,7 +6,6 @@
 #include "mtprt/kernels/Specialized.h"
 
 // No gloo here: the gloo process group is made in DistributedGloo.cpp.
-#include <unordered_map>
 #include <atomic>
 #include <chrono>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -27,6 +26,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 
 namespace mtprt {
 
@@ -122,6 +122,9 @@ struct Communicator::Impl {
     at::Tensor tensor;
   };
   std::vector<Send> sends;
+  /// Collectives begun and not yet waited for (broadcastAsync's tickets).
+  std::unordered_map<int64_t, c10::intrusive_ptr<c10d::Work>> started;
+  int64_t nextTicket = 1;
 };
 
 Communicator::Communicator(const DistOptions &o, bool serveStore)
@@ -340,6 +343,35 @@ void Communicator::broadcast(at::Tensor &t, int root) {
   bo.rootRank = root;
   try {
     finish(impl_->backend, impl_->backend->broadcast(one, bo));
+  } catch (const std::exception &e) {
+    collectiveFailed(options_, "broadcast", e);
+  }
+}
+
+int64_t Communicator::broadcastAsync(at::Tensor &t, int root) {
+  if (!impl_->backend)
+    return 0;
+  std::vector<at::Tensor> one{t};
+  c10d::BroadcastOptions bo;
+  bo.rootRank = root;
+  try {
+    const int64_t ticket = impl_->nextTicket++;
+    impl_->started.emplace(ticket, impl_->backend->broadcast(one, bo));
+    return ticket;
+  } catch (const std::exception &e) {
+    collectiveFailed(options_, "broadcast", e);
+  }
+}
+
+void Communicator::wait(int64_t ticket) {
+  auto it = impl_->started.find(ticket);
+  if (it == impl_->started.end())
+    return;
+  c10::intrusive_ptr<c10d::Work> work = std::move(it->second);
+  impl_->started.erase(it);
+  const Busy busy;
+  try {
+    finish(impl_->backend, std::move(work));
   } catch (const std::exception &e) {
     collectiveFailed(options_, "broadcast", e);
   }

@@ -730,7 +730,7 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
                      m.partialRefusal(u).c_str());
       }
       if (sharded)
-        sharded->gatherUnits(u, u);
+        sharded->gatherForward(u, u, u < m.lastUnit() ? u + 1 : -1);
       x = partial ? m.unitPartial(u, x) : m.unit(u, x);
       if (sharded)
         sharded->forwardDone(u, u, x, backwardReadsParameters(u));
@@ -773,7 +773,8 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       // ZeRO 3: the region's units whole for its forward, again before its
       // backward re-runs it.
       if (sharded)
-        sharded->gatherUnits(first, last);
+        sharded->gatherForward(first, last,
+                               last < m.lastUnit() ? last + 1 : -1);
       x = checkpoint(fn, x, params);
       if (sharded)
         sharded->forwardDone(first, last, x);
@@ -1035,10 +1036,19 @@ void TrainerCore::fuseTaskGradients() {
         if (!probeParams.empty()) {
           probe.assign(nt, GradList(probeParams.size()));
           *probing_ = true;
+          // ZeRO 3: the probe's path a unit at a time (no prefetch below:
+          // it stops at the tap).
           struct Reset {
             bool &flag;
-            ~Reset() { flag = false; }
-          } reset{*probing_};
+            ZeroOptimizer *zero;
+            ~Reset() {
+              flag = false;
+              if (zero)
+                zero->setPrefetch(true);
+            }
+          } reset{*probing_, zero_.get()};
+          if (zero_)
+            zero_->setPrefetch(false);
           for (int64_t t : withGrad) {
             probe[t] = torch::autograd::grad(
                 {st.taps[m.heads()[t].tap]}, probeParams, {tg[t][0]},

@@ -151,6 +151,14 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
+  // A prefetch in flight writes into a unit's buffer: finished first (a
+  // failed one has nothing left to say here).
+  for (Unit &u : units_)
+    try {
+      settle(u);
+    } catch (const std::exception &) {
+      u.tickets.clear();
+    }
   if (!self_)
     return;
   *self_ = nullptr;
@@ -280,6 +288,7 @@ void ZeroOptimizer::beginStep(const std::vector<bool> &present) {
     return;
   released_.assign(params_.size(), false);
   pending_.clear();
+  releaseBucket_ = at::Tensor();
   pendingValues_ = sentBytes_ = gatherSent_ = 0;
   signatureCount_ = signature_ = 0;
   gradShard_ = at::Tensor();
@@ -366,10 +375,18 @@ void ZeroOptimizer::reduceBucket(const std::vector<int64_t> &params) {
 }
 
 void ZeroOptimizer::flushPending() {
-  std::vector<int64_t> bucket = std::move(pending_);
+  if (pending_.empty())
+    return;
+  at::Tensor buf = releaseBucket_.narrow(0, 0, pendingValues_);
+  if (comm_ && comm_->active()) {
+    std::vector<at::Tensor> one{buf};
+    comm_->allReduceSum(one);
+  }
+  for (auto [i, off] : pending_)
+    addToShard(i, buf.narrow(0, off, params_[i].numel()));
+  sentBytes_ += 4 * pendingValues_;
   pending_.clear();
   pendingValues_ = 0;
-  reduceBucket(bucket);
 }
 
 void ZeroOptimizer::release(int64_t i) {
@@ -388,27 +405,43 @@ void ZeroOptimizer::release(int64_t i) {
       allocateUnit(u, false);
   }
   const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
-  if (params_[i].numel() >= bucket) {
+  const int64_t n = params_[i].numel();
+  if (n >= bucket) {
     // Alone: summed in place, after what was pending (the same order on
     // every rank).
     flushPending();
     reduceBucket({i});
     return;
   }
-  pending_.push_back(i);
-  pendingValues_ += params_[i].numel();
-  if (pendingValues_ >= bucket)
+  // DeepSpeed's IPG bucket: copied into one bucket of fp32 (whatever the
+  // gradient's dtype) and freed at once; the bucket is summed when the next
+  // would not fit, so it never holds more than its size (the plan's one
+  // bucket, ZeroLayout::releaseBucketBytes).
+  if (pendingValues_ + n > bucket)
     flushPending();
+  if (!releaseBucket_.defined())
+    releaseBucket_ = at::empty({bucket}, params_[i]
+                                             .options()
+                                             .dtype(at::kFloat)
+                                             .requires_grad(false));
+  releaseBucket_.narrow(0, pendingValues_, n)
+      .copy_(params_[i].grad().reshape({-1}));
+  params_[i].mutable_grad() = at::Tensor();
+  pending_.push_back({i, pendingValues_});
+  pendingValues_ += n;
 }
 
 void ZeroOptimizer::endBackward() {
-  for (Unit &u : units_)
+  for (Unit &u : units_) {
     u.released = 0;
+    u.hooked = false;
+  }
   if (!release_)
     return; // stage 3: every unit stays whole to the step's end
   freeGathered();
   at::NoGradGuard noGrad;
   flushPending();
+  releaseBucket_ = at::Tensor();
   std::vector<at::Tensor> v{
       at::tensor(std::vector<float>{float(signatureCount_), float(signature_)},
                  at::kFloat)
@@ -430,6 +463,7 @@ int64_t ZeroOptimizer::sumGradients() {
     throw std::logic_error("mtprt: sumGradients is ZeRO stage 2's exchange");
   at::NoGradGuard noGrad;
   flushPending();
+  releaseBucket_ = at::Tensor();
   agreeOnGradients();
   // What is still held (a head's gradients, every gradient of a step that
   // did not release): summed in layout order, a bucket at a time, each
@@ -447,12 +481,15 @@ int64_t ZeroOptimizer::sumGradients() {
       reduceBucket({int64_t(i)});
       continue;
     }
-    run.push_back(int64_t(i));
-    if ((runValues += params_[i].numel()) >= bucket) {
+    // A run is summed before the next would take it past one bucket (the
+    // plan's one bucket at the exchange).
+    if (runValues + params_[i].numel() > bucket) {
       reduceBucket(run);
       run.clear();
       runValues = 0;
     }
+    run.push_back(int64_t(i));
+    runValues += params_[i].numel();
   }
   reduceBucket(run);
   if (!gradShard_.defined())
@@ -731,9 +768,20 @@ void ZeroOptimizer::shardParameters(
   units_ = std::move(made);
 }
 
+void ZeroOptimizer::settle(Unit &unit) {
+  // Cleared before the waits: a failed one throws, and its buffer is no
+  // longer written into either way.
+  std::vector<int64_t> tickets = std::move(unit.tickets);
+  unit.tickets.clear();
+  for (int64_t t : tickets)
+    comm_->wait(t);
+}
+
 void ZeroOptimizer::allocateUnit(Unit &unit, bool allocate) {
   if (unit.gathered == allocate || unit.params == 0)
     return;
+  if (!allocate)
+    settle(unit);
   c10::StorageImpl *s = unit.flat.storage().unsafeGetStorageImpl();
   const int64_t bytes = 4 * (unit.end - unit.begin);
   if (allocate) {
@@ -758,12 +806,44 @@ void ZeroOptimizer::gatherUnits(int64_t first, int64_t last) {
   last = std::min<int64_t>(last, int64_t(units_.size()) - 1);
   for (int64_t u = first; u <= last; ++u) {
     Unit &unit = units_[u];
+    if (unit.gathered)
+      settle(unit);
     if (unit.gathered || unit.params == 0)
       continue;
     allocateUnit(unit, true);
     gatherSent_ += fillFromRuns(comm_, rank_, shard_, unit.begin, unit.end,
                                 paramShard_, unit.flat);
   }
+}
+
+void ZeroOptimizer::prefetchUnit(int64_t u) {
+  if (u < 0 || u >= int64_t(units_.size()))
+    return;
+  Unit &unit = units_[u];
+  if (unit.gathered || unit.params == 0)
+    return;
+  at::NoGradGuard noGrad;
+  allocateUnit(unit, true);
+  // fillFromRuns' broadcasts, begun: one per owning rank, in the same order
+  // on every rank.
+  for (int64_t q = unit.begin / shard_; q * shard_ < unit.end; ++q) {
+    const int64_t a = std::max(unit.begin, q * shard_);
+    const int64_t e = std::min(unit.end, (q + 1) * shard_);
+    if (a >= e)
+      continue;
+    at::Tensor part = unit.flat.narrow(0, a - unit.begin, e - a);
+    if (q == rank_) {
+      part.copy_(paramShard_.narrow(0, a - q * shard_, e - a));
+      gatherSent_ += 4 * (e - a);
+    }
+    unit.tickets.push_back(comm_->broadcastAsync(part, int(q)));
+  }
+}
+
+void ZeroOptimizer::gatherForward(int64_t first, int64_t last, int64_t next) {
+  gatherUnits(first, last);
+  if (release_ && *prefetch_ && !stepKeepsWhole_ && wholeDepth_ == 0)
+    prefetchUnit(next);
 }
 
 void ZeroOptimizer::freeGathered() {
@@ -776,18 +856,22 @@ void ZeroOptimizer::forwardDone(int64_t first, int64_t last,
   if (units_.empty() || !release_)
     return;
   for (int64_t u = std::max<int64_t>(first, 0);
-       u <= std::min<int64_t>(last, int64_t(units_.size()) - 1); ++u)
+       u <= std::min<int64_t>(last, int64_t(units_.size()) - 1); ++u) {
     allocateUnit(units_[u], false);
+    units_[u].hooked = backwardReads && out.requires_grad();
+  }
   if (!out.requires_grad())
     return;
   // The gradient of `out` is whole once every unit above has run its
   // backward (the backbone is a chain): those are freed here — in a
   // partial backward (the cosine probe), which releases no gradient, this
   // is what frees them — and these gathered.
+  // The one below is begun here too (FSDP's backward prefetch) when its
+  // own hook will gather it: it arrives while these run their backward.
   std::shared_ptr<ZeroOptimizer *> owner = self_;
-  std::shared_ptr<bool> on = gatherHooks_;
+  std::shared_ptr<bool> on = gatherHooks_, prefetch = prefetch_;
   const_cast<at::Tensor &>(out).register_hook(
-      [owner, on, first, last, backwardReads](const at::Tensor &) {
+      [owner, on, prefetch, first, last, backwardReads](const at::Tensor &) {
         ZeroOptimizer *z = *owner;
         if (!z || !*on)
           return;
@@ -795,6 +879,10 @@ void ZeroOptimizer::forwardDone(int64_t first, int64_t last,
           z->allocateUnit(z->units_[u], false);
         if (backwardReads)
           z->gatherUnits(first, last);
+        const int64_t below = first - 1;
+        if (*prefetch && below >= 0 && below < int64_t(z->units_.size()) &&
+            z->units_[below].hooked)
+          z->prefetchUnit(below);
       });
 }
 

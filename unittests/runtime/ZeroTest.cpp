@@ -271,7 +271,9 @@ TEST(ZeroWorker, DISABLED_Release) {
   };
 
   // The same tasks on both ranks: released as autograd makes them — the
-  // large one at once, the small ones at the micro-batch's end.
+  // large one summed in place, the small ones copied into the release's
+  // bucket (summed when it fills, or at the micro-batch's end) — and every
+  // gradient freed at once.
   z.beginStep({true, true});
   save("releasing1", at::tensor({int64_t(z.releasing())}));
   releaseLoss(ps, rank).backward();
@@ -339,9 +341,9 @@ TEST(ZeroOptimizer, StageTwoReleasesGradientsDuringTheBackward) {
     const int64_t n = std::min(shard, flat.numel() - r * shard);
     want.narrow(0, 0, n).copy_(flat.narrow(0, r * shard, n));
     EXPECT_EQ(launch.load("releasing1", r).item<int64_t>(), 1);
-    // The large parameter is gone once the backward ends; the small ones
-    // wait for a bucket, then go too.
-    EXPECT_TRUE(at::equal(launch.load("during1", r), flags({0, 1, 1})))
+    // Every gradient is gone once the backward ends (the small ones' sums
+    // wait in the bucket).
+    EXPECT_TRUE(at::equal(launch.load("during1", r), flags({0, 0, 0})))
         << launch.load("during1", r);
     EXPECT_TRUE(at::equal(launch.load("after1", r), flags({0, 0, 0})));
     EXPECT_TRUE(at::allclose(launch.load("shard1", r), want, 1e-6, 1e-6));
@@ -365,8 +367,9 @@ at::Tensor unitLoss(const std::vector<at::Tensor> &ps, int rank,
                     ZeroOptimizer *z, std::vector<int64_t> *whole) {
   const at::Tensor x = at::linspace(-1, 1, 100);
   auto unit = [&](int64_t u, auto f) {
+    // As the trainer does: unit 0's forward begins unit 1's gather.
     if (z)
-      z->gatherUnits(u, u);
+      z->gatherForward(u, u, u == 0 ? 1 : -1);
     at::Tensor out = f();
     if (z) {
       z->forwardDone(u, u, out);
@@ -394,13 +397,20 @@ TEST(ZeroWorker, DISABLED_ShardedParameters) {
   z3.shardParameters({{p3[0]}, {p3[1]}});
   save("afterShard", at::tensor({z3.gatheredBytes(),
                                  int64_t(p3[0].storage().nbytes())}));
-  std::vector<int64_t> whole, duringBackward;
+  std::vector<int64_t> whole, duringBackward, unitOneBackward;
   // The backward gathers unit 1, then unit 0, each freed once its gradient
-  // is made: the large one's hook sees unit 1 gone.
+  // is made: the large one's hook sees unit 1 gone. With the prefetch, unit
+  // 1's backward holds unit 0 too (its gather begun by unit 1's hook).
   p3[0].register_hook([&](const at::Tensor &) {
     duringBackward.push_back(z3.gatheredBytes());
   });
+  p3[1].register_hook([&](const at::Tensor &) {
+    unitOneBackward.push_back(z3.gatheredBytes());
+  });
   for (int step = 0; step < 3; ++step) {
+    // The first step without the prefetch, the others with it: the same
+    // values either way.
+    z3.setPrefetch(step > 0);
     z3.beginStep({true});
     z2.beginStep({true});
     // Each unit is freed as its forward ends (whole: 0 after each).
@@ -416,6 +426,7 @@ TEST(ZeroWorker, DISABLED_ShardedParameters) {
   }
   save("whole", at::tensor(whole));
   save("duringBackward", at::tensor(duringBackward));
+  save("unitOneBackward", at::tensor(unitOneBackward));
   save("afterSteps", at::tensor({z3.gatheredBytes()}));
   {
     z3.gatherAll();
@@ -440,8 +451,14 @@ TEST(ZeroOptimizer, StageThreeShardsAndGathersTheParameters) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(at::equal(launch.load("afterShard", r), flags({0, 0})))
         << launch.load("afterShard", r);
-    EXPECT_TRUE(at::equal(launch.load("whole", r), at::zeros({6}, at::kLong)))
+    // After each unit's forward: nothing whole without the prefetch; with
+    // it, unit 1 (30 values) arriving while unit 0 computes.
+    EXPECT_TRUE(
+        at::equal(launch.load("whole", r), flags({0, 0, 120, 0, 120, 0})))
         << launch.load("whole", r);
+    EXPECT_TRUE(at::equal(launch.load("unitOneBackward", r),
+                          flags({120, 80120, 80120})))
+        << launch.load("unitOneBackward", r);
     // p0's gradient hook runs before its release: unit 0 whole (80000 B),
     // unit 1 already freed.
     EXPECT_TRUE(at::equal(launch.load("duringBackward", r),

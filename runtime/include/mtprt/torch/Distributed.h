@@ -83,6 +83,15 @@ public:
   /// dtype, contiguous), in rank order, with no buffer of the backend's own.
   void allGatherInto(at::Tensor &out, const at::Tensor &t);
   void broadcast(at::Tensor &t, int root);
+  /// Begins `t`'s broadcast from `root` and returns at once (ZeRO 3's
+  /// prefetch): `t` must stay alive and untouched until wait(ticket), which
+  /// every started ticket must get. Collectives match by the order they
+  /// are issued in, so every rank starts the same ones in the same order.
+  /// Without a process group: 0, and wait(0) does nothing.
+  int64_t broadcastAsync(at::Tensor &t, int root);
+  /// Finishes what broadcastAsync began (its time counts as busySeconds);
+  /// a failure is the broadcast's error.
+  void wait(int64_t ticket);
   void barrier();
   /// Point to point (pipeline stages): `t` to rank `peer` under `tag`,
   /// returning at once; the tensor is held until waitSends().

@@ -36,6 +36,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mtprt {
@@ -122,8 +123,20 @@ public:
   /// The 16-bit parameters (empty without masters).
   int64_t halfValues() const { return halfValues_; }
   /// Units [first, last]'s parameters whole (collective: every rank gathers
-  /// the same units in the same order). Those already whole stay.
+  /// the same units in the same order). Those already whole stay; one
+  /// prefetched is waited for.
   void gatherUnits(int64_t first, int64_t last);
+  /// The training step's forward (FSDP's forward prefetch): units [first,
+  /// last] whole, then unit `next`'s gather begun (-1: none), to be
+  /// waited for at its own gather, so it arrives while these compute. Only
+  /// in a step that releases (beginStep) and while prefetching is on. The
+  /// backward's gather hook likewise begins the one below (the top unit of
+  /// the region under it) when that unit's backward will read it. The plan
+  /// counts the one extra unit (StepTimeline::sweep).
+  void gatherForward(int64_t first, int64_t last, int64_t next);
+  /// Off while a partial backward (the cosine probe) runs: it stops at a
+  /// tap, and its plan holds one unit of its path at a time.
+  void setPrefetch(bool on) { *prefetch_ = on; }
   /// After units [first, last]'s forward made `out`: freed, and (when
   /// their backward reads them) gathered again when the backward reaches
   /// `out` (a hook; quiet while backwardGathers is off). A step that does not release (beginStep)
@@ -211,6 +224,7 @@ private:
   /// to gradShard_, and frees them. A bucket carries a signature of its
   /// parameters, so ranks that reduced different ones fail loudly.
   void reduceBucket(const std::vector<int64_t> &params);
+  /// Sums the release's bucket over the ranks into this rank's run.
   void flushPending();
   /// Adds this rank's run of parameter i's summed gradient (flat).
   void addToShard(int64_t i, const at::Tensor &flat);
@@ -235,7 +249,10 @@ private:
   bool release_ = false;
   std::vector<bool> released_, held_;
   int64_t signature_ = 0, signatureCount_ = 0;
-  std::vector<int64_t> pending_;
+  /// The release's bucket (fp32, one bucket of values): the pending small
+  /// gradients' copies, each (parameter, offset); freed at endBackward.
+  at::Tensor releaseBucket_;
+  std::vector<std::pair<int64_t, int64_t>> pending_;
   int64_t pendingValues_ = 0, sentBytes_ = 0;
   /// Stage 3: each sharded unit's flat buffer and its span of the layout;
   /// the unit of each parameter (-1: whole on every rank) and how many of a
@@ -244,8 +261,17 @@ private:
     at::Tensor flat;
     int64_t begin = 0, end = 0, params = 0, released = 0;
     bool gathered = false;
+    /// Its output's hook this micro-batch gathers it for its backward.
+    bool hooked = false;
+    /// A prefetch's broadcasts not yet waited for (Communicator tickets).
+    std::vector<int64_t> tickets;
   };
+  /// Freeing waits for a prefetch in flight (it writes into the buffer).
   void allocateUnit(Unit &unit, bool allocate);
+  /// Begins unit u's gather without waiting (nothing if it is whole).
+  void prefetchUnit(int64_t u);
+  /// Waits for unit's prefetch, if one is in flight.
+  void settle(Unit &unit);
   void freeGathered();
   std::vector<Unit> units_;
   std::vector<int64_t> unitOf_;
@@ -272,6 +298,7 @@ private:
   /// rank (collective).
   bool noRankBad(double bad);
   std::shared_ptr<bool> gatherHooks_ = std::make_shared<bool>(true);
+  std::shared_ptr<bool> prefetch_ = std::make_shared<bool>(true);
   /// The hooks' way back here (null once destroyed).
   std::shared_ptr<ZeroOptimizer *> self_;
 };
