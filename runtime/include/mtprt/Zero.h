@@ -85,8 +85,10 @@ struct ZeroLayout {
   }
   /// Stage 2 releases the gradients during the backward: a parameter's as
   /// autograd makes it is summed over the ranks (alone and in place when it
-  /// has a bucket's values, else with the ones before it, a bucket at a
-  /// time), this rank's run of it added to its averaged run, and freed.
+  /// has a bucket's values, else copied into the release's bucket, which
+  /// is summed when the next would not fit), this rank's run of it added
+  /// to its averaged run, and freed. The bucket lives from the first
+  /// release to the backward's end.
   static int64_t releaseBucketBytes(int64_t total, int64_t world) {
     return 4 * bucketValues(total, world);
   }
