@@ -176,6 +176,28 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
                                                             cost.processes());
       releaseFrom = released.front().first;
       releaseTo = released.back().first;
+      // Each sum runs on while the backward goes on, one at a time: a
+      // unit's gradients of a bucket or more are summed alone (a unit's
+      // are one projection's: its weight, with a bias), smaller ones once
+      // the bucket they fill would overflow.
+      inFlightAt.assign(order.size(), 0);
+      int64_t inFlight = 0, fill = 0;
+      auto next = released.begin();
+      for (int p = releaseFrom; p <= releaseTo; ++p) {
+        inFlightAt[p] = inFlight;
+        for (; next != released.end() && next->first == p; ++next) {
+          const int64_t b = next->second;
+          if (b >= releaseBucket) {
+            inFlight = b;
+          } else {
+            if (fill + b > releaseBucket) {
+              inFlight = releaseBucket;
+              fill = 0;
+            }
+            fill += b;
+          }
+        }
+      }
     }
     // A later micro-batch holds this rank's run and what is not released.
     int64_t releasedBytes = 0;
@@ -271,7 +293,7 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
     if (releasing)
       at.workspace += std::max<int64_t>(0, releasing - relief[p].second);
     if (p >= releaseFrom && p <= releaseTo)
-      at.workspace += releaseBucket;
+      at.workspace += releaseBucket + inFlightAt[p];
     else if (!later)
       at.gradients -= relief[p].second;
     if (p == updatePosition && zeroStage) {

@@ -119,9 +119,11 @@ private:
   std::vector<std::pair<int, int64_t>> released;
   int shardFrom = -1;
   /// The release's bucket (ZeroOptimizer::release): from the first release
-  /// to the last of a backward.
+  /// to the last of a backward; beside it, per position, the sum in flight
+  /// (the bucket before, or a large gradient alone).
   int64_t releaseBucket = 0;
   int releaseFrom = -1, releaseTo = -1;
+  std::vector<int64_t> inFlightAt;
   /// ZeRO 3: per position, the backbone block whose forward or backward
   /// runs there (-1: none); its parameters are whole then (a checkpoint
   /// region's: the region's blocks').

@@ -123,7 +123,11 @@ struct Communicator::Impl {
   };
   std::vector<Send> sends;
   /// Collectives begun and not yet waited for (broadcastAsync's tickets).
-  std::unordered_map<int64_t, c10::intrusive_ptr<c10d::Work>> started;
+  struct Started {
+    c10::intrusive_ptr<c10d::Work> work;
+    const char *op;
+  };
+  std::unordered_map<int64_t, Started> started;
   int64_t nextTicket = 1;
 };
 
@@ -356,10 +360,25 @@ int64_t Communicator::broadcastAsync(at::Tensor &t, int root) {
   bo.rootRank = root;
   try {
     const int64_t ticket = impl_->nextTicket++;
-    impl_->started.emplace(ticket, impl_->backend->broadcast(one, bo));
+    impl_->started.emplace(
+        ticket, Impl::Started{impl_->backend->broadcast(one, bo), "broadcast"});
     return ticket;
   } catch (const std::exception &e) {
     collectiveFailed(options_, "broadcast", e);
+  }
+}
+
+int64_t Communicator::allReduceSumAsync(at::Tensor &t) {
+  if (!impl_->backend)
+    return 0;
+  std::vector<at::Tensor> one{t};
+  try {
+    const int64_t ticket = impl_->nextTicket++;
+    impl_->started.emplace(
+        ticket, Impl::Started{impl_->backend->allreduce(one), "all-reduce"});
+    return ticket;
+  } catch (const std::exception &e) {
+    collectiveFailed(options_, "all-reduce", e);
   }
 }
 
@@ -367,13 +386,13 @@ void Communicator::wait(int64_t ticket) {
   auto it = impl_->started.find(ticket);
   if (it == impl_->started.end())
     return;
-  c10::intrusive_ptr<c10d::Work> work = std::move(it->second);
+  Impl::Started started = std::move(it->second);
   impl_->started.erase(it);
   const Busy busy;
   try {
-    finish(impl_->backend, std::move(work));
+    finish(impl_->backend, std::move(started.work));
   } catch (const std::exception &e) {
-    collectiveFailed(options_, "broadcast", e);
+    collectiveFailed(options_, started.op, e);
   }
 }
 

@@ -151,8 +151,13 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
-  // A prefetch in flight writes into a unit's buffer: finished first (a
-  // failed one has nothing left to say here).
+  // A prefetch or a sum in flight writes into its buffer: finished first
+  // (a failed one has nothing left to say here).
+  if (inFlight_.buf.defined())
+    try {
+      comm_->wait(inFlight_.ticket);
+    } catch (const std::exception &) {
+    }
   for (Unit &u : units_)
     try {
       settle(u);
@@ -287,8 +292,15 @@ void ZeroOptimizer::beginStep(const std::vector<bool> &present) {
   if (stage_ < 2)
     return;
   released_.assign(params_.size(), false);
+  // A step that threw mid-backward may have left a sum in flight: it
+  // writes into its buffer until it is done.
+  if (inFlight_.buf.defined()) {
+    comm_->wait(inFlight_.ticket);
+    inFlight_ = InFlight();
+  }
   pending_.clear();
-  releaseBucket_ = at::Tensor();
+  releaseBuckets_[0] = releaseBuckets_[1] = at::Tensor();
+  current_ = 0;
   pendingValues_ = sentBytes_ = gatherSent_ = 0;
   signatureCount_ = signature_ = 0;
   gradShard_ = at::Tensor();
@@ -374,17 +386,40 @@ void ZeroOptimizer::reduceBucket(const std::vector<int64_t> &params) {
   sentBytes_ += int64_t(buf.element_size()) * n;
 }
 
+void ZeroOptimizer::finishInFlight() {
+  if (!inFlight_.buf.defined())
+    return;
+  InFlight f = std::move(inFlight_);
+  inFlight_ = InFlight();
+  comm_->wait(f.ticket);
+  for (auto [i, off] : f.params)
+    addToShard(i, f.buf.narrow(0, off, params_[i].numel()));
+  // A bucket done with is freed (made again when it fills next): the plan
+  // holds one bucket filling and one sum in flight, not two buckets beside
+  // a large gradient's sum.
+  if (f.bucket >= 0 && f.bucket != current_)
+    releaseBuckets_[f.bucket] = at::Tensor();
+}
+
+void ZeroOptimizer::startSum(at::Tensor buf,
+                             std::vector<std::pair<int64_t, int64_t>> params,
+                             int bucket) {
+  // One sum in flight at a time (the plan's one beside the release's
+  // bucket): the one before is finished first.
+  finishInFlight();
+  const int64_t ticket =
+      comm_ && comm_->active() ? comm_->allReduceSumAsync(buf) : 0;
+  sentBytes_ += int64_t(buf.element_size()) * buf.numel();
+  inFlight_ = InFlight{ticket, std::move(buf), std::move(params), bucket};
+}
+
 void ZeroOptimizer::flushPending() {
   if (pending_.empty())
     return;
-  at::Tensor buf = releaseBucket_.narrow(0, 0, pendingValues_);
-  if (comm_ && comm_->active()) {
-    std::vector<at::Tensor> one{buf};
-    comm_->allReduceSum(one);
-  }
-  for (auto [i, off] : pending_)
-    addToShard(i, buf.narrow(0, off, params_[i].numel()));
-  sentBytes_ += 4 * pendingValues_;
+  startSum(releaseBuckets_[current_].narrow(0, 0, pendingValues_),
+           std::move(pending_), current_);
+  // The other buffer's sum was finished by startSum.
+  current_ ^= 1;
   pending_.clear();
   pendingValues_ = 0;
 }
@@ -404,31 +439,40 @@ void ZeroOptimizer::release(int64_t i) {
     if (++u.released == u.params && u.gathered)
       allocateUnit(u, false);
   }
+  // Each sum runs while the backward goes on (DeepSpeed's overlap_comm):
+  // begun here, finished when the next must begin or the backward ends.
   const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
+  const at::Tensor g = params_[i].grad();
   const int64_t n = params_[i].numel();
   if (n >= bucket) {
-    // Alone: summed in place, after what was pending (the same order on
-    // every rank).
-    flushPending();
-    reduceBucket({i});
+    // Alone, in place (a 16-bit weight's in its 16 bits, as ZeRO-Offload
+    // reduces); freed when its sum is done.
+    at::Tensor buf = g.is_contiguous() ? g.view({-1})
+                                       : g.reshape({-1}).to(at::kFloat);
+    params_[i].mutable_grad() = at::Tensor();
+    startSum(std::move(buf), {{i, 0}});
     return;
   }
   // DeepSpeed's IPG bucket: copied into one bucket of fp32 (whatever the
-  // gradient's dtype) and freed at once; the bucket is summed when the next
-  // would not fit, so it never holds more than its size (the plan's one
-  // bucket, ZeroLayout::releaseBucketBytes).
+  // gradient's dtype) and freed at once; the bucket's sum begins when the
+  // next would not fit, into the other bucket then.
   if (pendingValues_ + n > bucket)
     flushPending();
-  if (!releaseBucket_.defined())
-    releaseBucket_ = at::empty({bucket}, params_[i]
-                                             .options()
-                                             .dtype(at::kFloat)
-                                             .requires_grad(false));
-  releaseBucket_.narrow(0, pendingValues_, n)
-      .copy_(params_[i].grad().reshape({-1}));
+  at::Tensor &into = releaseBuckets_[current_];
+  if (!into.defined())
+    into = at::empty({bucket},
+                     g.options().dtype(at::kFloat).requires_grad(false));
+  into.narrow(0, pendingValues_, n).copy_(g.reshape({-1}));
   params_[i].mutable_grad() = at::Tensor();
   pending_.push_back({i, pendingValues_});
   pendingValues_ += n;
+}
+
+void ZeroOptimizer::endRelease() {
+  flushPending();
+  finishInFlight();
+  releaseBuckets_[0] = releaseBuckets_[1] = at::Tensor();
+  current_ = 0;
 }
 
 void ZeroOptimizer::endBackward() {
@@ -440,8 +484,7 @@ void ZeroOptimizer::endBackward() {
     return; // stage 3: every unit stays whole to the step's end
   freeGathered();
   at::NoGradGuard noGrad;
-  flushPending();
-  releaseBucket_ = at::Tensor();
+  endRelease();
   std::vector<at::Tensor> v{
       at::tensor(std::vector<float>{float(signatureCount_), float(signature_)},
                  at::kFloat)
@@ -462,8 +505,7 @@ int64_t ZeroOptimizer::sumGradients() {
   if (stage_ < 2)
     throw std::logic_error("mtprt: sumGradients is ZeRO stage 2's exchange");
   at::NoGradGuard noGrad;
-  flushPending();
-  releaseBucket_ = at::Tensor();
+  endRelease();
   agreeOnGradients();
   // What is still held (a head's gradients, every gradient of a step that
   // did not release): summed in layout order, a bucket at a time, each

@@ -89,8 +89,11 @@ public:
   /// are issued in, so every rank starts the same ones in the same order.
   /// Without a process group: 0, and wait(0) does nothing.
   int64_t broadcastAsync(at::Tensor &t, int root);
-  /// Finishes what broadcastAsync began (its time counts as busySeconds);
-  /// a failure is the broadcast's error.
+  /// Begins `t`'s in-place sum over the ranks and returns at once (ZeRO
+  /// 2's release overlapped with the backward), as broadcastAsync.
+  int64_t allReduceSumAsync(at::Tensor &t);
+  /// Finishes what broadcastAsync or allReduceSumAsync began (its time
+  /// counts as busySeconds); a failure is the collective's error.
   void wait(int64_t ticket);
   void barrier();
   /// Point to point (pipeline stages): `t` to rank `peer` under `tag`,

@@ -224,7 +224,8 @@ private:
   /// to gradShard_, and frees them. A bucket carries a signature of its
   /// parameters, so ranks that reduced different ones fail loudly.
   void reduceBucket(const std::vector<int64_t> &params);
-  /// Sums the release's bucket over the ranks into this rank's run.
+  /// Begins the sum of the release's bucket (finished by the next one or
+  /// endRelease).
   void flushPending();
   /// Adds this rank's run of parameter i's summed gradient (flat).
   void addToShard(int64_t i, const at::Tensor &flat);
@@ -249,10 +250,29 @@ private:
   bool release_ = false;
   std::vector<bool> released_, held_;
   int64_t signature_ = 0, signatureCount_ = 0;
-  /// The release's bucket (fp32, one bucket of values): the pending small
-  /// gradients' copies, each (parameter, offset); freed at endBackward.
-  at::Tensor releaseBucket_;
+  /// The release's buckets (fp32, one bucket of values each): one fills
+  /// with the pending small gradients' copies, each (parameter, offset),
+  /// while the other's sum may be in flight; freed at endBackward.
+  at::Tensor releaseBuckets_[2];
+  int current_ = 0;
   std::vector<std::pair<int64_t, int64_t>> pending_;
+  /// The release's sum in flight (a bucket, or a large gradient alone):
+  /// what to add to this rank's run once it is done.
+  struct InFlight {
+    int64_t ticket = 0;
+    at::Tensor buf;
+    std::vector<std::pair<int64_t, int64_t>> params;
+    int bucket = -1; ///< which of releaseBuckets_ (-1: a gradient alone)
+  };
+  InFlight inFlight_;
+  /// Begins buf's sum over the ranks (after finishing the one in flight).
+  void startSum(at::Tensor buf,
+                std::vector<std::pair<int64_t, int64_t>> params,
+                int bucket = -1);
+  void finishInFlight();
+  /// The backward's end: every release summed into the run, the buckets
+  /// freed.
+  void endRelease();
   int64_t pendingValues_ = 0, sentBytes_ = 0;
   /// Stage 3: each sharded unit's flat buffer and its span of the layout;
   /// the unit of each parameter (-1: whole on every rank) and how many of a
