@@ -1202,6 +1202,19 @@ int64_t CostModel::gradientBytes(BwdOp bwd) const {
               : 0);
 }
 
+int64_t CostModel::adapterSplitsBytes() const {
+  std::optional<mtprt::AdapterConfig> ad = adapters();
+  if (!ad || !ad->regroup)
+    return 0;
+  int64_t bytes = 0;
+  for (auto [h, o] : llvm::enumerate(ad->owner))
+    if (o != int64_t(h))
+      bytes += (kWeightBytes + kOptimizerBytes) *
+               mtprt::AdapterConfig::adapterParameters(backbone.getHidden(),
+                                                       ad->bottleneck);
+  return bytes;
+}
+
 int64_t CostModel::sharedAdapterGradientBytes(TaskOp task) const {
   std::optional<mtprt::AdapterConfig> ad = adapters();
   if (!ad || ad->owner.empty() || ad->regroup) // as readsSharedAdapter

@@ -247,6 +247,10 @@ public:
   /// step runs — not necessarily the owner's, which gradientBytes leaves it
   /// out of.
   int64_t sharedAdapterGradientBytes(TaskOp task) const;
+  /// With `regroup`: the weights and AdamW state every split the groups
+  /// could make holds (the step's heads hold each task's own adapter
+  /// throughout); 0 without. What the unsplit prediction leaves out.
+  int64_t adapterSplitsBytes() const;
   /// SAPS (D12; none: dense updates).
   std::optional<mtprt::SapsConfig> saps() const;
   /// What folding a backbone unit's dense gradient of `gradientBytes` into
@@ -287,8 +291,9 @@ public:
   /// latency plus the bytes it puts on the wire over the interconnect — a
   /// ring all-reduce of B over W ranks 2(W−1) steps and 2(W−1)/W·B, an
   /// all-gather of a part p (W−1) steps and (W−1)·p, a broadcast of B
-  /// ⌈log2 W⌉ steps and B, a send B in one. The runtime blocks on them
-  /// (nothing overlaps compute yet), so their seconds add to the step's.
+  /// ⌈log2 W⌉ steps and B, a send B in one. Their seconds add to the
+  /// step's: the runtime blocks on them, except ZeRO's release sums and
+  /// stage 3's gathers, which overlap compute (an upper bound there).
   struct Communication {
     int64_t bytes = 0;    ///< this rank's, on the wire per step
     int64_t messages = 0; ///< message steps per step

@@ -190,17 +190,13 @@ std::string mtp::serializePlan(ModelOp model, const MemoryReport &report,
   std::optional<MemoryReport> grouped;
   int64_t splitsResident = 0; // what every possible split holds throughout
   if (StrategyOp st = model.getStrategy(); st && st.getAdaptersAttr()) {
-    std::optional<mtprt::AdapterConfig> c = CostModel(model).adapters();
+    const CostModel cost(model);
+    std::optional<mtprt::AdapterConfig> c = cost.adapters();
     if (c->regroup) {
       // The step IR's heads hold every task's own adapter (weights and
       // AdamW state, resident); the analysis below sees only when the
       // gradients of the unsplit groups arrive.
-      for (auto [h, o] : llvm::enumerate(c->owner))
-        if (o != int64_t(h))
-          splitsResident += (CostModel::kWeightBytes +
-                             CostModel::kOptimizerBytes) *
-                            mtprt::AdapterConfig::adapterParameters(
-                                model.getBackbone().getHidden(), c->bottleneck);
+      splitsResident = cost.adapterSplitsBytes();
       const AdaptersAttr planned = st.getAdaptersAttr();
       mtprt::AdapterConfig unsplit = planned.getConfig();
       unsplit.regroup = 0;

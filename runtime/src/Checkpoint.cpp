@@ -439,12 +439,8 @@ CheckpointExtra restore(const std::string &path, bool resharded, int world,
         if (recorded && ad.regroup) {
           std::vector<int64_t> then(was.data_ptr<int64_t>(),
                                     was.data_ptr<int64_t>() + was.numel());
-          AdapterConfig split = ad;
-          split.owner = then;
-          bool refines = split.ownerProblem(heads.size()).empty();
-          for (int64_t h = 0; refines && h < int64_t(heads.size()); ++h)
-            refines = ad.ownerOf(then[size_t(h)]) == ad.ownerOf(h);
-          if (refines && then != ad.owner)
+          // Not a split of this plan's groups: the located error below.
+          if (ad.splitProblem(then, heads.size()).empty() && then != ad.owner)
             core.splitAdapters(then);
         }
         for (int64_t h = 0; h < int64_t(heads.size()); ++h) {

@@ -943,15 +943,10 @@ Model::splitAdapters(const std::vector<int64_t> &owner) {
   if (!c)
     bad("splitAdapters", "the model has no adapters");
   const int64_t n = numHeads();
+  if (std::string why = c->splitProblem(owner, size_t(n)); !why.empty())
+    bad("splitAdapters", why);
   AdapterConfig next = *c;
   next.owner = owner;
-  if (std::string why = next.ownerProblem(size_t(n)); !why.empty())
-    bad("splitAdapters", why);
-  for (int64_t h = 0; h < n; ++h)
-    if (c->ownerOf(next.ownerOf(h)) != c->ownerOf(h))
-      bad("splitAdapters",
-          "head " + std::to_string(h) + " would join another group (head " +
-              std::to_string(next.ownerOf(h)) + "'s): groups only split");
   at::NoGradGuard noGrad;
   std::vector<std::pair<at::Tensor, at::Tensor>> made;
   for (int64_t h = 0; h < n; ++h) {

@@ -146,6 +146,25 @@ struct AdapterConfig {
     return {};
   }
 
+  /// Why `next` (owners per task) is not a split of these groups; empty
+  /// when it is: a valid ownership (ownerProblem) in which every task reads
+  /// an adapter of its own group — groups only split. Model::splitAdapters
+  /// and a checkpoint's resume ask this one rule.
+  std::string splitProblem(const std::vector<int64_t> &next,
+                           size_t tasks) const {
+    AdapterConfig split = *this;
+    split.owner = next;
+    if (std::string why = split.ownerProblem(tasks); !why.empty())
+      return why;
+    for (size_t h = 0; h < tasks; ++h)
+      if (ownerOf(split.ownerOf(int64_t(h))) != ownerOf(int64_t(h)))
+        return "head " + std::to_string(h) +
+               " would join another group (head " +
+               std::to_string(split.ownerOf(int64_t(h))) +
+               "'s): groups only split";
+    return {};
+  }
+
   /// The source's "about 0.1% of the parameters" per adapter.
   static constexpr double kSourceShare = 1e-3;
 
