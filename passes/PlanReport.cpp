@@ -252,7 +252,14 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
                ? std::string("the budget's interconnect")
                : "the " + cost.device().name.str() +
                      " preset's; budget `interconnect` sets it")
-       << "); nothing overlaps compute";
+       << (zero >= 2 ? std::string(zero >= 3 ? "); the release's sums and the "
+                                               "blocks' gathers overlap "
+                                               "compute at run time, "
+                                               "counted whole here"
+                                             : "); the release's sums "
+                                               "overlap the backward at run "
+                                               "time, counted whole here")
+                     : std::string("); nothing overlaps compute"));
     if (StepPlanAttr plan = step.getPlanAttr();
         plan && plan.getKeepStepSeconds().convertToDouble() > 0) {
       const double compute = plan.getKeepStepSeconds().convertToDouble() +

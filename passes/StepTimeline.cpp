@@ -133,6 +133,8 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
           // ZeRO 2: summed over the ranks and freed as autograd makes them
           // (a head's, made by its own backward, wait for the exchange).
           released.push_back({int(pos), bytes});
+          releasedBlock.push_back(
+              int(getBlockNumber(bwd.getUnit(), bwd.getLayer())));
           if (firstRelease < 0)
             firstRelease = int(pos);
           else if (secondRelease < 0)
@@ -177,26 +179,17 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
       releaseFrom = released.front().first;
       releaseTo = released.back().first;
       // Each sum runs on while the backward goes on, one at a time: a
-      // unit's gradients of a bucket or more are summed alone (a unit's
-      // are one projection's: its weight, with a bias), smaller ones once
-      // the bucket they fill would overflow.
+      // bucket, or a gradient of a bucket or more alone. The runtime picks
+      // per parameter, the plan sees a unit's total (a projection's weight
+      // with its bias), so what is in flight is bounded by the larger of a
+      // bucket and the largest unit released before.
       inFlightAt.assign(order.size(), 0);
-      int64_t inFlight = 0, fill = 0;
+      int64_t largest = releaseBucket;
       auto next = released.begin();
       for (int p = releaseFrom; p <= releaseTo; ++p) {
-        inFlightAt[p] = inFlight;
-        for (; next != released.end() && next->first == p; ++next) {
-          const int64_t b = next->second;
-          if (b >= releaseBucket) {
-            inFlight = b;
-          } else {
-            if (fill + b > releaseBucket) {
-              inFlight = releaseBucket;
-              fill = 0;
-            }
-            fill += b;
-          }
-        }
+        inFlightAt[p] = largest;
+        for (; next != released.end() && next->first == p; ++next)
+          largest = std::max(largest, next->second);
       }
     }
     // A later micro-batch holds this rank's run and what is not released.
@@ -246,10 +239,31 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
         spanLast[k] = int(last);
       }
     for (auto [pos, op] : llvm::enumerate(order))
-      if (blockAt[pos] >= 0 && isa<FwdOp>(op))
+      if (blockAt[pos] >= 0 && isa<FwdOp>(op) &&
+          !op->getParentOfType<RecomputeOp>())
         lastForward = std::max(lastForward, blockAt[pos]);
   }
   int prefetched = -1;
+  // A checkpoint region's backward is one autograd node, which returns
+  // every gradient of its parameters at its end: each released one is held
+  // from its unit to the region's last before the release sees it.
+  std::vector<int64_t> heldInRegion;
+  if (!released.empty())
+    for (auto [first, last] : regions) {
+      if (first == last)
+        continue;
+      int end = -1;
+      for (auto [i, r] : llvm::enumerate(released))
+        if (releasedBlock[i] >= first && releasedBlock[i] <= last)
+          end = std::max(end, r.first);
+      for (auto [i, r] : llvm::enumerate(released))
+        if (releasedBlock[i] >= first && releasedBlock[i] <= last) {
+          if (heldInRegion.empty())
+            heldInRegion.assign(size(), 0);
+          for (int q = r.first + 1; q <= end; ++q)
+            heldInRegion[q] += r.second;
+        }
+    }
   Peak best;
   MemoryBreakdown now = resident;
   if (later)
@@ -279,7 +293,10 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
         (p == fusePosition ? fuseWorkspace : workspace[p]) + accumulating;
     // Inside a many-layer backward unit: its peak, not its start.
     if (const int b = blockAt[p]; b >= 0) {
-      const bool forward = isa<FwdOp>(order[p]);
+      // A recompute's forward runs in the backward, after the region's
+      // hook gathered it and began the one below.
+      const bool forward =
+          isa<FwdOp>(order[p]) && !order[p]->getParentOfType<RecomputeOp>();
       const int next = forward ? spanLast[b] + 1 : spanFirst[b] - 1;
       prefetched = -1;
       if (forward ? next <= lastForward
@@ -292,10 +309,12 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
     at.activations -= relief[p].first;
     if (releasing)
       at.workspace += std::max<int64_t>(0, releasing - relief[p].second);
-    if (p >= releaseFrom && p <= releaseTo)
-      at.workspace += releaseBucket + inFlightAt[p];
     else if (!later)
       at.gradients -= relief[p].second;
+    if (p >= releaseFrom && p <= releaseTo)
+      at.workspace += releaseBucket + inFlightAt[p];
+    if (!heldInRegion.empty())
+      at.workspace += heldInRegion[p];
     if (p == updatePosition && zeroStage) {
       MemoryBreakdown update = at, gather = at;
       if (zeroStage >= 2) {

@@ -117,6 +117,7 @@ private:
   /// Stage 2's release: (position, bytes) of the backbone gradients it sums
   /// and frees as they are made, and where this rank's run is made.
   std::vector<std::pair<int, int64_t>> released;
+  std::vector<int> releasedBlock; ///< each released one's backbone block
   int shardFrom = -1;
   /// The release's bucket (ZeroOptimizer::release): from the first release
   /// to the last of a backward; beside it, per position, the sum in flight

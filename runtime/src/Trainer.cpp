@@ -638,13 +638,25 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
   if ((first == 0) != (in == 0))
     bad("forward", "unit 0 (embed) takes the input tokens, and only it does");
   std::vector<bool> isTap(m.numUnits(), false);
-  for (const HeadConfig &h : m.heads())
+  // The forward's last unit (the highest tap: the step runs none above).
+  int64_t topUnit = 0;
+  for (const HeadConfig &h : m.heads()) {
     isTap[Model::tapUnit(h.tap)] = true;
+    topUnit = std::max(topUnit, Model::tapUnit(h.tap));
+  }
+  topUnit = std::min(topUnit, m.lastUnit());
   PrecisionGuard precision(train_.precision, m.device());
   at::Tensor x = st.values[in];
-  int64_t before = deviceBytes(m.device());
+  ZeroOptimizer *sharded =
+      zero_ && zero_->shardsParameters() ? zero_.get() : nullptr;
+  // A unit's activation bytes, not ZeRO 3's gathered parameters (a unit's
+  // forward gathers the next one ahead and frees its own).
+  auto held = [&] {
+    return deviceBytes(m.device()) - (sharded ? sharded->gatheredBytes() : 0);
+  };
+  int64_t before = held();
   auto account = [&](int64_t u) {
-    const int64_t now = deviceBytes(m.device());
+    const int64_t now = held();
     if (!st.unitBytes.empty())
       st.unitBytes[u] += now - before;
     before = now;
@@ -683,8 +695,6 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
             off->prefetch(g);
         });
   };
-  ZeroOptimizer *sharded =
-      zero_ && zero_->shardsParameters() ? zero_.get() : nullptr;
   // A lookup's backward needs the indices alone: the embeddings are gathered
   // again only for BERT's LayerNorm (CostModel::backwardReadsParameters).
   auto backwardReadsParameters = [&](int64_t u) {
@@ -730,7 +740,7 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
                      m.partialRefusal(u).c_str());
       }
       if (sharded)
-        sharded->gatherForward(u, u, u < m.lastUnit() ? u + 1 : -1);
+        sharded->gatherForward(u, u, u < topUnit ? u + 1 : -1);
       x = partial ? m.unitPartial(u, x) : m.unit(u, x);
       if (sharded)
         sharded->forwardDone(u, u, x, backwardReadsParameters(u));
@@ -773,8 +783,7 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
       // ZeRO 3: the region's units whole for its forward, again before its
       // backward re-runs it.
       if (sharded)
-        sharded->gatherForward(first, last,
-                               last < m.lastUnit() ? last + 1 : -1);
+        sharded->gatherForward(first, last, last < topUnit ? last + 1 : -1);
       x = checkpoint(fn, x, params);
       if (sharded)
         sharded->forwardDone(first, last, x);

@@ -12,6 +12,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <exception>
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
@@ -151,19 +152,9 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
-  // A prefetch or a sum in flight writes into its buffer: finished first
-  // (a failed one has nothing left to say here).
-  if (inFlight_.buf.defined())
-    try {
-      comm_->wait(inFlight_.ticket);
-    } catch (const std::exception &) {
-    }
-  for (Unit &u : units_)
-    try {
-      settle(u);
-    } catch (const std::exception &) {
-      u.tickets.clear();
-    }
+  // A prefetch or a sum still in flight (a step that threw) needs no wait
+  // here: its work holds its tensors, so their bytes outlive this; and the
+  // communicator may be gone already.
   if (!self_)
     return;
   *self_ = nullptr;
@@ -811,12 +802,20 @@ void ZeroOptimizer::shardParameters(
 }
 
 void ZeroOptimizer::settle(Unit &unit) {
-  // Cleared before the waits: a failed one throws, and its buffer is no
-  // longer written into either way.
+  // Every broadcast waited for, even past a failed one (the others may
+  // still write into the buffer); the first failure is rethrown.
   std::vector<int64_t> tickets = std::move(unit.tickets);
   unit.tickets.clear();
+  std::exception_ptr failed;
   for (int64_t t : tickets)
-    comm_->wait(t);
+    try {
+      comm_->wait(t);
+    } catch (...) {
+      if (!failed)
+        failed = std::current_exception();
+    }
+  if (failed)
+    std::rethrow_exception(failed);
 }
 
 void ZeroOptimizer::allocateUnit(Unit &unit, bool allocate) {

@@ -356,6 +356,57 @@ TEST(ZeroOptimizer, StageTwoReleasesGradientsDuringTheBackward) {
   }
 }
 
+namespace {
+/// Twelve small parameters of 3000 values around a large one of 20000: the
+/// layout's 56000 values make runs of 28000 and buckets of 16384, so the
+/// small gradients fill the release's bucket (five to a bucket) and its sums
+/// start while others fill the other one, the large one's sum alone among
+/// them.
+std::vector<std::vector<at::Tensor>> bucketGroups() {
+  at::manual_seed(12);
+  std::vector<at::Tensor> g;
+  for (int i = 0; i < 13; ++i)
+    g.push_back(at::randn({i == 6 ? 20000 : 3000}).requires_grad_(true));
+  return {g};
+}
+} // namespace
+
+TEST(ZeroWorker, DISABLED_ReleaseBuckets) {
+  const int rank = std::atoi(std::getenv("RANK"));
+  Communicator comm(distOptionsFromEnv({}), /*serveStore=*/false);
+  auto gs = bucketGroups();
+  const std::vector<at::Tensor> &ps = gs[0];
+  ZeroOptimizer z(&comm, 2, gs, AdamWHyper{});
+  // Two micro-batches, each released and summed as it goes.
+  z.beginStep({true});
+  for (int mb = 0; mb < 2; ++mb) {
+    releaseLoss(ps, rank).backward();
+    mp::saveTensor("during" + std::to_string(mb), rank, definedGrads(ps));
+    z.endBackward();
+  }
+  z.sumGradients();
+  mp::saveTensor("shard", rank, z.gradientShard());
+}
+
+TEST(ZeroOptimizer, ReleaseBucketsOverflowAndOverlap) {
+  mp::Launch launch("ZeroWorker.DISABLED_ReleaseBuckets", 2);
+  ASSERT_TRUE(launch.run(60)) << launch.log();
+  auto gs = bucketGroups();
+  std::vector<at::Tensor> avg;
+  for (size_t i = 0; i < gs[0].size(); ++i)
+    avg.push_back(2 * 3.0 * double(i + 1) * gs[0][i].detach().reshape({-1}));
+  const at::Tensor flat = at::cat(avg);
+  ASSERT_EQ(flat.numel(), 56000);
+  for (int r = 0; r < 2; ++r) {
+    // Every gradient freed as the backward made it.
+    for (int mb = 0; mb < 2; ++mb)
+      EXPECT_EQ(launch.load("during" + std::to_string(mb), r).sum().item<int64_t>(), 0);
+    EXPECT_TRUE(at::allclose(launch.load("shard", r),
+                             flat.narrow(0, r * 28000, 28000), 1e-5, 1e-5))
+        << r;
+  }
+}
+
 //===----------------------------------------------------------------------===//
 // Stage 3 at two processes: the parameters sharded, gathered per unit
 //===----------------------------------------------------------------------===//
