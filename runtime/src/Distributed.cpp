@@ -384,8 +384,13 @@ int64_t Communicator::allReduceSumAsync(at::Tensor &t) {
 
 void Communicator::wait(int64_t ticket) {
   auto it = impl_->started.find(ticket);
-  if (it == impl_->started.end())
+  if (it == impl_->started.end()) {
+    if (ticket != 0) // 0: begun without a process group, nothing to wait
+      throw std::logic_error("mtprt: Communicator::wait: ticket " +
+                             std::to_string(ticket) +
+                             " was never begun or was waited for already");
     return;
+  }
   Impl::Started started = std::move(it->second);
   impl_->started.erase(it);
   const Busy busy;

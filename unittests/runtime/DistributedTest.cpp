@@ -349,6 +349,50 @@ std::vector<double> trainShard(Communicator *comm, bool compress) {
 
 } // namespace
 
+/// Collectives begun without waiting (ZeRO 3's prefetch, the release's
+/// sums): several in flight at once, interleaved with a blocking one, each
+/// finished by its own wait; a ticket waited twice is a caller's bug.
+TEST(DistWorker, DISABLED_AsyncCollectives) {
+  const int rank = std::atoi(std::getenv("RANK"));
+  Communicator comm(distOptionsFromEnv({}), /*serveStore=*/false);
+  at::Tensor fromOne = rank == 1 ? at::arange(1000, at::kFloat)
+                                 : at::zeros({1000}, at::kFloat);
+  at::Tensor summed = at::full({5000}, double(rank + 1), at::kFloat);
+  at::Tensor fromZero = rank == 0 ? at::full({7}, 3.0, at::kFloat)
+                                  : at::zeros({7}, at::kFloat);
+  const int64_t a = comm.broadcastAsync(fromOne, 1);
+  const int64_t b = comm.allReduceSumAsync(summed);
+  std::vector<at::Tensor> blocking{at::ones({3}, at::kFloat)};
+  comm.allReduceSum(blocking);
+  const int64_t c = comm.broadcastAsync(fromZero, 0);
+  comm.wait(b); // not in the order begun
+  comm.wait(a);
+  comm.wait(c);
+  int64_t twice = 0;
+  try {
+    comm.wait(a);
+  } catch (const std::logic_error &) {
+    twice = 1;
+  }
+  mp::saveTensor("fromOne", rank, fromOne);
+  mp::saveTensor("summed", rank, summed);
+  mp::saveTensor("fromZero", rank, fromZero);
+  mp::saveTensor("blocking", rank, blocking[0]);
+  mp::saveTensor("twice", rank, at::tensor({twice}));
+}
+
+TEST(Distributed, AsyncCollectivesFinishByTheirOwnWait) {
+  mp::Launch launch("DistWorker.DISABLED_AsyncCollectives", 2);
+  ASSERT_TRUE(launch.run(60)) << launch.log();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(at::equal(launch.load("fromOne", r), at::arange(1000, at::kFloat)));
+    EXPECT_TRUE(at::equal(launch.load("summed", r), at::full({5000}, 3.0, at::kFloat)));
+    EXPECT_TRUE(at::equal(launch.load("fromZero", r), at::full({7}, 3.0, at::kFloat)));
+    EXPECT_TRUE(at::equal(launch.load("blocking", r), at::full({3}, 2.0, at::kFloat)));
+    EXPECT_EQ(launch.load("twice", r).item<int64_t>(), 1);
+  }
+}
+
 TEST(DistWorker, DISABLED_Train) {
   const int rank = std::atoi(std::getenv("RANK"));
   Communicator comm(distOptionsFromEnv({}), /*serveStore=*/false);

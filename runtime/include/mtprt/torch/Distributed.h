@@ -93,7 +93,8 @@ public:
   /// 2's release overlapped with the backward), as broadcastAsync.
   int64_t allReduceSumAsync(at::Tensor &t);
   /// Finishes what broadcastAsync or allReduceSumAsync began (its time
-  /// counts as busySeconds); a failure is the collective's error.
+  /// counts as busySeconds); a failure is the collective's error. Each
+  /// ticket once (another wait is a std::logic_error).
   void wait(int64_t ticket);
   void barrier();
   /// Point to point (pipeline stages): `t` to rank `peer` under `tag`,
