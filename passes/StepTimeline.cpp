@@ -244,14 +244,13 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
         lastForward = std::max(lastForward, blockAt[pos]);
   }
   int prefetched = -1;
-  // A checkpoint region's backward is one autograd node, which returns
-  // every gradient of its parameters at its end: each released one is held
-  // from its unit to the region's last before the release sees it.
+  // A checkpoint region's backward (one block's too) is one autograd node,
+  // which returns every gradient of its parameters at its end: each
+  // released one is held from its unit to the region's last before the
+  // release sees it.
   std::vector<int64_t> heldInRegion;
   if (!released.empty())
     for (auto [first, last] : regions) {
-      if (first == last)
-        continue;
       int end = -1;
       for (auto [i, r] : llvm::enumerate(released))
         if (releasedBlock[i] >= first && releasedBlock[i] <= last)

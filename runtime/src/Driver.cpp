@@ -1302,6 +1302,11 @@ int train(const std::string &name, const Program &p, const Options &o) {
     d.masterAddr = *o.masterAddr;
   if (o.masterPort)
     d.masterPort = *o.masterPort;
+  // A peer lost mid-send closes its socket under gloo's write: that must
+  // surface as the collective's error (named, with the rank), not end this
+  // process by SIGPIPE without a word.
+  if (d.worldSize > 1)
+    std::signal(SIGPIPE, SIG_IGN);
   if (d.rank >= d.worldSize)
     throw UsageError("rank " + std::to_string(d.rank) +
                      " is not below the world size " +

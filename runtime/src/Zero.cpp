@@ -286,8 +286,9 @@ void ZeroOptimizer::beginStep(const std::vector<bool> &present) {
   // A step that threw mid-backward may have left a sum in flight: it
   // writes into its buffer until it is done.
   if (inFlight_.buf.defined()) {
-    comm_->wait(inFlight_.ticket);
-    inFlight_ = InFlight();
+    const int64_t ticket = inFlight_.ticket;
+    inFlight_ = InFlight(); // cleared first: a failed wait is not waited again
+    comm_->wait(ticket);
   }
   pending_.clear();
   releaseBuckets_[0] = releaseBuckets_[1] = at::Tensor();
@@ -337,13 +338,19 @@ void ZeroOptimizer::reduceBucket(const std::vector<int64_t> &params) {
   for (int64_t i : params)
     n += params_[i].numel();
   at::Tensor buf;
-  const at::Tensor &only = params_[params.front()].grad();
-  if (params.size() == 1 && only.defined() && only.is_contiguous() &&
-      (only.scalar_type() == at::kFloat ||
-       only.numel() >= ZeroLayout::bucketValues(total_, world_))) {
-    // Summed in place, nothing beside it (a large 16-bit weight's gradient
-    // in its 16 bits, as ZeRO-Offload reduces; a small one ending a run
-    // alone in an fp32 buffer, as in a bucket).
+  const at::Tensor &p0 = params_[params.front()];
+  const at::Tensor &only = p0.grad();
+  // A large 16-bit weight's gradient is summed in its 16 bits (as
+  // ZeRO-Offload reduces) — decided by the parameter, not by whether this
+  // rank has a gradient, so every rank sums the same bytes.
+  const bool in16 = params.size() == 1 && p0.scalar_type() != at::kFloat &&
+                    p0.numel() >= ZeroLayout::bucketValues(total_, world_);
+  if (in16) {
+    buf = only.defined() ? only.reshape({-1}).contiguous()
+                         : at::zeros({n}, p0.options().requires_grad(false));
+  } else if (params.size() == 1 && only.defined() && only.is_contiguous() &&
+             only.scalar_type() == at::kFloat) {
+    // Summed in place, nothing beside it.
     buf = only.view({-1});
   } else {
     // fp32 whatever the gradients' dtypes (a bucket may hold 16-bit
@@ -438,8 +445,8 @@ void ZeroOptimizer::release(int64_t i) {
   if (n >= bucket) {
     // Alone, in place (a 16-bit weight's in its 16 bits, as ZeRO-Offload
     // reduces); freed when its sum is done.
-    at::Tensor buf = g.is_contiguous() ? g.view({-1})
-                                       : g.reshape({-1}).to(at::kFloat);
+    at::Tensor buf =
+        g.is_contiguous() ? g.view({-1}) : g.reshape({-1}).contiguous();
     params_[i].mutable_grad() = at::Tensor();
     startSum(std::move(buf), {{i, 0}});
     return;

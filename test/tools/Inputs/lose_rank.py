@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -30,20 +31,29 @@ def main():
     a = ap.parse_args()
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     port = str(free_port())
-    procs = []
+    procs, errs = [], []
     for r in range(a.nproc):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(a.nproc),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        # stderr to a file: a pipe read only at the end could fill and block.
+        err = tempfile.TemporaryFile(mode="w+")
+        errs.append(err)
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True))
+                                      stderr=err, text=True))
+
+    def stderr_of(r):
+        errs[r].seek(0)
+        return errs[r].read()
+
     deadline = time.time() + a.wait
     while not os.path.exists(a.when):
         if time.time() > deadline or any(p.poll() is not None for p in procs):
             for p in procs:
                 p.kill()
+                p.wait()
             print("never reached", a.when)
-            for p in procs:
-                sys.stdout.write(p.stderr.read()[-2000:])
+            for r in range(a.nproc):
+                sys.stdout.write(stderr_of(r)[-2000:])
             return 1
         time.sleep(0.05)
     procs[-1].send_signal(signal.SIGKILL)
@@ -56,8 +66,8 @@ def main():
             p.kill()
             print(f"rank {r}: hung")
             continue
-        err = [l for l in p.stderr.read().splitlines() if "error" in l.lower()
-               or "failed" in l.lower()]
+        err = [l for l in stderr_of(r).splitlines()
+               if "error" in l.lower() or "failed" in l.lower()]
         how = (f"exit {rc}" if rc >= 0 else
                f"killed by {signal.Signals(-rc).name}")
         print(f"rank {r}: {how}: {err[0] if err else '(no error line)'}")
