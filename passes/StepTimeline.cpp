@@ -61,13 +61,26 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
   blockAt.assign(order.size(), -1);
   if (zeroStage >= 3) {
     zeroGather = 0;
+    forwardAt.assign(order.size(), false);
     for (auto [pos, op] : llvm::enumerate(order))
       if (std::optional<UnitRef> unit = op ? getUnitRef(op) : std::nullopt;
           unit && !unit->task) {
         const int64_t b = getBlockNumber(unit->kind, unit->layer);
         if (isa<FwdOp>(op) || cost.backwardReadsParameters(b))
           blockAt[pos] = int(b);
+        // A recompute's forward is part of the backward (sweep).
+        forwardAt[pos] = isa<FwdOp>(op) && !op->getParentOfType<RecomputeOp>();
+        if (forwardAt[pos])
+          lastForward = std::max(lastForward, int(b));
       }
+    // Per block (sweep asks these at every position of every plan tried).
+    int maxBlock = -1;
+    for (int b : blockAt)
+      maxBlock = std::max(maxBlock, b);
+    for (int b = 0; b <= maxBlock; ++b) {
+      blockBytes.push_back(cost.shardedBlockBytes(b));
+      readsParameters.push_back(cost.backwardReadsParameters(b));
+    }
   }
   // Stage 2 (only at more than one process) releases the backbone's
   // gradients during the backward (ZeroOptimizer::release): where the first
@@ -135,6 +148,7 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
           released.push_back({int(pos), bytes});
           releasedBlock.push_back(
               int(getBlockNumber(bwd.getUnit(), bwd.getLayer())));
+          releasedBlockMax = std::max(releasedBlockMax, releasedBlock.back());
           if (firstRelease < 0)
             firstRelease = int(pos);
           else if (secondRelease < 0)
@@ -205,64 +219,53 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
                     ArrayRef<std::pair<int64_t, int64_t>> regions) const {
   // ZeRO 3: what is gathered while block b runs — the block, or its
   // checkpoint region's blocks (gathered together, freed together).
-  std::vector<int64_t> gatherOf;
-  if (zeroStage >= 3) {
-    for (int b : blockAt)
-      if (b >= int(gatherOf.size()))
-        gatherOf.resize(b + 1, 0);
-    for (size_t b = 0; b < gatherOf.size(); ++b)
-      gatherOf[b] = cost.shardedBlockBytes(int64_t(b));
-    for (auto [first, last] : regions) {
-      int64_t sum = 0;
-      for (int64_t k = first; k <= last; ++k)
-        sum += cost.shardedBlockBytes(k);
-      for (int64_t k = first; k <= last && k < int64_t(gatherOf.size()); ++k)
-        gatherOf[k] = sum;
-    }
-  }
-  auto gathered = [&](int b) -> int64_t {
-    return b < 0 || b >= int(gatherOf.size()) ? 0 : gatherOf[b];
-  };
+  std::vector<int64_t> gatherOf(blockBytes);
   // ZeRO 3's prefetch (ZeroOptimizer::gatherForward and the backward's
   // hook): where a block (its region) is gathered, the next one's gather
   // begins — in the forward the block after the region, in the backward
   // the top block of the one below when its backward reads its parameters
   // — and that block is whole from there to its own turn.
   std::vector<int> spanFirst(gatherOf.size()), spanLast(gatherOf.size());
-  int lastForward = -1;
-  if (zeroStage >= 3) {
-    for (size_t b = 0; b < gatherOf.size(); ++b)
-      spanFirst[b] = spanLast[b] = int(b);
-    for (auto [first, last] : regions)
-      for (int64_t k = first; k <= last && k < int64_t(gatherOf.size()); ++k) {
-        spanFirst[k] = int(first);
-        spanLast[k] = int(last);
-      }
-    for (auto [pos, op] : llvm::enumerate(order))
-      if (blockAt[pos] >= 0 && isa<FwdOp>(op) &&
-          !op->getParentOfType<RecomputeOp>())
-        lastForward = std::max(lastForward, blockAt[pos]);
+  for (size_t b = 0; b < gatherOf.size(); ++b)
+    spanFirst[b] = spanLast[b] = int(b);
+  const int64_t blocks = int64_t(gatherOf.size());
+  for (auto [first, last] : regions) {
+    int64_t sum = 0;
+    for (int64_t k = first; k <= last && k < blocks; ++k)
+      sum += blockBytes[k];
+    for (int64_t k = first; k <= last && k < blocks; ++k) {
+      gatherOf[k] = sum;
+      spanFirst[k] = int(first);
+      spanLast[k] = int(last);
+    }
   }
+  auto gathered = [&](int b) -> int64_t {
+    return b < 0 || b >= int(gatherOf.size()) ? 0 : gatherOf[b];
+  };
+  auto single = [&](int b) -> int64_t {
+    return b < 0 || b >= int(blockBytes.size()) ? 0 : blockBytes[b];
+  };
   int prefetched = -1;
   // A checkpoint region's backward (one block's too) is one autograd node,
   // which returns every gradient of its parameters at its end: each
-  // released one is held from its unit to the region's last before the
-  // release sees it.
-  std::vector<int64_t> heldInRegion;
-  if (!released.empty())
-    for (auto [first, last] : regions) {
-      int end = -1;
-      for (auto [i, r] : llvm::enumerate(released))
-        if (releasedBlock[i] >= first && releasedBlock[i] <= last)
-          end = std::max(end, r.first);
-      for (auto [i, r] : llvm::enumerate(released))
-        if (releasedBlock[i] >= first && releasedBlock[i] <= last) {
-          if (heldInRegion.empty())
-            heldInRegion.assign(size(), 0);
-          for (int q = r.first + 1; q <= end; ++q)
-            heldInRegion[q] += r.second;
-        }
-    }
+  // released one is held from its unit to the region's last release
+  // before the release sees it. A region's releases are consecutive (the
+  // backward runs its blocks in a row).
+  SmallVector<int, 256> regionOfBlock;
+  if (!released.empty() && !regions.empty()) {
+    regionOfBlock.assign(size_t(releasedBlockMax + 1), -1);
+    for (auto [k, r] : llvm::enumerate(regions))
+      for (int64_t b = std::max<int64_t>(r.first, 0);
+           b <= r.second && b <= releasedBlockMax; ++b)
+        regionOfBlock[size_t(b)] = int(k);
+  }
+  auto regionOf = [&](size_t i) -> int {
+    return regionOfBlock.empty() || i >= releasedBlock.size() ||
+                   releasedBlock[i] < 0
+               ? -1
+               : regionOfBlock[size_t(releasedBlock[i])];
+  };
+  int64_t heldNow = 0;
   Peak best;
   MemoryBreakdown now = resident;
   if (later)
@@ -283,9 +286,18 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
     // with the positions after it), so from the next releasing unit on
     // (shardFrom); a released gradient is a transient where its unit makes
     // it, less what the unit's peak lacks of it.
-    int64_t releasing = 0;
-    for (; release != released.end() && release->first == p; ++release)
+    int64_t releasing = 0, heldFromNext = 0;
+    bool regionEnds = false;
+    for (; release != released.end() && release->first == p; ++release) {
       releasing += release->second;
+      const size_t i = size_t(release - released.begin());
+      if (const int k = regionOf(i); k >= 0) {
+        if (regionOf(i + 1) == k)
+          heldFromNext += release->second;
+        else
+          regionEnds = true;
+      }
+    }
     if (p == shardFrom && !later)
       now.gradients += zeroGradientShard;
     now.workspace =
@@ -294,17 +306,16 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
     if (const int b = blockAt[p]; b >= 0) {
       // A recompute's forward runs in the backward, after the region's
       // hook gathered it and began the one below.
-      const bool forward =
-          isa<FwdOp>(order[p]) && !order[p]->getParentOfType<RecomputeOp>();
+      const bool forward = forwardAt[p];
       const int next = forward ? spanLast[b] + 1 : spanFirst[b] - 1;
       prefetched = -1;
       if (forward ? next <= lastForward
-                  : next >= 0 && cost.backwardReadsParameters(next))
+                  : next >= 0 && next < int(readsParameters.size()) &&
+                        readsParameters[next])
         prefetched = next;
     }
     MemoryBreakdown at = now;
-    at.parameters += gathered(blockAt[p]) +
-                     (prefetched >= 0 ? cost.shardedBlockBytes(prefetched) : 0);
+    at.parameters += gathered(blockAt[p]) + single(prefetched);
     at.activations -= relief[p].first;
     if (releasing)
       at.workspace += std::max<int64_t>(0, releasing - relief[p].second);
@@ -312,8 +323,10 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
       at.gradients -= relief[p].second;
     if (p >= releaseFrom && p <= releaseTo)
       at.workspace += releaseBucket + inFlightAt[p];
-    if (!heldInRegion.empty())
-      at.workspace += heldInRegion[p];
+    at.workspace += heldNow;
+    if (regionEnds)
+      heldNow = 0;
+    heldNow += heldFromNext;
     if (p == updatePosition && zeroStage) {
       MemoryBreakdown update = at, gather = at;
       if (zeroStage >= 2) {

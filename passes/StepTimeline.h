@@ -118,6 +118,7 @@ private:
   /// and frees as they are made, and where this rank's run is made.
   std::vector<std::pair<int, int64_t>> released;
   std::vector<int> releasedBlock; ///< each released one's backbone block
+  int releasedBlockMax = -1;
   int shardFrom = -1;
   /// The release's bucket (ZeroOptimizer::release): from the first release
   /// to the last of a backward; beside it, per position, the sum in flight
@@ -129,6 +130,13 @@ private:
   /// runs there (-1: none); its parameters are whole then (a checkpoint
   /// region's: the region's blocks').
   std::vector<int> blockAt;
+  /// ZeRO 3, made once for every sweep: per position, a forward outside a
+  /// recompute; the highest block a forward runs; per block, its sharded
+  /// bytes and whether its backward reads its parameters.
+  std::vector<bool> forwardAt;
+  int lastForward = -1;
+  std::vector<int64_t> blockBytes;
+  std::vector<bool> readsParameters;
 };
 
 } // namespace mtp
