@@ -12,6 +12,7 @@
 #include "mtprt/Zero.h"
 
 #include "Precision.h"
+#include <c10/util/ScopeExit.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/optim/adamw.h>
 
@@ -877,15 +878,11 @@ void TrainerCore::backwardHead(int64_t t) {
   // is for the backbone backward: an offloaded block at a tap would
   // otherwise come back here, at the backward's start, ahead of its turn.
   *probing_ = true;
-  struct Reset {
-    bool &flag;
-    ZeroOptimizer *zero;
-    ~Reset() {
-      flag = false;
-      if (zero)
-        zero->setBackwardGathers(true);
-    }
-  } reset{*probing_, zero_.get()};
+  auto reset = c10::make_scope_exit([this] {
+    *probing_ = false;
+    if (zero_)
+      zero_->setBackwardGathers(true);
+  });
   // ZeRO 3: this backward stops at the tap; the units below need nothing.
   if (zero_)
     zero_->setBackwardGathers(false);
@@ -1047,15 +1044,11 @@ void TrainerCore::fuseTaskGradients() {
           *probing_ = true;
           // ZeRO 3: the probe's path a unit at a time (no prefetch below:
           // it stops at the tap).
-          struct Reset {
-            bool &flag;
-            ZeroOptimizer *zero;
-            ~Reset() {
-              flag = false;
-              if (zero)
-                zero->setPrefetch(true);
-            }
-          } reset{*probing_, zero_.get()};
+          auto reset = c10::make_scope_exit([this] {
+            *probing_ = false;
+            if (zero_)
+              zero_->setPrefetch(true);
+          });
           if (zero_)
             zero_->setPrefetch(false);
           for (int64_t t : withGrad) {

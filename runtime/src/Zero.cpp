@@ -23,10 +23,12 @@ namespace {
 /// Spans [begin, end) of the layout from the runs that own them (rank q
 /// owns [q·shard, (q+1)·shard)) into `dst`, one broadcast per owner: each
 /// rank receives exactly the values it lacks, as FSDP's all-gather does.
-/// Returns the bytes this rank contributed.
+/// Returns the bytes this rank contributed. With `tickets` the broadcasts
+/// are only begun (ZeRO 3's prefetch), their tickets appended there.
 int64_t fillFromRuns(Communicator *comm, int rank, int64_t shard,
                      int64_t begin, int64_t end, const at::Tensor &run,
-                     const at::Tensor &dst) {
+                     const at::Tensor &dst,
+                     std::vector<int64_t> *tickets = nullptr) {
   int64_t sent = 0;
   for (int64_t q = begin / shard; q * shard < end; ++q) {
     const int64_t a = std::max(begin, q * shard);
@@ -38,7 +40,10 @@ int64_t fillFromRuns(Communicator *comm, int rank, int64_t shard,
       part.copy_(run.narrow(0, a - q * shard, e - a));
       sent += 4 * (e - a);
     }
-    comm->broadcast(part, int(q));
+    if (tickets)
+      tickets->push_back(comm->broadcastAsync(part, int(q)));
+    else
+      comm->broadcast(part, int(q));
   }
   return sent;
 }
@@ -872,20 +877,9 @@ void ZeroOptimizer::prefetchUnit(int64_t u) {
     return;
   at::NoGradGuard noGrad;
   allocateUnit(unit, true);
-  // fillFromRuns' broadcasts, begun: one per owning rank, in the same order
-  // on every rank.
-  for (int64_t q = unit.begin / shard_; q * shard_ < unit.end; ++q) {
-    const int64_t a = std::max(unit.begin, q * shard_);
-    const int64_t e = std::min(unit.end, (q + 1) * shard_);
-    if (a >= e)
-      continue;
-    at::Tensor part = unit.flat.narrow(0, a - unit.begin, e - a);
-    if (q == rank_) {
-      part.copy_(paramShard_.narrow(0, a - q * shard_, e - a));
-      gatherSent_ += 4 * (e - a);
-    }
-    unit.tickets.push_back(comm_->broadcastAsync(part, int(q)));
-  }
+  // Begun, one broadcast per owning rank, in the same order on every rank.
+  gatherSent_ += fillFromRuns(comm_, rank_, shard_, unit.begin, unit.end,
+                              paramShard_, unit.flat, &unit.tickets);
 }
 
 void ZeroOptimizer::gatherForward(int64_t first, int64_t last, int64_t next) {
