@@ -1315,11 +1315,21 @@ CostModel::Communication CostModel::stepCommunication() const {
           M * n * 2 * (W - 1), bw, a);
   }
   if (zero == 1 || zero == 2) {
-    // The updated runs all-gathered, a bucket of values at a time.
-    const int64_t shard = mtprt::ZeroLayout::shardValues(elements, W);
-    const int64_t bucket = mtprt::ZeroLayout::bucketValues(elements, W);
-    c.add("ZeRO parameter all-gather", (W - 1) * 4 * shard,
-          pieces(shard, bucket) * (W - 1), bw, a);
+    // The owners broadcast the updated values in place, a parameter's part
+    // at a time (beside the next forward: counted whole here): each rank
+    // receives what it lacks; one broadcast per parameter tensor and per
+    // rank whose run it crosses.
+    // 16-bit weights go at 2 B a value. The tensors, about: per trainable
+    // layer its norms' and projections' weights and biases, the
+    // embeddings' tables and norm, each head's two layers.
+    const int64_t whole = 4 * elements - 2 * halfProjectionValues();
+    int64_t tensors = frozen(0) ? 0 : 4;
+    for (int64_t l = 1; l <= int64_t(backbone.getLayers()); ++l)
+      tensors += frozen(l) ? 0 : 12;
+    auto tasks = model.getTasks();
+    tensors += 4 * int64_t(std::distance(tasks.begin(), tasks.end()));
+    c.add("ZeRO parameter broadcasts", whole - whole / W,
+          (tensors + W - 1) * log2W, bw, broadcastLatency());
   } else if (zero >= 3) {
     // Stage 3 gathers the sharded blocks at their next use instead; what
     // stays whole (heads, frozen layers) takes its updated values from the

@@ -173,8 +173,10 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
                    "receives " +
                        formatBytes(2 * (sharded - sharded / world)) +
                        " per micro-batch)"
-                 : "all-gather of the updated parameters " +
-                       formatBytes(4 * (world - 1) * shard))
+                 : "its run of the updated values to each other rank, " +
+                       formatBytes(4 * (world - 1) * shard) +
+                       " (broadcast in place, waited for block by block "
+                       "as the next forward reads them)")
          << "\n";
   }
   if (strategy && strategy.getOptimizerOffload()) {
@@ -252,14 +254,14 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
                ? std::string("the budget's interconnect")
                : "the " + cost.device().name.str() +
                      " preset's; budget `interconnect` sets it")
-       << (zero >= 2 ? std::string(zero >= 3 ? "); the release's sums and the "
-                                               "blocks' gathers overlap "
-                                               "compute at run time, "
-                                               "counted whole here"
-                                             : "); the release's sums "
-                                               "overlap the backward at run "
-                                               "time, counted whole here")
-                     : std::string("); nothing overlaps compute"));
+       << (zero >= 3   ? "); the release's sums and the blocks' gathers "
+                         "overlap compute at run time, counted whole here"
+           : zero == 2 ? "); the release's sums overlap the backward and the "
+                         "updated values' broadcasts the next forward at run "
+                         "time, counted whole here"
+           : zero == 1 ? "); the updated values' broadcasts overlap the next "
+                         "forward at run time, counted whole here"
+                       : "); nothing overlaps compute");
     if (StepPlanAttr plan = step.getPlanAttr();
         plan && plan.getKeepStepSeconds().convertToDouble() > 0) {
       const double compute = plan.getKeepStepSeconds().convertToDouble() +

@@ -50,17 +50,12 @@ StepTimeline::StepTimeline(ModelOp model, const CostModel &cost,
     zeroGradientShard = zeroStage >= 2
                             ? mtprt::ZeroLayout::gradientShardBytes(values, world)
                             : 0;
-    zeroGather = world > 1
-                     ? mtprt::ZeroLayout::gatherTransientBytes(
-                           values, world, /*gloo=*/cost.onCpu())
-                     : 0;
   }
   // ZeRO 3: the backbone's trainable blocks are held as this rank's run of
   // every value (residentState); a block is gathered whole around its
   // forward and backward (sweep), nothing after the update.
   blockAt.assign(order.size(), -1);
   if (zeroStage >= 3) {
-    zeroGather = 0;
     forwardAt.assign(order.size(), false);
     for (auto [pos, op] : llvm::enumerate(order))
       if (std::optional<UnitRef> unit = op ? getUnitRef(op) : std::nullopt;
@@ -327,15 +322,12 @@ StepTimeline::sweep(const Live &live, int64_t fuseWorkspace, bool later,
     if (regionEnds)
       heldNow = 0;
     heldNow += heldFromNext;
-    if (p == updatePosition && zeroStage) {
-      MemoryBreakdown update = at, gather = at;
-      if (zeroStage >= 2) {
-        update.gradients = 0;
-        update.workspace += zeroGradientShard;
-      }
-      gather.gradients = 0;
-      gather.workspace = zeroGather;
-      at = update.total() >= gather.total() ? update : gather;
+    // Stage 2's update reads the averaged run, the full gradients gone.
+    // The updated values are broadcast in place (ZeroOptimizer::step): no
+    // buffer after it.
+    if (p == updatePosition && zeroStage >= 2) {
+      at.gradients = 0;
+      at.workspace += zeroGradientShard;
     }
     if (at.total() > best.bytes) {
       best.bytes = at.total();

@@ -110,10 +110,10 @@ private:
   int fusePosition = -1;
   bool twoSweeps = false;
   /// ZeRO (mtprt/Zero.h): at the optimizer step the update (stage 2: the
-  /// full gradients freed, this rank's averaged run held), then the
-  /// gradients freed and the updated runs all-gathered.
+  /// full gradients freed, this rank's averaged run held); the updated
+  /// values are broadcast in place, beside the next forward.
   int updatePosition = -1;
-  int64_t zeroStage = 0, zeroGradientShard = 0, zeroGather = 0;
+  int64_t zeroStage = 0, zeroGradientShard = 0;
   /// Stage 2's release: (position, bytes) of the backbone gradients it sums
   /// and frees as they are made, and where this rank's run is made.
   std::vector<std::pair<int, int64_t>> released;

@@ -493,6 +493,7 @@ at::Tensor Model::embed(const at::Tensor &tokens) const {
   if (tokens.dim() != 2 || tokens.size(1) > config_.seq)
     throw std::invalid_argument(
         "mtprt: embed: tokens must be [B, S] with S <= ModelConfig.seq");
+  beforeRead(0);
   if (config_.llama())
     return dropout(at::embedding(tokEmb_, tokens, config_.tokenPad));
   if (config_.postNorm()) {
@@ -735,6 +736,7 @@ at::Tensor Model::attention(int64_t layer, const at::Tensor &x) const {
     throw std::out_of_range("mtprt: attention: layer " + std::to_string(layer) +
                             " is not in [1, " + std::to_string(config_.layers) +
                             "]");
+  beforeRead(2 * layer - 1);
   return attentionBlock(attn_[layer - 1], x, config_.causal());
 }
 
@@ -743,6 +745,7 @@ at::Tensor Model::mlp(int64_t layer, const at::Tensor &x) const {
     throw std::out_of_range("mtprt: mlp: layer " + std::to_string(layer) +
                             " is not in [1, " + std::to_string(config_.layers) +
                             "]");
+  beforeRead(2 * layer);
   return mlpBlock(mlp_[layer - 1], x);
 }
 
@@ -810,6 +813,7 @@ at::Tensor Model::unitPartial(int64_t u, const at::Tensor &x) const {
   if (std::string why = partialRefusal(u); !why.empty())
     throw std::invalid_argument("mtprt: unit " + std::to_string(u) +
                                 " at tensor grain: " + why);
+  beforeRead(u);
   const Model *self = this;
   const at::Tensor input = x.detach();
   Recomputed recomputed([self, u, input] { return self->projections(u, input); },
@@ -831,6 +835,7 @@ std::vector<at::Tensor> Model::projections(int64_t u,
   if (u < 1 || u >= numUnits())
     throw std::out_of_range("mtprt: projections of unit " + std::to_string(u) +
                             ": not a layer's block");
+  beforeRead(u);
   at::NoGradGuard noGrad;
   std::vector<at::Tensor> outs;
   const Sink collect = [&outs](const at::Tensor &t) { outs.push_back(t); };
@@ -906,6 +911,7 @@ at::Tensor Model::gateMean(int64_t h, const at::Tensor &tap) const {
   const Adapter &ad = heads_.at(h).adapter;
   if (!ad.down.weight.defined())
     return {};
+  beforeRead(numUnits() + h);
   at::Tensor x = headInput(headConfigs_[h], tap);
   at::Tensor m = (x.dim() == 3 ? x.mean(1) : x).detach();
   return at::sigmoid(ad.gateBias + ad.gateWeight * m).mean(0);
@@ -994,6 +1000,7 @@ std::vector<at::Tensor> Model::head(int64_t h, const at::Tensor &tap,
   if (!holdsHead(h))
     throw std::logic_error("mtprt: head \"" + headConfigs_[h].name +
                            "\" is on another pipeline stage");
+  beforeRead(numUnits() + h);
   const Head &p = heads_[h];
   const HeadConfig &c = headConfigs_[h];
   switch (c.kind) {
@@ -1174,6 +1181,7 @@ std::vector<at::Tensor> Model::headParameters(int64_t h) const {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Model::namedParameters() const {
+  beforeRead(-1);
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto &g : groups_)
     out.insert(out.end(), g.begin(), g.end());

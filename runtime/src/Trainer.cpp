@@ -239,6 +239,30 @@ void TrainerCore::shardOptimizer(Communicator *comm) {
     // An evaluation's units (and a region's first pass) gather and free
     // their own.
     model_->setAroundUnit(zero_->aroundUnit());
+  } else if (zero_->worldSize() > 1) {
+    // ZeRO 1–2: the values other ranks updated arrive while the next
+    // forward runs — each unit's before it runs, a head's (and the adapter
+    // it shares) after its tap's unit; whatever reads parameters otherwise
+    // waits for them all (Model::setBeforeRead, state()).
+    const Model &m = *model_;
+    const int64_t nu = m.numUnits(), nh = m.numHeads();
+    std::vector<std::vector<at::Tensor>> order;
+    std::vector<int64_t> groupOf(size_t(nu + nh), -1);
+    for (int64_t u = 0; u < nu; ++u) {
+      groupOf[size_t(u)] = int64_t(order.size());
+      order.push_back(m.unitParameters(u));
+      for (int64_t h = 0; h < nh; ++h) {
+        if (std::min(Model::tapUnit(m.heads()[h].tap), nu - 1) != u)
+          continue;
+        std::vector<at::Tensor> read = m.headParameters(h);
+        for (const at::Tensor &p : m.sharedAdapterParameters(h))
+          read.push_back(p);
+        groupOf[size_t(nu + h)] = int64_t(order.size());
+        order.push_back(std::move(read));
+      }
+    }
+    zero_->setForwardOrder(order);
+    model_->setBeforeRead(zero_->beforeRead(std::move(groupOf)));
   }
 }
 
@@ -394,8 +418,12 @@ void recordNorms(std::vector<double> &kept, const std::vector<double> &norms) {
 }
 } // namespace
 
-TrainerCore::StepState &TrainerCore::state(const char *phase,
-                                           bool needMicroBatch) {
+TrainerCore::StepState &
+TrainerCore::state(const char *phase, bool needMicroBatch, bool forwardOnly) {
+  // ZeRO 1–2's updated values still arriving are waited for as the forward
+  // reads them (Model's beforeRead); every other phase waits for them all.
+  if (!forwardOnly && zero_)
+    zero_->settleParameters();
   if (!state_)
     throw std::logic_error(std::string("mtprt: ") + phase +
                            ": no step in progress (beginStep first)");
@@ -492,7 +520,7 @@ void TrainerCore::beginStep(const Batch &fullBatch) {
 }
 
 void TrainerCore::beginMicroBatch(int64_t mb) {
-  StepState &st = state("beginMicroBatch", false);
+  StepState &st = state("beginMicroBatch", false, /*forwardOnly=*/true);
   if (mb != st.begun + 1 || mb >= train_.microBatches)
     throw std::logic_error("mtprt: beginMicroBatch(" + std::to_string(mb) +
                            "): micro-batches run in order 0.." +
@@ -622,11 +650,13 @@ std::vector<double> TrainerCore::pipelineAlpha(
   return computeAlpha(processed, {}, losses, norms, fusing, st.stats);
 }
 
-ValueId TrainerCore::input() { return (void)state("input", true), 0; }
+ValueId TrainerCore::input() {
+  return (void)state("input", true, /*forwardOnly=*/true), 0;
+}
 
 ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
                              RegionMode mode) {
-  StepState &st = state("forward", true);
+  StepState &st = state("forward", true, /*forwardOnly=*/true);
   const Model &m = *model_;
   if (first < 0 || last >= m.numUnits() || first > last)
     bad("forward", "unit range [" + std::to_string(first) + ", " +
@@ -801,14 +831,14 @@ ValueId TrainerCore::forward(int64_t first, int64_t last, ValueId in,
 }
 
 void TrainerCore::release(ValueId v) {
-  StepState &st = state("release", true);
+  StepState &st = state("release", true, /*forwardOnly=*/true);
   if (v < 0 || v >= static_cast<ValueId>(st.values.size()))
     bad("release", "unknown value " + std::to_string(v));
   st.values[v] = at::Tensor();
 }
 
 void TrainerCore::forwardHead(int64_t t, bool offload) {
-  StepState &st = state("forwardHead", true);
+  StepState &st = state("forwardHead", true, /*forwardOnly=*/true);
   Model &m = *model_;
   if (t < 0 || t >= m.numHeads())
     bad("forwardHead", "head " + std::to_string(t) + " out of range");
@@ -1551,6 +1581,8 @@ void TrainerCore::splitAdapters(const std::vector<int64_t> &owner) {
 void TrainerCore::consolidate() {
   if (!ewc_)
     throw std::logic_error("mtprt: consolidate: the trainer has no ewc");
+  if (zero_) // θ* is what every rank holds after the update
+    zero_->settleParameters();
   ewc_->consolidate();
 }
 

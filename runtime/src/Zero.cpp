@@ -37,8 +37,10 @@ int64_t fillFromRuns(Communicator *comm, int rank, int64_t shard,
       continue;
     at::Tensor part = dst.narrow(0, a - begin, e - a);
     if (q == rank) {
-      part.copy_(run.narrow(0, a - q * shard, e - a));
-      sent += 4 * (e - a);
+      // Without `run` the owner's part holds its values already.
+      if (run.defined())
+        part.copy_(run.narrow(0, a - q * shard, e - a));
+      sent += int64_t(part.element_size()) * (e - a);
     }
     if (tickets)
       tickets->push_back(comm->broadcastAsync(part, int(q)));
@@ -109,8 +111,8 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
           {int64_t(i), groupOf_[i], a - offset_[i], e - a, a - lo});
   }
   released_.assign(params_.size(), false);
+  self_ = std::make_shared<ZeroOptimizer *>(this);
   if (stage_ >= 2) {
-    self_ = std::make_shared<ZeroOptimizer *>(this);
     for (size_t i = 0; i < params_.size(); ++i)
       if (params_[i].requires_grad())
         torch::autograd::impl::set_post_acc_grad_hooks(
@@ -163,6 +165,8 @@ ZeroOptimizer::~ZeroOptimizer() {
   if (!self_)
     return;
   *self_ = nullptr;
+  if (stage_ < 2) // no release hooks of its own
+    return;
   for (const at::Tensor &p : params_)
     if (torch::autograd::impl::post_acc_grad_hooks(p))
       torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
@@ -217,15 +221,6 @@ void ZeroOptimizer::gather(int64_t lo, int64_t hi, at::Tensor dst) const {
     dst.narrow(0, a - lo, e - a)
         .copy_(flatParam(i).narrow(0, a - offset_[i], e - a));
   });
-}
-
-void ZeroOptimizer::scatterParams(int64_t lo, const at::Tensor &src) const {
-  forEachOverlap(lo, std::min(total_, lo + src.numel()),
-                 [&](int64_t i, int64_t a, int64_t e) {
-                   flatParam(i)
-                       .narrow(0, a - offset_[i], e - a)
-                       .copy_(src.narrow(0, a - lo, e - a));
-                 });
 }
 
 at::Tensor ZeroOptimizer::gradientOf(const Segment &s) const {
@@ -577,6 +572,8 @@ bool ZeroOptimizer::noRankBad(double bad) {
 
 int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
   at::NoGradGuard noGrad;
+  // The owners' broadcasts of the last update read what this one writes.
+  settleParameters();
   // A 16-bit gradient made after the last fold joins its sum (else the sum
   // would stand for it alone).
   if (std::any_of(folded_.begin(), folded_.end(),
@@ -660,26 +657,126 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
                              flatParam(int64_t(i)));
     return sent;
   }
-  const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
-  for (int64_t c = 0; c < shard_; c += bucket) {
-    const int64_t len = std::min(bucket, shard_ - c);
-    // With masters the run is on the host already (the owner's 16-bit
-    // values are its masters cut, as every receiver cuts them).
-    at::Tensor mine;
-    if (masters_.defined()) {
-      mine = masters_.narrow(0, c, len);
-    } else {
-      mine = at::empty({len}, expAvg_.options());
-      gather(rank_ * shard_ + c, rank_ * shard_ + c + len, mine);
-    }
-    at::Tensor all = at::empty({world_ * len}, expAvg_.options());
-    comm_->allGatherInto(all, mine);
-    mine = at::Tensor();
-    for (int64_t q = 0; q < world_; ++q)
-      if (q != rank_)
-        scatterParams(q * shard_ + c, all.narrow(0, q * len, len));
+  // Stages 1–2: each updated parameter's parts broadcast by their owners
+  // into the parameter itself on every rank (no buffer: the owner's part
+  // holds its new values — a 16-bit one its masters cut, as a receiver
+  // would cut them), in the order the next forward reads them. Only what
+  // was updated: has_ agrees over the ranks.
+  int64_t sent = 0;
+  std::vector<size_t> end(params_.size(), 0);
+  auto begin = [&](int64_t i) {
+    if (!has_[i])
+      return;
+    sent += fillFromRuns(comm_, rank_, shard_, offset_[i],
+                         offset_[i] + params_[i].numel(), at::Tensor(),
+                         flatParam(i), &paramTickets_);
+    end[i] = paramTickets_.size();
+  };
+  if (!deferred_) {
+    for (size_t i = 0; i < params_.size(); ++i)
+      begin(int64_t(i));
+    settleParameters();
+    return sent * (world_ - 1);
   }
-  return 4 * (world_ - 1) * shard_;
+  size_t rest = 0;
+  for (size_t k = 0; k < issueOrder_.size(); ++k) {
+    begin(issueOrder_[k]);
+    if (k + 1 == restCount_)
+      rest = paramTickets_.size();
+  }
+  // A group waits for its own and for what no group lists (begun first).
+  for (size_t g = 0; g < groupParams_.size(); ++g) {
+    groupEnd_[g] = rest;
+    for (int64_t i : groupParams_[g])
+      groupEnd_[g] = std::max(groupEnd_[g], end[i]);
+  }
+  return sent * (world_ - 1);
+}
+
+void ZeroOptimizer::setForwardOrder(
+    const std::vector<std::vector<at::Tensor>> &groups) {
+  settleParameters();
+  deferred_ = false;
+  issueOrder_.clear();
+  groupParams_.clear();
+  groupEnd_.clear();
+  restCount_ = 0;
+  if (world_ <= 1 || stage_ >= 3)
+    return;
+  std::unordered_map<const c10::TensorImpl *, int64_t> index;
+  for (size_t i = 0; i < params_.size(); ++i)
+    index.emplace(params_[i].unsafeGetTensorImpl(), int64_t(i));
+  // Each parameter begins once, with the first group that lists it.
+  std::vector<bool> listed(params_.size(), false);
+  std::vector<int64_t> grouped;
+  for (const std::vector<at::Tensor> &group : groups) {
+    std::vector<int64_t> mine;
+    for (const at::Tensor &p : group) {
+      auto it = index.find(p.unsafeGetTensorImpl());
+      if (it == index.end())
+        continue; // not updated here (frozen, or another optimizer's)
+      mine.push_back(it->second);
+      if (!listed[it->second]) {
+        listed[it->second] = true;
+        grouped.push_back(it->second);
+      }
+    }
+    groupParams_.push_back(std::move(mine));
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!listed[i])
+      issueOrder_.push_back(int64_t(i));
+  restCount_ = issueOrder_.size();
+  issueOrder_.insert(issueOrder_.end(), grouped.begin(), grouped.end());
+  groupEnd_.assign(groupParams_.size(), 0);
+  deferred_ = true;
+}
+
+void ZeroOptimizer::waitParameterTickets(size_t upTo) {
+  // Past a failure every other one is waited for too (it may still write
+  // into a parameter); the first failure is rethrown.
+  std::exception_ptr failed;
+  while (paramWaited_ < std::min(upTo, paramTickets_.size())) {
+    const int64_t t = paramTickets_[paramWaited_++];
+    try {
+      comm_->wait(t);
+    } catch (...) {
+      if (!failed)
+        failed = std::current_exception();
+      upTo = paramTickets_.size();
+    }
+  }
+  if (paramWaited_ >= paramTickets_.size()) {
+    paramTickets_.clear();
+    paramWaited_ = 0;
+  }
+  if (failed)
+    std::rethrow_exception(failed);
+}
+
+void ZeroOptimizer::awaitGroup(int64_t g) {
+  if (paramTickets_.empty())
+    return;
+  if (g < 0 || g >= int64_t(groupEnd_.size()))
+    return settleParameters();
+  waitParameterTickets(groupEnd_[size_t(g)]);
+}
+
+std::function<void(int64_t)>
+ZeroOptimizer::beforeRead(std::vector<int64_t> groupOf) {
+  std::shared_ptr<ZeroOptimizer *> owner = self_;
+  return [owner, groupOf = std::move(groupOf)](int64_t key) {
+    ZeroOptimizer *z = *owner;
+    if (!z || z->paramTickets_.empty())
+      return;
+    z->awaitGroup(
+        key >= 0 && key < int64_t(groupOf.size()) ? groupOf[size_t(key)] : -1);
+  };
+}
+
+void ZeroOptimizer::settleParameters() {
+  if (!paramTickets_.empty())
+    waitParameterTickets(paramTickets_.size());
 }
 
 std::vector<at::Tensor> ZeroOptimizer::state() const {
@@ -929,6 +1026,7 @@ void ZeroOptimizer::forwardDone(int64_t first, int64_t last,
 }
 
 void ZeroOptimizer::gatherAll() {
+  settleParameters();
   if (masters_.defined()) {
     if (wholeDepth_++ > 0)
       return;
@@ -981,6 +1079,7 @@ std::function<void(int64_t, bool)> ZeroOptimizer::aroundUnit() {
 }
 
 bool ZeroOptimizer::runFinite() {
+  settleParameters();
   return noRankBad(paramShard_.defined() &&
                    !at::isfinite(paramShard_).all().item<bool>());
 }
@@ -1014,6 +1113,7 @@ at::Tensor ZeroOptimizer::wholeFromRuns(const at::Tensor &run, int64_t i) {
 
 at::Tensor ZeroOptimizer::hostValues(const at::Tensor &param) {
   at::NoGradGuard noGrad;
+  settleParameters();
   if (masters_.defined()) {
     // Outside gatherAll a 16-bit parameter's values are its master's.
     const int64_t i = indexOf(param);
@@ -1030,6 +1130,7 @@ at::Tensor ZeroOptimizer::hostValues(const at::Tensor &param) {
 void ZeroOptimizer::setValues(const at::Tensor &param,
                               const at::Tensor &values) {
   at::NoGradGuard noGrad;
+  settleParameters();
   if (masters_.defined()) {
     if (wholeDepth_ > 0)
       throw std::logic_error(

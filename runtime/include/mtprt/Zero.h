@@ -4,7 +4,8 @@
 // AdamW optimizer updates, laid end to end in its group order, are cut into
 // one equal run of `shardValues` per rank (the last may hold padding). Rank r
 // keeps AdamW's two moments for its run only and updates only its run; the
-// updated values are all-gathered back, a bucket at a time. Stage 2 also
+// owners broadcast the updated values in place, beside the next forward
+// (mtprt/torch/Zero.h). Stage 2 also
 // shards the gradients: each is summed over the ranks as the backward makes
 // it, the rank keeps the average of its run and frees the full one. One definition for the compiler (which plans the per-rank bytes)
 // and the runtime (which allocates them). Torch-free and LLVM-free.
@@ -21,11 +22,10 @@ namespace mtprt {
 
 struct ZeroLayout {
   /// Values per rank per collective: an eighth of the run, at least 16 Ki
-  /// and at most 4 Mi values (16 MiB of fp32) — the all-gather of the
-  /// updated parameters runs a bucket of each rank's run at a time and stage
-  /// 2 sums gradients a bucket at a time, so their buffers stay a small part
-  /// of the state they save, and a 10B model's step makes a few hundred
-  /// collectives.
+  /// and at most 4 Mi values (16 MiB of fp32) — stage 2 sums gradients a
+  /// bucket at a time and the offload's update copies a bucket at a time,
+  /// so their buffers stay a small part of the state they save, and a 10B
+  /// model's step makes a few hundred collectives.
   static constexpr int64_t kMinBucketValues = int64_t(1) << 14;
   static constexpr int64_t kMaxBucketValues = int64_t(1) << 22;
 
@@ -41,13 +41,6 @@ struct ZeroLayout {
   /// AdamW's moments on one rank (fp32 exp_avg and exp_avg_sq of its run).
   static int64_t stateBytes(int64_t total, int64_t world) {
     return 8 * shardValues(total, world);
-  }
-  /// The updated parameters' all-gather, beyond what it writes into: this
-  /// rank's bucket and every rank's (fp32); gloo (`cpu`) gathers into a
-  /// buffer of its own as large again and copies out of it.
-  static int64_t gatherTransientBytes(int64_t total, int64_t world,
-                                      bool gloo) {
-    return 4 * ((gloo ? 2 * world : world) + 1) * bucketValues(total, world);
   }
   /// Stage 2: the rank's averaged gradient run (held from the first
   /// release to the update).

@@ -218,6 +218,14 @@ public:
   void setAroundUnit(std::function<void(int64_t, bool)> f) {
     aroundUnit_ = std::move(f);
   }
+  /// Called before parameters are read: with unit u before unit u's run
+  /// (embed, attention, mlp, unitPartial, projections), with numUnits() + h
+  /// before head h's (head, gateMean), and with -1 before every parameter
+  /// is handed out (namedParameters, parameters, trainableParameters):
+  /// ZeRO 1–2 waits there for updated values still arriving.
+  void setBeforeRead(std::function<void(int64_t)> f) {
+    beforeRead_ = std::move(f);
+  }
   std::vector<at::Tensor> backboneParameters() const;
   /// The backbone's projections' weights and biases (every layer's QKV,
   /// attention output, up- and down-projection).
@@ -317,6 +325,11 @@ private:
   /// keepStage: the units and heads held (lastUnit_ -1: all).
   int64_t firstUnit_ = 0, lastUnit_ = -1;
   std::function<void(int64_t, bool)> aroundUnit_;
+  std::function<void(int64_t)> beforeRead_;
+  void beforeRead(int64_t key) const {
+    if (beforeRead_)
+      beforeRead_(key);
+  }
   /// unit() past its checks and aroundUnit_.
   at::Tensor runUnit(int64_t u, const at::Tensor &x) const;
   std::vector<bool> heldHeads_;

@@ -258,7 +258,10 @@ private:
   void separateGates();
   struct MicroState;
   struct StepState;
-  StepState &state(const char *phase, bool needMicroBatch);
+  /// The step in progress; with `forwardOnly` false, after ZeRO 1–2's
+  /// updated values have all arrived.
+  StepState &state(const char *phase, bool needMicroBatch,
+                   bool forwardOnly = false);
   void buildOptimizer();
   /// Whether head t runs in this process (every head but on a pipeline
   /// stage).

@@ -3,7 +3,9 @@
 // The layout is mtprt/Zero.h's. Stage 1: the gradients are averaged whole
 // (GradExchange, compressed or not); each rank updates its run of the
 // parameters with its run of the moments, frees the gradients, and the
-// updated runs are all-gathered. Stage 2: sumGradients() replaces the
+// owners broadcast the updated values in place — begun at the update,
+// waited for unit by unit as the next forward reads them
+// (setForwardOrder). Stage 2: sumGradients() replaces the
 // exchange — each rank receives the averaged gradient of its run only and the
 // full gradients are freed before the update. The update is ATen's
 // _fused_adamw_ on views of the parameters, so stage 1 gives the bits plain
@@ -106,8 +108,34 @@ public:
   bool finite();
   /// The update with group g's learning rate lr[g]; parameters no rank had a
   /// gradient for keep their values and step counts. Frees the gradients,
-  /// then all-gathers the updated runs. Returns the bytes this rank sent.
+  /// then the updated values go to every rank (stages 1–2: the owners'
+  /// broadcasts, waited for here unless setForwardOrder defers them; stage
+  /// 3: the whole parameters'). Returns the bytes this rank sent.
   int64_t step(const std::vector<double> &lr);
+
+  //===--- Stages 1–2: the updated values beside the next forward ---------===//
+
+  /// The groups of parameters the step's forward reads, in its order (each
+  /// unit's; each head's after its tap's). From then on step() only begins
+  /// the broadcasts that bring every rank the values the others updated —
+  /// each parameter's parts from their owners, in place, the parameters of
+  /// no group first, then the groups' in order — and awaitGroup(g) waits
+  /// for those of group g and everything begun before them, as the forward
+  /// reaches it (DeepSpeed's stages 1–2 all-gather every parameter before
+  /// the next forward starts). Stages 1–2 beyond one rank; else nothing.
+  void setForwardOrder(const std::vector<std::vector<at::Tensor>> &groups);
+  void awaitGroup(int64_t g);
+  /// Model::setBeforeRead's hook: key k waits for group `groupOf[k]`; a key
+  /// without one (-1: every parameter) waits for every broadcast.
+  std::function<void(int64_t)> beforeRead(std::vector<int64_t> groupOf);
+  /// Every broadcast begun waited for: what reads or writes parameters
+  /// outside the forward (the next update, a checkpoint, an evaluation).
+  /// The first failure is rethrown once every one is waited for.
+  void settleParameters();
+  /// Broadcasts begun and not yet waited for (tests).
+  int64_t parametersInFlight() const {
+    return int64_t(paramTickets_.size() - paramWaited_);
+  }
   //===--- Stage 3: the parameters sharded --------------------------------===//
 
   /// Shards `units[u]`'s parameters (each unit's consecutive in the layout
@@ -214,7 +242,6 @@ private:
   /// Copies [lo, hi) of the flat layout's parameter values into dst; zeros
   /// past the end.
   void gather(int64_t lo, int64_t hi, at::Tensor dst) const;
-  void scatterParams(int64_t lo, const at::Tensor &src) const;
   /// The gradient segment `s` updates from: stage 2's run, else the
   /// parameter's own.
   at::Tensor gradientOf(const Segment &s) const;
@@ -274,6 +301,18 @@ private:
   /// freed.
   void endRelease();
   int64_t pendingValues_ = 0, sentBytes_ = 0;
+  /// Stages 1–2's broadcasts of the updated values (setForwardOrder): each
+  /// parameter in the order they begin; per group, its parameters; per
+  /// parameter and per group, how many tickets to wait for this step.
+  bool deferred_ = false;
+  std::vector<int64_t> issueOrder_;
+  size_t restCount_ = 0; ///< issueOrder_'s first: in no group
+  std::vector<std::vector<int64_t>> groupParams_;
+  std::vector<size_t> groupEnd_;
+  std::vector<int64_t> paramTickets_;
+  size_t paramWaited_ = 0;
+  /// Waits for paramTickets_ up to `upTo` (all of them past a failure).
+  void waitParameterTickets(size_t upTo);
   /// Stage 3: each sharded unit's flat buffer and its span of the layout;
   /// the unit of each parameter (-1: whole on every rank) and how many of a
   /// unit's gradients this micro-batch has released.
