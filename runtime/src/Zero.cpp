@@ -678,17 +678,30 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
     settleParameters();
     return sent * (world_ - 1);
   }
-  size_t rest = 0;
-  for (size_t k = 0; k < issueOrder_.size(); ++k) {
-    begin(issueOrder_[k]);
-    if (k + 1 == restCount_)
-      rest = paramTickets_.size();
+  // What no group lists first; then each group's own, one broadcast per
+  // owner where its parameters share one buffer.
+  for (int64_t i : ungrouped_)
+    begin(i);
+  const size_t rest = paramTickets_.size();
+  for (const Group &g : groups_) {
+    if (!g.flat.defined()) {
+      for (int64_t i : g.own)
+        begin(i);
+      continue;
+    }
+    if (std::none_of(g.own.begin(), g.own.end(),
+                     [&](int64_t i) { return bool(has_[i]); }))
+      continue;
+    sent += fillFromRuns(comm_, rank_, shard_, g.begin, g.end, at::Tensor(),
+                         g.flat, &paramTickets_);
+    for (int64_t i : g.own)
+      end[i] = paramTickets_.size();
   }
-  // A group waits for its own and for what no group lists (begun first).
-  for (size_t g = 0; g < groupParams_.size(); ++g) {
-    groupEnd_[g] = rest;
-    for (int64_t i : groupParams_[g])
-      groupEnd_[g] = std::max(groupEnd_[g], end[i]);
+  // A group waits for what it reads and for what no group lists.
+  for (Group &g : groups_) {
+    g.wait = rest;
+    for (int64_t i : g.reads)
+      g.wait = std::max(g.wait, end[i]);
   }
   return sent * (world_ - 1);
 }
@@ -697,38 +710,56 @@ void ZeroOptimizer::setForwardOrder(
     const std::vector<std::vector<at::Tensor>> &groups) {
   settleParameters();
   deferred_ = false;
-  issueOrder_.clear();
-  groupParams_.clear();
-  groupEnd_.clear();
-  restCount_ = 0;
+  groups_.clear();
+  ungrouped_.clear();
   if (world_ <= 1 || stage_ >= 3)
     return;
+  at::NoGradGuard noGrad;
   std::unordered_map<const c10::TensorImpl *, int64_t> index;
   for (size_t i = 0; i < params_.size(); ++i)
     index.emplace(params_[i].unsafeGetTensorImpl(), int64_t(i));
-  // Each parameter begins once, with the first group that lists it.
+  // Each parameter is broadcast with the first group that reads it.
   std::vector<bool> listed(params_.size(), false);
-  std::vector<int64_t> grouped;
   for (const std::vector<at::Tensor> &group : groups) {
-    std::vector<int64_t> mine;
+    Group g;
     for (const at::Tensor &p : group) {
       auto it = index.find(p.unsafeGetTensorImpl());
       if (it == index.end())
         continue; // not updated here (frozen, or another optimizer's)
-      mine.push_back(it->second);
+      g.reads.push_back(it->second);
       if (!listed[it->second]) {
         listed[it->second] = true;
-        grouped.push_back(it->second);
+        g.own.push_back(it->second);
       }
     }
-    groupParams_.push_back(std::move(mine));
+    groups_.push_back(std::move(g));
   }
   for (size_t i = 0; i < params_.size(); ++i)
     if (!listed[i])
-      issueOrder_.push_back(int64_t(i));
-  restCount_ = issueOrder_.size();
-  issueOrder_.insert(issueOrder_.end(), grouped.begin(), grouped.end());
-  groupEnd_.assign(groupParams_.size(), 0);
+      ungrouped_.push_back(int64_t(i));
+  // A group whose own parameters are a run of the layout, all fp32, gets
+  // them as views of one buffer (FSDP's flat parameter): one broadcast per
+  // owner instead of one per parameter and owner.
+  for (Group &g : groups_) {
+    std::vector<int64_t> own = g.own;
+    std::sort(own.begin(), own.end());
+    if (own.size() < 2 || own.back() - own.front() + 1 != int64_t(own.size()) ||
+        std::any_of(own.begin(), own.end(), [&](int64_t i) {
+          return params_[i].scalar_type() != at::kFloat;
+        }))
+      continue;
+    g.begin = offset_[own.front()];
+    g.end = offset_[own.back()] + params_[own.back()].numel();
+    g.flat = at::empty({g.end - g.begin}, params_[own.front()].options()
+                                              .requires_grad(false));
+    for (int64_t i : own) {
+      at::Tensor view =
+          g.flat.narrow(0, offset_[i] - g.begin, params_[i].numel());
+      view.copy_(flatParam(i));
+      // set_data keeps the tensor (autograd's and every holder's).
+      params_[i].set_data(view.view(params_[i].sizes()));
+    }
+  }
   deferred_ = true;
 }
 
@@ -757,9 +788,9 @@ void ZeroOptimizer::waitParameterTickets(size_t upTo) {
 void ZeroOptimizer::awaitGroup(int64_t g) {
   if (paramTickets_.empty())
     return;
-  if (g < 0 || g >= int64_t(groupEnd_.size()))
+  if (g < 0 || g >= int64_t(groups_.size()))
     return settleParameters();
-  waitParameterTickets(groupEnd_[size_t(g)]);
+  waitParameterTickets(groups_[size_t(g)].wait);
 }
 
 std::function<void(int64_t)>

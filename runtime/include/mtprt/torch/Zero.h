@@ -301,14 +301,20 @@ private:
   /// freed.
   void endRelease();
   int64_t pendingValues_ = 0, sentBytes_ = 0;
-  /// Stages 1–2's broadcasts of the updated values (setForwardOrder): each
-  /// parameter in the order they begin; per group, its parameters; per
-  /// parameter and per group, how many tickets to wait for this step.
+  /// Stages 1–2's broadcasts of the updated values (setForwardOrder): per
+  /// group, the parameters it reads, those it broadcasts (the first group
+  /// to read them), their buffer and its span of the layout when they share
+  /// one, and how many tickets to wait for this step; what no group reads
+  /// (broadcast first).
+  struct Group {
+    std::vector<int64_t> reads, own;
+    at::Tensor flat;
+    int64_t begin = 0, end = 0;
+    size_t wait = 0;
+  };
   bool deferred_ = false;
-  std::vector<int64_t> issueOrder_;
-  size_t restCount_ = 0; ///< issueOrder_'s first: in no group
-  std::vector<std::vector<int64_t>> groupParams_;
-  std::vector<size_t> groupEnd_;
+  std::vector<Group> groups_;
+  std::vector<int64_t> ungrouped_;
   std::vector<int64_t> paramTickets_;
   size_t paramWaited_ = 0;
   /// Waits for paramTickets_ up to `upTo` (all of them past a failure).
