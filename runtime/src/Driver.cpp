@@ -1195,7 +1195,8 @@ std::string nonFiniteParameter(TrainerCore &core) {
   if (sharded && !zero->runFinite())
     return "of the sharded backbone (ZeRO 3)";
   std::vector<at::Tensor> finite;
-  for (const at::Tensor &t : core.model().parameters())
+  // By name: the values, every update's arrived (ZeRO 1–2).
+  for (const auto &[name, t] : core.model().namedParameters())
     if (!sharded || t.storage().nbytes() > 0)
       finite.push_back(at::isfinite(t).all());
   if (finite.empty() || at::stack(finite).all().item<bool>())
@@ -1472,6 +1473,19 @@ int train(const std::string &name, const Program &p, const Options &o) {
   exchange.prepare(core.model().trainableParameters());
   if (tc.zeroStage || tc.optimizerOffload)
     core.shardOptimizer(&comm);
+  // ZeRO 1–2's broadcasts of the updated values run on into the next
+  // step's forward. The small agreements between (each step's report, a
+  // stage 2 step's tasks) go over a group of their own: on the world's
+  // they would queue behind the broadcasts and wait for all of them.
+  std::unique_ptr<Communicator> control;
+  if (d.worldSize > 1 && !pipeline.active() &&
+      (tc.zeroStage == 1 || tc.zeroStage == 2)) {
+    DistOptions cd = d;
+    cd.group = "control/";
+    control = std::make_unique<Communicator>(cd, /*serveStore=*/false);
+    core.zero()->setControl(control.get());
+  }
+  Communicator &agree = control ? *control : comm;
   GradExchange::Result sent;
   // Under SAPS, the parameters it does not manage (their gradients stay
   // dense); asked at each update (an adapter split adds some).
@@ -1589,8 +1603,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
     if (d.worldSize == 1)
       return mine;
     std::vector<at::Tensor> one{
-        at::tensor({mine ? 1.0 : 0.0}, at::kDouble).to(comm.device())};
-    comm.allReduceSum(one);
+        at::tensor({mine ? 1.0 : 0.0}, at::kDouble).to(agree.device())};
+    agree.allReduceSum(one);
     return one[0].cpu().item<double>() > 0;
   };
   bool measureStopped = false;
@@ -2213,8 +2227,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
         v[3 * nt + t] = gradBad[t] ? 1.0 : 0.0;
       }
       v[4 * nt] = stop ? 1.0 : 0.0;
-      std::vector<at::Tensor> one{v.to(comm.device())};
-      comm.allReduceSum(one);
+      std::vector<at::Tensor> one{v.to(agree.device())};
+      agree.allReduceSum(one);
       v = one[0].cpu();
       s.present.assign(nt, false);
       for (int64_t t = 0; t < nt; ++t) {

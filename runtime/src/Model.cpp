@@ -1167,9 +1167,9 @@ std::vector<at::Tensor> Model::backboneParameters() const {
 
 std::vector<at::Tensor> Model::trainableParameters() const {
   std::vector<at::Tensor> out;
-  for (const auto &np : namedParameters())
-    if (np.second.requires_grad())
-      out.push_back(np.second);
+  for (const at::Tensor &p : parameters())
+    if (p.requires_grad())
+      out.push_back(p);
   return out;
 }
 
@@ -1190,15 +1190,16 @@ std::vector<std::pair<std::string, at::Tensor>> Model::namedParameters() const {
 
 std::vector<at::Tensor> Model::parameters() const {
   std::vector<at::Tensor> out;
-  for (const auto &np : namedParameters())
-    out.push_back(np.second);
+  for (const auto &g : groups_)
+    for (const auto &np : g)
+      out.push_back(np.second);
   return out;
 }
 
 int64_t Model::numParameters() const {
   int64_t n = 0;
-  for (const auto &np : namedParameters())
-    n += np.second.numel();
+  for (const at::Tensor &p : parameters())
+    n += p.numel();
   return n;
 }
 

@@ -421,8 +421,10 @@ void recordNorms(std::vector<double> &kept, const std::vector<double> &norms) {
 TrainerCore::StepState &
 TrainerCore::state(const char *phase, bool needMicroBatch, bool forwardOnly) {
   // ZeRO 1–2's updated values still arriving are waited for as the forward
-  // reads them (Model's beforeRead); every other phase waits for them all.
-  if (!forwardOnly && zero_)
+  // reads them (Model's beforeRead); every other phase up to the update
+  // waits for them all (the EWC penalty reads every parameter). Those the
+  // update begins arrive beside the next step's forward.
+  if (!forwardOnly && zero_ && !(state_ && state_->updated))
     zero_->settleParameters();
   if (!state_)
     throw std::logic_error(std::string("mtprt: ") + phase +

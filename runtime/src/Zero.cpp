@@ -302,8 +302,9 @@ void ZeroOptimizer::beginStep(const std::vector<bool> &present) {
   at::Tensor flags = at::zeros({int64_t(present.size())}, at::kFloat);
   for (size_t t = 0; t < present.size(); ++t)
     flags[int64_t(t)] = present[t] ? 1.0f : 0.0f;
-  std::vector<at::Tensor> v{flags.to(comm_->device())};
-  comm_->allReduceSum(v);
+  Communicator *agree = control_ ? control_ : comm_;
+  std::vector<at::Tensor> v{flags.to(agree->device())};
+  agree->allReduceSum(v);
   const at::Tensor sum = v[0].cpu();
   release_ = true;
   for (size_t t = 0; t < present.size(); ++t) {

@@ -13,8 +13,10 @@
 #include "mtprt/Memory.h"
 #include "mtprt/torch/Distributed.h"
 #include "mtprt/torch/Trainer.h"
+#include "mtprt/torch/Zero.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/grad_mode.h>
 
 #include <gtest/gtest.h>
 
@@ -421,6 +423,52 @@ TEST(Distributed, TwoProcessTrainingMatchesOneProcess) {
   // The compressed run learns too (the untrained model is near log(classes)).
   EXPECT_LT(compressed, 1.0);
   EXPECT_LT(c0[1].item<double>(), 0.3 * c0[2].item<double>());
+}
+
+/// ZeRO 1 at two ranks: the update's broadcasts are waited for as the model
+/// reads each unit (and a head after its tap's), and all of them before its
+/// parameters are handed out (a checkpoint, an export).
+TEST(DistWorker, DISABLED_DeferredBroadcasts) {
+  const int rank = std::atoi(std::getenv("RANK"));
+  Communicator comm(distOptionsFromEnv({}), /*serveStore=*/false);
+  TrainConfig tc;
+  tc.gate = false;
+  tc.zeroStage = 1;
+  TrainerCore core(tinyModel(), twoHeads(), tc);
+  GradExchange ex(&comm, false);
+  core.beforeUpdate = [&](StepStats &) {
+    ex.averageGradients(core.model().trainableParameters());
+  };
+  core.shardOptimizer(&comm);
+  Batch b = core.model().syntheticBatch(8, 1000);
+  core.step(b.slice(rank * 4, (rank + 1) * 4), Schedule{});
+  ZeroOptimizer &z = *core.zero();
+  Model &m = core.model();
+  std::vector<int64_t> inFlight{z.parametersInFlight()};
+  at::NoGradGuard noGrad;
+  at::Tensor x = m.unit(0, b.tokens);
+  inFlight.push_back(z.parametersInFlight());
+  x = m.unit(1, x);
+  inFlight.push_back(z.parametersInFlight());
+  (void)m.namedParameters();
+  inFlight.push_back(z.parametersInFlight());
+  mp::saveTensor("inFlight", rank, at::tensor(inFlight));
+}
+
+TEST(Distributed, ZeroOneWaitsForEachUnitAsTheModelReadsIt) {
+  mp::Launch launch("DistWorker.DISABLED_DeferredBroadcasts", 2);
+  ASSERT_TRUE(launch.run(120)) << launch.log();
+  for (int r = 0; r < 2; ++r) {
+    at::Tensor f = launch.load("inFlight", r);
+    ASSERT_EQ(f.numel(), 4);
+    auto v = f.accessor<int64_t, 1>();
+    // Fewer after each unit, some left for the units above, none after
+    // the parameters are handed out.
+    EXPECT_GT(v[0], v[1]) << f;
+    EXPECT_GT(v[1], v[2]) << f;
+    EXPECT_GT(v[2], 0) << f;
+    EXPECT_EQ(v[3], 0) << f;
+  }
 }
 
 //===----------------------------------------------------------------------===//

@@ -220,9 +220,11 @@ public:
   }
   /// Called before parameters are read: with unit u before unit u's run
   /// (embed, attention, mlp, unitPartial, projections), with numUnits() + h
-  /// before head h's (head, gateMean), and with -1 before every parameter
-  /// is handed out (namedParameters, parameters, trainableParameters):
-  /// ZeRO 1–2 waits there for updated values still arriving.
+  /// before head h's (head, gateMean), and with -1 before the parameters
+  /// are handed out by name to be read (namedParameters: a checkpoint, an
+  /// export; parameters() and trainableParameters() hand out the tensors
+  /// for their gradients and wait for nothing): ZeRO 1–2 waits there for
+  /// updated values still arriving.
   void setBeforeRead(std::function<void(int64_t)> f) {
     beforeRead_ = std::move(f);
   }

@@ -81,6 +81,10 @@ public:
   /// not keeps them to sumGradients(). At every stage: drops the sums
   /// foldHalfGradients left from a step that ended without its update.
   void beginStep(const std::vector<bool> &present);
+  /// The group beginStep's agreement runs over (else the optimizer's): one
+  /// of the same ranks whose collectives do not queue behind the updated
+  /// values' broadcasts still in flight.
+  void setControl(Communicator *control) { control_ = control; }
   bool releasing() const { return release_; }
   /// After each micro-batch's backward (collective when releasing): what
   /// its last hooks left pending is reduced, so the next micro-batch's
@@ -257,7 +261,7 @@ private:
   /// Adds this rank's run of parameter i's summed gradient (flat).
   void addToShard(int64_t i, const at::Tensor &flat);
 
-  Communicator *comm_;
+  Communicator *comm_, *control_ = nullptr;
   void updateOnHost(double lr, const at::Tensor &param, const at::Tensor &grad,
                     int64_t shardOffset, double step);
 
