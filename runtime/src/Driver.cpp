@@ -1483,6 +1483,10 @@ int train(const std::string &name, const Program &p, const Options &o) {
     DistOptions cd = d;
     cd.group = "control/";
     control = std::make_unique<Communicator>(cd, /*serveStore=*/false);
+    // Its first collective now, while nothing else is in flight (NCCL may
+    // create a communicator lazily, and two busy at once can deadlock).
+    std::vector<at::Tensor> warm{at::zeros({1}, at::kFloat).to(control->device())};
+    control->allReduceSum(warm);
     core.zero()->setControl(control.get());
   }
   Communicator &agree = control ? *control : comm;
@@ -2464,6 +2468,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
       lastSaved = done;
     }
     if (stop) {
+      if (ZeroOptimizer *zero = core.zero())
+        zero->settleParameters();
       if (rank0)
         std::fprintf(stderr, "%sinterrupted at step %lld%s\n", tty ? "\n" : "",
                      static_cast<long long>(done),
@@ -2475,6 +2481,10 @@ int train(const std::string &name, const Program &p, const Options &o) {
   }
   if (tty && rank0)
     std::fprintf(stderr, "\n");
+  // ZeRO 1–2: the last update's values arrive before anything is written
+  // (a failed broadcast is this run's error, not the exit's).
+  if (ZeroOptimizer *zero = core.zero())
+    zero->settleParameters();
   if (profilerOn) {
     torch::autograd::profiler::disableProfiler()->save(profilePath);
     std::fprintf(stderr, "profile of steps %lld..%lld: %s\n",

@@ -633,7 +633,7 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
                       hyper_.weightDecay, hyper_.eps, /*amsgrad=*/false,
                       /*maximize=*/false);
   }
-  // The gradients are spent before the all-gather needs its buffers.
+  // The gradients are spent before the broadcasts begin.
   byGroup.clear();
   hostParam_ = hostGrad_ = at::Tensor();
   gradShard_ = at::Tensor();
@@ -658,16 +658,15 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
                              flatParam(int64_t(i)));
     return sent;
   }
-  // Stages 1–2: each updated parameter's parts broadcast by their owners
-  // into the parameter itself on every rank (no buffer: the owner's part
-  // holds its new values — a 16-bit one its masters cut, as a receiver
-  // would cut them), in the order the next forward reads them. Only what
-  // was updated: has_ agrees over the ranks.
+  // Stages 1–2: each parameter's parts broadcast by their owners into the
+  // parameter itself on every rank (no buffer: the owner's part holds its
+  // new values — a 16-bit one its masters cut, as a receiver would cut
+  // them), in the order the next forward reads them. Every parameter,
+  // updated or not: the ranks begin the same broadcasts whatever their
+  // gradients said.
   int64_t sent = 0;
   std::vector<size_t> end(params_.size(), 0);
   auto begin = [&](int64_t i) {
-    if (!has_[i])
-      return;
     sent += fillFromRuns(comm_, rank_, shard_, offset_[i],
                          offset_[i] + params_[i].numel(), at::Tensor(),
                          flatParam(i), &paramTickets_);
@@ -690,9 +689,6 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
         begin(i);
       continue;
     }
-    if (std::none_of(g.own.begin(), g.own.end(),
-                     [&](int64_t i) { return bool(has_[i]); }))
-      continue;
     sent += fillFromRuns(comm_, rank_, shard_, g.begin, g.end, at::Tensor(),
                          g.flat, &paramTickets_);
     for (int64_t i : g.own)
@@ -765,25 +761,24 @@ void ZeroOptimizer::setForwardOrder(
 }
 
 void ZeroOptimizer::waitParameterTickets(size_t upTo) {
-  // Past a failure every other one is waited for too (it may still write
-  // into a parameter); the first failure is rethrown.
-  std::exception_ptr failed;
-  while (paramWaited_ < std::min(upTo, paramTickets_.size())) {
+  upTo = std::min(upTo, paramTickets_.size());
+  while (paramWaited_ < upTo) {
     const int64_t t = paramTickets_[paramWaited_++];
     try {
       comm_->wait(t);
     } catch (...) {
-      if (!failed)
-        failed = std::current_exception();
-      upTo = paramTickets_.size();
+      // The run ends here: the rest are not waited for, each up to its
+      // timeout behind a lost peer (a work holds its tensors, so what it
+      // writes into outlives this).
+      paramTickets_.clear();
+      paramWaited_ = 0;
+      throw;
     }
   }
   if (paramWaited_ >= paramTickets_.size()) {
     paramTickets_.clear();
     paramWaited_ = 0;
   }
-  if (failed)
-    std::rethrow_exception(failed);
 }
 
 void ZeroOptimizer::awaitGroup(int64_t g) {

@@ -297,8 +297,9 @@ struct StepStats {
   /// Gradient exchange (data parallel): this rank's bytes handed to the
   /// collectives, and the same gradients' fp32 size; 0 at world size 1.
   int64_t bytesSent = 0, bytesSentUncompressed = 0;
-  /// ZeRO: what a ring all-gather of the updated parameters sends from this
-  /// rank, (W − 1) · 4 · S (the driver adds it to bytesSent and
+  /// ZeRO: the updated values this rank's broadcasts hand to the W − 1
+  /// others, (W − 1) · 4 · S (2 B a 16-bit weight; stage 3: its runs' share
+  /// of the whole parameters' broadcasts; the driver adds it to bytesSent and
   /// bytesSentUncompressed; stage 2's sums count the 4 B per value they hand
   /// over, once per micro-batch, as the plain exchange counts its 4·N).
   int64_t bytesSentParameters = 0;

@@ -134,7 +134,7 @@ public:
   std::function<void(int64_t)> beforeRead(std::vector<int64_t> groupOf);
   /// Every broadcast begun waited for: what reads or writes parameters
   /// outside the forward (the next update, a checkpoint, an evaluation).
-  /// The first failure is rethrown once every one is waited for.
+  /// A failure is rethrown at once (the run ends; the rest are dropped).
   void settleParameters();
   /// Broadcasts begun and not yet waited for (tests).
   int64_t parametersInFlight() const {
@@ -321,7 +321,7 @@ private:
   std::vector<int64_t> ungrouped_;
   std::vector<int64_t> paramTickets_;
   size_t paramWaited_ = 0;
-  /// Waits for paramTickets_ up to `upTo` (all of them past a failure).
+  /// Waits for paramTickets_ up to `upTo`.
   void waitParameterTickets(size_t upTo);
   /// Stage 3: each sharded unit's flat buffer and its span of the layout;
   /// the unit of each parameter (-1: whole on every rank) and how many of a
