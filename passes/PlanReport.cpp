@@ -174,9 +174,16 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
                        formatBytes(2 * (sharded - sharded / world)) +
                        " per micro-batch)"
                  : "its run of the updated values to each other rank, " +
-                       formatBytes(4 * (world - 1) * shard) +
+                       formatBytes(
+                           (world - 1) *
+                           (4 * elements -
+                            2 * CostModel(model).halfProjectionValues()) /
+                           world) +
                        " (broadcast in place, waited for block by block "
-                       "as the next forward reads them)")
+                       "as the next forward reads them" +
+                       (CostModel(model).halfProjectionValues()
+                            ? std::string("; a bf16 weight at 2 B a value)")
+                            : std::string(")")))
          << "\n";
   }
   if (strategy && strategy.getOptimizerOffload()) {
