@@ -1485,7 +1485,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
     control = std::make_unique<Communicator>(cd, /*serveStore=*/false);
     // Its first collective now, while nothing else is in flight (NCCL may
     // create a communicator lazily, and two busy at once can deadlock).
-    std::vector<at::Tensor> warm{at::zeros({1}, at::kFloat).to(control->device())};
+    std::vector<at::Tensor> warm{
+        at::zeros({1}, at::kFloat).to(control->device())};
     control->allReduceSum(warm);
     core.zero()->setControl(control.get());
   }

@@ -50,6 +50,24 @@ int64_t fillFromRuns(Communicator *comm, int rank, int64_t shard,
   return sent;
 }
 
+/// Parameters `run` (consecutive in the layout, at `offset`) made views of
+/// one new buffer holding their values (FSDP's flat parameter); set_data
+/// keeps each tensor, autograd's and every holder's. Returns the buffer.
+at::Tensor viewsOfOneBuffer(const std::vector<at::Tensor> &params,
+                            const std::vector<int64_t> &offset,
+                            const std::vector<int64_t> &run,
+                            const at::TensorOptions &options) {
+  const int64_t begin = offset[run.front()];
+  at::Tensor flat = at::empty(
+      {offset[run.back()] + params[run.back()].numel() - begin}, options);
+  for (int64_t i : run) {
+    at::Tensor view = flat.narrow(0, offset[i] - begin, params[i].numel());
+    view.copy_(params[i].detach().view({-1}));
+    params[i].set_data(view.view(params[i].sizes()));
+  }
+  return flat;
+}
+
 /// Hands a parameter's freshly accumulated gradient to stage 2's release
 /// (what DeepSpeed's stage 2 does with its gradient hooks).
 struct ReleaseHook : torch::autograd::PostAccumulateGradHook {
@@ -747,15 +765,9 @@ void ZeroOptimizer::setForwardOrder(
       continue;
     g.begin = offset_[own.front()];
     g.end = offset_[own.back()] + params_[own.back()].numel();
-    g.flat = at::empty({g.end - g.begin}, params_[own.front()].options()
-                                              .requires_grad(false));
-    for (int64_t i : own) {
-      at::Tensor view =
-          g.flat.narrow(0, offset_[i] - g.begin, params_[i].numel());
-      view.copy_(flatParam(i));
-      // set_data keeps the tensor (autograd's and every holder's).
-      params_[i].set_data(view.view(params_[i].sizes()));
-    }
+    g.flat = viewsOfOneBuffer(
+        params_, offset_, own,
+        params_[own.front()].options().requires_grad(false));
   }
   deferred_ = true;
 }
@@ -921,15 +933,11 @@ void ZeroOptimizer::shardParameters(
     Unit &unit = made[u];
     if (unit.params == 0)
       continue;
-    unit.flat = at::empty({unit.end - unit.begin}, expAvg_.options());
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (unitOf_[i] != int64_t(u))
-        continue;
-      at::Tensor view = unit.flat.narrow(0, offset_[i] - unit.begin,
-                                         params_[i].numel());
-      view.copy_(flatParam(int64_t(i)));
-      params_[i].set_data(view.view(params_[i].sizes()));
-    }
+    std::vector<int64_t> run;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (unitOf_[i] == int64_t(u))
+        run.push_back(int64_t(i));
+    unit.flat = viewsOfOneBuffer(params_, offset_, run, expAvg_.options());
     unit.gathered = true;
     gatheredBytes_ += 4 * (unit.end - unit.begin);
     allocateUnit(unit, false);
