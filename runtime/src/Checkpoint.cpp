@@ -290,7 +290,7 @@ std::string saveCheckpoint(const std::string &dir, int rank, int world,
     writeTensors(ar, "saps", saps->state());
   if (const ElasticConsolidation *ewc = core.consolidation())
     writeTensors(ar, "ewc", ewc->state());
-  if (const ZeroOptimizer *zero = core.zero())
+  if (ZeroOptimizer *zero = core.zero())
     writeTensors(ar, "zero", zero->state());
   {
     torch::serialize::OutputArchive gate;

@@ -97,6 +97,7 @@ struct Options {
   int64_t block = defaults::kQuantBlock, bucket = 1 << 20;
   std::string progress = "auto";
   int threads = 0; ///< 0: auto
+  std::string offloadUpdate = "auto";
   std::string writeShard;
   std::string dumpInit;
   std::string exportDir;
@@ -194,14 +195,26 @@ const Flag kFlags[] = {
     {"--compress-decay", "D", "residual feedback decay (default 0.8)"},
     {"--compress-block", "N", "values per quantization block (default 256)"},
     {"--compress-bucket", "N", "values per bucket (default 1048576)"},
-    {"--threads", "N|auto", "intra-op CPU threads; auto (the default on CPU) times steps from LibTorch's count down to 1 and keeps the fastest, probing again when the machine's load changes; N pins it (runs that must repeat bit for bit)"},
+    {"--threads", "N|auto",
+     "intra-op CPU threads; auto (the default on CPU) times steps from "
+     "LibTorch's count down to 1 and keeps the fastest, probing again when the "
+     "machine's load changes; N pins it (runs that must repeat bit for bit)"},
+    {"--offload-update", "auto|beside|inline",
+     "where the optimizer offload's host update runs: beside the next "
+     "step's forward (each unit waits for its own values) or inline in the "
+     "step; auto: beside a GPU, and on the CPU where the ranks' threads "
+     "leave as many cores free (docs/zero.md)"},
     {"--cosine-every", "M",
      "measure the task-gradient cosine matrix every M steps (0: never; "
      "without it DGFG keeps uniform weights; default 1)"},
     {"--profile", "FILE",
-     "profile every step after the first with LibTorch's profiler (CPU ops and their input shapes; rank 0, and with a pipeline plan every stage: rank N writes FILE.rankN) and write it to FILE as a Chrome trace (Perfetto, chrome://tracing; bench/compare_profiles.py sums two by op)"},
+     "profile every step after the first with LibTorch's profiler (CPU ops and "
+     "their input shapes; rank 0, and with a pipeline plan every stage: rank N "
+     "writes FILE.rankN) and write it to FILE as a Chrome trace (Perfetto, "
+     "chrome://tracing; bench/compare_profiles.py sums two by op)"},
     {"--profile-memory", "",
-     "with --profile: also every allocation and free ([memory] events: bytes, running total), to find where a step peaks"},
+     "with --profile: also every allocation and free ([memory] events: bytes, "
+     "running total), to find where a step peaks"},
     {"--profile-units", "FILE",
      "time the step's segments on this device at the micro batch (layer 1's "
      "attention and MLP blocks forward, backward and their tensor-grain "
@@ -495,8 +508,13 @@ bool parse(int argc, char **argv, const Program &p, Options &o) {
         throw UsageError("--threads expects auto or an integer in [1, 1024], "
                          "got '" + value + "'");
       }
-    }
-    else if (arg == "--cosine-every")
+    } else if (arg == "--offload-update") {
+      if (value != "auto" && value != "beside" && value != "inline")
+        throw UsageError(
+            "--offload-update expects auto, beside or inline, got '" + value +
+            "'");
+      o.offloadUpdate = value;
+    } else if (arg == "--cosine-every")
       o.cosineEvery = toInt(arg, value, 0, big);
     else if (arg == "--profile")
       o.profile = value;
@@ -786,12 +804,14 @@ int launch(const std::string &name, int argc, char **argv, const Program &p,
     for (char **e = environ; *e; ++e) {
       const std::string s = *e;
       if (s.rfind("RANK=", 0) && s.rfind("WORLD_SIZE=", 0) &&
-          s.rfind("LOCAL_RANK=", 0) && s.rfind("MASTER_ADDR=", 0) &&
-          s.rfind("MASTER_PORT=", 0) && s.rfind("MTPRT_LAUNCHER_PID=", 0))
+          s.rfind("LOCAL_RANK=", 0) && s.rfind("LOCAL_WORLD_SIZE=", 0) &&
+          s.rfind("MASTER_ADDR=", 0) && s.rfind("MASTER_PORT=", 0) &&
+          s.rfind("MTPRT_LAUNCHER_PID=", 0))
         env.push_back(s);
     }
     env.push_back("RANK=" + std::to_string(r));
     env.push_back("LOCAL_RANK=" + std::to_string(r));
+    env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(o.nproc));
     env.push_back("WORLD_SIZE=" + std::to_string(o.nproc));
     env.push_back("MASTER_ADDR=127.0.0.1");
     env.push_back("MASTER_PORT=" + std::to_string(port));
@@ -1929,6 +1949,10 @@ int train(const std::string &name, const Program &p, const Options &o) {
     if (!evalSet)
       return;
     double better = 0;
+    // The offload's update in flight holds gradients the evaluation's plan
+    // does not count: finished first.
+    if (core.zero() && core.zero()->offloaded())
+      core.zero()->settleParameters();
     // Every rank evaluates (the same parameters, the same file): none waits
     // in a collective, under --timeout, while rank 0 alone works through a
     // large held-out set. Rank 0 reports.
@@ -2042,6 +2066,8 @@ int train(const std::string &name, const Program &p, const Options &o) {
   RunSummary summary;
   int64_t lastSaved = -1;
   // --threads auto on the CPU: the count whose steps are fastest now.
+  if (core.zero() && o.offloadUpdate != "auto")
+    core.zero()->setUpdateBeside(o.offloadUpdate == "beside");
   std::optional<ThreadTuner> tuner;
   if (o.threads == 0 && mc.device == "cpu" && at::get_num_threads() > 1)
     tuner.emplace(at::get_num_threads());
@@ -2126,6 +2152,14 @@ int train(const std::string &name, const Program &p, const Options &o) {
                            : trainer.step(p.schedule);
     if (runner)
       s.pipelineWaitS = runner->lastWaitSeconds();
+    // A probe's step carries its own host update, and starts with none in
+    // flight: the offload's update runs beside the next forward only at
+    // counts that leave cores free, and a probe there would look one update
+    // faster (or slower). The count changes with no update running.
+    ZeroOptimizer *offloaded =
+        core.zero() && core.zero()->offloaded() ? core.zero() : nullptr;
+    if (tuner && tuner->probing() && offloaded)
+      offloaded->settleParameters();
     if (d.worldSize > 1)
       s.commS = Communicator::busySeconds() - busyBefore;
     if (tuner) {
@@ -2133,8 +2167,13 @@ int train(const std::string &name, const Program &p, const Options &o) {
       if (tuner->record(std::chrono::duration<double>(
                             std::chrono::steady_clock::now() - stepStart)
                             .count() *
-                        double(o.batchSize) / double(stepBatch)))
+                        double(o.batchSize) / double(stepBatch))) {
+        if (offloaded)
+          offloaded->settleParameters();
         at::set_num_threads(tuner->threads());
+      }
+      if (tuner->probing() && offloaded)
+        offloaded->settleParameters();
       if (tuner->settledAnew() && rank0 && (tty || plain))
         std::fprintf(stderr, "%s--threads auto: %d intra-op thread%s (%s)\n",
                      tty ? "\n" : "", tuner->threads(),

@@ -239,11 +239,12 @@ void TrainerCore::shardOptimizer(Communicator *comm) {
     // An evaluation's units (and a region's first pass) gather and free
     // their own.
     model_->setAroundUnit(zero_->aroundUnit());
-  } else if (zero_->worldSize() > 1) {
+  } else if (zero_->worldSize() > 1 || zero_->offloaded()) {
     // ZeRO 1–2: the values other ranks updated arrive while the next
     // forward runs — each unit's before it runs, a head's (and the adapter
     // it shares) after its tap's unit; whatever reads parameters otherwise
-    // waits for them all (Model::setBeforeRead, state()).
+    // waits for them all (Model::setBeforeRead, state()). The offload's
+    // host update runs in the same order beside that forward.
     const Model &m = *model_;
     const int64_t nu = m.numUnits(), nh = m.numHeads();
     std::vector<std::vector<at::Tensor>> order;

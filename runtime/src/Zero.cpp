@@ -11,11 +11,27 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <ATen/Parallel.h>
+
+#ifdef MTPRT_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
 #include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
+#include <thread>
 #include <unordered_map>
+
+#include <sched.h>
 
 namespace mtprt {
 
@@ -88,6 +104,52 @@ struct ReleaseHook : torch::autograd::PostAccumulateGradHook {
 /// that its sum over 256 ranks is exact in fp32.
 constexpr int64_t kSignatureModulus = 65521;
 } // namespace
+
+namespace {
+/// This process's share of the cores it may run on, one per core where SMT
+/// pairs them (LibTorch's default thread count is one per physical core),
+/// divided among the ranks on this machine (LOCAL_WORLD_SIZE, as torchrun
+/// and `--nproc` set it).
+int physicalCores() {
+  int logical = 0;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    logical = CPU_COUNT(&set);
+  if (logical <= 0)
+    logical = int(std::max(1u, std::thread::hardware_concurrency()));
+  std::ifstream smt("/sys/devices/system/cpu/smt/active");
+  int active = 0;
+  if (smt >> active && active == 1)
+    logical = std::max(1, logical / 2);
+  const char *local = std::getenv("LOCAL_WORLD_SIZE");
+  const int ranks = local ? std::atoi(local) : 1;
+  return ranks > 1 ? std::max(1, logical / ranks) : logical;
+}
+} // namespace
+
+/// The offload's update beside the next forward: one job per parameter
+/// segment, run in order on `thread`; `done` counts those finished.
+struct ZeroOptimizer::HostUpdate {
+  struct Job {
+    int64_t param;
+    at::Tensor values, grad;
+    int64_t shardOffset;
+    double lr, step;
+  };
+  std::vector<Job> jobs;
+  at::Tensor hostParam, hostGrad;
+  std::mutex mutex;
+  std::condition_variable cv;
+  size_t done = 0;
+  std::exception_ptr error;
+  std::function<void(int64_t)> before;
+  std::thread thread;
+#ifdef MTPRT_TORCH_CUDA
+  /// The gradients' producer on the compute stream: the jobs' copies run
+  /// on a side stream after it.
+  std::unique_ptr<at::cuda::CUDAEvent> produced;
+#endif
+};
 
 ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
                              std::vector<std::vector<at::Tensor>> groups,
@@ -177,6 +239,10 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
+  // The host update's thread reads this optimizer's state: it ends first
+  // (its failure, if any, is the run's to have reported already).
+  if (hostUpdate_ && hostUpdate_->thread.joinable())
+    hostUpdate_->thread.join();
   // A prefetch or a sum still in flight (a step that threw) needs no wait
   // here: its work holds its tensors, so their bytes outlive this; and the
   // communicator may be gone already.
@@ -192,16 +258,16 @@ ZeroOptimizer::~ZeroOptimizer() {
 
 void ZeroOptimizer::updateOnHost(double lr, const at::Tensor &param,
                                  const at::Tensor &grad, int64_t shardOffset,
-                                 double step) {
+                                 double step, const at::Tensor &hostParam,
+                                 const at::Tensor &hostGrad) {
   const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
   for (int64_t c = 0; c < param.numel(); c += bucket) {
     const int64_t len = std::min(bucket, param.numel() - c);
     // With masters the update works on them and only the result goes back
     // (cut to the parameter's dtype); otherwise on a copy of the parameter.
-    at::Tensor p = masters_.defined()
-                       ? masters_.narrow(0, shardOffset + c, len)
-                       : hostParam_.narrow(0, 0, len);
-    at::Tensor g = hostGrad_.narrow(0, 0, len);
+    at::Tensor p = masters_.defined() ? masters_.narrow(0, shardOffset + c, len)
+                                      : hostParam.narrow(0, 0, len);
+    at::Tensor g = hostGrad.narrow(0, 0, len);
     if (!masters_.defined())
       p.copy_(param.narrow(0, c, len));
     g.copy_(grad.narrow(0, c, len));
@@ -615,23 +681,54 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
                                 std::to_string(lr.size()) +
                                 " learning rates for " +
                                 std::to_string(groups) + " groups");
+  // The offload beside the next forward: the jobs in the broadcasts' order
+  // (the forward's), each item's count of them kept. Beside a GPU the host's
+  // cores are free while it computes; on the CPU only those the forward's
+  // threads leave (sharing them slows both: measured 1.4x the step time at
+  // two threads on two cores).
+  const bool overlap =
+      offload_ && deferred_ &&
+      (updateBeside_ ? *updateBeside_
+                     : pinned_ || 2 * at::get_num_threads() <= physicalCores());
+  std::unique_ptr<HostUpdate> update;
   if (offload_) {
+    update = std::make_unique<HostUpdate>();
     const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
     if (!masters_.defined())
-      hostParam_ = hostPoolTensor(bucket, at::kFloat, pinned_);
-    hostGrad_ = hostPoolTensor(bucket, at::kFloat, pinned_);
+      update->hostParam = hostPoolTensor(bucket, at::kFloat, pinned_);
+    update->hostGrad = hostPoolTensor(bucket, at::kFloat, pinned_);
+  }
+  std::vector<int64_t> segmentOf(params_.size(), -1);
+  for (size_t k = 0; k < segments_.size(); ++k)
+    segmentOf[size_t(segments_[k].param)] = int64_t(k);
+  auto addJob = [&](int64_t i) {
+    if (segmentOf[size_t(i)] < 0 || !has_[size_t(i)])
+      return;
+    const Segment &s = segments_[size_t(segmentOf[size_t(i)])];
+    update->jobs.push_back(
+        {i,
+         units_.empty() ? flatParam(s.param).narrow(0, s.begin, s.length)
+                        : paramShard_.narrow(0, s.shardOffset, s.length),
+         gradientOf(s), s.shardOffset, lr[s.group], double(steps_[s.param])});
+  };
+  if (overlap) {
+    itemJobs_.clear();
+    for (int64_t i : ungrouped_) {
+      addJob(i);
+      itemJobs_.push_back(update->jobs.size());
+    }
+    for (const Group &g : groups_) {
+      for (int64_t i : g.own)
+        addJob(i);
+      itemJobs_.push_back(update->jobs.size());
+    }
+  } else if (offload_) {
+    for (const Segment &s : segments_)
+      addJob(s.param);
   }
   for (const Segment &s : segments_) {
-    if (!has_[s.param])
+    if (!has_[s.param] || offload_)
       continue;
-    if (offload_) {
-      updateOnHost(lr[s.group],
-                   units_.empty()
-                       ? flatParam(s.param).narrow(0, s.begin, s.length)
-                       : paramShard_.narrow(0, s.shardOffset, s.length),
-                   gradientOf(s), s.shardOffset, double(steps_[s.param]));
-      continue;
-    }
     Lists &l = byGroup[s.group];
     l.params.push_back(units_.empty()
                            ? flatParam(s.param).narrow(0, s.begin, s.length)
@@ -651,15 +748,73 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
                       hyper_.weightDecay, hyper_.eps, /*amsgrad=*/false,
                       /*maximize=*/false);
   }
-  // The gradients are spent before the broadcasts begin.
+  if (update && !overlap) {
+    for (const HostUpdate::Job &j : update->jobs)
+      updateOnHost(j.lr, j.values, j.grad, j.shardOffset, j.step,
+                   update->hostParam, update->hostGrad);
+    update.reset();
+  }
+  if (update) {
+    // The jobs hold the gradients they read; each is let go once updated.
+    HostUpdate *u = update.get();
+#ifdef MTPRT_TORCH_CUDA
+    if (pinned_) {
+      u->produced = std::make_unique<at::cuda::CUDAEvent>();
+      u->produced->record(
+          at::cuda::getCurrentCUDAStream(params_.front().get_device()));
+    }
+#endif
+    u->before = beforeHostUpdate_;
+    u->thread = std::thread([this, u] {
+      // ATen sets this thread's intra-op count from the process's at its
+      // first parallel op (the driver changes it only with no update in
+      // flight: Driver's --threads auto settles first).
+      at::NoGradGuard noGrad;
+      size_t j = 0;
+      try {
+#ifdef MTPRT_TORCH_CUDA
+        // The copies (each synchronous) on a side stream, behind the
+        // backward that made the gradients, beside the forward's kernels.
+        std::optional<c10::cuda::CUDAStreamGuard> onSide;
+        if (u->produced) {
+          auto side = at::cuda::getStreamFromPool(
+              /*isHighPriority=*/false, params_.front().get_device());
+          u->produced->block(side);
+          onSide.emplace(side);
+        }
+#endif
+        for (; j < u->jobs.size(); ++j) {
+          HostUpdate::Job &job = u->jobs[j];
+          if (u->before)
+            u->before(job.param);
+          updateOnHost(job.lr, job.values, job.grad, job.shardOffset, job.step,
+                       u->hostParam, u->hostGrad);
+          job.values = job.grad = at::Tensor();
+          std::lock_guard<std::mutex> lock(u->mutex);
+          ++u->done;
+          u->cv.notify_all();
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(u->mutex);
+        u->error = std::current_exception();
+        u->done = u->jobs.size();
+        u->cv.notify_all();
+      }
+    });
+    hostUpdate_ = std::move(update);
+  }
+  // The gradients are spent before the broadcasts begin (the host update's
+  // jobs hold those they have yet to read).
   byGroup.clear();
-  hostParam_ = hostGrad_ = at::Tensor();
   gradShard_ = at::Tensor();
   folded_.assign(params_.size(), at::Tensor());
   for (at::Tensor &p : params_)
     p.mutable_grad() = at::Tensor();
-  if (world_ <= 1)
+  if (world_ <= 1) {
+    // Nothing to broadcast: the items only wait for the host update.
+    begunItems_ = hostUpdate_ ? 0 : numItems();
     return 0;
+  }
   if (!units_.empty()) {
     // Stage 3: the sharded units are gathered at their next use (what is
     // whole now is stale); the parameters kept whole on every rank take
@@ -679,46 +834,101 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
   // Stages 1–2: each parameter's parts broadcast by their owners into the
   // parameter itself on every rank (no buffer: the owner's part holds its
   // new values — a 16-bit one its masters cut, as a receiver would cut
-  // them), in the order the next forward reads them. Every parameter,
-  // updated or not: the ranks begin the same broadcasts whatever their
-  // gradients said.
+  // them), in the order the next forward reads them, each once its values
+  // are updated. Every parameter, updated or not: the ranks begin the same
+  // broadcasts whatever their gradients said.
   int64_t sent = 0;
-  std::vector<size_t> end(params_.size(), 0);
-  auto begin = [&](int64_t i) {
-    sent += fillFromRuns(comm_, rank_, shard_, offset_[i],
-                         offset_[i] + params_[i].numel(), at::Tensor(),
-                         flatParam(i), &paramTickets_);
-    end[i] = paramTickets_.size();
-  };
+  const int64_t lo = rank_ * shard_, hi = lo + shard_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t a = std::max(lo, offset_[i]);
+    const int64_t e = std::min(hi, offset_[i] + params_[i].numel());
+    if (a < e)
+      sent += (e - a) * int64_t(params_[i].element_size());
+  }
   if (!deferred_) {
     for (size_t i = 0; i < params_.size(); ++i)
-      begin(int64_t(i));
+      fillFromRuns(comm_, rank_, shard_, offset_[i],
+                   offset_[i] + params_[i].numel(), at::Tensor(),
+                   flatParam(int64_t(i)), &paramTickets_);
     settleParameters();
     return sent * (world_ - 1);
   }
-  // What no group lists first; then each group's own, one broadcast per
-  // owner where its parameters share one buffer.
-  for (int64_t i : ungrouped_)
-    begin(i);
-  const size_t rest = paramTickets_.size();
-  for (const Group &g : groups_) {
-    if (!g.flat.defined()) {
-      for (int64_t i : g.own)
-        begin(i);
-      continue;
-    }
-    sent += fillFromRuns(comm_, rank_, shard_, g.begin, g.end, at::Tensor(),
-                         g.flat, &paramTickets_);
-    for (int64_t i : g.own)
-      end[i] = paramTickets_.size();
-  }
-  // A group waits for what it reads and for what no group lists.
-  for (Group &g : groups_) {
-    g.wait = rest;
-    for (int64_t i : g.reads)
-      g.wait = std::max(g.wait, end[i]);
-  }
+  begunItems_ = 0;
+  paramEnd_.assign(params_.size(), 0);
+  // Without a host update every value is updated: all begun now. With one,
+  // the forward begins them as it goes (awaitGroup) — at points of the
+  // program, not of the update's progress, so every rank issues its
+  // collectives in the same order.
+  if (!hostUpdate_)
+    beginItems(numItems());
   return sent * (world_ - 1);
+}
+
+void ZeroOptimizer::beginItem(size_t k) {
+  auto begin = [&](int64_t i) {
+    fillFromRuns(comm_, rank_, shard_, offset_[i],
+                 offset_[i] + params_[i].numel(), at::Tensor(), flatParam(i),
+                 &paramTickets_);
+    paramEnd_[size_t(i)] = ticketsBegun();
+  };
+  if (k < ungrouped_.size()) {
+    begin(ungrouped_[k]);
+    if (k + 1 == ungrouped_.size())
+      restEnd_ = ticketsBegun();
+    return;
+  }
+  if (k == 0) // no ungrouped parameters
+    restEnd_ = ticketsBegun();
+  const Group &g = groups_[k - ungrouped_.size()];
+  if (!g.flat.defined()) {
+    for (int64_t i : g.own)
+      begin(i);
+    return;
+  }
+  // One broadcast per owner where the group's parameters share a buffer.
+  fillFromRuns(comm_, rank_, shard_, g.begin, g.end, at::Tensor(), g.flat,
+               &paramTickets_);
+  for (int64_t i : g.own)
+    paramEnd_[size_t(i)] = ticketsBegun();
+}
+
+void ZeroOptimizer::beginItems(size_t upTo) {
+  upTo = std::min(upTo, numItems());
+  for (; begunItems_ < upTo; ++begunItems_) {
+    if (hostUpdate_)
+      awaitHostUpdate(itemJobs_[begunItems_]);
+    // At one rank (the offload alone) the items only order the update.
+    if (world_ > 1)
+      beginItem(begunItems_);
+  }
+}
+
+void ZeroOptimizer::awaitHostUpdate(size_t jobs) {
+  if (!hostUpdate_)
+    return;
+  HostUpdate &u = *hostUpdate_;
+  {
+    std::unique_lock<std::mutex> lock(u.mutex);
+    u.cv.wait(lock, [&] { return u.done >= std::min(jobs, u.jobs.size()); });
+    if (!u.error && u.done < u.jobs.size())
+      return;
+  }
+  // Every job done, or one failed (the thread has returned): joined.
+  u.thread.join();
+  std::exception_ptr error = u.error;
+  hostUpdate_.reset();
+  if (error) {
+    // The run ends here; nothing waits for broadcasts of stale values.
+    begunItems_ = numItems();
+    std::rethrow_exception(error);
+  }
+}
+
+int64_t ZeroOptimizer::hostUpdatesInFlight() const {
+  if (!hostUpdate_)
+    return 0;
+  std::lock_guard<std::mutex> lock(hostUpdate_->mutex);
+  return int64_t(hostUpdate_->jobs.size() - hostUpdate_->done);
 }
 
 void ZeroOptimizer::setForwardOrder(
@@ -727,7 +937,8 @@ void ZeroOptimizer::setForwardOrder(
   deferred_ = false;
   groups_.clear();
   ungrouped_.clear();
-  if (world_ <= 1 || stage_ >= 3)
+  begunItems_ = 0;
+  if ((world_ <= 1 && !offload_) || stage_ >= 3)
     return;
   at::NoGradGuard noGrad;
   std::unordered_map<const c10::TensorImpl *, int64_t> index;
@@ -756,6 +967,8 @@ void ZeroOptimizer::setForwardOrder(
   // them as views of one buffer (FSDP's flat parameter): one broadcast per
   // owner instead of one per parameter and owner.
   for (Group &g : groups_) {
+    if (world_ <= 1)
+      break;
     std::vector<int64_t> own = g.own;
     std::sort(own.begin(), own.end());
     if (own.size() < 2 || own.back() - own.front() + 1 != int64_t(own.size()) ||
@@ -769,11 +982,15 @@ void ZeroOptimizer::setForwardOrder(
         params_, offset_, own,
         params_[own.front()].options().requires_grad(false));
   }
+  // Nothing of an update in flight yet.
+  begunItems_ = numItems();
+  paramEnd_.assign(params_.size(), 0);
   deferred_ = true;
 }
 
 void ZeroOptimizer::waitParameterTickets(size_t upTo) {
-  upTo = std::min(upTo, paramTickets_.size());
+  upTo = std::min(upTo > ticketBase_ ? upTo - ticketBase_ : 0,
+                  paramTickets_.size());
   while (paramWaited_ < upTo) {
     const int64_t t = paramTickets_[paramWaited_++];
     try {
@@ -782,23 +999,39 @@ void ZeroOptimizer::waitParameterTickets(size_t upTo) {
       // The run ends here: the rest are not waited for, each up to its
       // timeout behind a lost peer (a work holds its tensors, so what it
       // writes into outlives this).
+      ticketBase_ += paramTickets_.size();
       paramTickets_.clear();
       paramWaited_ = 0;
+      begunItems_ = numItems();
       throw;
     }
   }
   if (paramWaited_ >= paramTickets_.size()) {
+    ticketBase_ += paramTickets_.size();
     paramTickets_.clear();
     paramWaited_ = 0;
   }
 }
 
 void ZeroOptimizer::awaitGroup(int64_t g) {
-  if (paramTickets_.empty())
+  if (!inFlight())
     return;
   if (g < 0 || g >= int64_t(groups_.size()))
     return settleParameters();
-  waitParameterTickets(groups_[size_t(g)].wait);
+  // Group g's values updated and their broadcasts begun — and beyond one
+  // rank the next group's too, so that its broadcasts run beside this
+  // unit's compute.
+  beginItems(ungrouped_.size() + size_t(g) + (world_ > 1 ? 2 : 1));
+  if (hostUpdate_ && hostUpdatesInFlight() == 0)
+    awaitHostUpdate(size_t(-1));
+  if (world_ <= 1)
+    return;
+  // What it reads (some first read by an earlier group) and what no group
+  // lists.
+  size_t wait = restEnd_;
+  for (int64_t i : groups_[size_t(g)].reads)
+    wait = std::max(wait, paramEnd_[size_t(i)]);
+  waitParameterTickets(wait);
 }
 
 std::function<void(int64_t)>
@@ -806,7 +1039,7 @@ ZeroOptimizer::beforeRead(std::vector<int64_t> groupOf) {
   std::shared_ptr<ZeroOptimizer *> owner = self_;
   return [owner, groupOf = std::move(groupOf)](int64_t key) {
     ZeroOptimizer *z = *owner;
-    if (!z || z->paramTickets_.empty())
+    if (!z || !z->inFlight())
       return;
     z->awaitGroup(
         key >= 0 && key < int64_t(groupOf.size()) ? groupOf[size_t(key)] : -1);
@@ -814,11 +1047,14 @@ ZeroOptimizer::beforeRead(std::vector<int64_t> groupOf) {
 }
 
 void ZeroOptimizer::settleParameters() {
+  awaitHostUpdate(size_t(-1));
+  beginItems(numItems());
   if (!paramTickets_.empty())
-    waitParameterTickets(paramTickets_.size());
+    waitParameterTickets(ticketsBegun());
 }
 
-std::vector<at::Tensor> ZeroOptimizer::state() const {
+std::vector<at::Tensor> ZeroOptimizer::state() {
+  settleParameters();
   at::Tensor layout = at::tensor(
       std::vector<int64_t>{stage_, world_, total_, shard_}, at::kLong);
   at::Tensor steps = at::tensor(steps_, at::kLong);
@@ -826,6 +1062,7 @@ std::vector<at::Tensor> ZeroOptimizer::state() const {
 }
 
 void ZeroOptimizer::loadState(const std::vector<at::Tensor> &s) {
+  settleParameters();
   auto describe = [](int64_t stage, int64_t world, int64_t total) {
     return "ZeRO stage " + std::to_string(stage) + " over " +
            std::to_string(world) + " rank(s), " + std::to_string(total) +
@@ -861,6 +1098,7 @@ void ZeroOptimizer::loadState(const std::vector<at::Tensor> &s) {
 
 void ZeroOptimizer::loadWhole(const std::vector<int64_t> &steps,
                               const at::Tensor &avg, const at::Tensor &sq) {
+  settleParameters();
   if (steps.size() != steps_.size() || avg.numel() != total_ ||
       sq.numel() != total_)
     throw std::runtime_error(

@@ -14,6 +14,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <future>
+#include <mutex>
+#include <thread>
+
 #include "MultiProcess.h"
 
 using namespace mtprt;
@@ -113,6 +118,72 @@ TEST(ZeroOptimizer, OffloadKeepsTheStateInTheHostPool) {
     for (size_t i = 0; i < dev[g].size(); ++i)
       EXPECT_TRUE(at::allclose(dev[g][i], host[g][i], 1e-6, 1e-7));
   EXPECT_EQ(hostPoolBytes() - pool, 8 * offloaded.totalValues());
+}
+
+// The offload beside the next forward: with the forward's order the host
+// update runs on a thread of its own, the parameters no group reads first,
+// then each group's; awaitGroup (the model's hook) waits for one group's
+// values only. Held before A's update, the forward still reads C's updated
+// values; the results are the update's in place, bit for bit.
+TEST(ZeroOptimizer, OffloadUpdatesBesideTheNextForward) {
+  auto async = groups(3), ref = groups(3);
+  // What the update's thread writes outlives the optimizer that joins it.
+  std::mutex m;
+  std::vector<int64_t> order;
+  std::vector<std::thread::id> threads;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  ZeroOptimizer sync(nullptr, 0, ref, AdamWHyper{}, /*offload=*/true);
+  ZeroOptimizer beside(nullptr, 0, async, AdamWHyper{}, /*offload=*/true);
+  at::Tensor a = async[0][0], b = async[0][1], c = async[1][0];
+  // The forward reads C, then A; B no group lists.
+  beside.setForwardOrder({{c}, {a}});
+  beside.setUpdateBeside(true); // whatever this machine's cores
+  std::function<void(int64_t)> read = beside.beforeRead({0, 1});
+  beside.setBeforeHostUpdate([&](int64_t i) {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      order.push_back(i);
+      threads.push_back(std::this_thread::get_id());
+    }
+    if (i == 0) // A: held until the test has read C (never for long)
+      released.wait_for(std::chrono::seconds(30));
+  });
+  setGrads(async, 30);
+  setGrads(ref, 30);
+  const at::Tensor aBefore = a.detach().clone();
+  sync.step({1e-2, 3e-2});
+  beside.step({1e-2, 3e-2});
+  EXPECT_FALSE(a.grad().defined()); // the jobs hold what they read
+  EXPECT_GE(beside.hostUpdatesInFlight(), 1);
+  read(0); // C's unit
+  EXPECT_TRUE(at::equal(c, ref[1][0]));
+  EXPECT_TRUE(at::equal(b, ref[0][1]));
+  EXPECT_TRUE(at::equal(a, aBefore)); // still held
+  EXPECT_EQ(beside.hostUpdatesInFlight(), 1);
+  release.set_value();
+  read(1);
+  EXPECT_TRUE(at::equal(a, ref[0][0]));
+  EXPECT_EQ(beside.hostUpdatesInFlight(), 0);
+  {
+    std::lock_guard<std::mutex> lock(m);
+    EXPECT_EQ(order, (std::vector<int64_t>{1, 2, 0}));
+    for (std::thread::id t : threads)
+      EXPECT_NE(t, std::this_thread::get_id());
+  }
+  // A second step, nobody held: settled by whatever reads every value.
+  beside.setBeforeHostUpdate(nullptr);
+  setGrads(async, 31, /*skipLast=*/true);
+  setGrads(ref, 31, /*skipLast=*/true);
+  sync.step({1e-2, 3e-2});
+  beside.step({1e-2, 3e-2});
+  const std::vector<at::Tensor> s = beside.state(), r = sync.state();
+  EXPECT_EQ(beside.hostUpdatesInFlight(), 0);
+  for (size_t k = 1; k < s.size(); ++k)
+    EXPECT_TRUE(at::equal(s[k], r[k])) << k;
+  for (size_t g = 0; g < async.size(); ++g)
+    for (size_t i = 0; i < async[g].size(); ++i)
+      EXPECT_TRUE(at::equal(async[g][i], ref[g][i])) << g << "," << i;
 }
 
 // ZeRO-Offload's 16-bit weights: the chosen parameters are bf16 on the

@@ -33,6 +33,8 @@ public:
   /// The count the next step runs at.
   int threads() const { return candidates_[current_]; }
   const std::vector<int> &candidates() const { return candidates_; }
+  /// Whether the next step is a probe's (timed against the other counts).
+  bool probing() const { return probing_; }
 
   /// Records the step that just ran at threads(), `seconds` of wall time.
   /// The first step (warm-up: first touches, allocator growth) is not

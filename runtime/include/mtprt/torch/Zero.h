@@ -14,7 +14,9 @@
 // Optimizer offload (ZeRO-Offload's update on the host): the moments in the
 // host pool, each bucket of this rank's parameters and gradients copied
 // there, updated by the same fused AdamW on the CPU, the parameters copied
-// back; the device holds none of the state.
+// back; the device holds none of the state. With setForwardOrder the update
+// runs on a thread of its own in the order the next forward reads the
+// parameters, and the forward waits for each unit's as it reaches it.
 //
 // Stage 3 (FSDP's layout on ZeRO's run): the backbone units' parameters are
 // sharded too. Each unit's parameters become views of one flat buffer (the
@@ -37,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -114,7 +117,9 @@ public:
   /// gradient for keep their values and step counts. Frees the gradients,
   /// then the updated values go to every rank (stages 1–2: the owners'
   /// broadcasts, waited for here unless setForwardOrder defers them; stage
-  /// 3: the whole parameters'). Returns the bytes this rank sent.
+  /// 3: the whole parameters'). With the offload and setForwardOrder the
+  /// host update itself is only begun (each broadcast begins once its
+  /// values are updated). Returns the bytes this rank sent.
   int64_t step(const std::vector<double> &lr);
 
   //===--- Stages 1–2: the updated values beside the next forward ---------===//
@@ -126,20 +131,37 @@ public:
   /// no group first, then the groups' in order — and awaitGroup(g) waits
   /// for those of group g and everything begun before them, as the forward
   /// reaches it (DeepSpeed's stages 1–2 all-gather every parameter before
-  /// the next forward starts). Stages 1–2 beyond one rank; else nothing.
+  /// the next forward starts). With the offload the host update runs in
+  /// that order on a thread of its own, and awaitGroup(g) waits for group
+  /// g's values first (DeepSpeed's ZeRO-Offload updates everything before
+  /// the next forward, or a step late). Stages 0–2 with the offload, 1–2
+  /// beyond one rank; else nothing.
   void setForwardOrder(const std::vector<std::vector<at::Tensor>> &groups);
   void awaitGroup(int64_t g);
   /// Model::setBeforeRead's hook: key k waits for group `groupOf[k]`; a key
   /// without one (-1: every parameter) waits for every broadcast.
   std::function<void(int64_t)> beforeRead(std::vector<int64_t> groupOf);
-  /// Every broadcast begun waited for: what reads or writes parameters
-  /// outside the forward (the next update, a checkpoint, an evaluation).
-  /// A failure is rethrown at once (the run ends; the rest are dropped).
+  /// The host update finished and every broadcast begun and waited for:
+  /// what reads or writes parameters or the optimizer's state outside the
+  /// forward (the next update, a checkpoint, an evaluation). A failure is
+  /// rethrown at once (the run ends; the rest are dropped).
   void settleParameters();
   /// Broadcasts begun and not yet waited for (tests).
   int64_t parametersInFlight() const {
     return int64_t(paramTickets_.size() - paramWaited_);
   }
+  /// Parameters whose host update has not finished (tests).
+  int64_t hostUpdatesInFlight() const;
+  /// Called on the host update's thread before each parameter's update
+  /// (tests: a test holds one back to see the forward run beside it).
+  void setBeforeHostUpdate(std::function<void(int64_t)> f) {
+    settleParameters(); // the update in flight keeps the one it began with
+    beforeHostUpdate_ = std::move(f);
+  }
+  /// Whether the host update runs beside the next forward (after
+  /// setForwardOrder). Unset: beside a CUDA device, or on the CPU when the
+  /// forward's threads leave a core free.
+  void setUpdateBeside(std::optional<bool> on) { updateBeside_ = on; }
   //===--- Stage 3: the parameters sharded --------------------------------===//
 
   /// Shards `units[u]`'s parameters (each unit's consecutive in the layout
@@ -225,8 +247,8 @@ public:
   }
 
   /// For checkpoints: [layout (stage, world, total, shard), steps per
-  /// parameter, exp_avg run, exp_avg_sq run].
-  std::vector<at::Tensor> state() const;
+  /// parameter, exp_avg run, exp_avg_sq run] (after the host update).
+  std::vector<at::Tensor> state();
   /// Restores state(); throws std::runtime_error naming what differs.
   void loadState(const std::vector<at::Tensor> &state);
   /// Restores this rank's run of a whole state (a checkpoint written at
@@ -262,12 +284,14 @@ private:
   void addToShard(int64_t i, const at::Tensor &flat);
 
   Communicator *comm_, *control_ = nullptr;
+  /// One parameter's segment updated on the host through the bucket-sized
+  /// host buffers `hostParam` (unused with masters) and `hostGrad`.
   void updateOnHost(double lr, const at::Tensor &param, const at::Tensor &grad,
-                    int64_t shardOffset, double step);
+                    int64_t shardOffset, double step,
+                    const at::Tensor &hostParam, const at::Tensor &hostGrad);
 
   int stage_, world_ = 1, rank_ = 0;
   bool offload_ = false;
-  at::Tensor hostParam_, hostGrad_; ///< one bucket each, during step()
   AdamWHyper hyper_;
   std::vector<at::Tensor> params_;
   std::vector<int64_t> groupOf_, offset_, steps_;
@@ -307,22 +331,50 @@ private:
   int64_t pendingValues_ = 0, sentBytes_ = 0;
   /// Stages 1–2's broadcasts of the updated values (setForwardOrder): per
   /// group, the parameters it reads, those it broadcasts (the first group
-  /// to read them), their buffer and its span of the layout when they share
-  /// one, and how many tickets to wait for this step; what no group reads
-  /// (broadcast first).
+  /// to read them), and their buffer and its span of the layout when they
+  /// share one; what no group reads (broadcast first).
   struct Group {
     std::vector<int64_t> reads, own;
     at::Tensor flat;
     int64_t begin = 0, end = 0;
-    size_t wait = 0;
   };
+
   bool deferred_ = false;
   std::vector<Group> groups_;
   std::vector<int64_t> ungrouped_;
+  /// Tickets of the broadcasts begun; those before paramWaited_ are waited
+  /// for. Ticket n of the step is paramTickets_[n - ticketBase_] (the
+  /// vector is emptied once every ticket in it is waited for).
   std::vector<int64_t> paramTickets_;
-  size_t paramWaited_ = 0;
-  /// Waits for paramTickets_ up to `upTo`.
+  size_t paramWaited_ = 0, ticketBase_ = 0;
+  /// Waits for the step's tickets before number `upTo`.
   void waitParameterTickets(size_t upTo);
+  size_t ticketsBegun() const { return ticketBase_ + paramTickets_.size(); }
+  /// The broadcasts' items in order: each ungrouped parameter, then each
+  /// group. begunItems_: those begun this step; paramEnd_[i]: the ticket
+  /// count once parameter i's are begun; restEnd_: once the ungrouped are.
+  size_t begunItems_ = 0, restEnd_ = 0;
+  std::vector<size_t> paramEnd_;
+  size_t numItems() const { return ungrouped_.size() + groups_.size(); }
+  void beginItem(size_t k);
+  /// Begins the items before `upTo`, each once its values are updated.
+  void beginItems(size_t upTo);
+  /// Whether something of the last update has not arrived yet.
+  bool inFlight() const {
+    return hostUpdate_ || begunItems_ < numItems() ||
+           paramWaited_ < paramTickets_.size();
+  }
+  /// The offload's update on its own thread (setForwardOrder): its jobs in
+  /// the forward's order; itemJobs_[k]: the jobs done once item k's
+  /// parameters are updated.
+  struct HostUpdate;
+  std::unique_ptr<HostUpdate> hostUpdate_;
+  std::vector<size_t> itemJobs_;
+  std::function<void(int64_t)> beforeHostUpdate_;
+  std::optional<bool> updateBeside_;
+  /// Waits until `jobs` of the host update are done (all of them and the
+  /// thread joined with -1); rethrows its failure.
+  void awaitHostUpdate(size_t jobs);
   /// Stage 3: each sharded unit's flat buffer and its span of the layout;
   /// the unit of each parameter (-1: whole on every rank) and how many of a
   /// unit's gradients this micro-batch has released.
