@@ -681,13 +681,14 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
                                 std::to_string(lr.size()) +
                                 " learning rates for " +
                                 std::to_string(groups) + " groups");
-  // The offload beside the next forward: the jobs in the broadcasts' order
-  // (the forward's), each item's count of them kept. Beside a GPU the host's
-  // cores are free while it computes; on the CPU only those the forward's
-  // threads leave (sharing them slows both: measured 1.4x the step time at
-  // two threads on two cores).
+  // The offload beside the next forward: the jobs in the order the forward
+  // reads them (stages 0–2: the broadcasts' items; stage 3: the whole
+  // parameters, then unit by unit), each item's or unit's count of them
+  // kept. Beside a GPU the host's cores are free while it computes; on the
+  // CPU only those the forward's threads leave (sharing them slows both:
+  // measured 1.4x the step time at two threads on two cores).
   const bool overlap =
-      offload_ && deferred_ &&
+      offload_ && (deferred_ || !units_.empty()) &&
       (updateBeside_ ? *updateBeside_
                      : pinned_ || 2 * at::get_num_threads() <= physicalCores());
   std::unique_ptr<HostUpdate> update;
@@ -711,7 +712,23 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
                         : paramShard_.narrow(0, s.shardOffset, s.length),
          gradientOf(s), s.shardOffset, lr[s.group], double(steps_[s.param])});
   };
-  if (overlap) {
+  if (overlap && !units_.empty()) {
+    // Stage 3: a unit's gather (its runs from their owners) waits for its
+    // jobs; the whole parameters go first, broadcast by this step.
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (unitOf_[i] < 0)
+        addJob(int64_t(i));
+    wholeJobs_ = update->jobs.size();
+    unitJobs_.assign(units_.size(), 0);
+    size_t i = 0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      // A unit's parameters are consecutive, the units in order.
+      for (; i < params_.size() && unitOf_[i] <= int64_t(u); ++i)
+        if (unitOf_[i] == int64_t(u))
+          addJob(int64_t(i));
+      unitJobs_[u] = update->jobs.size();
+    }
+  } else if (overlap) {
     itemJobs_.clear();
     for (int64_t i : ungrouped_) {
       addJob(i);
@@ -800,6 +817,8 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
         u->done = u->jobs.size();
         u->cv.notify_all();
       }
+      // The buckets back to the pool (nothing else reads them).
+      u->hostParam = u->hostGrad = at::Tensor();
     });
     hostUpdate_ = std::move(update);
   }
@@ -824,6 +843,8 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
     // What this rank contributed to the step's gathers, and to these.
     int64_t sent = gatherSent_;
     gatherSent_ = 0;
+    if (hostUpdate_)
+      awaitHostUpdate(wholeJobs_);
     for (size_t i = 0; i < params_.size(); ++i)
       if (unitOf_[i] < 0 && has_[i])
         sent += fillFromRuns(comm_, rank_, shard_, offset_[i],
@@ -1233,6 +1254,8 @@ void ZeroOptimizer::gatherUnits(int64_t first, int64_t last) {
       settle(unit);
     if (unit.gathered || unit.params == 0)
       continue;
+    if (hostUpdate_) // this rank's run of it updated
+      awaitHostUpdate(unitJobs_[size_t(u)]);
     allocateUnit(unit, true);
     gatherSent_ += fillFromRuns(comm_, rank_, shard_, unit.begin, unit.end,
                                 paramShard_, unit.flat);
@@ -1246,6 +1269,8 @@ void ZeroOptimizer::prefetchUnit(int64_t u) {
   if (unit.gathered || unit.params == 0)
     return;
   at::NoGradGuard noGrad;
+  if (hostUpdate_)
+    awaitHostUpdate(unitJobs_[size_t(u)]);
   allocateUnit(unit, true);
   // Begun, one broadcast per owning rank, in the same order on every rank.
   gatherSent_ += fillFromRuns(comm_, rank_, shard_, unit.begin, unit.end,

@@ -1,4 +1,5 @@
-//===- Zero.h - the sharded AdamW of ZeRO stages 1 and 2 ---------*- C++ -*-===//
+//===- Zero.h - the sharded AdamW of ZeRO stages 1 and 2 ---------*- C++
+//-*-===//
 //
 // The layout is mtprt/Zero.h's. Stage 1: the gradients are averaged whole
 // (GradExchange, compressed or not); each rank updates its run of the
@@ -14,9 +15,10 @@
 // Optimizer offload (ZeRO-Offload's update on the host): the moments in the
 // host pool, each bucket of this rank's parameters and gradients copied
 // there, updated by the same fused AdamW on the CPU, the parameters copied
-// back; the device holds none of the state. With setForwardOrder the update
-// runs on a thread of its own in the order the next forward reads the
-// parameters, and the forward waits for each unit's as it reaches it.
+// back; the device holds none of the state. With setForwardOrder (or at
+// stage 3) the update runs on a thread of its own in the order the next
+// forward reads the parameters, and the forward waits for each unit's as it
+// reaches it (stage 3: each unit's gather waits for this rank's run of it).
 //
 // Stage 3 (FSDP's layout on ZeRO's run): the backbone units' parameters are
 // sharded too. Each unit's parameters become views of one flat buffer (the
@@ -370,6 +372,10 @@ private:
   struct HostUpdate;
   std::unique_ptr<HostUpdate> hostUpdate_;
   std::vector<size_t> itemJobs_;
+  /// Stage 3: the jobs done once the whole parameters are updated, and
+  /// once unit u's run is.
+  size_t wholeJobs_ = 0;
+  std::vector<size_t> unitJobs_;
   std::function<void(int64_t)> beforeHostUpdate_;
   std::optional<bool> updateBeside_;
   /// Waits until `jobs` of the host update are done (all of them and the
