@@ -1,5 +1,4 @@
-//===- Zero.h - the sharded AdamW of ZeRO stages 1 and 2 ---------*- C++
-//-*-===//
+//===- Zero.h - ZeRO's sharded and offloaded AdamW --------------*- C++ -*-===//
 //
 // The layout is mtprt/Zero.h's. Stage 1: the gradients are averaged whole
 // (GradExchange, compressed or not); each rank updates its run of the
