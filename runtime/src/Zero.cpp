@@ -686,7 +686,7 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
   // parameters, then unit by unit), each item's or unit's count of them
   // kept. Beside a GPU the host's cores are free while it computes; on the
   // CPU only those the forward's threads leave (sharing them slows both:
-  // measured 1.4x the step time at two threads on two cores).
+  // measured 1.7x the wall time at two threads on two cores).
   const bool overlap =
       offload_ && (deferred_ || !units_.empty()) &&
       (updateBeside_ ? *updateBeside_
