@@ -190,6 +190,16 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
     const int64_t shard =
         mtprt::ZeroLayout::shardValues(elements, zero ? world : 1);
     const CostModel cost(model);
+    // The copies' time over the host link (docs/zero.md): not in the
+    // step's predicted time — the host's AdamW has no figure here.
+    auto overTheLink = [&](int64_t bytes) {
+      os << "; over the host link ("
+         << llvm::format("%.1f", 1e-9 / cost.transferSeconds(1)) << " GB/s) "
+         << formatBytes(bytes) << " take "
+         << milliseconds(cost.transferSeconds(bytes))
+         << " a step, beside the next forward where the host has cores free "
+            "(not in the step time below)";
+    };
     if (const int64_t half = cost.halfProjectionValues()) {
       // ZeRO-Offload's 16-bit weights: the update reads the masters, not
       // the device's parameters.
@@ -216,6 +226,12 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
            << formatBytes(2 * half)
            << ") go to the host after each, summed in fp32 there ("
            << formatBytes(folded) << ") and freed on the device";
+      // This rank's run: its gradients over, its parameters back, a
+      // projection's at 2 B (folded: the 16-bit gradients went already);
+      // a run's share of the projections taken as its share of the values.
+      const int64_t runHalf = half * shard / std::max<int64_t>(1, elements);
+      overTheLink((folded ? 4 * (shard - half) : 4 * shard - 2 * runHalf) +
+                  4 * shard - 2 * runHalf);
       os << "\n";
     } else {
       os << "    optimizer offload: AdamW's state of " << shard
@@ -223,7 +239,9 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
          << " per process, none on the device; each step the update copies "
          << formatBytes(4 * shard) << " of gradients and "
          << formatBytes(4 * shard)
-         << " of parameters to the host and the parameters back\n";
+         << " of parameters to the host and the parameters back";
+      overTheLink(12 * shard);
+      os << "\n";
     }
   }
   if (world > 1 || zero >= 2) {
