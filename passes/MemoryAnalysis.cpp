@@ -507,15 +507,36 @@ EvalPeak evaluationPeak(ModelOp model, const CostModel &cost,
       residentState(model, cost, budget ? budget.getAccumulationSteps() : 1);
   EvalPeak peak{now.total(), nullptr, now};
   const int64_t residentParameters = now.parameters;
+  // ZeRO 3: the block running is gathered whole (Model::setAroundUnit), and
+  // the next backbone block the evaluation runs is being gathered beside it.
+  auto blockOf = [&](size_t i) -> int64_t {
+    std::optional<UnitRef> unit = getUnitRef(forward[i]);
+    if (!unit || unit->task)
+      return -1;
+    return int64_t(getBlockNumber(unit->kind, unit->layer));
+  };
+  // The next block after op i's own (a block is several ops): the nearest
+  // block after i and the nearest one after that other than it.
+  std::vector<int64_t> nextBlock(forward.size(), -1);
+  for (int64_t i = int64_t(forward.size()) - 1, b1 = -1, b2 = -1; i >= 0; --i) {
+    const int64_t b = blockOf(size_t(i));
+    nextBlock[size_t(i)] = b >= 0 && b == b1 ? b2 : b1;
+    if (b >= 0 && b != b1) {
+      b2 = b1;
+      b1 = b;
+    }
+  }
+  bool begun = false; // a block has run: the next one is being gathered
   for (size_t i = 0; i < forward.size(); ++i) {
     now.activations += delta[i];
     now.workspace = workspace[i];
-    // ZeRO 3: the block running is gathered whole (Model::setAroundUnit).
     now.parameters = residentParameters;
-    if (std::optional<UnitRef> unit = getUnitRef(forward[i]);
-        unit && !unit->task)
-      now.parameters +=
-          cost.shardedBlockBytes(getBlockNumber(unit->kind, unit->layer));
+    const int64_t b = blockOf(i);
+    if (b >= 0)
+      now.parameters += cost.shardedBlockBytes(b);
+    begun |= b >= 0;
+    if (begun && nextBlock[i] >= 0)
+      now.parameters += cost.shardedBlockBytes(nextBlock[i]);
     if (now.total() > peak.bytes)
       peak = {now.total(), forward[i], now};
   }

@@ -349,7 +349,8 @@ EvalReport evaluate(Model &model, DataSource &data, int64_t batch,
     // output outlives the heads that read it (the plan's evaluation peak).
     at::Tensor x = b.tokens;
     for (int64_t u = 0; u <= lastUnit; ++u) {
-      x = model.unit(u, x);
+      // ZeRO 3 gathers the next unit while this one runs.
+      x = model.unit(u, x, u < lastUnit ? u + 1 : -1);
       for (size_t t = 0; t < nh; ++t)
         if (std::min(Model::tapUnit(heads[t].tap), lastUnit) == u)
           score(t, x);

@@ -749,7 +749,7 @@ at::Tensor Model::mlp(int64_t layer, const at::Tensor &x) const {
   return mlpBlock(mlp_[layer - 1], x);
 }
 
-at::Tensor Model::unit(int64_t u, const at::Tensor &x) const {
+at::Tensor Model::unit(int64_t u, const at::Tensor &x, int64_t next) const {
   if (u < 0 || u >= numUnits())
     throw std::out_of_range("mtprt: unit " + std::to_string(u) +
                             " is not in [0, " + std::to_string(numUnits() - 1) +
@@ -760,9 +760,9 @@ at::Tensor Model::unit(int64_t u, const at::Tensor &x) const {
                            std::to_string(firstUnit()) + ".." +
                            std::to_string(lastUnit()) + ")");
   if (aroundUnit_ && !at::GradMode::is_enabled()) {
-    aroundUnit_(u, true);
+    aroundUnit_(u, true, next);
     at::Tensor y = runUnit(u, x);
-    aroundUnit_(u, false);
+    aroundUnit_(u, false, -1);
     return y;
   }
   return runUnit(u, x);

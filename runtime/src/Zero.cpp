@@ -1363,15 +1363,19 @@ void ZeroOptimizer::freeAll() {
   }
 }
 
-std::function<void(int64_t, bool)> ZeroOptimizer::aroundUnit() {
+std::function<void(int64_t, bool, int64_t)> ZeroOptimizer::aroundUnit() {
   std::shared_ptr<ZeroOptimizer *> owner = self_;
-  return [owner](int64_t u, bool before) {
+  return [owner](int64_t u, bool before, int64_t next) {
     ZeroOptimizer *z = *owner;
     if (!z || z->units_.empty() || u < 0 || u >= int64_t(z->units_.size()))
       return;
-    if (before)
+    if (before) {
       z->gatherUnits(u, u);
-    else if (z->wholeDepth_ == 0 && !z->stepKeepsWhole_)
+      // Every rank runs the same pass: the same gathers in the same order.
+      // Two units whole at a time (the evaluation's plan counts them).
+      if (next >= 0 && z->wholeDepth_ == 0 && !z->stepKeepsWhole_)
+        z->prefetchUnit(next);
+    } else if (z->wholeDepth_ == 0 && !z->stepKeepsWhole_)
       z->allocateUnit(z->units_[u], false);
   };
 }

@@ -124,8 +124,10 @@ public:
   /// Unit "layer<l>.mlp": x + dropout(down(gelu(up(norm(x))))).
   at::Tensor mlp(int64_t layer, const at::Tensor &x) const;
   /// Backbone chain unit u: 0 = embed (x = tokens), 2l-1 = attention of layer
-  /// l, 2l = its MLP. numUnits() = 2L + 1.
-  at::Tensor unit(int64_t u, const at::Tensor &x) const;
+  /// l, 2l = its MLP. numUnits() = 2L + 1. `next`: the unit this pass runs
+  /// after u, where known (an evaluation), which setAroundUnit's hook may
+  /// fetch while u runs.
+  at::Tensor unit(int64_t u, const at::Tensor &x, int64_t next = -1) const;
   /// Unit u >= 1 at tensor grain (the plan's Decision::Partial): as unit(),
   /// but its projection outputs — the QKV projection's, or the
   /// up-projection's (and with ATen pointwise ops the norm's and the GELU's:
@@ -212,10 +214,11 @@ public:
   /// Unit u's parameters (0: the embeddings; 2l−1 / 2l: layer l's
   /// attention / MLP, the last MLP with the final norm).
   std::vector<at::Tensor> unitParameters(int64_t u) const;
-  /// Called as (u, true) before and (u, false) after unit u runs without
-  /// autograd (an evaluation, a checkpoint region's first pass): ZeRO 3
-  /// gathers the unit's parameters there and frees them after.
-  void setAroundUnit(std::function<void(int64_t, bool)> f) {
+  /// Called as (u, true, next) before and (u, false, -1) after unit u runs
+  /// without autograd (an evaluation, a checkpoint region's first pass;
+  /// `next` as unit() was given it): ZeRO 3 gathers the unit's parameters
+  /// there, begins the next one's, and frees u's after.
+  void setAroundUnit(std::function<void(int64_t, bool, int64_t)> f) {
     aroundUnit_ = std::move(f);
   }
   /// Called before parameters are read: with unit u before unit u's run
@@ -326,7 +329,7 @@ private:
       groups_; ///< [0]=backbone, 1+h = head h
   /// keepStage: the units and heads held (lastUnit_ -1: all).
   int64_t firstUnit_ = 0, lastUnit_ = -1;
-  std::function<void(int64_t, bool)> aroundUnit_;
+  std::function<void(int64_t, bool, int64_t)> aroundUnit_;
   std::function<void(int64_t)> beforeRead_;
   void beforeRead(int64_t key) const {
     if (beforeRead_)

@@ -216,8 +216,9 @@ public:
   void freeAll();
   /// Model::setAroundUnit's hook: a unit run without autograd (an
   /// evaluation, a checkpoint region's first pass) is gathered before and
-  /// freed after, unless everything is kept whole now.
-  std::function<void(int64_t, bool)> aroundUnit();
+  /// freed after, unless everything is kept whole now; the pass's next unit
+  /// (an evaluation's) is begun while it runs, as the step's forward does.
+  std::function<void(int64_t, bool, int64_t)> aroundUnit();
   /// A parameter's values, whole, in a tensor of its own on the host (a
   /// checkpoint's save: collective for a sharded one, one parameter's
   /// values on the device at a time).
