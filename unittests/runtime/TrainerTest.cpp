@@ -3,6 +3,7 @@
 #include "mtprt/torch/Trainer.h"
 #include "mtprt/Memory.h"
 #include "mtprt/Runtime.h"
+#include "mtprt/torch/Zero.h"
 
 #include "Fixtures.h"
 
@@ -12,8 +13,10 @@
 #include <limits>
 #include <torch/optim/adamw.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
 using namespace mtprt;
 using namespace fixtures;
@@ -676,6 +679,50 @@ TEST(Facade, UnitGrainStepEqualsTheScheduledStep) {
   EXPECT_THROW(manual.endStep(), std::logic_error); // no step in progress
 }
 
+/// Three steps with the optimizer offload, its host update beside the next
+/// forward or inline; the parameters' values after them, and (beside) how
+/// many parameters the update's own thread updated.
+std::vector<at::Tensor> offloadedSteps(const std::string &device, bool beside,
+                                       int64_t *onItsThread = nullptr) {
+  std::atomic<int64_t> others{0};
+  const std::thread::id main = std::this_thread::get_id();
+  ModelConfig mc = small(0.0);
+  mc.device = device;
+  TrainConfig tc;
+  tc.optimizerOffload = true;
+  TrainerCore core(mc, threeTasks(), tc);
+  core.shardOptimizer(nullptr);
+  EXPECT_TRUE(core.zero() && core.zero()->offloaded());
+  core.zero()->setUpdateBeside(beside);
+  core.zero()->setBeforeHostUpdate(
+      [&](int64_t) { others += std::this_thread::get_id() != main; });
+  Batch b = core.model().syntheticBatch(4, 2);
+  for (int step = 0; step < 3; ++step)
+    core.step(b, {});
+  std::vector<at::Tensor> values;
+  for (const auto &[name, p] : core.model().namedParameters())
+    values.push_back(p.detach().cpu());
+  if (onItsThread)
+    *onItsThread = others;
+  return values;
+}
+
+// The trainer hands the offload its forward order at one process
+// (shardOptimizer): the update beside the forward gives the bits of the
+// update inline in the step.
+TEST(Training, OffloadUpdateBesideTheForwardIsTheInlineUpdate) {
+  int64_t inlineOnThread = -1, besideOnThread = -1;
+  const std::vector<at::Tensor> inl = offloadedSteps("cpu", false,
+                                                     &inlineOnThread),
+                                bes = offloadedSteps("cpu", true,
+                                                     &besideOnThread);
+  EXPECT_EQ(inlineOnThread, 0);
+  EXPECT_GT(besideOnThread, 0); // every parameter of 3 steps, in fact
+  ASSERT_EQ(inl.size(), bes.size());
+  for (size_t i = 0; i < inl.size(); ++i)
+    EXPECT_TRUE(at::equal(inl[i], bes[i])) << i;
+}
+
 //===--- CUDA only (the device check runs these) --------------------------===//
 
 bool haveCuda() { return cudaMemoryStatsAvailable(); }
@@ -705,6 +752,18 @@ TEST(Cuda, OffloadUsesPinnedMemoryAndSideStreams) {
   }
   for (size_t i = 0; i < g[0].size(); ++i)
     EXPECT_TRUE(at::allclose(g[0][i], g[1][i], 1e-5, 1e-7)) << i;
+}
+
+// On CUDA: the host update's copies on a side stream behind an event on the
+// compute stream (ZeroOptimizer::step).
+TEST(Cuda, OffloadUpdateBesideTheForwardOnASideStream) {
+  if (!haveCuda())
+    GTEST_SKIP() << "no CUDA device (or built without the LibTorch-CUDA parts)";
+  const std::vector<at::Tensor> inl = offloadedSteps("cuda", false),
+                                bes = offloadedSteps("cuda", true);
+  ASSERT_EQ(inl.size(), bes.size());
+  for (size_t i = 0; i < inl.size(); ++i)
+    EXPECT_TRUE(at::equal(inl[i], bes[i])) << i;
 }
 
 TEST(Cuda, CachingAllocatorPeakAndFp16LossScaling) {
