@@ -1400,6 +1400,7 @@ bool CostModel::halfProjections() const {
   StrategyOp strategy = model.getStrategy();
   return mtprt::ZeroLayout::halfProjections(
       optimizerOffload(), budget && budget.getPrecision() == Precision::bf16,
+      budget && budget.getPrecision() == Precision::fp16,
       budget ? budget.getZeroStage() : 0, processes(),
       strategy && strategy.getGradientScope() == GradientScope::params);
 }

@@ -216,9 +216,10 @@ void TrainerCore::shardOptimizer(Communicator *comm) {
   // ZeRO-Offload's 16-bit weights (mtprt/Zero.h): the trainable
   // projections cut to the autocast dtype, their masters on the host.
   const bool bf16 = train_.precision == Precision::Bf16;
+  const bool fp16 = train_.precision == Precision::Fp16;
   const int64_t world = comm && comm->active() ? comm->worldSize() : 1;
   std::vector<at::Tensor> half;
-  if (ZeroLayout::halfProjections(train_.optimizerOffload, bf16,
+  if (ZeroLayout::halfProjections(train_.optimizerOffload, bf16, fp16,
                                   train_.zeroStage, world,
                                   train_.scope == GradScope::Params))
     for (const at::Tensor &p : model_->projectionParameters())
@@ -227,7 +228,7 @@ void TrainerCore::shardOptimizer(Communicator *comm) {
   zero_ = std::make_unique<ZeroOptimizer>(
       comm, train_.zeroStage, std::move(groups),
       AdamWHyper{train_.beta1, train_.beta2, train_.eps, train_.weightDecay},
-      train_.optimizerOffload, half, at::kBFloat16);
+      train_.optimizerOffload, half, fp16 ? at::kHalf : at::kBFloat16);
   // ZeRO 3: each unit's trainable parameters sharded (heads stay whole).
   if (zero_->stage() == 3) { // more than one rank (else it runs as 1)
     std::vector<std::vector<at::Tensor>> units(model_->numUnits());
@@ -1241,9 +1242,13 @@ void TrainerCore::finalizeGradients() {
   // Unscale what autograd accumulated with the fp16 loss scale (and ZeRO
   // 2's run of what the backward released, summed at that scale).
   if (st.scale != 1.0) {
+    // A 16-bit weight's (the offload's, one process) stays at the scale:
+    // the host's update divides it out in fp32, where it cannot underflow.
     for (const at::Tensor &p : m.parameters())
-      if (p.grad().defined())
+      if (p.grad().defined() && p.scalar_type() == at::kFloat)
         p.mutable_grad().div_(st.scale);
+    if (zero_ && zero_->halfValues())
+      zero_->setHalfGradientScale(st.scale);
     if (zero_)
       zero_->unscaleReleased(st.scale);
     if (saps_)

@@ -134,7 +134,7 @@ struct ZeroOptimizer::HostUpdate {
     int64_t param;
     at::Tensor values, grad;
     int64_t shardOffset;
-    double lr, step;
+    double lr, step, unscale;
   };
   std::vector<Job> jobs;
   at::Tensor hostParam, hostGrad;
@@ -259,7 +259,7 @@ ZeroOptimizer::~ZeroOptimizer() {
 void ZeroOptimizer::updateOnHost(double lr, const at::Tensor &param,
                                  const at::Tensor &grad, int64_t shardOffset,
                                  double step, const at::Tensor &hostParam,
-                                 const at::Tensor &hostGrad) {
+                                 const at::Tensor &hostGrad, double unscale) {
   const int64_t bucket = ZeroLayout::bucketValues(total_, world_);
   for (int64_t c = 0; c < param.numel(); c += bucket) {
     const int64_t len = std::min(bucket, param.numel() - c);
@@ -271,6 +271,8 @@ void ZeroOptimizer::updateOnHost(double lr, const at::Tensor &param,
     if (!masters_.defined())
       p.copy_(param.narrow(0, c, len));
     g.copy_(grad.narrow(0, c, len));
+    if (unscale != 1.0) // fp16's loss scale, divided out in fp32
+      g.div_(unscale);
     std::vector<at::Tensor> steps{
         at::full({}, step, at::TensorOptions().dtype(at::kFloat))};
     at::_fused_adamw_({p}, {g}, {expAvg_.narrow(0, shardOffset + c, len)},
@@ -710,7 +712,8 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
         {i,
          units_.empty() ? flatParam(s.param).narrow(0, s.begin, s.length)
                         : paramShard_.narrow(0, s.shardOffset, s.length),
-         gradientOf(s), s.shardOffset, lr[s.group], double(steps_[s.param])});
+         gradientOf(s), s.shardOffset, lr[s.group], double(steps_[s.param]),
+         params_[size_t(i)].scalar_type() == at::kFloat ? 1.0 : halfScale_});
   };
   if (overlap && !units_.empty()) {
     // Stage 3: a unit's gather (its runs from their owners) waits for its
@@ -768,7 +771,7 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
   if (update && !overlap) {
     for (const HostUpdate::Job &j : update->jobs)
       updateOnHost(j.lr, j.values, j.grad, j.shardOffset, j.step,
-                   update->hostParam, update->hostGrad);
+                   update->hostParam, update->hostGrad, j.unscale);
     update.reset();
   }
   if (update) {
@@ -805,7 +808,7 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
           if (u->before)
             u->before(job.param);
           updateOnHost(job.lr, job.values, job.grad, job.shardOffset, job.step,
-                       u->hostParam, u->hostGrad);
+                       u->hostParam, u->hostGrad, job.unscale);
           job.values = job.grad = at::Tensor();
           std::lock_guard<std::mutex> lock(u->mutex);
           ++u->done;
@@ -825,6 +828,7 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
   // The gradients are spent before the broadcasts begin (the host update's
   // jobs hold those they have yet to read).
   byGroup.clear();
+  halfScale_ = 1.0;
   gradShard_ = at::Tensor();
   folded_.assign(params_.size(), at::Tensor());
   for (at::Tensor &p : params_)

@@ -766,6 +766,40 @@ TEST(Cuda, OffloadUpdateBesideTheForwardOnASideStream) {
     EXPECT_TRUE(at::equal(inl[i], bes[i])) << i;
 }
 
+// fp16 with the offload's 16-bit weights (one process): the projections
+// fp16 on the device, their gradients left at the loss scale for the host's
+// update to divide out in fp32. Against fp16 training with fp32 weights and
+// the update on the device (autocast casts them to the same fp16 values):
+// the same parameters to the two updates' kernels' rounding.
+TEST(Cuda, Fp16WeightsWithTheOffloadTrainAsFp16) {
+  if (!haveCuda())
+    GTEST_SKIP() << "no CUDA device (or built without the LibTorch-CUDA parts)";
+  ModelConfig mc = small(0.0);
+  mc.device = "cuda";
+  std::vector<at::Tensor> values[2];
+  for (int run = 0; run < 2; ++run) {
+    TrainConfig tc;
+    tc.precision = Precision::Fp16;
+    tc.optimizerOffload = run == 1;
+    TrainerCore core(mc, threeTasks(), tc);
+    if (run == 1) {
+      core.shardOptimizer(nullptr);
+      ASSERT_GT(core.zero()->halfValues(), 0);
+      for (const at::Tensor &p : core.model().projectionParameters())
+        EXPECT_EQ(p.scalar_type(), at::kHalf);
+    }
+    Batch b = core.model().syntheticBatch(4, 2);
+    for (int step = 0; step < 3; ++step)
+      core.step(b, {});
+    for (const auto &[name, p] : core.model().namedParameters())
+      values[run].push_back(run == 1 ? core.zero()->hostValues(p)
+                                     : p.detach().cpu());
+  }
+  ASSERT_EQ(values[0].size(), values[1].size());
+  for (size_t i = 0; i < values[0].size(); ++i)
+    EXPECT_TRUE(at::allclose(values[0][i], values[1][i], 1e-5, 1e-6)) << i;
+}
+
 TEST(Cuda, CachingAllocatorPeakAndFp16LossScaling) {
   if (!haveCuda())
     GTEST_SKIP() << "no CUDA device (or built without the LibTorch-CUDA parts)";

@@ -53,16 +53,21 @@ TEST(ZeroLayout, RunsBucketsAndTransients) {
             ZeroLayout::kMaxBucketValues);
   EXPECT_EQ(ZeroLayout::bucketValues(200000, 2), ZeroLayout::kMinBucketValues);
   EXPECT_EQ(ZeroLayout::stateBytes(10, 3), 32);
-  // 16-bit weights: the offload at 16 bits, below stage 3 as it runs, not
-  // the params scope; the masters 4 B a value of the run.
-  EXPECT_TRUE(ZeroLayout::halfProjections(true, true, 0, 4, false));
-  EXPECT_TRUE(ZeroLayout::halfProjections(true, true, 1, 4, false));
-  EXPECT_TRUE(ZeroLayout::halfProjections(true, true, 3, 1, false));
-  EXPECT_TRUE(ZeroLayout::halfProjections(true, true, 2, 2, false));
-  EXPECT_FALSE(ZeroLayout::halfProjections(true, true, 3, 2, false));
-  EXPECT_FALSE(ZeroLayout::halfProjections(false, true, 0, 1, false));
-  EXPECT_FALSE(ZeroLayout::halfProjections(true, false, 0, 1, false));
-  EXPECT_FALSE(ZeroLayout::halfProjections(true, true, 0, 1, true));
+  // 16-bit weights: the offload at bf16 (fp16 at one process), below stage
+  // 3 as it runs, not the params scope; the masters 4 B a value of the run.
+  //                                      offload bf16  fp16  stage world params
+  EXPECT_TRUE(ZeroLayout::halfProjections(true, true, false, 0, 4, false));
+  EXPECT_TRUE(ZeroLayout::halfProjections(true, true, false, 1, 4, false));
+  EXPECT_TRUE(ZeroLayout::halfProjections(true, true, false, 3, 1, false));
+  EXPECT_TRUE(ZeroLayout::halfProjections(true, true, false, 2, 2, false));
+  EXPECT_FALSE(ZeroLayout::halfProjections(true, true, false, 3, 2, false));
+  EXPECT_FALSE(ZeroLayout::halfProjections(false, true, false, 0, 1, false));
+  EXPECT_FALSE(ZeroLayout::halfProjections(true, false, false, 0, 1, false));
+  EXPECT_FALSE(ZeroLayout::halfProjections(true, true, false, 0, 1, true));
+  EXPECT_TRUE(ZeroLayout::halfProjections(true, false, true, 0, 1, false));
+  EXPECT_TRUE(ZeroLayout::halfProjections(true, false, true, 3, 1, false));
+  EXPECT_FALSE(ZeroLayout::halfProjections(true, false, true, 0, 2, false));
+  EXPECT_FALSE(ZeroLayout::halfProjections(true, false, true, 1, 2, false));
   EXPECT_EQ(ZeroLayout::masterBytes(10, 3), 16);
 }
 
@@ -248,6 +253,53 @@ TEST(ZeroOptimizer, SixteenBitWeightsUpdateFp32Masters) {
   EXPECT_THROW(ZeroOptimizer(nullptr, 0, other, AdamWHyper{}, true,
                              {at::zeros({2}, at::kFloat)}),
                std::invalid_argument);
+}
+
+// fp16 16-bit weights: their gradients arrive at the loss scale (the
+// trainer unscales only the fp32 ones); the host's update divides it out in
+// fp32 — exactly, a power of two — where fp16 would flush the small ones to
+// zero. The reference: fp32 weights whose gradients are the fp16 values,
+// unscaled in fp32 (autocast's fp16 training with the update on the device).
+TEST(ZeroOptimizer, Fp16WeightsDivideTheLossScaleOutOnTheHost) {
+  auto half = groups(6), ref = groups(6);
+  const at::Tensor weight = half[0][0];
+  ZeroOptimizer refOpt(nullptr, 0, ref, AdamWHyper{}, /*offload=*/true);
+  ZeroOptimizer opt(nullptr, 0, half, AdamWHyper{}, /*offload=*/true,
+                    {weight, half[1][0]}, at::kHalf);
+  EXPECT_EQ(weight.scalar_type(), at::kHalf);
+  const double scale = 65536.0;
+  int64_t underflowing = 0;
+  for (int step = 0; step < 3; ++step) {
+    setGrads(ref, 40 + step);
+    setGrads(half, 40 + step);
+    for (size_t g = 0; g < half.size(); ++g)
+      for (size_t i = 0; i < half[g].size(); ++i) {
+        // Small gradients, as a mean loss's are: scaled they fit fp16.
+        at::Tensor small = half[g][i].grad() * 1e-6;
+        if (half[g][i].scalar_type() == at::kHalf) {
+          at::Tensor scaled = (small * scale).to(at::kHalf);
+          half[g][i].mutable_grad() = scaled;
+          ref[g][i].mutable_grad() = scaled.to(at::kFloat) / scale;
+          // What unscaling in fp16 would have lost.
+          underflowing += (scaled.div(scale).to(at::kFloat) != ref[g][i].grad())
+                              .sum()
+                              .item<int64_t>();
+        } else {
+          half[g][i].mutable_grad() = small;
+          ref[g][i].mutable_grad() = small.clone();
+        }
+      }
+    opt.setHalfGradientScale(scale);
+    refOpt.step({1e-2, 1e-2});
+    opt.step({1e-2, 1e-2});
+  }
+  EXPECT_GT(underflowing, 0); // the case this is for
+  for (size_t g = 0; g < half.size(); ++g)
+    for (size_t i = 0; i < half[g].size(); ++i) {
+      const at::Tensor &p = half[g][i];
+      EXPECT_TRUE(at::equal(opt.hostValues(p), ref[g][i])) << g << "," << i;
+      EXPECT_TRUE(at::equal(p, ref[g][i].to(p.scalar_type()))) << g << "," << i;
+    }
 }
 
 // At one process there is nothing to scatter: stages 2 and 3 run as stage 1.

@@ -47,19 +47,22 @@ struct ZeroLayout {
   static int64_t gradientShardBytes(int64_t total, int64_t world) {
     return 4 * shardValues(total, world);
   }
-  /// Optimizer offload at bf16 (docs/zero.md, "16-bit weights"): the
-  /// trainable backbone projections' weights and biases are held on the
-  /// device in bf16, their fp32 masters on the host beside
-  /// AdamW's moments, as ZeRO-Offload does. Not at fp16 (its loss scale
-  /// would be divided out of 16-bit gradients, underflowing), not at stage
-  /// 3 (its units are flat fp32 buffers) nor with the params gradient scope
-  /// (its per-task gradients of the top layers are planned at fp32): there
-  /// the device keeps fp32 weights. `stage` is the requested one; one
-  /// process runs stage 2 or 3 as 1.
-  static bool halfProjections(bool offload, bool bf16, int64_t stage,
+  /// Optimizer offload at bf16 or fp16 (docs/zero.md, "16-bit weights"):
+  /// the trainable backbone projections' weights and biases are held on the
+  /// device in 16 bits, their fp32 masters on the host beside AdamW's
+  /// moments, as ZeRO-Offload does. At fp16 only at one process: its
+  /// 16-bit gradients stay at the loss scale until the host's update
+  /// divides it out in fp32 (in 16 bits it would underflow), which the
+  /// ranks' exchange (its compression's residuals) would not know of. Not
+  /// at stage 3 (its units are flat fp32 buffers) nor with the params
+  /// gradient scope (its per-task gradients of the top layers are planned
+  /// at fp32): there the device keeps fp32 weights. `stage` is the
+  /// requested one; one process runs stage 2 or 3 as 1.
+  static bool halfProjections(bool offload, bool bf16, bool fp16, int64_t stage,
                               int64_t world, bool paramsScope) {
     const int64_t effective = world > 1 ? stage : std::min<int64_t>(stage, 1);
-    return offload && bf16 && effective < 3 && !paramsScope;
+    return offload && (bf16 || (fp16 && world == 1)) && effective < 3 &&
+           !paramsScope;
   }
   /// With 16-bit weights at one process and several micro-batches a step,
   /// each micro-batch's 16-bit gradients are summed into fp32 buffers in

@@ -238,7 +238,12 @@ public:
   void discardGradients() {
     gradShard_ = at::Tensor();
     folded_.assign(folded_.size(), at::Tensor());
+    halfScale_ = 1.0;
   }
+  /// fp16 with 16-bit weights (one process): their gradients (and folded
+  /// sums) are still at the loss scale `scale`; this step's update divides
+  /// it out on the host, in fp32.
+  void setHalfGradientScale(double scale) { halfScale_ = scale; }
   /// fp16's loss scale divided out of what this step released (stage 2:
   /// the run autograd's hooks summed, at the scale the backward ran with;
   /// the gradients not released are the trainer's to unscale). Before
@@ -290,7 +295,9 @@ private:
   /// host buffers `hostParam` (unused with masters) and `hostGrad`.
   void updateOnHost(double lr, const at::Tensor &param, const at::Tensor &grad,
                     int64_t shardOffset, double step,
-                    const at::Tensor &hostParam, const at::Tensor &hostGrad);
+                    const at::Tensor &hostParam, const at::Tensor &hostGrad,
+                    double unscale);
+  double halfScale_ = 1.0;
 
   int stage_, world_ = 1, rank_ = 0;
   bool offload_ = false;
