@@ -229,7 +229,8 @@ void printGradientsAndCollectives(ModelOp model, llvm::raw_ostream &os) {
       // This rank's run: its gradients over, its parameters back, a
       // projection's at 2 B (folded: the 16-bit gradients went already);
       // a run's share of the projections taken as its share of the values.
-      const int64_t runHalf = half * shard / std::max<int64_t>(1, elements);
+      const int64_t runHalf = int64_t(double(half) * double(shard) /
+                                      double(std::max<int64_t>(1, elements)));
       overTheLink((folded ? 4 * (shard - half) : 4 * shard - 2 * runHalf) +
                   4 * shard - 2 * runHalf);
       os << "\n";

@@ -1239,6 +1239,10 @@ void TrainerCore::finalizeGradients() {
     }
     st.accum.assign(nt, {});
   }
+  // The scale the 16-bit weights' gradients carry to the update (1 but at
+  // fp16; set every step, so none is left from a step that did not update).
+  if (zero_ && zero_->halfValues())
+    zero_->setHalfGradientScale(st.scale);
   // Unscale what autograd accumulated with the fp16 loss scale (and ZeRO
   // 2's run of what the backward released, summed at that scale).
   if (st.scale != 1.0) {
@@ -1247,8 +1251,6 @@ void TrainerCore::finalizeGradients() {
     for (const at::Tensor &p : m.parameters())
       if (p.grad().defined() && p.scalar_type() == at::kFloat)
         p.mutable_grad().div_(st.scale);
-    if (zero_ && zero_->halfValues())
-      zero_->setHalfGradientScale(st.scale);
     if (zero_)
       zero_->unscaleReleased(st.scale);
     if (saps_)

@@ -201,6 +201,10 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
   const at::TensorOptions o =
       params_.empty() ? at::TensorOptions().dtype(at::kFloat)
                       : params_.front().options().requires_grad(false);
+  // The runs of gradients and parameters live beside the parameters (the
+  // device), whatever the moments' home.
+  options_ = o;
+  isHalf_.assign(params_.size(), false);
   pinned_ = offload_ && o.device().is_cuda();
   if (offload_) {
     expAvg_ = hostPoolTensor(shard_, at::kFloat, pinned_).zero_();
@@ -230,6 +234,8 @@ ZeroOptimizer::ZeroOptimizer(Communicator *comm, int stage,
     half_.push_back(i);
     halfValues_ += p.numel();
   }
+  for (int64_t i : half_)
+    isHalf_[size_t(i)] = true;
   for (int64_t i : half_) {
     // set_data keeps the tensor (and every holder of it, autograd's
     // included) and changes what it holds, as Module::to does.
@@ -413,7 +419,7 @@ void ZeroOptimizer::addToShard(int64_t i, const at::Tensor &flat) {
   if (a >= e)
     return;
   if (!gradShard_.defined())
-    gradShard_ = at::zeros({shard_}, expAvg_.options());
+    gradShard_ = at::zeros({shard_}, options_);
   gradShard_.narrow(0, a - lo, e - a)
       .add_(flat.narrow(0, a - offset_[i], e - a).to(gradShard_.device()));
 }
@@ -514,7 +520,7 @@ void ZeroOptimizer::release(int64_t i) {
   // Every rank makes its run at the first release, whether or not the
   // parameter is in it: the ranks hold alike (and the plan says so).
   if (!gradShard_.defined())
-    gradShard_ = at::zeros({shard_}, expAvg_.options());
+    gradShard_ = at::zeros({shard_}, options_);
   released_[i] = true;
   signature_ = (signature_ * 31 + i + 1) % kSignatureModulus;
   ++signatureCount_;
@@ -620,7 +626,7 @@ int64_t ZeroOptimizer::sumGradients() {
   }
   reduceBucket(run);
   if (!gradShard_.defined())
-    gradShard_ = at::zeros({shard_}, expAvg_.options());
+    gradShard_ = at::zeros({shard_}, options_);
   if (world_ > 1)
     gradShard_.div_(double(world_));
   release_ = false;
@@ -635,9 +641,12 @@ bool ZeroOptimizer::finite() {
     if (gradShard_.defined())
       bad = at::isfinite(gradShard_).all().item<bool>() ? 0 : 1;
   } else {
+    // A 16-bit gradient folded after its micro-batch is checked in its sum.
     for (const Segment &s : segments_) {
       const at::Tensor &g = params_[s.param].grad();
-      if (g.defined() && !at::isfinite(g).all().item<bool>()) {
+      const at::Tensor &f = folded_[size_t(s.param)];
+      if ((g.defined() && !at::isfinite(g).all().item<bool>()) ||
+          (f.defined() && !at::isfinite(f).all().item<bool>())) {
         bad = 1;
         break;
       }
@@ -713,7 +722,7 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
          units_.empty() ? flatParam(s.param).narrow(0, s.begin, s.length)
                         : paramShard_.narrow(0, s.shardOffset, s.length),
          gradientOf(s), s.shardOffset, lr[s.group], double(steps_[s.param]),
-         params_[size_t(i)].scalar_type() == at::kFloat ? 1.0 : halfScale_});
+         isHalf_[size_t(i)] ? halfScale_ : 1.0});
   };
   if (overlap && !units_.empty()) {
     // Stage 3: a unit's gather (its runs from their owners) waits for its
@@ -1190,7 +1199,7 @@ void ZeroOptimizer::shardParameters(
   }
   // Every rank's run of the values, then each unit's parameters made views
   // of its flat buffer, freed.
-  paramShard_ = at::empty({shard_}, expAvg_.options());
+  paramShard_ = at::empty({shard_}, options_);
   gather(rank_ * shard_, rank_ * shard_ + shard_, paramShard_);
   for (size_t u = 0; u < made.size(); ++u) {
     Unit &unit = made[u];
@@ -1200,7 +1209,7 @@ void ZeroOptimizer::shardParameters(
     for (size_t i = 0; i < params_.size(); ++i)
       if (unitOf_[i] == int64_t(u))
         run.push_back(int64_t(i));
-    unit.flat = viewsOfOneBuffer(params_, offset_, run, expAvg_.options());
+    unit.flat = viewsOfOneBuffer(params_, offset_, run, options_);
     unit.gathered = true;
     gatheredBytes_ += 4 * (unit.end - unit.begin);
     allocateUnit(unit, false);

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -294,6 +295,17 @@ TEST(ZeroOptimizer, Fp16WeightsDivideTheLossScaleOutOnTheHost) {
     opt.step({1e-2, 1e-2});
   }
   EXPECT_GT(underflowing, 0); // the case this is for
+  // An overflow in a micro-batch folded into the host's fp32 sum (one
+  // process, accumulation) is still found: the step is skipped.
+  EXPECT_TRUE(opt.foldsHalfGradients());
+  weight.mutable_grad() =
+      at::full(weight.sizes(), std::numeric_limits<float>::infinity())
+          .to(at::kHalf);
+  opt.foldHalfGradients();
+  EXPECT_FALSE(weight.grad().defined()); // folded: in the host's sum now
+  EXPECT_FALSE(opt.finite());
+  opt.discardGradients();
+  EXPECT_TRUE(opt.finite());
   for (size_t g = 0; g < half.size(); ++g)
     for (size_t i = 0; i < half[g].size(); ++i) {
       const at::Tensor &p = half[g][i];

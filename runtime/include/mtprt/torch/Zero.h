@@ -298,6 +298,12 @@ private:
                     const at::Tensor &hostParam, const at::Tensor &hostGrad,
                     double unscale);
   double halfScale_ = 1.0;
+  /// The parameters' device options (fp32): the gradient and parameter
+  /// runs live there, the offloaded moments and masters in the host pool.
+  at::TensorOptions options_;
+  /// Whether parameter i is a 16-bit weight (its dtype is fp32 inside
+  /// gatherAll).
+  std::vector<bool> isHalf_;
 
   int stage_, world_ = 1, rank_ = 0;
   bool offload_ = false;
