@@ -731,13 +731,14 @@ int64_t ZeroOptimizer::step(const std::vector<double> &lr) {
       if (unitOf_[i] < 0)
         addJob(int64_t(i));
     wholeJobs_ = update->jobs.size();
+    std::vector<std::vector<int64_t>> ofUnit(units_.size());
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (unitOf_[i] >= 0)
+        ofUnit[size_t(unitOf_[i])].push_back(int64_t(i));
     unitJobs_.assign(units_.size(), 0);
-    size_t i = 0;
     for (size_t u = 0; u < units_.size(); ++u) {
-      // A unit's parameters are consecutive, the units in order.
-      for (; i < params_.size() && unitOf_[i] <= int64_t(u); ++i)
-        if (unitOf_[i] == int64_t(u))
-          addJob(int64_t(i));
+      for (int64_t i : ofUnit[u])
+        addJob(i);
       unitJobs_[u] = update->jobs.size();
     }
   } else if (overlap) {
